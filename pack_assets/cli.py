@@ -1,0 +1,228 @@
+"""`pack-assets`: the command line. Thin: parses arguments, calls the core or Dagster, prints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .core.profiles import DEFAULT_PROFILE
+
+DEMO_INPUT = Path("demo_data/shards")
+
+
+def _emit(args, payload: dict, human: str) -> None:
+    if args.json:
+        print(json.dumps(payload, indent=2, default=str))
+    else:
+        print(human)
+
+
+def _summary_text(s: dict) -> str:
+    fill = f"{s['fill']:.2%}" if isinstance(s.get("fill"), float) else s.get("fill")
+    verdict = "PASS" if s["violations"] == 0 else f"FAIL: {s['violations']} violation(s), see the report"
+    return "\n".join([
+        f"samples   {s['samples']} read from {s['shards']} shard(s) ({s['shard_runs']} scanned this run)",
+        f"packed    {s['packed']} into {s['packs']} packs of {s['max_len']} tokens ({s['profile']})",
+        f"fill      {fill}; lower bound {s['lower_bound']} packs ({s['packs_over_bound']} over)",
+        f"dropped   {s['dropped']} (over max length)   rejected {s['rejected']} (with reasons)",
+        f"audit     {verdict}",
+        f"outputs   {s['output_dir']} ({s['output_shards']} shards + .nv-meta)",
+        f"          {s['plan_file']}",
+        f"          {s['audit_report']}",
+        f"          {s['duckdb']}",
+        f"time      {s['seconds']} s",
+    ])
+
+
+def _settings(args, **extra):
+    from .defs.resources import PackSettings
+
+    fields = {"input_dir": str(args.input), "work_dir": str(args.work), "output_dir": str(args.output),
+              "max_len": args.max_len, "profile": args.profile, "model_dir": args.model_dir or "",
+              "algorithm": args.algorithm, "seed": args.seed}
+    if getattr(args, "config", None):
+        fields.update(json.loads(Path(args.config).read_text()))
+    fields.update(extra)
+    return PackSettings(**fields)
+
+
+def _run(args, **extra) -> int:
+    from .orchestrate import instance_for, run_pipeline
+
+    instance = instance_for(Path(args.dagster_home))
+    summary = run_pipeline(_settings(args, **extra), instance, force=args.force)
+    _emit(args, summary, _summary_text(summary))
+    return 0 if summary["violations"] == 0 else 1
+
+
+def cmd_demo(args) -> int:
+    from .core.demo import make_demo
+
+    if not any(DEMO_INPUT.glob("*.tar")):
+        print(f"generating the demo dataset in {DEMO_INPUT}/ ...", file=sys.stderr)
+        make_demo(DEMO_INPUT)
+    args.input = DEMO_INPUT
+    return _run(args, max_packs_per_shard=25)
+
+
+def cmd_run(args) -> int:
+    return _run(args)
+
+
+def cmd_count(args) -> int:
+    from .core.ingest import count_records
+
+    rows = count_records(Path(args.input), Path(args.media_root) if args.media_root else None, args.profile, args.model_dir)
+    for r in rows:
+        print(json.dumps(r, ensure_ascii=False))
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+def cmd_plan(args) -> int:
+    from .core.plan import load_lengths, summarize
+
+    lengths = load_lengths(args.lengths)
+    s = summarize(lengths, args.max_len, args.algorithm)
+    assignment = s.pop("assignment")
+    if args.out:
+        import numpy as np
+
+        np.save(args.out, assignment) if args.out.endswith(".npy") else Path(args.out).write_text(
+            "\n".join(map(str, assignment.tolist())) + "\n")
+        s["out"] = args.out
+    _emit(args, s, "\n".join(f"{k:22} {v}" for k, v in s.items()))
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    import numpy as np
+
+    from .core.plan import ALGORITHMS, load_lengths, summarize
+
+    if args.lengths:
+        lengths = load_lengths(args.lengths)
+    else:
+        from .core import store
+
+        with store.connect(Path(args.work), read_only=True) as con:
+            lengths = np.asarray([r[0] for r in con.execute(
+                "SELECT total_tokens FROM token_lengths WHERE status = 'ok'").fetchall()], dtype=np.int64)
+    algorithms = args.algorithms.split(",") if args.algorithms else list(ALGORITHMS)
+    rows = []
+    for max_len in [int(x) for x in args.max_len.split(",")]:
+        for alg in algorithms:
+            s = summarize(lengths, max_len, alg)
+            s.pop("assignment")
+            rows.append(s)
+    text = "\n".join(f"{r['max_len']:>7} {r['algorithm']:>9} packs {r['packs']:>8} bound {r['lower_bound']:>8} "
+                     f"fill {r['efficiency']:.4f} dropped {r['dropped']:>6} mean/pack {r['mean_samples_per_pack']:.2f}"
+                     for r in rows)
+    _emit(args, {"results": rows}, text)
+    return 0
+
+
+def cmd_lookup(args) -> int:
+    from .core import store
+    from .core.lookup import lookup
+
+    with store.connect(Path(args.work), read_only=True) as con:
+        try:
+            res = lookup(con, args.id)
+        except KeyError as e:
+            print(f"error: {e.args[0]}", file=sys.stderr)
+            return 2
+    _emit(args, res, json.dumps(res, indent=2, default=str))
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from .core.pipeline import run_audit
+
+    result, report = run_audit(Path(args.work), Path(args.output))
+    payload = {"ok": result.ok, "violations": result.violations, "stats": result.stats, "report": report["path"]}
+    lines = [f"{'OK' if result.ok else 'FAIL'}: {result.stats['samples_read']} samples, {result.stats['packs_read']} packs, "
+             f"{result.stats['media_members_checked']} media members re-hashed; {len(result.violations)} violation(s)"]
+    lines += [f"  {v['check']}: {v['detail']}" for v in result.violations]
+    _emit(args, payload, "\n".join(lines))
+    return 0 if result.ok else 1
+
+
+def _common_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--work", default="work", help="work directory (manifest, token lengths, DuckDB, plan, report)")
+    p.add_argument("--output", default="packed", help="output directory for packed shards")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help="model profile: qwen2-vl, qwen2.5-vl, qwen3-vl")
+    p.add_argument("--model-dir", help="a local HF checkpoint folder (overrides --profile)")
+    p.add_argument("--algorithm", default="bfd", help="packing algorithm (bfd, next_fit)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the pack order shuffle")
+    p.add_argument("--dagster-home", default="dagster_home", help="Dagster instance directory (made absolute)")
+    p.add_argument("--force", action="store_true", help="rescan and recount every shard even if unchanged")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="pack-assets", description="Offline sequence packing for multimodal training data.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="generate the demo dataset if absent and run the whole pipeline through Dagster")
+    _common_run(p)
+    p.add_argument("--max-len", type=int, default=8192, help="tokens per pack")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("run", help="the whole pipeline on a directory of WebDataset shards, through Dagster")
+    p.add_argument("--input", required=True, help="directory holding *.tar shards (searched recursively)")
+    p.add_argument("--max-len", type=int, required=True, help="tokens per pack")
+    p.add_argument("--config", help="JSON file of further settings (see docs/usage.md)")
+    _common_run(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("count", help="token counts of ShareGPT/LLaVA/messages records, one JSON line each")
+    p.add_argument("--input", required=True, help=".json (a list) or .jsonl file of records")
+    p.add_argument("--media-root", help="folder that relative media paths are resolved against")
+    p.add_argument("--profile", default=DEFAULT_PROFILE)
+    p.add_argument("--model-dir")
+    p.set_defaults(func=cmd_count, json=True)
+
+    p = sub.add_parser("plan", help="the planner on a list of lengths (.npy, or text with one integer a line)")
+    p.add_argument("--lengths", required=True)
+    p.add_argument("--max-len", type=int, required=True)
+    p.add_argument("--algorithm", default="bfd")
+    p.add_argument("--out", help="write the pack index of every item (.npy or text)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("simulate", help="what-if sweep over max lengths and algorithms")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--lengths")
+    src.add_argument("--work")
+    p.add_argument("--max-len", required=True, help="comma-separated capacities, e.g. 4096,8192,16384")
+    p.add_argument("--algorithms", help="comma-separated (default: all)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("lookup", help="a sample id -> its pack and output shard; a pack id -> its sources")
+    p.add_argument("id")
+    p.add_argument("--work", default="work")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_lookup)
+
+    p = sub.add_parser("verify", help="re-read the outputs and check every invariant (non-zero exit on a violation)")
+    p.add_argument("--work", default="work")
+    p.add_argument("--output", default="packed")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_verify)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""audit stage: read the outputs back and prove nothing was lost.
+
+Reads every output shard (not the plan), hashes every media member, and checks it against the plan and
+the manifest: every source sample exactly once across packed / dropped / rejected (per shard and in total),
+no pack over capacity, no mixed media types, every media byte equal to its source, ``_meta`` consistent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tarfile
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+from .scan import split_key
+
+
+@dataclass
+class AuditResult:
+    violations: list[dict] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def add(self, check: str, detail: str, **where) -> None:
+        self.violations.append({"check": check, "detail": detail, **where})
+
+
+def _read_shard(path: Path):
+    """Yield (pack key, {part: bytes}) from an output shard, grouped by WebDataset key."""
+    with tarfile.open(path, "r:") as tf:
+        key, parts = None, {}
+        for ti in tf:
+            k, part = split_key(ti.name)
+            if k != key and parts:
+                yield key, parts
+                parts = {}
+            key = k
+            parts[part] = tf.extractfile(ti).read() if ti.isfile() else None
+            tf.members.clear()
+        if parts:
+            yield key, parts
+
+
+def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, max_len: int) -> AuditResult:
+    res = AuditResult()
+    plan = {
+        r[0]: {"media_type": r[1], "sample_ids": list(r[2]), "lens": list(r[3]), "total": r[4], "shard": r[5]}
+        for r in con.execute(
+            "SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, output_shard FROM pack_plan"
+        ).fetchall()
+    }
+    lengths = dict(con.execute("SELECT sample_id, total_tokens FROM token_lengths WHERE status = 'ok'").fetchall())
+    mtype = dict(con.execute("SELECT sample_id, media_type FROM samples").fetchall())
+    sha = {(r[0], r[1]): (r[2], r[3]) for r in con.execute("SELECT sample_id, name, sha256, size FROM members").fetchall()}
+    sample_shard = dict(con.execute("SELECT sample_id, shard FROM samples").fetchall())
+    dropped = {r[0] for r in con.execute("SELECT sample_id FROM dropped").fetchall()}
+    ok_samples = {r[0] for r in con.execute("SELECT sample_id FROM samples WHERE status = 'ok'").fetchall()}
+
+    expected_shards = sorted({p["shard"] for p in plan.values()})
+    seen_packs: Counter = Counter()
+    seen_samples: Counter = Counter()
+    media_checked = media_bytes = 0
+    for name in expected_shards:
+        path = out_dir / name
+        if not path.exists():
+            res.add("missing_shard", f"{name} is in the plan but not in {out_dir}", shard=name)
+            continue
+        try:
+            for key, parts in _read_shard(path):
+                seen_packs[key] += 1
+                if "json" not in parts:
+                    res.add("missing_json", f"pack {key} has no json member", shard=name, pack_id=key)
+                    continue
+                try:
+                    doc = json.loads(parts["json"])
+                    meta = doc["_meta"]
+                except (ValueError, KeyError) as e:
+                    res.add("bad_json", f"pack {key}: {e}", shard=name, pack_id=key)
+                    continue
+                expect = plan.get(key)
+                if expect is None:
+                    res.add("unknown_pack", f"pack {key} is not in the plan", shard=name, pack_id=key)
+                    continue
+                if expect["shard"] != name:
+                    res.add("wrong_shard", f"pack {key} belongs in {expect['shard']}", shard=name, pack_id=key)
+                if (meta.get("sample_ids"), meta.get("sample_token_lens"), meta.get("total_token_len"),
+                        meta.get("media_type"), meta.get("pack_id")) != (
+                        expect["sample_ids"], expect["lens"], expect["total"], expect["media_type"], key):
+                    res.add("meta_mismatch", f"pack {key}: _meta differs from pack_plan", shard=name, pack_id=key)
+                if sum(expect["lens"]) != expect["total"] or expect["total"] > max_len:
+                    res.add("over_capacity", f"pack {key}: {expect['total']} tokens > {max_len}", pack_id=key)
+                for sid, n in zip(expect["sample_ids"], expect["lens"]):
+                    seen_samples[sid] += 1
+                    if lengths.get(sid) != n:
+                        res.add("length_mismatch", f"{sid}: plan {n}, token_lengths {lengths.get(sid)}", pack_id=key)
+                    if mtype.get(sid) != expect["media_type"]:
+                        res.add("mixed_media", f"{sid} is {mtype.get(sid)} in a {expect['media_type']} pack", pack_id=key)
+                expected_media = set()
+                for src in meta.get("sources", []):
+                    for m in src.get("media", []):
+                        out_name = m["output_name"]
+                        expected_media.add(out_name.split(".", 1)[1])
+                        data = parts.get(out_name.split(".", 1)[1])
+                        if data is None:
+                            res.add("missing_media", f"{out_name} is named in _meta but absent", shard=name, pack_id=key)
+                            continue
+                        source_sha, source_size = sha.get((src["sample_id"], m["name"]), (None, None))
+                        digest = hashlib.sha256(data).hexdigest()
+                        media_checked += 1
+                        media_bytes += len(data)
+                        if source_sha is None:
+                            res.add("unknown_media", f"{m['name']} of {src['sample_id']} not in members", pack_id=key)
+                        elif digest != source_sha or len(data) != source_size:
+                            res.add("media_hash_mismatch", f"{out_name}: sha256 differs from source {m['name']}",
+                                    shard=name, pack_id=key)
+                        if m.get("sha256") and m["sha256"] != digest:
+                            res.add("meta_hash_mismatch", f"{out_name}: sha256 differs from _meta", pack_id=key)
+                extra = set(parts) - expected_media - {"json"}
+                if extra:
+                    res.add("extra_member", f"pack {key} has members not in _meta: {sorted(extra)[:5]}", pack_id=key)
+        except (tarfile.TarError, OSError) as e:
+            res.add("unreadable_shard", f"{name}: {e}", shard=name)
+    for p, n in seen_packs.items():
+        if n > 1:
+            res.add("duplicate_pack", f"pack {p} appears {n} times", pack_id=p)
+    missing_packs = set(plan) - set(seen_packs)
+    for p in sorted(missing_packs)[:100]:
+        res.add("missing_pack", f"pack {p} of {plan[p]['shard']} not found", pack_id=p)
+    for sid, n in seen_samples.items():
+        if n > 1:
+            res.add("duplicate_sample", f"{sid} is in {n} packs", sample_id=sid)
+    packed = set(seen_samples)
+    for sid in sorted(ok_samples - packed - dropped)[:100]:
+        res.add("lost_sample", f"{sid} is ok but neither packed nor dropped", sample_id=sid)
+    for sid in sorted(packed & dropped)[:100]:
+        res.add("packed_and_dropped", f"{sid} is both packed and dropped", sample_id=sid)
+
+    per_shard = defaultdict(lambda: Counter())
+    for sid, shard in sample_shard.items():
+        c = per_shard[shard]
+        c["read"] += 1
+        if sid in packed:
+            c["packed"] += 1
+        elif sid in dropped:
+            c["dropped"] += 1
+        elif sid not in ok_samples:
+            c["rejected"] += 1
+    for shard, c in per_shard.items():
+        if c["read"] != c["packed"] + c["dropped"] + c["rejected"]:
+            res.add("count_mismatch", f"{shard}: read {c['read']} != packed {c['packed']} + dropped {c['dropped']} "
+                    f"+ rejected {c['rejected']}", shard=shard)
+    totals = Counter()
+    for c in per_shard.values():
+        totals.update(c)
+    res.stats = {
+        "samples_read": totals["read"],
+        "packed": totals["packed"],
+        "dropped": totals["dropped"],
+        "rejected": totals["rejected"],
+        "packs_in_plan": len(plan),
+        "packs_read": sum(seen_packs.values()),
+        "output_shards": len(expected_shards),
+        "media_members_checked": media_checked,
+        "media_bytes_checked": media_bytes,
+        "violations": len(res.violations),
+        "per_shard": {k: dict(v) for k, v in sorted(per_shard.items())},
+    }
+    return res

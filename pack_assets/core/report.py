@@ -1,0 +1,136 @@
+"""audit_report.md and its PNG plots (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from .audit import AuditResult  # noqa: E402
+from .store import atomic_write_text  # noqa: E402
+
+
+def _save(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def plot_lengths(con, path: Path, max_len: int) -> None:
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    rows = con.execute("SELECT media_type, list(total_tokens) FROM token_lengths WHERE status='ok' GROUP BY 1 ORDER BY 1").fetchall()
+    for mt, lens in rows:
+        ax.hist(np.asarray(lens), bins=60, alpha=0.55, label=f"{mt} ({len(lens)})", log=True)
+    ax.axvline(max_len, color="k", ls="--", lw=1, label=f"max_len {max_len}")
+    ax.set_xlabel("tokens per sample")
+    ax.set_ylabel("samples")
+    ax.legend(fontsize=7)
+    ax.set_title("Sample length per media type")
+    _save(fig, path)
+
+
+def plot_fill(con, path: Path, max_len: int) -> None:
+    fills = np.asarray([r[0] for r in con.execute("SELECT total_token_len FROM pack_plan ORDER BY pack_id").fetchall()])
+    spp = np.asarray([r[0] for r in con.execute("SELECT len(sample_ids) FROM pack_plan ORDER BY pack_id").fetchall()])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.2))
+    a.hist(fills / max_len if len(fills) else [], bins=40)
+    a.set_xlabel("pack fill (tokens / max_len)")
+    a.set_ylabel("packs")
+    a.set_title("Fill per pack")
+    if len(spp):
+        w = max(1, min(256, len(spp) // 8))
+        b.plot(np.convolve(spp, np.ones(w) / w, mode="valid"))
+    b.set_xlabel("pack (output order)")
+    b.set_ylabel(f"samples / pack (mean of {w if len(spp) else 0})")
+    b.set_title("Drift over the run")
+    _save(fig, path)
+
+
+def plot_reasons(con, path: Path) -> list[tuple]:
+    rows = con.execute("SELECT reason, count(*) FROM rejected GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 15").fetchall()
+    fig, ax = plt.subplots(figsize=(6, 0.4 + 0.3 * max(1, len(rows))))
+    ax.barh([r[0] for r in rows][::-1], [r[1] for r in rows][::-1])
+    ax.set_xlabel("rows")
+    ax.set_title("Rejection reasons")
+    _save(fig, path)
+    return rows
+
+
+def png_data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def write_report(con, work: Path, result: AuditResult, info: dict) -> dict:
+    stats, plan_stats = result.stats, info["stats"]
+    max_len = info["config"]["max_len"]
+    plots = {"lengths": work / "plots" / "lengths.png", "fill": work / "plots" / "fill.png",
+             "reasons": work / "plots" / "reasons.png"}
+    plot_lengths(con, plots["lengths"], max_len)
+    plot_fill(con, plots["fill"], max_len)
+    reasons = plot_reasons(con, plots["reasons"])
+    examples = con.execute(
+        "SELECT reason, any_value(shard), any_value(key), any_value(detail) FROM rejected GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    dropped = con.execute("SELECT sample_id, total_tokens FROM dropped ORDER BY total_tokens DESC LIMIT 20").fetchall()
+    n_dropped = con.execute("SELECT count(*) FROM dropped").fetchone()[0]
+    lines = [
+        "# pack_assets audit report",
+        "",
+        f"**Verdict: {'PASS' if result.ok else 'FAIL'}** ({len(result.violations)} violation(s)); "
+        f"plan `{info['fingerprint']}`, profile `{info['profile']}`, max_len {max_len}, algorithm `{info['config']['algorithm']}`.",
+        "",
+        "## Totals (read back from the output shards)",
+        "",
+        "| samples read | packed | dropped | rejected | packs | output shards | media members re-hashed |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {stats['samples_read']} | {stats['packed']} | {stats['dropped']} | {stats['rejected']} | "
+        f"{stats['packs_read']} | {stats['output_shards']} | {stats['media_members_checked']} |",
+        "",
+        "## Fill vs the lower bound",
+        "",
+        "| media type | samples | packs | lower bound (L2) | over bound | fill | dropped |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mt, v in sorted(plan_stats["per_media_type"].items()):
+        lines.append(f"| {mt} | {v['samples']} | {v['packs']} | {v['l2']} | {v['over_bound']} | {v['fill']:.2%} | {v['dropped']} |")
+    lines += [
+        f"| **all** | {plan_stats['samples']} | {plan_stats['packs']} | {plan_stats['lower_bound']} | "
+        f"{plan_stats['packs_over_bound']} | {plan_stats['fill']:.2%} | {plan_stats['dropped']} |",
+        "",
+        f"Samples per pack: mean {plan_stats['mean_samples_per_pack']:.2f}, max {plan_stats['max_samples_per_pack']}; "
+        f"drift (max/min of windowed means) {plan_stats['drift']:.3f}.",
+        "",
+        "![lengths](plots/lengths.png)",
+        "",
+        "![fill](plots/fill.png)",
+        "",
+        "## Per source shard",
+        "",
+        "| shard | read | packed | dropped | rejected |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for shard, c in stats["per_shard"].items():
+        lines.append(f"| {shard} | {c.get('read', 0)} | {c.get('packed', 0)} | {c.get('dropped', 0)} | {c.get('rejected', 0)} |")
+    lines += ["", "## Rejections", ""]
+    if reasons:
+        lines += ["| reason | rows | example (shard / key) | detail |", "|---|---:|---|---|"]
+        ex = {r[0]: r[1:] for r in examples}
+        for reason, n in reasons:
+            shard, key, detail = ex.get(reason, ("", "", ""))
+            lines.append(f"| `{reason}` | {n} | {shard} / {key} | {str(detail)[:120].replace('|', '/')} |")
+        lines += ["", "![reasons](plots/reasons.png)"]
+    else:
+        lines.append("None.")
+    lines += ["", f"## Dropped ({n_dropped}, longest first)", ""]
+    lines += [f"- `{sid}`: {n} tokens" for sid, n in dropped] or ["None."]
+    lines += ["", "## Violations", ""]
+    lines += [f"- **{v['check']}**: {v['detail']}" for v in result.violations[:200]] or ["None: every check passed."]
+    text = "\n".join(lines) + "\n"
+    atomic_write_text(work / "audit_report.md", text)
+    return {"path": str(work / "audit_report.md"), "markdown": text, "plots": {k: str(v) for k, v in plots.items()}}

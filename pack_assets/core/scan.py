@@ -1,0 +1,448 @@
+"""Manifest stage: scan WebDataset tar shards in place.
+
+A chain of small generators, as webdataset itself reads shards: tar headers -> samples grouped by key ->
+classified samples (ok rows with member offsets/sizes/sha256, or rejected rows with a reason).
+Nothing is extracted; payloads are read by ``seek(offset); read(size)``; memory does not grow with the
+shard, except for the set of keys seen (to catch duplicate keys).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import posixpath
+import tarfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from PIL import Image
+
+from .conversation import ConversationError, media_refs, normalize, place_media
+from .records import Member, Rejection, Sample, ShardInfo
+
+IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"})
+VIDEO_EXTS = frozenset({"mp4", "avi", "mov", "mkv", "webm", "m4v"})
+CAPTION_EXTS = frozenset({"txt", "caption", "cap"})
+_COMPRESSION_MAGIC = {
+    b"\x1f\x8b": "gzip",
+    b"BZh": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"\x04\x22\x4d\x18": "lz4",
+}
+_CHUNK = 1 << 20
+
+# Reason codes are a stable interface (docs/formats.md lists them).
+REASONS = {
+    "not_a_tar": "the file is not a tar archive",
+    "compressed_tar": "the .tar file holds compressed bytes (gzip, zstd, ...): decompress it first",
+    "empty_shard": "the shard holds no samples (not an error)",
+    "unreadable_shard": "the shard could not be opened (permission, I/O error)",
+    "truncated_tar": "the archive ends inside this sample; samples before it are kept",
+    "missing_json": "the sample has no .json member (and no caption member)",
+    "invalid_json": "the .json member does not parse",
+    "json_not_object": "the .json member is not a JSON object",
+    "invalid_utf8": "a text member is not UTF-8",
+    "no_conversation": "no messages/conversations/caption in the record",
+    "bad_turn": "a conversation turn is not an object with a role",
+    "unknown_role": "a conversation turn has a role we do not know",
+    "missing_media": "media the record names is not among the sample's members",
+    "placeholder_mismatch": "<image>/<video> placeholders do not match the media",
+    "bad_image": "an image is zero bytes or its header cannot be read",
+    "bad_video": "a video has no readable video stream",
+    "duplicate_key": "the key already appeared earlier in the same shard",
+    "unsafe_member_name": "a member name is absolute or contains '..'",
+    "unsupported_member_type": "a member is a link, device or fifo (never followed)",
+    "member_too_large": "a member is over the configured size limit",
+    "too_many_media": "the sample has more media than the configured limit",
+}
+
+
+class ShardError(Exception):
+    """The shard as a whole cannot be read; ``reason`` is a stable code."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class ScanOptions:
+    hash_members: bool = True
+    max_member_bytes: int = 4 << 30
+    max_json_bytes: int = 64 << 20
+    max_media_per_sample: int = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One tar member header: name, payload offset and size, and its type."""
+
+    name: str
+    offset: int
+    size: int
+    kind: str  # file | dir | link | special | break
+    detail: str = ""
+
+
+def split_key(name: str) -> tuple[str, str]:
+    """WebDataset rule: the key is the path up to the first dot of the basename; the rest is the part."""
+    dirname, base = posixpath.split(name)
+    stem, dot, part = base.partition(".")
+    key = posixpath.join(dirname, stem) if dirname else stem
+    return key, part
+
+
+def is_meta_member(name: str) -> bool:
+    base = posixpath.basename(name)
+    return base.startswith("__") and base.split(".")[0].endswith("__")
+
+
+def is_unsafe_name(name: str) -> bool:
+    return name.startswith("/") or ".." in name.split("/") or name.startswith("\\")
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only, seekable view of ``size`` bytes at ``offset`` of an open file."""
+
+    def __init__(self, f, offset: int, size: int):
+        self._f, self._start, self._size, self._pos = f, offset, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = max(0, min(self._size, base + pos))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, b) -> int:
+        n = min(len(b), self._size - self._pos)
+        if n <= 0:
+            return 0
+        self._f.seek(self._start + self._pos)
+        data = self._f.read(n)
+        b[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+def _entry_kind(ti: tarfile.TarInfo) -> str:
+    if ti.isreg():
+        return "file"
+    if ti.isdir():
+        return "dir"
+    if ti.issym() or ti.islnk():
+        return "link"
+    return "special"
+
+
+def iter_entries(f, file_size: int) -> Iterator[Entry]:
+    """Yield tar headers in order. Where the archive breaks, yield one ``kind="break"`` entry (named after
+    the member it broke in, if known) and stop; a shard that is not a tar at all raises ShardError."""
+    head = f.read(8)
+    f.seek(0)
+    if not head:
+        raise ShardError("empty_shard", "zero-byte file")
+    for magic, kind in _COMPRESSION_MAGIC.items():
+        if head.startswith(magic):
+            raise ShardError("compressed_tar", f"starts with {kind} magic bytes")
+    try:
+        tf = tarfile.open(fileobj=f, mode="r:")
+    except tarfile.ReadError as e:
+        raise ShardError("not_a_tar", f"no tar header at offset 0 ({e})") from None
+    while True:
+        try:
+            ti = tf.next()
+        except (tarfile.ReadError, EOFError, OSError) as e:
+            yield Entry("", tf.offset, 0, "break", f"archive breaks after offset {tf.offset}: {e}")
+            return
+        if ti is None:
+            break
+        tf.members.clear()  # tarfile keeps every header otherwise; we stream
+        kind = _entry_kind(ti)
+        if kind == "file" and ti.offset_data + ti.size > file_size:
+            detail = f"member {ti.name!r} claims {ti.size} bytes at offset {ti.offset_data}; the file has {file_size}"
+            yield Entry(ti.name, ti.offset_data, ti.size, "break", detail)
+            return
+        yield Entry(ti.name, ti.offset_data, ti.size, kind)
+    if tf.offset + 1024 > file_size:
+        yield Entry("", tf.offset, 0, "break", f"no end-of-archive blocks after offset {tf.offset}")
+
+
+def group_by_key(entries: Iterable[Entry]) -> Iterator[tuple[str, list[Entry]]]:
+    """Runs of consecutive members with one key (directories and __meta__ members are not samples).
+
+    A break joins the run it happened in: a nameless break (a bad header, a missing end-of-archive
+    block) joins the run in progress, since that run may have lost members.
+    """
+    key, run = None, []
+    for e in entries:
+        if e.kind == "dir" or (e.kind != "break" and is_meta_member(e.name)):
+            continue
+        k = split_key(e.name)[0] if e.name else key
+        if k != key and run:
+            yield key, run
+            run = []
+        key = k
+        run.append(e)
+    if run:
+        yield key, run
+
+
+class _Reader:
+    """Reads payloads of one shard: whole (small members) or hashed in chunks (large ones)."""
+
+    def __init__(self, f, options: ScanOptions):
+        self.f, self.options = f, options
+
+    def read(self, e: Entry) -> bytes:
+        self.f.seek(e.offset)
+        return self.f.read(e.size)
+
+    def hash(self, e: Entry) -> str:
+        h = hashlib.sha256()
+        self.f.seek(e.offset)
+        left = e.size
+        while left:
+            chunk = self.f.read(min(_CHUNK, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            left -= len(chunk)
+        return h.hexdigest()
+
+
+def _ext(part: str) -> str:
+    return part.rsplit(".", 1)[-1].lower() if part else ""
+
+
+def probe_image(data_or_file) -> tuple[int, int]:
+    src = io.BytesIO(data_or_file) if isinstance(data_or_file, bytes) else data_or_file
+    with Image.open(src) as im:
+        w, h = im.size
+    if w <= 0 or h <= 0:
+        raise ValueError(f"image size {w}x{h}")
+    return w, h
+
+
+def probe_video(fileobj) -> dict:
+    """Frames, fps, size and duration from the container; count packets where the header says 0 frames."""
+    import av  # PyAV bundles FFmpeg; imported lazily because text-only runs never need it
+
+    with av.open(fileobj, mode="r") as c:
+        if not c.streams.video:
+            raise ValueError("no video stream")
+        s = c.streams.video[0]
+        fps = float(s.average_rate or s.guessed_rate or 0) or None
+        frames = int(s.frames or 0)
+        duration = float(s.duration * s.time_base) if s.duration and s.time_base else None
+        if duration is None and c.duration:
+            duration = c.duration / 1_000_000
+        if frames <= 0:
+            frames = sum(1 for p in c.demux(s) if p.size)
+        width, height = s.codec_context.width, s.codec_context.height
+    if frames <= 0 or not width or not height:
+        raise ValueError(f"video stream reports {frames} frames of {width}x{height}")
+    if fps is None:
+        fps = frames / duration if duration else 24.0
+    return {"frames": frames, "fps": fps, "width": width, "height": height, "duration": duration}
+
+
+def _resolve_refs(refs: list[str], members: list[tuple[Entry, str]], kind: str) -> list[tuple[Entry, str]]:
+    """Order media members by the names the record gives; positional when none of the names resolve."""
+    if not refs:
+        return members
+    by_name: dict[str, tuple[Entry, str]] = {}
+    for e, part in members:
+        for alias in (part, e.name, posixpath.basename(e.name)):
+            by_name.setdefault(alias, (e, part))
+    found = [by_name.get(r) or by_name.get(posixpath.basename(r)) for r in refs]
+    if all(found):
+        return found  # type: ignore[return-value]
+    if not any(found) and len(refs) == len(members):
+        return members
+    missing = [r for r, f in zip(refs, found) if f is None]
+    raise ConversationError("missing_media", f"{kind} named in the record not in the sample: {missing[:5]}")
+
+
+def classify(
+    shard: str, key: str, entries: list[Entry], reader: _Reader, options: ScanOptions
+) -> tuple[Sample, Rejection | None]:
+    """One sample: members with offsets/hashes, its conversation and media metadata, or a reason."""
+    sample = Sample(sample_id=f"{shard}/{key}", shard=shard, key=key)
+
+    def reject(reason: str, detail: str) -> tuple[Sample, Rejection]:
+        sample.status, sample.reason = "rejected", reason
+        return sample, Rejection(shard, key, reason, detail)
+
+    broken = next((e for e in entries if e.kind == "break"), None)
+    if broken is not None:
+        return reject("truncated_tar", broken.detail)
+
+    for e in entries:
+        if is_unsafe_name(e.name):
+            return reject("unsafe_member_name", f"member {e.name!r}")
+        if e.kind != "file":
+            return reject("unsupported_member_type", f"member {e.name!r} is a {e.kind}")
+        if e.size > options.max_member_bytes:
+            return reject("member_too_large", f"member {e.name!r} is {e.size} bytes > {options.max_member_bytes}")
+
+    json_entry = caption_entry = None
+    images: list[tuple[Entry, str]] = []
+    videos: list[tuple[Entry, str]] = []
+    small: dict[str, bytes] = {}
+    for e in entries:
+        _, part = split_key(e.name)
+        ext = _ext(part)
+        if ext == "json" and json_entry is None:
+            json_entry = e
+        elif ext in CAPTION_EXTS and caption_entry is None:
+            caption_entry = e
+        elif ext in IMAGE_EXTS:
+            images.append((e, part))
+        elif ext in VIDEO_EXTS:
+            videos.append((e, part))
+
+    # hash every member; keep the bytes of the small ones we parse anyway
+    for e in entries:
+        wants_bytes = e is json_entry or e is caption_entry or any(e is i for i, _ in images)
+        if wants_bytes and e.size <= options.max_json_bytes:
+            data = reader.read(e)
+            small[e.name] = data
+            sha = hashlib.sha256(data).hexdigest() if options.hash_members else None
+        else:
+            sha = reader.hash(e) if options.hash_members else None
+        sample.members.append(Member(sample.sample_id, e.name, e.offset, e.size, sha))
+
+    if json_entry is None and caption_entry is None:
+        return reject("missing_json", f"members: {[e.name for e in entries][:8]}")
+    try:
+        record: dict = {}
+        caption = None
+        if json_entry is not None:
+            if json_entry.name not in small:
+                return reject("member_too_large", f"json member is {json_entry.size} bytes > {options.max_json_bytes}")
+            try:
+                text = small[json_entry.name].decode("utf-8")
+            except UnicodeDecodeError as e:
+                return reject("invalid_utf8", f"{json_entry.name}: {e}")
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as e:
+                return reject("invalid_json", f"{json_entry.name}: {e}")
+            if not isinstance(record, dict):
+                return reject("json_not_object", f"{json_entry.name} holds a {type(record).__name__}")
+            sample.json_member = json_entry.name
+        if caption_entry is not None:
+            try:
+                caption = small[caption_entry.name].decode("utf-8")
+            except (UnicodeDecodeError, KeyError) as e:
+                return reject("invalid_utf8", f"{caption_entry.name}: {e}")
+            if json_entry is None:
+                sample.json_member = caption_entry.name
+        messages = normalize(record, caption if ("messages" not in record and "conversations" not in record) else None)
+        refs = media_refs(record)
+        images = _resolve_refs(refs.images, images, "images")
+        videos = _resolve_refs(refs.videos, videos, "videos")
+        if len(images) + len(videos) > options.max_media_per_sample:
+            return reject("too_many_media", f"{len(images)} images + {len(videos)} videos > {options.max_media_per_sample}")
+        messages = place_media(messages, len(images), len(videos))
+    except ConversationError as e:
+        return reject(e.reason, e.detail)
+
+    for e, _ in images:
+        if e.size == 0:
+            return reject("bad_image", f"{e.name} is zero bytes")
+        try:
+            data = small.get(e.name)
+            w, h = probe_image(data if data is not None else io.BufferedReader(RangeFile(reader.f, e.offset, e.size)))
+        except Exception as ex:  # Pillow raises many types for bad headers
+            return reject("bad_image", f"{e.name}: {type(ex).__name__}: {ex}")
+        sample.image_sizes.append([w, h])
+    video_meta = []
+    for e, _ in videos:
+        try:
+            video_meta.append(probe_video(io.BufferedReader(RangeFile(reader.f, e.offset, e.size))))
+        except Exception as ex:  # PyAV raises its own error tree for broken containers
+            return reject("bad_video", f"{e.name}: {type(ex).__name__}: {ex}")
+
+    sample.n_images, sample.n_videos = len(images), len(videos)
+    sample.media_type = "video" if videos else ("image" if images else "text")
+    sample.media_members = [e.name for e, _ in images] + [e.name for e, _ in videos]
+    sample.conversation = json.dumps(messages, ensure_ascii=False)
+    sample.videos = json.dumps(video_meta)
+    return sample, None
+
+
+def scan_shard(
+    path: str | os.PathLike, shard: str, options: ScanOptions = ScanOptions(), info: ShardInfo | None = None
+) -> Iterator[Sample | Rejection]:
+    """Every sample of one shard as a Sample (ok or rejected) plus Rejection rows; fills ``info``."""
+    t0 = time.perf_counter()
+    path = os.fspath(path)
+    if info is None:
+        info = ShardInfo(shard=shard, path=path, size=0, mtime_ns=0)
+    try:
+        st = os.stat(path)
+        info.size, info.mtime_ns = st.st_size, st.st_mtime_ns
+        f = open(path, "rb", buffering=_CHUNK)
+    except OSError as e:
+        info.status = "rejected"
+        yield Rejection(shard, None, "unreadable_shard", f"{type(e).__name__}: {e}")
+        return
+    seen: set[str] = set()
+    reader = _Reader(f, options)
+    with f:
+        try:
+            for key, entries in group_by_key(_counting(iter_entries(f, info.size), info)):
+                yield from _emit(shard, key, entries, reader, options, seen, info)
+        except ShardError as e:
+            info.status = "empty" if e.reason == "empty_shard" else "rejected"
+            yield Rejection(shard, None, e.reason, e.detail)
+    if info.status == "ok" and info.n_samples == 0:
+        info.status = "empty"
+        yield Rejection(shard, None, "empty_shard", "the archive holds no samples")
+    info.seconds = time.perf_counter() - t0
+
+
+def _counting(entries: Iterator[Entry], info: ShardInfo) -> Iterator[Entry]:
+    for e in entries:
+        if e.kind == "break":
+            info.status = "truncated"
+        else:
+            info.n_members += 1
+            info.n_meta_members += is_meta_member(e.name)
+        yield e
+
+
+def _emit(shard, key, entries, reader, options, seen, info) -> Iterator[Sample | Rejection]:
+    if key is None:  # a break before any sample began: nothing to attribute it to but the shard
+        yield Rejection(shard, None, "truncated_tar", entries[0].detail)
+        return
+    info.n_samples += 1
+    if key in seen:
+        info.n_rejected += 1
+        sid = f"{shard}/{key}#dup{info.n_samples}"
+        yield Sample(sid, shard, key, status="rejected", reason="duplicate_key")
+        yield Rejection(shard, key, "duplicate_key", f"key {key!r} seen earlier in this shard (members {[e.name for e in entries][:4]})")
+        return
+    seen.add(key)
+    sample, rejection = classify(shard, key, entries, reader, options)
+    if rejection is None:
+        info.n_ok += 1
+    else:
+        info.n_rejected += 1
+    yield sample
+    if rejection is not None:
+        yield rejection

@@ -1,0 +1,210 @@
+"""On-disk layout of the work directory.
+
+Per-shard stages write their own Parquet files (one directory per shard, replaced atomically), so
+concurrent shard runs never contend for one DuckDB file. The single-writer steps (plan, write, audit)
+gather them into ``<work>/pack_assets.duckdb`` as views, next to the tables they own.
+
+    <work>/manifest/<shard>/{samples,members,rejected,shard}.parquet
+    <work>/token_lengths/<profile>/<shard>/{token_lengths,rejected}.parquet
+    <work>/pack_plan.jsonl, <work>/pack_plan.parquet, <work>/pack_assets.duckdb
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .records import (
+    MEMBERS_SCHEMA,
+    REJECTED_SCHEMA,
+    SAMPLES_SCHEMA,
+    SHARDS_SCHEMA,
+    TOKEN_LENGTHS_SCHEMA,
+    Rejection,
+    Sample,
+    ShardInfo,
+)
+
+DB_NAME = "pack_assets.duckdb"
+_BATCH = 8192
+
+
+def shard_key(input_root: Path, tar_path: Path) -> str:
+    """`part-00012` for `<root>/part-00012.tar`: the path under the root, without `.tar`."""
+    rel = tar_path.relative_to(input_root).as_posix()
+    return rel[: -len(".tar")] if rel.endswith(".tar") else rel
+
+
+def find_shards(input_root: Path, recursive: bool = True) -> dict[str, Path]:
+    """Shard key -> path for every ``*.tar`` under the input root, sorted by key."""
+    pattern = "**/*.tar" if recursive else "*.tar"
+    found = {shard_key(input_root, p): p for p in input_root.glob(pattern) if p.is_file()}
+    return dict(sorted(found.items()))
+
+
+def manifest_dir(work: Path, shard: str) -> Path:
+    return work / "manifest" / shard
+
+
+def token_dir(work: Path, profile: str, shard: str) -> Path:
+    return work / "token_lengths" / profile / shard
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Fill a temporary sibling directory, then swap it in; a crash leaves the old one or none."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+        if final.exists():
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+class BatchedParquet:
+    """Append rows (dicts) and flush them in batches, so memory stays bounded."""
+
+    def __init__(self, path: Path, schema: pa.Schema):
+        self.schema = schema
+        self.writer = pq.ParquetWriter(path, schema, compression="zstd")
+        self.rows: list[dict] = []
+        self.count = 0
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= _BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.writer.write_table(pa.Table.from_pylist(self.rows, schema=self.schema))
+            self.count += len(self.rows)
+            self.rows = []
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+
+
+def _rejection_row(r: Rejection) -> dict:
+    return dataclasses.asdict(r)
+
+
+def write_manifest(work: Path, shard: str, records: Iterable[Sample | Rejection], info: ShardInfo) -> dict:
+    """Stream a shard's scan into its Parquet files; returns the counts."""
+    with atomic_dir(manifest_dir(work, shard)) as d:
+        samples = BatchedParquet(d / "samples.parquet", SAMPLES_SCHEMA)
+        members = BatchedParquet(d / "members.parquet", MEMBERS_SCHEMA)
+        rejected = BatchedParquet(d / "rejected.parquet", REJECTED_SCHEMA)
+        for rec in records:
+            if isinstance(rec, Rejection):
+                rejected.add(_rejection_row(rec))
+                continue
+            row = {f.name: getattr(rec, f.name) for f in SAMPLES_SCHEMA}
+            samples.add(row)
+            for m in rec.members:
+                members.add(dataclasses.asdict(m))
+        for w in (samples, members, rejected):
+            w.close()
+        pq.write_table(pa.Table.from_pylist([dataclasses.asdict(info)], schema=SHARDS_SCHEMA), d / "shard.parquet")
+    return {"samples": samples.count, "members": members.count, "rejected": rejected.count}
+
+
+def read_shard_info(work: Path, shard: str) -> dict | None:
+    p = manifest_dir(work, shard) / "shard.parquet"
+    if not p.exists():
+        return None
+    return pq.read_table(p).to_pylist()[0]
+
+
+def write_token_lengths(work: Path, profile: str, shard: str, rows: Iterable[dict], rejections: Iterable[Rejection]) -> int:
+    with atomic_dir(token_dir(work, profile, shard)) as d:
+        out = BatchedParquet(d / "token_lengths.parquet", TOKEN_LENGTHS_SCHEMA)
+        for row in rows:
+            out.add(row)
+        out.close()
+        rej = BatchedParquet(d / "rejected.parquet", REJECTED_SCHEMA)
+        for r in rejections:
+            rej.add(_rejection_row(r))
+        rej.close()
+    return out.count
+
+
+def _files(paths: list[Path]) -> str:
+    return "[" + ", ".join("'" + p.as_posix().replace("'", "''") + "'" for p in paths) + "]"
+
+
+def _empty_select(schema: pa.Schema) -> str:
+    types = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE"}
+    cols = []
+    for f in schema:
+        t = types.get(f.type)
+        if t is None:
+            t = "BIGINT[][]" if f.type == pa.list_(pa.list_(pa.int64())) else "VARCHAR[]"
+        cols.append(f"CAST(NULL AS {t}) AS {f.name}")
+    return "SELECT " + ", ".join(cols) + " WHERE false"
+
+
+def _view_source(paths: list[Path], schema: pa.Schema) -> str:
+    existing = [p for p in paths if p.exists()]
+    if not existing:
+        return _empty_select(schema)
+    return f"SELECT * FROM read_parquet({_files(existing)})"
+
+
+def connect(work: Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    return duckdb.connect(str(work / DB_NAME), read_only=read_only)
+
+
+def build_catalog(con: duckdb.DuckDBPyConnection, work: Path, shards: list[str], profile: str) -> None:
+    """(Re)create the views over the per-shard Parquet files of the given shards."""
+    m = [manifest_dir(work, s) for s in shards]
+    t = [token_dir(work, profile, s) for s in shards]
+    con.execute(f"CREATE OR REPLACE VIEW manifest_samples AS {_view_source([d / 'samples.parquet' for d in m], SAMPLES_SCHEMA)}")
+    con.execute(f"CREATE OR REPLACE VIEW members AS {_view_source([d / 'members.parquet' for d in m], MEMBERS_SCHEMA)}")
+    con.execute(f"CREATE OR REPLACE VIEW shards AS {_view_source([d / 'shard.parquet' for d in m], SHARDS_SCHEMA)}")
+    con.execute(
+        f"CREATE OR REPLACE VIEW token_lengths AS {_view_source([d / 'token_lengths.parquet' for d in t], TOKEN_LENGTHS_SCHEMA)}"
+    )
+    rej = [d / "rejected.parquet" for d in m] + [d / "rejected.parquet" for d in t]
+    con.execute(f"CREATE OR REPLACE VIEW rejected AS {_view_source(rej, REJECTED_SCHEMA)}")
+    # a sample the token stage rejects (e.g. an image the processor refuses) is rejected overall
+    con.execute(
+        """CREATE OR REPLACE VIEW samples AS
+        SELECT s.* REPLACE (
+            CASE WHEN t.status = 'rejected' THEN 'rejected' ELSE s.status END AS status,
+            COALESCE(s.reason, CASE WHEN t.status = 'rejected' THEN t.reason END) AS reason)
+        FROM manifest_samples s LEFT JOIN token_lengths t USING (sample_id)"""
+    )

@@ -1,0 +1,236 @@
+"""token_lengths stage: exact token counts for the target model, from headers and text only.
+
+total = len(tokenize(render(chat_template, messages))) + Σ(N_image − 1) + Σ(N_video − 1): the
+conversation is rendered once with one pad placeholder per media item, then each placeholder grows to its
+real token count. ``text_tokens`` excludes those placeholders (it keeps the vision start/end tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+import jinja2
+import numpy as np
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .profiles import ImageRule, ModelProfile, VideoRule, tokenizer_for
+from .records import Rejection
+
+_BATCH = 512
+
+
+class CountError(ValueError):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def _round(x: float, f: int) -> int:
+    return round(x / f) * f
+
+
+def smart_resize(height: int, width: int, rule: ImageRule) -> tuple[int, int]:
+    """transformers' Qwen2-VL ``smart_resize`` (also used by Qwen3-VL images)."""
+    f = rule.factor
+    if max(height, width) / min(height, width) > 200:
+        raise CountError("image_aspect_ratio", f"aspect ratio {max(height, width) / min(height, width):.1f} > 200")
+    h_bar, w_bar = _round(height, f), _round(width, f)
+    if h_bar * w_bar > rule.max_pixels:
+        beta = math.sqrt((height * width) / rule.max_pixels)
+        h_bar = max(f, math.floor(height / beta / f) * f)
+        w_bar = max(f, math.floor(width / beta / f) * f)
+    elif h_bar * w_bar < rule.min_pixels:
+        beta = math.sqrt(rule.min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / f) * f
+        w_bar = math.ceil(width * beta / f) * f
+    return h_bar, w_bar
+
+
+def image_tokens(width: int, height: int, rule: ImageRule) -> int:
+    h, w = smart_resize(height, width, rule)
+    return (h // rule.factor) * (w // rule.factor)
+
+
+@dataclass(frozen=True, slots=True)
+class VideoCount:
+    pad_tokens: int  # tokens that replace the one <|video_pad|>, timestamps excluded
+    timestamps: tuple[str, ...]  # Qwen3-VL: one "<t seconds>" text per frame pair
+
+
+def _qvu_resize(height: int, width: int, f: int, min_pixels: int, max_pixels: float) -> tuple[int, int]:
+    """qwen-vl-utils ``smart_resize`` (its own rounding, floor at one factor)."""
+    if max(height, width) / min(height, width) > 200:
+        raise CountError("video_aspect_ratio", f"aspect ratio {max(height, width) / min(height, width):.1f} > 200")
+    h_bar = max(f, _round(height, f))
+    w_bar = max(f, _round(width, f))
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(f, math.floor(height / beta / f) * f)
+        w_bar = max(f, math.floor(width / beta / f) * f)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / f) * f
+        w_bar = math.ceil(width * beta / f) * f
+    return h_bar, w_bar
+
+
+def video_count(meta: dict, rule: VideoRule) -> VideoCount:
+    total, src_fps = int(meta["frames"]), float(meta.get("fps") or 24.0)
+    height, width = int(meta["height"]), int(meta["width"])
+    f, t = rule.factor, rule.temporal_patch_size
+    if rule.sampler == "qwen-vl-utils":
+        min_frames = math.ceil(rule.min_frames / t) * t
+        max_frames = math.floor(min(rule.max_frames, total) / t) * t
+        n = total / src_fps * rule.fps
+        n = min(min(max(n, min_frames), max_frames), total)
+        n = math.floor(n / t) * t
+        if n < t:
+            raise CountError("video_too_short", f"{total} frame(s): fewer than {t} to sample")
+        max_pixels = max(min(rule.max_pixels, rule.total_pixels / n * t), int(rule.min_pixels * 1.05))
+        h, w = _qvu_resize(height, width, f, rule.min_pixels, max_pixels)
+        return VideoCount((n // t) * (h // f) * (w // f), ())
+    # transformers Qwen3VLVideoProcessor.sample_frames + video smart_resize + processor timestamps
+    n = int(total / src_fps * rule.fps)
+    n = min(max(n, rule.min_frames), rule.max_frames, total)
+    if n < t:
+        raise CountError("video_too_short", f"{total} frame(s): fewer than {t} to sample")
+    if height < f or width < f:
+        scale = max(f / height, f / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise CountError("video_aspect_ratio", f"aspect ratio {max(height, width) / min(height, width):.1f} > 200")
+    h_bar, w_bar, t_bar = _round(height, f), _round(width, f), _round(n, t)
+    if t_bar * h_bar * w_bar > rule.max_pixels:
+        beta = math.sqrt((n * height * width) / rule.max_pixels)
+        h_bar = max(f, math.floor(height / beta / f) * f)
+        w_bar = max(f, math.floor(width / beta / f) * f)
+    elif t_bar * h_bar * w_bar < rule.min_pixels:
+        beta = math.sqrt(rule.min_pixels / (n * height * width))
+        h_bar = math.ceil(height * beta / f) * f
+        w_bar = math.ceil(width * beta / f) * f
+    grid_t = -(-n // t)
+    frame_seqlen = (h_bar // f) * (w_bar // f)
+    indices = np.linspace(0, total - 1, n).round().astype(int).tolist()
+    if len(indices) % t:
+        indices.extend(indices[-1] for _ in range(t - len(indices) % t))
+    stamps = [idx / src_fps for idx in indices]
+    pairs = [(stamps[i] + stamps[i + t - 1]) / 2 for i in range(0, len(stamps), t)]
+    # each frame pair: "<t seconds>" + <|vision_start|> + frame_seqlen pads + <|vision_end|>
+    return VideoCount(grid_t * (frame_seqlen + 2), tuple(f"<{p:.1f} seconds>" for p in pairs[:grid_t]))
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    """The Jinja environment transformers' ``apply_chat_template`` renders with."""
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+class TokenCounter:
+    """Counts for one profile; batches the tokenizer calls."""
+
+    def __init__(self, profile: ModelProfile):
+        self.profile = profile
+        self.template = _environment().from_string(profile.chat_template)
+        self.tokenizer = tokenizer_for(profile)
+
+    def render(self, messages: list[dict], tools: list | None = None) -> str:
+        return self.template.render(messages=messages, tools=tools, add_generation_prompt=False)
+
+    def _vision(self, image_sizes, videos) -> tuple[int, int, list[VideoCount]]:
+        img = sum(image_tokens(w, h, self.profile.image) for w, h in image_sizes)
+        vids = [video_count(v, self.profile.video) for v in videos]
+        return img, len(image_sizes), vids
+
+    def count_many(self, items: Iterable[tuple[list[dict], list, list]]) -> Iterator[dict | CountError]:
+        """(messages, image_sizes [[w, h]], videos [meta]) -> counts, or a CountError, in input order."""
+        batch: list = []
+        for item in items:
+            batch.append(item)
+            if len(batch) >= _BATCH:
+                yield from self._count_batch(batch)
+                batch = []
+        if batch:
+            yield from self._count_batch(batch)
+
+    def _count_batch(self, batch) -> list[dict | CountError]:
+        prepared: list = []
+        texts: list[str] = []
+        for messages, image_sizes, videos in batch:
+            try:
+                img, n_img, vids = self._vision(image_sizes, videos)
+                text = self.render(messages)
+            except CountError as e:
+                prepared.append(e)
+                continue
+            except jinja2.exceptions.TemplateError as e:
+                prepared.append(CountError("template_error", str(e)))
+                continue
+            first = len(texts)
+            texts.append(text)
+            for v in vids:
+                texts.extend(v.timestamps)
+            prepared.append((first, len(texts), img, n_img, vids))
+        lengths = [len(e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)] if texts else []
+        out: list[dict | CountError] = []
+        for p in prepared:
+            if isinstance(p, CountError):
+                out.append(p)
+                continue
+            first, end, img, n_img, vids = p
+            rendered = lengths[first]
+            stamps = sum(lengths[first + 1 : end])
+            video = sum(v.pad_tokens for v in vids) + stamps
+            text_tokens = rendered - n_img - len(vids)
+            out.append(
+                {
+                    "text_tokens": text_tokens,
+                    "image_tokens": img,
+                    "video_tokens": video,
+                    "total_tokens": text_tokens + img + video,
+                }
+            )
+        return out
+
+
+def count_shard_rows(counter: TokenCounter, samples: Iterable[dict], media_bytes: dict[str, int]) -> tuple[list[dict], list[Rejection]]:
+    """token_lengths rows for a shard's manifest rows (ok ones are counted; rejected ones are skipped)."""
+    ok = [s for s in samples if s["status"] == "ok"]
+    items = (
+        (json.loads(s["conversation"]), s["image_sizes"] or [], json.loads(s["videos"] or "[]")) for s in ok
+    )
+    rows: list[dict] = []
+    rejections: list[Rejection] = []
+    for s, res in zip(ok, counter.count_many(items)):
+        row = {
+            "sample_id": s["sample_id"],
+            "shard": s["shard"],
+            "media_type": s["media_type"],
+            "n_images": s["n_images"],
+            "n_videos": s["n_videos"],
+            "media_bytes": media_bytes.get(s["sample_id"], 0),
+            "profile": counter.profile.name,
+        }
+        if isinstance(res, CountError):
+            row.update(text_tokens=None, image_tokens=None, video_tokens=None, total_tokens=None, vision_tokens=None,
+                       status="rejected", reason=res.reason)
+            rejections.append(Rejection(s["shard"], s["key"], res.reason, res.detail, stage="token_lengths"))
+        else:
+            row.update(res, vision_tokens=res["image_tokens"] + res["video_tokens"], status="ok", reason=None)
+        rows.append(row)
+    return rows, rejections

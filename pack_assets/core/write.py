@@ -1,0 +1,254 @@
+"""packed_shards stage: one output sample per pack, media copied by byte range.
+
+Each output shard is a tar written with fixed header fields (mtime 0, uid/gid 0, mode 0644, PAX format)
+and a stable member order, so the same plan gives byte-identical shards. It is written under a temporary
+name, fsynced, then renamed: no partial file is ever visible under a final name. A rerun skips a shard
+whose first pack already carries the plan's fingerprint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tarfile
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import __version__
+
+BLOCK = 512
+RECORD = BLOCK * 20
+NV_META = ".nv-meta"
+
+
+def _header(name: str, size: int) -> bytes:
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = size, 0, 0o644, 0, 0, "", ""
+    return ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def _pad(n: int) -> bytes:
+    return b"\0" * (-n % BLOCK)
+
+
+def media_name(pack_id: str, sub: int, item: int, source_name: str) -> str:
+    """WebDataset rule: the key (pack id) ends at the first dot; the sub-sample index follows it."""
+    ext = source_name.rsplit("/", 1)[-1].rsplit(".", 1)[-1].lower()
+    return f"{pack_id}.s{sub:03d}_{item:02d}.{ext}"
+
+
+@dataclass
+class SubSample:
+    sample_id: str
+    shard: str
+    key: str
+    source_path: str
+    token_len: int
+    messages: list
+    json_member: dict | None  # {"name", "offset", "size", "sha256"}
+    media: list[dict]  # [{"name", "offset", "size", "sha256"}] in media order
+
+
+@dataclass
+class PackJob:
+    pack_id: str
+    media_type: str
+    total_token_len: int
+    subs: list[SubSample]
+
+
+@dataclass
+class ShardJob:
+    name: str
+    packs: list[PackJob]
+
+
+class _Sources:
+    """A small LRU of open source shards (bounded file descriptors)."""
+
+    def __init__(self, limit: int = 64):
+        self.limit, self.files = limit, {}
+
+    def get(self, path: str):
+        f = self.files.pop(path, None)
+        if f is None:
+            if len(self.files) >= self.limit:
+                oldest = next(iter(self.files))
+                self.files.pop(oldest).close()
+            f = open(path, "rb", buffering=0)
+        self.files[path] = f
+        return f
+
+    def close(self):
+        for f in self.files.values():
+            f.close()
+        self.files.clear()
+
+
+def _read(f, offset: int, size: int) -> bytes:
+    return os.pread(f.fileno(), size, offset)
+
+
+def _copy(src, offset: int, size: int, dst) -> None:
+    """Kernel-side copy where the platform has it; plain reads otherwise."""
+    left, pos = size, offset
+    while left:
+        try:
+            n = os.copy_file_range(src.fileno(), dst.fileno(), left, pos)
+        except (AttributeError, OSError):
+            n = 0
+        if n <= 0:
+            chunk = os.pread(src.fileno(), min(left, 1 << 22), pos)
+            if not chunk:
+                raise OSError(f"source ended {left} bytes early at offset {pos}")
+            dst.write(chunk)
+            n = len(chunk)
+        left -= n
+        pos += n
+
+
+def pack_document(job: PackJob, context: dict, sources: _Sources) -> tuple[dict, list[tuple[str, SubSample, dict]]]:
+    """The pack's JSON (conversations + ``_meta``) and its media members in output order."""
+    samples, metas, media_out = [], [], []
+    for i, sub in enumerate(job.subs):
+        names = []
+        src_media = []
+        for j, m in enumerate(sub.media):
+            out_name = media_name(job.pack_id, i, j, m["name"])
+            names.append(out_name.split(".", 1)[1])
+            media_out.append((out_name, sub, m))
+            src_media.append({**m, "output_name": out_name})
+        source = None
+        if sub.json_member is not None:
+            raw = _read(sources.get(sub.source_path), sub.json_member["offset"], sub.json_member["size"])
+            text = raw.decode("utf-8")
+            source = json.loads(text) if sub.json_member["name"].endswith(".json") else text
+        samples.append({"sample_id": sub.sample_id, "token_len": sub.token_len, "messages": sub.messages,
+                        "media": names, "source": source})
+        metas.append({"sample_id": sub.sample_id, "shard": sub.shard, "key": sub.key,
+                      "json_member": sub.json_member, "media": src_media})
+    doc = {
+        "pack_id": job.pack_id,
+        "media_type": job.media_type,
+        "samples": samples,
+        "_meta": {
+            "pack_id": job.pack_id,
+            "media_type": job.media_type,
+            "sample_ids": [s.sample_id for s in job.subs],
+            "sample_token_lens": [s.token_len for s in job.subs],
+            "total_token_len": job.total_token_len,
+            "sources": metas,
+            **context,
+        },
+    }
+    return doc, media_out
+
+
+def first_pack_meta(path: Path) -> dict | None:
+    """``_meta`` of the first pack of an output shard (None when unreadable)."""
+    try:
+        with tarfile.open(path, "r:") as tf:
+            ti = tf.next()
+            if ti is None or not ti.name.endswith(".json"):
+                return None
+            return json.loads(tf.extractfile(ti).read())["_meta"]
+    except (OSError, tarfile.TarError, ValueError, KeyError):
+        return None
+
+
+def write_shard(out_dir: str, job: ShardJob, context: dict) -> dict:
+    """Write one output shard atomically; skip it when it is already there for this plan."""
+    t0 = time.perf_counter()
+    final = Path(out_dir) / job.name
+    if final.exists():
+        meta = first_pack_meta(final)
+        if meta and meta.get("plan_fingerprint") == context["plan_fingerprint"] and meta.get("pack_id") == job.packs[0].pack_id:
+            return {"shard": job.name, "skipped": True, "bytes": final.stat().st_size, "packs": len(job.packs),
+                    "samples": sum(len(p.subs) for p in job.packs), "seconds": time.perf_counter() - t0}
+    sources = _Sources()
+    fd, tmp = tempfile.mkstemp(prefix=f".{job.name}.tmp-", dir=out_dir)
+    written = 0
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for pack in job.packs:
+                doc, media = pack_document(pack, context, sources)
+                body = json.dumps(doc, ensure_ascii=False, sort_keys=False).encode("utf-8")
+                out.write(_header(f"{pack.pack_id}.json", len(body)))
+                out.write(body)
+                out.write(_pad(len(body)))
+                for out_name, sub, m in media:
+                    out.write(_header(out_name, m["size"]))
+                    out.flush()
+                    _copy(sources.get(sub.source_path), m["offset"], m["size"], out)
+                    out.write(_pad(m["size"]))
+            out.write(b"\0" * (2 * BLOCK))
+            out.flush()
+            end = out.tell()
+            out.write(b"\0" * (-end % RECORD))
+            out.flush()
+            os.fsync(out.fileno())
+            written = out.tell()
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    finally:
+        sources.close()
+    return {"shard": job.name, "skipped": False, "bytes": written, "packs": len(job.packs),
+            "samples": sum(len(p.subs) for p in job.packs), "seconds": time.perf_counter() - t0}
+
+
+def _write_shard_star(args):
+    return write_shard(*args)
+
+
+def write_all(out_dir: Path, jobs: list[ShardJob], context: dict, workers: int = 0, progress=None) -> list[dict]:
+    """Write every shard (a process pool when there are several), remove stale ones, write Energon metadata."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    workers = workers or min(os.cpu_count() or 1, max(1, len(jobs)))
+    args = [(str(out_dir), j, context) for j in jobs]
+    results: list[dict] = []
+    if workers <= 1 or len(jobs) <= 1:
+        for a in args:
+            results.append(write_shard(*a))
+            if progress:
+                progress(results[-1], len(results), len(jobs))
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for r in pool.map(_write_shard_star, args):
+                results.append(r)
+                if progress:
+                    progress(r, len(results), len(jobs))
+    keep = {j.name for j in jobs}
+    for p in out_dir.glob("*.tar"):
+        if p.name not in keep:
+            p.unlink()  # a shard of an earlier, larger plan
+    for p in out_dir.glob(".*.tmp-*"):
+        p.unlink()  # leftovers of a killed run
+    write_energon_meta(out_dir, {r["shard"]: r["packs"] for r in results})
+    return results
+
+
+def write_energon_meta(out_dir: Path, shard_counts: dict[str, int]) -> None:
+    """`.nv-meta/` so Megatron-Energon can load the output without `energon prepare`."""
+    from .store import atomic_write_text
+
+    meta = out_dir / NV_META
+    names = sorted(shard_counts)
+    atomic_write_text(
+        meta / "dataset.yaml",
+        "__module__: megatron.energon\n__class__: CrudeWebdataset\nsubflavors:\n  source: pack_assets\n",
+    )
+    split = "split_parts:\n  train:\n" + "".join(f"  - {n}\n" for n in names) + "  val: []\n  test: []\nexclude: []\n"
+    atomic_write_text(meta / "split.yaml", split)
+    info = {"energon_version": "7.x", "shard_counts": {n: shard_counts[n] for n in names}}
+    atomic_write_text(meta / ".info.json", json.dumps(info, indent=2) + "\n")
+    atomic_write_text(meta / ".info.yaml", "shard_counts:\n" + "".join(f"  {n}: {shard_counts[n]}\n" for n in names))
+
+
+__all__ = ["PackJob", "ShardJob", "SubSample", "write_all", "write_shard", "__version__"]

@@ -1,0 +1,168 @@
+"""The five software-defined assets. Each calls one core stage and attaches metadata."""
+
+
+import json
+
+import dagster as dg
+
+from ..core import pipeline, store
+from ..core.report import png_data_uri
+from .partitions import source_shards
+from .resources import PackSettings
+
+INGEST, PACK = "ingest", "pack"
+
+
+def _registered_shards(context: dg.AssetExecutionContext) -> list[str]:
+    return sorted(context.instance.get_dynamic_partitions(source_shards.name))
+
+
+@dg.asset(
+    partitions_def=source_shards,
+    group_name=INGEST,
+    kinds={"python", "parquet"},
+    code_version="1",
+    pool="shard_scan",
+)
+def manifest(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
+    """Scan one source shard in place: every member's payload offset, size and sha256; every sample's
+    conversation and media metadata; a reason row for everything rejected."""
+    s = pipeline.run_manifest(settings.input_root, settings.work, context.partition_key, settings.scan_options())
+    context.log.info(f"{s['shard']}: {s['ok']} ok, {s['rejected']} rejected of {s['samples']} samples in {s['seconds']} s")
+    d = store.manifest_dir(settings.work, context.partition_key)
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": s["samples"],
+            "status": s["status"],
+            "ok": s["ok"],
+            "rejected": s["rejected"],
+            "members": s["members"],
+            "shard_bytes": s["bytes"],
+            "seconds": s["seconds"],
+            "dagster/uri": dg.MetadataValue.path(str(d)),
+        }
+    )
+
+
+@dg.asset(
+    partitions_def=source_shards,
+    deps=[manifest],
+    group_name=INGEST,
+    kinds={"python", "parquet"},
+    code_version="1",
+    pool="shard_scan",
+)
+def token_lengths(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
+    """Exact token counts of one shard's samples for the target model (chat template + vision rules)."""
+    profile = settings.model_profile()
+    s = pipeline.run_token_lengths(settings.work, context.partition_key, profile)
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": s["counted"] + s["rejected"],
+            "profile": profile.name,
+            "profile_fingerprint": profile.fingerprint,
+            "counted": s["counted"],
+            "rejected": s["rejected"],
+            "total_tokens": s["total_tokens"],
+            "samples_per_second": s["samples_per_second"],
+            "dagster/uri": dg.MetadataValue.path(str(store.token_dir(settings.work, profile.name, context.partition_key))),
+        },
+        data_version=dg.DataVersion(profile.fingerprint),
+    )
+
+
+@dg.asset(deps=[token_lengths], group_name=PACK, kinds={"python", "duckdb"}, code_version="1")
+def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
+    """Bin packing per media type near the lower bound, over every registered shard; writes
+    pack_plan.jsonl and the pack_plan / pack_members / dropped tables."""
+    shards = _registered_shards(context)
+    s = pipeline.run_plan(settings.work, shards, settings.plan_config(), settings.model_profile())
+    rows = [
+        f"| {mt} | {v['samples']} | {v['packs']} | {v['l2']} | {v['fill']:.2%} | {v['dropped']} |"
+        for mt, v in sorted(s["per_media_type"].items())
+    ]
+    table = "| media type | samples | packs | lower bound | fill | dropped |\n|---|---:|---:|---:|---:|---:|\n" + "\n".join(rows)
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": s["packs"],
+            "packs": s["packs"],
+            "lower_bound": s["lower_bound"],
+            "packs_over_bound": s["packs_over_bound"],
+            "fill": dg.MetadataValue.float(s["fill"]),
+            "dropped": s["dropped"],
+            "mean_samples_per_pack": dg.MetadataValue.float(s["mean_samples_per_pack"]),
+            "drift": dg.MetadataValue.float(s["drift"]),
+            "shards": len(shards),
+            "fingerprint": s["fingerprint"],
+            "per_media_type": dg.MetadataValue.md(table),
+            "plan_file": dg.MetadataValue.path(s["plan_file"]),
+        }
+    )
+
+
+@dg.asset(deps=[pack_plan], group_name=PACK, kinds={"python", "webdataset"}, code_version="1")
+def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
+    """One output sample per pack: full conversations, media copied by byte range, `_meta` provenance,
+    Energon metadata in .nv-meta/. Atomic and deterministic; a rerun skips finished shards."""
+
+    def progress(r, done, total):
+        context.log.info(f"[{done}/{total}] {r['shard']}: {r['packs']} packs, {r['bytes']} bytes"
+                         f"{' (already there)' if r['skipped'] else ''}")
+
+    s = pipeline.run_write(settings.work, settings.input_root, settings.out, settings.write_workers, progress)
+    example = None
+    first = next(iter(sorted(settings.out.glob("*.tar"))), None)
+    if first is not None:
+        from ..core.write import first_pack_meta
+
+        example = first_pack_meta(first)
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": s["packs"],
+            "output_shards": s["shards"],
+            "written": s["written"],
+            "skipped": s["skipped"],
+            "bytes": s["bytes"],
+            "mb_per_second": s["mb_per_second"],
+            "dagster/uri": dg.MetadataValue.path(s["output_dir"]),
+            "example_meta": dg.MetadataValue.json(example or {}),
+        }
+    )
+
+
+@dg.asset(
+    deps=[packed_shards],
+    group_name=PACK,
+    kinds={"python", "markdown"},
+    code_version="1",
+    check_specs=[dg.AssetCheckSpec("nothing_lost", asset="audit_report", blocking=True,
+                                   description="Outputs read back: every sample once, bytes equal, caps held.")],
+)
+def audit_report(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
+    """Reads the packed shards back and proves nothing was lost: counts per shard, capacity, media types,
+    sha256 of every media member against its source. Writes audit_report.md with plots."""
+    result, report = pipeline.run_audit(settings.work, settings.out)
+    st = result.stats
+    plots = "\n\n".join(f"![{k}]({png_data_uri(__import__('pathlib').Path(v))})" for k, v in report["plots"].items()
+                        if k != "reasons")
+    return dg.MaterializeResult(
+        metadata={
+            "samples_read": st["samples_read"],
+            "packed": st["packed"],
+            "dropped": st["dropped"],
+            "rejected": st["rejected"],
+            "media_members_checked": st["media_members_checked"],
+            "violations": len(result.violations),
+            "report": dg.MetadataValue.path(report["path"]),
+            "plots": dg.MetadataValue.md(plots),
+        },
+        check_results=[
+            dg.AssetCheckResult(
+                check_name="nothing_lost",
+                passed=result.ok,
+                severity=dg.AssetCheckSeverity.ERROR,
+                metadata={"violations": len(result.violations),
+                          "first_violations": dg.MetadataValue.json(json.loads(json.dumps(result.violations[:20])))},
+            )
+        ],
+    )

@@ -1,0 +1,65 @@
+"""Run settings as one configurable resource (editable in the Launchpad, set by the CLI)."""
+
+
+import os
+from pathlib import Path
+
+import dagster as dg
+
+from ..core.plan import PlanConfig
+from ..core.profiles import DEFAULT_PROFILE, ModelProfile, resolve_profile
+from ..core.scan import ScanOptions
+
+
+class PackSettings(dg.ConfigurableResource):
+    """Where data lives and how to pack it. Defaults come from ``PACK_ASSETS_*`` variables when set."""
+
+    input_dir: str = "demo_data/shards"
+    work_dir: str = "work"
+    output_dir: str = "packed"
+    max_len: int = 8192
+    profile: str = DEFAULT_PROFILE
+    model_dir: str = ""
+    algorithm: str = "bfd"
+    seed: int = 0
+    target_shard_bytes: int = 256 << 20
+    max_packs_per_shard: int = 1000
+    hash_members: bool = True
+    max_member_bytes: int = 4 << 30
+    write_workers: int = 0
+    recursive: bool = True
+
+    @property
+    def input_root(self) -> Path:
+        return Path(self.input_dir).resolve()
+
+    @property
+    def work(self) -> Path:
+        return Path(self.work_dir).resolve()
+
+    @property
+    def out(self) -> Path:
+        return Path(self.output_dir).resolve()
+
+    def model_profile(self) -> ModelProfile:
+        return resolve_profile(self.profile, self.model_dir or None)
+
+    def plan_config(self) -> PlanConfig:
+        return PlanConfig(max_len=self.max_len, algorithm=self.algorithm, seed=self.seed,
+                          target_shard_bytes=self.target_shard_bytes, max_packs_per_shard=self.max_packs_per_shard)
+
+    def scan_options(self) -> ScanOptions:
+        return ScanOptions(hash_members=self.hash_members, max_member_bytes=self.max_member_bytes)
+
+
+def settings_from_env() -> PackSettings:
+    env = os.environ
+    fields = {
+        "input_dir": env.get("PACK_ASSETS_INPUT"),
+        "work_dir": env.get("PACK_ASSETS_WORK"),
+        "output_dir": env.get("PACK_ASSETS_OUTPUT"),
+        "max_len": int(env["PACK_ASSETS_MAX_LEN"]) if env.get("PACK_ASSETS_MAX_LEN") else None,
+        "profile": env.get("PACK_ASSETS_PROFILE"),
+        "model_dir": env.get("PACK_ASSETS_MODEL_DIR"),
+    }
+    return PackSettings(**{k: v for k, v in fields.items() if v is not None})

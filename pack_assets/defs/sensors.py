@@ -1,0 +1,31 @@
+"""new_shard_sensor: registers new source shards as partitions and requests their runs."""
+
+
+import dagster as dg
+
+from ..core import store
+from .jobs import shard_job
+from .partitions import source_shards
+from .resources import PackSettings
+
+BATCH = 5000  # partitions added per tick (Dagster advises small batches)
+
+
+@dg.sensor(job=shard_job, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
+def new_shard_sensor(context: dg.SensorEvaluationContext, settings: PackSettings) -> dg.SensorResult | dg.SkipReason:
+    """Finds new `*.tar` shards under the input directory, adds them to `source_shards` (sorted, in
+    batches) and requests a `shard_job` run for each, keyed by shard, size and mtime."""
+    root = settings.input_root
+    if not root.is_dir():
+        return dg.SkipReason(f"input directory {root} does not exist")
+    found = store.find_shards(root, settings.recursive)
+    known = set(context.instance.get_dynamic_partitions(source_shards.name))
+    new = [k for k in found if k not in known][:BATCH]
+    if not new:
+        return dg.SkipReason(f"no new shards among {len(found)} under {root}")
+    requests = []
+    for key in new:
+        st = found[key].stat()
+        requests.append(dg.RunRequest(partition_key=key, run_key=f"{key}:{st.st_size}:{st.st_mtime_ns}"))
+    context.log.info(f"adding {len(new)} new shard(s): {new[:5]}{' ...' if len(new) > 5 else ''}")
+    return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=[source_shards.build_add_request(new)])

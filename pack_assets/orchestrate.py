@@ -1,0 +1,83 @@
+"""Drive the assets through Dagster from the CLI: register shard partitions, run each shard that needs
+work, then the plan / write / audit run. Every run is recorded in the instance under DAGSTER_HOME."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+
+from .core import pipeline, store
+from .defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
+from .defs.partitions import source_shards
+from .defs.resources import PackSettings
+
+
+def instance_for(dagster_home: Path) -> dg.DagsterInstance:
+    home = dagster_home.resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["DAGSTER_HOME"] = str(home)  # dagster requires an absolute DAGSTER_HOME
+    return dg.DagsterInstance.get()
+
+
+def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict:
+    for ev in result.get_asset_materialization_events():
+        mat = ev.event_specific_data.materialization
+        if mat.asset_key.to_user_string() == asset:
+            return {k: v.value for k, v in mat.metadata.items()}
+    return {}
+
+
+def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None, force: bool = False) -> dict:
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    t0 = time.perf_counter()
+    root = settings.input_root
+    if not root.is_dir():
+        raise FileNotFoundError(f"input directory {root} does not exist")
+    shards = store.find_shards(root, settings.recursive)
+    if not shards:
+        raise FileNotFoundError(f"no *.tar shards under {root}")
+    known = set(instance.get_dynamic_partitions(source_shards.name))
+    new = [k for k in shards if k not in known]
+    if new:
+        instance.add_dynamic_partitions(source_shards.name, new)
+    profile = settings.model_profile()
+    resources = {"settings": settings}
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    ran = 0
+    for i, key in enumerate(shards, 1):
+        current = (not force and pipeline.manifest_is_current(root, settings.work, key) is not None
+                   and pipeline.token_lengths_are_current(settings.work, key, profile))
+        if current:
+            continue
+        dg.materialize([manifest, token_lengths], partition_key=key, instance=instance, resources=resources, run_config=quiet)
+        ran += 1
+        log(f"[{i}/{len(shards)}] scanned and counted {key}")
+    log(f"{ran} shard run(s), {len(shards) - ran} shard(s) unchanged; planning, writing and auditing")
+    result = dg.materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=resources, run_config=quiet)
+    plan, written, audit = (_metadata(result, a) for a in ("pack_plan", "packed_shards", "audit_report"))
+    return {
+        "input_dir": str(root),
+        "shards": len(shards),
+        "shard_runs": ran,
+        "samples": audit.get("samples_read"),
+        "packed": audit.get("packed"),
+        "dropped": audit.get("dropped"),
+        "rejected": audit.get("rejected"),
+        "packs": plan.get("packs"),
+        "lower_bound": plan.get("lower_bound"),
+        "packs_over_bound": plan.get("packs_over_bound"),
+        "fill": plan.get("fill"),
+        "max_len": settings.max_len,
+        "profile": profile.name,
+        "violations": audit.get("violations"),
+        "output_dir": str(settings.out),
+        "output_shards": written.get("output_shards"),
+        "work_dir": str(settings.work),
+        "plan_file": str(settings.work / "pack_plan.jsonl"),
+        "audit_report": str(settings.work / "audit_report.md"),
+        "duckdb": str(settings.work / store.DB_NAME),
+        "dagster_home": os.environ["DAGSTER_HOME"],
+        "seconds": round(time.perf_counter() - t0, 2),
+    }

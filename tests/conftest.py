@@ -1,0 +1,72 @@
+"""Shared test helpers: small tar shards made on the fly."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+
+def image_bytes(w: int = 64, h: int = 48, fmt: str = "JPEG", color=(200, 30, 30)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), color).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def add(tf: tarfile.TarFile, name: str, data: bytes | str) -> None:
+    if isinstance(data, str):
+        data = data.encode()
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mtime = len(data), 0
+    tf.addfile(ti, io.BytesIO(data))
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes | str]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in members:
+            add(tf, name, data)
+    return path
+
+
+def chat(question: str = "What is shown?", answer: str = "A red square.", images: int = 0) -> dict:
+    return {"conversations": [{"from": "human", "value": "<image>\n" * images + question},
+                              {"from": "gpt", "value": answer}]}
+
+
+def small_dataset(root: Path, n_shards: int = 2, per_shard: int = 12) -> Path:
+    """Text, single-image and two-image samples in both chat styles, plus one bad sample per shard."""
+    for s in range(n_shards):
+        members: list[tuple[str, bytes | str]] = []
+        for j in range(per_shard):
+            key = f"s{s}_{j:03d}"
+            kind = j % 3
+            words = " ".join(["word"] * (5 + 37 * j % 200))
+            if kind == 0:
+                rec = {"messages": [{"role": "system", "content": "Be brief."},
+                                    {"role": "user", "content": f"Tell me {j}: {words}"},
+                                    {"role": "assistant", "content": "Sure. " + words}]}
+                members.append((f"{key}.json", json.dumps(rec)))
+            elif kind == 1:
+                members.append((f"{key}.json", json.dumps({**chat(words, "ok", images=1), "image": "jpg"})))
+                members.append((f"{key}.jpg", image_bytes(32 + j * 20, 40 + j * 7)))
+            else:
+                rec = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                                                   {"type": "text", "text": "Compare " + words}]},
+                                    {"role": "assistant", "content": [{"type": "text", "text": "They differ."}]}],
+                       "images": ["a.png", "b.webp"]}
+                members.append((f"{key}.json", json.dumps(rec)))
+                members.append((f"{key}.a.png", image_bytes(100 + j, 80, "PNG", (j, 2 * j, 3 * j))))
+                members.append((f"{key}.b.webp", image_bytes(300, 200 + j, "WEBP")))
+        members.append((f"bad{s}.json", "{not json"))
+        write_tar(root / f"part-{s:03d}.tar", members)
+    return root
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    return small_dataset(tmp_path / "in")

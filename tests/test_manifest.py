@@ -1,0 +1,222 @@
+"""Manifest stage: WebDataset key grouping, offsets/sizes/sha256 against tarfile, and a reason for every reject."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from pack_assets.core import pipeline, store
+from pack_assets.core.records import Rejection, Sample
+from pack_assets.core.scan import ScanOptions, scan_shard, split_key
+from pack_assets.core.demo import video_bytes
+from conftest import add, chat, image_bytes, write_tar
+
+
+def scan(path: Path, **opts) -> tuple[list[Sample], list[Rejection]]:
+    recs = list(scan_shard(path, "shard", ScanOptions(**opts)))
+    return [r for r in recs if isinstance(r, Sample)], [r for r in recs if isinstance(r, Rejection)]
+
+
+def reasons(rejections) -> dict[str | None, str]:
+    return {r.key: r.reason for r in rejections}
+
+
+@pytest.mark.parametrize(
+    "name, key, part",
+    [
+        ("000123.jpg", "000123", "jpg"),
+        ("a/b/000123.img1.jpg", "a/b/000123", "img1.jpg"),
+        ("dir.v2/x.y.z.json", "dir.v2/x", "y.z.json"),
+        ("noext", "noext", ""),
+    ],
+)
+def test_key_is_path_up_to_first_dot_of_basename(name, key, part):
+    assert split_key(name) == (key, part)
+
+
+def test_offsets_sizes_and_hashes_match_an_independent_tarfile_reading(dataset):
+    path = dataset / "part-000.tar"
+    samples, _ = scan(path)
+    ours = {m.name: m for s in samples for m in s.members}
+    with tarfile.open(path) as tf:
+        for ti in tf.getmembers():
+            if ti.name.startswith("bad"):
+                continue
+            data = tf.extractfile(ti).read()
+            m = ours.pop(ti.name)
+            assert (m.offset, m.size, m.sha256) == (ti.offset_data, ti.size, hashlib.sha256(data).hexdigest())
+            with open(path, "rb") as f:
+                f.seek(m.offset)
+                assert f.read(m.size) == data
+    # the bad sample's member is recorded too
+    assert set(ours) == {"bad0.json"}
+
+
+def test_samples_group_by_key_and_classify_media(dataset):
+    samples, rejections = scan(dataset / "part-000.tar")
+    by_key = {s.key: s for s in samples}
+    assert len(samples) == 13
+    assert by_key["s0_000"].media_type == "text" and by_key["s0_000"].n_images == 0
+    assert by_key["s0_001"].media_type == "image" and by_key["s0_001"].image_sizes == [[52, 47]]
+    two = by_key["s0_002"]
+    assert two.n_images == 2 and two.media_members == ["s0_002.a.png", "s0_002.b.webp"]
+    msgs = json.loads(two.conversation)
+    assert [p["type"] for p in msgs[0]["content"]] == ["image", "image", "text"]
+    assert reasons(rejections) == {"bad0": "invalid_json"}
+
+
+def test_missing_placeholders_put_media_first_in_the_first_user_turn(tmp_path):
+    rec = {"conversations": [{"from": "human", "value": "Describe."}, {"from": "gpt", "value": "A dog."}]}
+    path = write_tar(tmp_path / "x.tar", [("k.json", json.dumps(rec)), ("k.jpg", image_bytes())])
+    samples, rejections = scan(path)
+    assert not rejections
+    content = json.loads(samples[0].conversation)[0]["content"]
+    assert [p["type"] for p in content] == ["image", "text"]
+
+
+def test_video_metadata_from_the_container(tmp_path):
+    path = write_tar(tmp_path / "v.tar", [("k.json", json.dumps(chat("What happens?"))),
+                                          ("k.mp4", video_bytes(10, 64, 48, 5))])
+    samples, rejections = scan(path)
+    assert not rejections
+    v = json.loads(samples[0].videos)[0]
+    assert (v["frames"], v["width"], v["height"]) == (10, 64, 48)
+    assert abs(v["fps"] - 5) < 1e-6
+    assert samples[0].media_type == "video"
+
+
+def test_image_and_video_sample_counts_as_video(tmp_path):
+    rec = {"messages": [{"role": "user", "content": "<image><video>both"}, {"role": "assistant", "content": "ok"}]}
+    path = write_tar(tmp_path / "v.tar", [("k.json", json.dumps(rec)), ("k.jpg", image_bytes()),
+                                          ("k.mp4", video_bytes(4, 32, 32, 2))])
+    samples, _ = scan(path)
+    assert samples[0].media_type == "video" and (samples[0].n_images, samples[0].n_videos) == (1, 1)
+
+
+def _bad_sample_cases(tmp_path: Path):
+    big = b"x" * 2048
+    return {
+        "missing_json": [("k.jpg", image_bytes())],
+        "invalid_json": [("k.json", "{")],
+        "json_not_object": [("k.json", "[1, 2]")],
+        "no_conversation": [("k.json", json.dumps({"id": 3}))],
+        "missing_media": [("k.json", json.dumps({**chat(images=1), "image": "other.jpg"}))],
+        "placeholder_mismatch": [("k.json", json.dumps(chat(images=2))), ("k.jpg", image_bytes())],
+        "bad_image": [("k.json", json.dumps(chat(images=1))), ("k.jpg", b"not an image")],
+        "invalid_utf8": [("k.json", b'{"caption": "\xff\xfe"}')],
+        "member_too_large": [("k.json", json.dumps(chat())), ("k.bin", big)],
+        "bad_video": [("k.json", json.dumps(chat())), ("k.mp4", b"\x00" * 100)],
+    }
+
+
+@pytest.mark.parametrize("reason", list(_bad_sample_cases(Path("."))))
+def test_each_bad_sample_class_is_rejected_with_its_reason_and_neighbours_survive(tmp_path, reason):
+    members = [("a.json", json.dumps(chat()))] + _bad_sample_cases(tmp_path)[reason] + [("z.json", json.dumps(chat()))]
+    samples, rejections = scan(write_tar(tmp_path / "x.tar", members), max_member_bytes=1024)
+    assert reasons(rejections) == {"k": reason}
+    assert {s.key: s.status for s in samples} == {"a": "ok", "k": "rejected", "z": "ok"}
+
+
+def test_zero_byte_image_is_rejected(tmp_path):
+    samples, rejections = scan(write_tar(tmp_path / "x.tar", [("k.json", json.dumps(chat(images=1))), ("k.jpg", b"")]))
+    assert reasons(rejections) == {"k": "bad_image"}
+
+
+def test_duplicate_key_within_a_shard(tmp_path):
+    path = write_tar(tmp_path / "x.tar", [("k.json", json.dumps(chat())), ("m.json", json.dumps(chat())),
+                                          ("k.json", json.dumps(chat("again")))])
+    samples, rejections = scan(path)
+    assert [r.reason for r in rejections] == ["duplicate_key"]
+    assert len(samples) == 3 and len({s.sample_id for s in samples}) == 3
+
+
+def test_unsafe_names_links_and_devices_are_rejected_never_followed(tmp_path):
+    path = tmp_path / "x.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
+        add(tf, "ok.json", json.dumps(chat()))
+        add(tf, "../evil.json", json.dumps(chat()))
+        add(tf, "/abs.json", json.dumps(chat()))
+        link = tarfile.TarInfo("lnk.json")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tf.addfile(link)
+        dev = tarfile.TarInfo("dev.json")
+        dev.type = tarfile.CHRTYPE
+        tf.addfile(dev)
+    samples, rejections = scan(path)
+    assert reasons(rejections) == {"../evil": "unsafe_member_name", "/abs": "unsafe_member_name",
+                                   "lnk": "unsupported_member_type", "dev": "unsupported_member_type"}
+    assert [s.key for s in samples if s.status == "ok"] == ["ok"]
+
+
+def test_truncated_tar_keeps_the_samples_before_the_break(tmp_path):
+    path = write_tar(tmp_path / "x.tar", [(f"{i:03d}.json", json.dumps(chat("q" * 3000))) for i in range(6)])
+    data = path.read_bytes()
+    cut = tmp_path / "cut.tar"
+    with tarfile.open(path) as tf:
+        fourth = tf.getmembers()[3]
+    cut.write_bytes(data[: fourth.offset_data + 100])  # inside the 4th sample's payload
+    samples, rejections = scan(cut)
+    assert [s.key for s in samples if s.status == "ok"] == ["000", "001", "002"]
+    assert reasons(rejections) == {"003": "truncated_tar"}
+
+
+def test_a_header_claiming_more_bytes_than_the_file_holds(tmp_path):
+    path = tmp_path / "x.tar"
+    ti = tarfile.TarInfo("k.json")
+    ti.size = 4 << 30
+    path.write_bytes(ti.tobuf(tarfile.GNU_FORMAT) + b"{}" + b"\0" * 510)
+    samples, rejections = scan(path)
+    assert reasons(rejections) == {"k": "truncated_tar"}
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [(b"", "empty_shard"), (b"\0" * 10240, "empty_shard"), (b"\x1f\x8b\x08\x00" + b"\0" * 600, "compressed_tar"),
+     (b"\x28\xb5\x2f\xfd" + b"\0" * 600, "compressed_tar"), (b"hello world, not a tar at all" * 40, "not_a_tar")],
+)
+def test_shard_level_problems_give_one_reason_row(tmp_path, content, reason):
+    path = tmp_path / "x.tar"
+    path.write_bytes(content)
+    samples, rejections = scan(path)
+    assert samples == [] and [(r.key, r.reason) for r in rejections] == [(None, reason)]
+
+
+def test_unreadable_shard(tmp_path):
+    samples, rejections = scan(tmp_path / "does-not-exist.tar")
+    assert [(r.key, r.reason) for r in rejections] == [(None, "unreadable_shard")]
+
+
+def test_directories_and_meta_members_are_not_samples(tmp_path):
+    path = tmp_path / "x.tar"
+    with tarfile.open(path, "w") as tf:
+        d = tarfile.TarInfo("sub")
+        d.type = tarfile.DIRTYPE
+        tf.addfile(d)
+        add(tf, "__index__.json", "{}")
+        add(tf, "sub/k.json", json.dumps(chat()))
+    samples, rejections = scan(path)
+    assert [s.key for s in samples] == ["sub/k"] and not rejections
+
+
+def test_without_hashing_offsets_still_recorded(dataset):
+    samples, _ = scan(dataset / "part-000.tar", hash_members=False)
+    assert all(m.sha256 is None and m.size > 0 for s in samples for m in s.members)
+
+
+def test_manifest_files_and_rerun_skips_unchanged_shard(dataset, tmp_path):
+    work = tmp_path / "work"
+    first = pipeline.run_manifest(dataset, work, "part-000")
+    assert first["cached"] is False and first["samples"] == 13 and first["rejected"] == 1
+    d = store.manifest_dir(work, "part-000")
+    assert pq.read_table(d / "samples.parquet").num_rows == 13
+    assert pq.read_table(d / "rejected.parquet").to_pylist()[0]["reason"] == "invalid_json"
+    assert pipeline.run_manifest(dataset, work, "part-000")["cached"] is True
+    os.utime(dataset / "part-000.tar", ns=(1, 1))  # a changed shard is rescanned
+    assert pipeline.run_manifest(dataset, work, "part-000")["cached"] is False
