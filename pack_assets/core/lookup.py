@@ -11,7 +11,7 @@ FROM pack_members pm JOIN pack_plan p USING (pack_id) JOIN manifest_samples s US
 
 
 def _members(con, sample_id: str) -> list[dict]:
-    rows = con.execute("SELECT name, offset, size, sha256 FROM members WHERE sample_id = ? ORDER BY offset", [sample_id]).fetchall()
+    rows = con.execute('SELECT name, "offset", size, sha256 FROM members WHERE sample_id = ? ORDER BY "offset"', [sample_id]).fetchall()
     return [{"name": r[0], "offset": r[1], "size": r[2], "sha256": r[3]} for r in rows]
 
 

@@ -148,7 +148,7 @@ def shard_jobs(con, input_root: Path) -> list[ShardJob]:
            ORDER BY pm.pack_id, pm.position"""
     ).fetchall()
     member_rows = con.execute(
-        "SELECT m.sample_id, m.name, m.offset, m.size, m.sha256 FROM members m JOIN pack_members pm USING (sample_id)"
+        'SELECT m.sample_id, m.name, m."offset", m.size, m.sha256 FROM members m JOIN pack_members pm USING (sample_id)'
     ).fetchall()
     members = {(r[0], r[1]): {"name": r[1], "offset": r[2], "size": r[3], "sha256": r[4]} for r in member_rows}
     packs = {r[0]: r for r in con.execute(

@@ -54,7 +54,7 @@ def plot_fill(con, path: Path, max_len: int) -> None:
 
 def plot_reasons(con, path: Path) -> list[tuple]:
     rows = con.execute("SELECT reason, count(*) FROM rejected GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 15").fetchall()
-    fig, ax = plt.subplots(figsize=(6, 0.4 + 0.3 * max(1, len(rows))))
+    fig, ax = plt.subplots(figsize=(6, max(2.0, 0.6 + 0.3 * len(rows))))
     ax.barh([r[0] for r in rows][::-1], [r[1] for r in rows][::-1])
     ax.set_xlabel("rows")
     ax.set_title("Rejection reasons")

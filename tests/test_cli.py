@@ -1,0 +1,96 @@
+"""`pack-assets` commands as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pack_assets.cli import main
+
+
+@pytest.fixture
+def ran(dataset, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))  # restored after the test
+    args = ["run", "--input", str(dataset), "--max-len", "1500", "--work", str(tmp_path / "work"),
+            "--output", str(tmp_path / "out"), "--dagster-home", str(tmp_path / "dh"), "--json"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    return args, summary, tmp_path
+
+
+def test_run_through_dagster_prints_a_summary_and_reruns_incrementally(ran, capsys):
+    args, s, tmp = ran
+    assert s["samples"] == 26 and s["rejected"] == 2 and s["violations"] == 0
+    assert s["packed"] + s["dropped"] + s["rejected"] == s["samples"]
+    assert s["packs"] >= s["lower_bound"] and s["shard_runs"] == 2
+    assert (tmp / "dh" / "history").exists()  # runs recorded in the instance
+    assert main(args) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["shard_runs"] == 0 and again["packs"] == s["packs"]
+
+
+def test_lookup_and_verify(ran, capsys):
+    _, _, tmp = ran
+    work, out = str(tmp / "work"), str(tmp / "out")
+    assert main(["lookup", "part-001/s1_004", "--work", work, "--json"]) == 0
+    sample = json.loads(capsys.readouterr().out)
+    assert main(["lookup", sample["pack_id"], "--work", work, "--json"]) == 0
+    pack = json.loads(capsys.readouterr().out)
+    assert "part-001/s1_004" in [s["sample_id"] for s in pack["sources"]]
+    assert main(["lookup", "no/such", "--work", work]) == 2
+    capsys.readouterr()
+    assert main(["verify", "--work", work, "--output", out]) == 0
+    assert capsys.readouterr().out.startswith("OK")
+    shard = Path(out) / sample["output_shard"]
+    data = bytearray(shard.read_bytes())
+    with tarfile.open(shard) as tf:
+        ti = next(t for t in tf.getmembers() if not t.name.endswith(".json"))
+    data[ti.offset_data] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert main(["verify", "--work", work, "--output", out, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert not report["ok"] and report["violations"][0]["check"] == "media_hash_mismatch"
+
+
+def test_plan_and_simulate_on_a_lengths_file(tmp_path, capsys):
+    lengths = np.random.default_rng(0).integers(1, 3000, 5000)
+    np.save(tmp_path / "l.npy", lengths)
+    (tmp_path / "l.txt").write_text("\n".join(map(str, lengths)))
+    assert main(["plan", "--lengths", str(tmp_path / "l.npy"), "--max-len", "4096", "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--lengths", str(tmp_path / "l.txt"), "--max-len", "4096", "--json",
+                 "--out", str(tmp_path / "packs.txt")]) == 0
+    b = json.loads(capsys.readouterr().out)
+    for k in ("packs", "lower_bound", "efficiency", "dropped", "seconds"):
+        assert k in a
+    assert a["packs"] == b["packs"] and a["packs"] - a["lower_bound"] <= 2
+    assert len((tmp_path / "packs.txt").read_text().split()) == 5000
+    assert main(["simulate", "--lengths", str(tmp_path / "l.npy"), "--max-len", "2048,4096", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert {(r["max_len"], r["algorithm"]) for r in rows} == {(2048, "bfd"), (2048, "next_fit"), (4096, "bfd"), (4096, "next_fit")}
+
+
+def test_count_records_outside_shards(tmp_path, capsys):
+    from conftest import image_bytes
+
+    (tmp_path / "img.jpg").write_bytes(image_bytes(640, 480))
+    recs = [{"id": "a", "conversations": [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "A box."}],
+             "image": "img.jpg"},
+            {"id": "b", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+            {"id": "c", "image": "missing.jpg", "conversations": [{"from": "human", "value": "<image>"}, {"from": "gpt", "value": "x"}]}]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+    assert main(["count", "--input", str(tmp_path / "d.jsonl"), "--media-root", str(tmp_path)]) == 1
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows[0]["image_tokens"] == (480 // 32) * (640 // 32)
+    assert rows[0]["total_tokens"] == rows[0]["text_tokens"] + rows[0]["image_tokens"]
+    assert rows[1]["image_tokens"] == 0 and rows[1]["total_tokens"] > 5
+    assert rows[2]["error"] == "missing_media"
+
+
+def test_errors_are_clear_not_tracebacks(tmp_path, capsys):
+    assert main(["run", "--input", str(tmp_path / "nope"), "--max-len", "100", "--dagster-home", str(tmp_path / "dh")]) == 2
+    assert "does not exist" in capsys.readouterr().err

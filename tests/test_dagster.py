@@ -1,0 +1,87 @@
+"""The Dagster layer: definitions load, the graph is as DESIGN.md fixes it, a full materialization in
+process, the sensor, and `dagster asset materialize` from the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from pack_assets.defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
+from pack_assets.defs.partitions import source_shards
+from pack_assets.defs.resources import PackSettings
+from pack_assets.defs.sensors import new_shard_sensor
+from pack_assets.definitions import defs
+
+
+def test_definitions_load_with_the_contract_asset_keys():
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert keys == {"manifest", "token_lengths", "pack_plan", "packed_shards", "audit_report"}
+    graph = defs.resolve_asset_graph()
+    assert graph.get(dg.AssetKey("manifest")).partitions_def == source_shards
+    assert graph.get(dg.AssetKey("token_lengths")).partitions_def == source_shards
+    assert graph.get(dg.AssetKey("pack_plan")).partitions_def is None
+    assert dg.AssetKey("token_lengths") in graph.get(dg.AssetKey("pack_plan")).parent_keys
+    assert [s.name for s in defs.sensors] == ["new_shard_sensor"]
+
+
+def _settings(inp: Path, tmp: Path) -> PackSettings:
+    return PackSettings(input_dir=str(inp), work_dir=str(tmp / "work"), output_dir=str(tmp / "out"), max_len=1500,
+                        max_packs_per_shard=3)
+
+
+def test_full_materialization_in_process(dataset, tmp_path):
+    instance = dg.DagsterInstance.ephemeral()
+    settings = _settings(dataset, tmp_path)
+    shards = ["part-000", "part-001"]
+    instance.add_dynamic_partitions(source_shards.name, shards)
+    for key in shards:
+        res = dg.materialize([manifest, token_lengths], partition_key=key, instance=instance,
+                             resources={"settings": settings})
+        assert res.success
+    res = dg.materialize([pack_plan, packed_shards, audit_report], instance=instance, resources={"settings": settings})
+    assert res.success
+    checks = res.get_asset_check_evaluations()
+    assert [(c.check_name, c.passed) for c in checks] == [("nothing_lost", True)]
+    mats = {e.asset_key.to_user_string(): e.event_specific_data.materialization.metadata
+            for e in res.get_asset_materialization_events()}
+    assert mats["audit_report"]["samples_read"].value == 26
+    assert mats["pack_plan"]["packs"].value >= mats["pack_plan"]["lower_bound"].value
+    assert (tmp_path / "work" / "pack_plan.jsonl").exists() and list((tmp_path / "out").glob("*.tar"))
+
+
+def test_sensor_adds_new_shards_in_sorted_batches_with_run_keys(dataset, tmp_path):
+    instance = dg.DagsterInstance.ephemeral()
+    ctx = dg.build_sensor_context(instance=instance, resources={"settings": _settings(dataset, tmp_path)})
+    result = new_shard_sensor(ctx)
+    assert [r.partition_key for r in result.run_requests] == ["part-000", "part-001"]
+    assert all(r.run_key.startswith(r.partition_key + ":") for r in result.run_requests)
+    (req,) = result.dynamic_partitions_requests
+    assert list(req.partition_keys) == ["part-000", "part-001"]
+    instance.add_dynamic_partitions(source_shards.name, list(req.partition_keys))
+    again = new_shard_sensor(dg.build_sensor_context(instance=instance, resources={"settings": _settings(dataset, tmp_path)}))
+    assert isinstance(again, dg.SkipReason)
+
+
+def test_dagster_asset_materialize_cli_for_one_partition(dataset, tmp_path):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    env = {**os.environ, "DAGSTER_HOME": str(home), "PACK_ASSETS_INPUT": str(dataset),
+           "PACK_ASSETS_WORK": str(tmp_path / "work"), "PACK_ASSETS_OUTPUT": str(tmp_path / "out")}
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        dg.DagsterInstance.get().add_dynamic_partitions(source_shards.name, ["part-001"])
+    finally:
+        os.environ.pop("DAGSTER_HOME")
+    dagster = Path(sys.executable).parent / "dagster"
+    proc = subprocess.run([str(dagster), "asset", "materialize", "-m", "pack_assets.definitions",
+                           "--select", "manifest,token_lengths", "--partition", "part-001"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "work" / "manifest" / "part-001" / "samples.parquet").exists()
+    assert (tmp_path / "work" / "token_lengths" / "qwen3-vl" / "part-001" / "token_lengths.parquet").exists()

@@ -1,0 +1,237 @@
+"""Writer and audit: byte equality of every media member, determinism, crash then rerun, and every kind of
+damage to the outputs reported by the audit."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+import webdataset as wds
+
+from pack_assets.core import pipeline, store
+from pack_assets.core.lookup import lookup
+from pack_assets.core.plan import PlanConfig
+from pack_assets.core.profiles import load_profile
+from pack_assets.core import write as write_mod
+
+PROFILE = load_profile("qwen3-vl")
+
+
+def run_all(inp: Path, work: Path, out: Path, max_len: int = 1500, **plan) -> dict:
+    shards = list(store.find_shards(inp))
+    for s in shards:
+        pipeline.run_manifest(inp, work, s)
+        pipeline.run_token_lengths(work, s, PROFILE)
+    summary = pipeline.run_plan(work, shards, PlanConfig(max_len=max_len, max_packs_per_shard=2, **plan), PROFILE)
+    pipeline.run_write(work, inp, out, workers=1)
+    return summary
+
+
+@pytest.fixture
+def packed(dataset, tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    summary = run_all(dataset, work, out)
+    return dataset, work, out, summary
+
+
+def sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_every_media_member_equals_its_source_bytes(packed):
+    inp, work, out, _ = packed
+    with store.connect(work, read_only=True) as con:
+        members = {(r[0], r[1]): (r[2], r[3]) for r in con.execute('SELECT sample_id, name, "offset", size FROM members').fetchall()}
+    checked = 0
+    for shard in sorted(out.glob("*.tar")):
+        with tarfile.open(shard) as tf:
+            docs = {}
+            for ti in tf.getmembers():
+                if ti.name.endswith(".json"):
+                    docs[ti.name.split(".")[0]] = json.loads(tf.extractfile(ti).read())
+            for ti in tf.getmembers():
+                if ti.name.endswith(".json"):
+                    continue
+                doc = docs[ti.name.split(".")[0]]
+                src = next(m for s in doc["_meta"]["sources"] for m in s["media"] if m["output_name"] == ti.name)
+                sid = next(s["sample_id"] for s in doc["_meta"]["sources"] if src in s["media"])
+                offset, size = members[(sid, src["name"])]
+                with open(inp / f"{sid.split('/')[0]}.tar", "rb") as f:
+                    f.seek(offset)
+                    assert tf.extractfile(ti).read() == f.read(size)
+                checked += 1
+    assert checked > 10
+
+
+def test_packed_sample_holds_full_conversations_and_meta(packed):
+    _, work, out, summary = packed
+    first = sorted(out.glob("*.tar"))[0]
+    with tarfile.open(first) as tf:
+        ti = tf.getmembers()[0]
+        doc = json.loads(tf.extractfile(ti).read())
+    meta = doc["_meta"]
+    for k in ("pack_id", "media_type", "sample_ids", "sample_token_lens", "total_token_len", "sources", "profile",
+              "plan_fingerprint", "tool_version"):
+        assert k in meta
+    assert meta["plan_fingerprint"] == summary["fingerprint"]
+    assert sum(meta["sample_token_lens"]) == meta["total_token_len"] <= 1500
+    assert len(doc["samples"]) == len(meta["sample_ids"])
+    for s in doc["samples"]:
+        assert s["messages"] and s["source"] is not None  # normalized turns and the original record
+    with open(work / "pack_plan.jsonl") as f:
+        plan_rows = [json.loads(line) for line in f]
+    assert plan_rows[0]["pack_id"] == meta["pack_id"]
+
+
+def test_output_reads_with_plain_webdataset_and_names_follow_the_key_rule(packed):
+    _, _, out, summary = packed
+    urls = [str(p) for p in sorted(out.glob("*.tar"))]
+    ds = wds.WebDataset(urls, shardshuffle=False).decode("pil")
+    n = 0
+    for sample in ds:
+        doc = sample["json"]
+        n += 1
+        images = [k for k in sample if k.endswith((".jpg", ".png", ".webp"))]
+        assert len(images) == sum(len(s["media"]) for s in doc["samples"])
+        for k in images:
+            assert hasattr(sample[k], "size")  # decoded to a PIL image by the extension after the last dot
+    assert n == summary["packs"]
+    meta = out / ".nv-meta"
+    assert "CrudeWebdataset" in (meta / "dataset.yaml").read_text()
+    counts = json.loads((meta / ".info.json").read_text())["shard_counts"]
+    assert sum(counts.values()) == n and set(counts) == {Path(u).name for u in urls}
+    assert all(f"- {Path(u).name}" in (meta / "split.yaml").read_text() for u in urls)
+
+
+def test_same_inputs_give_byte_identical_shards(dataset, tmp_path):
+    run_all(dataset, tmp_path / "w1", tmp_path / "o1")
+    run_all(dataset, tmp_path / "w2", tmp_path / "o2")
+    a = {p.name: sha(p) for p in (tmp_path / "o1").glob("*.tar")}
+    b = {p.name: sha(p) for p in (tmp_path / "o2").glob("*.tar")}
+    assert a == b and len(a) > 1
+    assert (tmp_path / "w1" / "pack_plan.jsonl").read_bytes() == (tmp_path / "w2" / "pack_plan.jsonl").read_bytes()
+
+
+def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monkeypatch):
+    inp, work, out, _ = packed
+    clean = {p.name: sha(p) for p in out.glob("*.tar")}
+    for p in out.glob("*.tar"):
+        p.unlink()
+    calls = {"n": 0}
+    real = write_mod._copy
+
+    def dying_copy(*a):
+        calls["n"] += 1
+        if calls["n"] == 15:
+            raise KeyboardInterrupt("simulated kill")
+        return real(*a)
+
+    monkeypatch.setattr(write_mod, "_copy", dying_copy)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_write(work, inp, out, workers=1)
+    partial = {p.name for p in out.glob("*.tar")}
+    assert partial < set(clean)  # some shards done, never a partial file under a final name
+    assert all(sha(out / n) == clean[n] for n in partial)
+    monkeypatch.setattr(write_mod, "_copy", real)
+    res = pipeline.run_write(work, inp, out, workers=1)
+    assert res["skipped"] == len(partial) and res["written"] == len(clean) - len(partial)
+    assert {p.name: sha(p) for p in out.glob("*.tar")} == clean
+    assert not list(out.glob(".*tmp*"))
+
+
+def test_audit_passes_on_clean_output_and_counts_add_up(packed):
+    _, work, out, _ = packed
+    result, report = pipeline.run_audit(work, out)
+    assert result.ok, result.violations
+    st = result.stats
+    assert st["samples_read"] == 26 and st["rejected"] == 2
+    assert st["samples_read"] == st["packed"] + st["dropped"] + st["rejected"]
+    assert Path(report["path"]).read_text().startswith("# pack_assets audit report")
+    assert all(Path(p).stat().st_size > 0 for p in report["plots"].values())
+
+
+def _rewrite(shard: Path, edit) -> None:
+    """Rebuild a tar with `edit(list[(name, bytes)])` applied."""
+    with tarfile.open(shard) as tf:
+        items = [(ti.name, tf.extractfile(ti).read()) for ti in tf.getmembers()]
+    items = edit(items)
+    with tarfile.open(shard, "w") as tf:
+        for name, data in items:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+
+
+def _flip_media(items):
+    i = next(i for i, (n, _) in enumerate(items) if not n.endswith(".json"))
+    name, data = items[i]
+    items[i] = (name, data[:-1] + bytes([data[-1] ^ 1]))
+    return items
+
+
+def _drop_media(items):
+    i = next(i for i, (n, _) in enumerate(items) if not n.endswith(".json"))
+    return items[:i] + items[i + 1:]
+
+
+def _edit_meta(items):
+    name, data = items[0]
+    doc = json.loads(data)
+    doc["_meta"]["sample_token_lens"][0] += 1
+    items[0] = (name, json.dumps(doc).encode())
+    return items
+
+
+@pytest.mark.parametrize(
+    "damage, check",
+    [(_flip_media, "media_hash_mismatch"), (_drop_media, "missing_media"), (_edit_meta, "meta_mismatch")],
+)
+def test_audit_reports_each_kind_of_damage(packed, damage, check):
+    _, work, out, _ = packed
+    shard = next(p for p in sorted(out.glob("*.tar")) if any(not n.endswith(".json") for n in tarfile.open(p).getnames()))
+    _rewrite(shard, damage)
+    result, _ = pipeline.run_audit(work, out)
+    assert check in {v["check"] for v in result.violations}
+
+
+def test_audit_reports_a_duplicated_pack_and_a_deleted_shard(packed):
+    _, work, out, _ = packed
+    shards = sorted(out.glob("*.tar"))
+    _rewrite(shards[0], lambda items: items + [(n, d) for n, d in items if n.startswith(items[0][0].split(".")[0])])
+    shards[1].unlink()
+    checks = {v["check"] for v in pipeline.run_audit(work, out)[0].violations}
+    assert {"duplicate_pack", "duplicate_sample", "missing_shard", "missing_pack", "lost_sample"} <= checks
+
+
+def test_lookup_round_trips_sample_to_pack_and_back(packed):
+    _, work, out, _ = packed
+    with store.connect(work, read_only=True) as con:
+        sample = lookup(con, "part-000/s0_002")
+        assert sample["outcome"] == "packed"
+        pack = lookup(con, sample["pack_id"])
+        src = pack["sources"][sample["position"]]
+        assert src["sample_id"] == "part-000/s0_002" and src["key"] == "s0_002"
+        assert {m["name"] for m in src["members"]} == {"s0_002.json", "s0_002.a.png", "s0_002.b.webp"}
+        with tarfile.open(out / pack["output_shard"]) as tf:
+            names = set(tf.getnames())
+        assert set(sample["output_members"]) <= names
+        bad = lookup(con, "part-000/bad0")
+        assert bad["outcome"] == "rejected" and bad["reasons"][0]["reason"] == "invalid_json"
+        with pytest.raises(KeyError):
+            lookup(con, "nope")
+
+
+def test_overlong_samples_are_dropped_with_their_length(dataset, tmp_path):
+    work = tmp_path / "w"
+    run_all(dataset, work, tmp_path / "o", max_len=200)
+    with store.connect(work, read_only=True) as con:
+        dropped = con.execute("SELECT d.total_tokens, t.total_tokens, d.reason FROM dropped d "
+                              "JOIN token_lengths t USING (sample_id)").fetchall()
+        assert dropped and all(a == b > 200 and r == "overlong" for a, b, r in dropped)
+        assert con.execute("SELECT max(total_token_len) FROM pack_plan").fetchone()[0] <= 200
+    assert pipeline.run_audit(work, tmp_path / "o")[0].ok

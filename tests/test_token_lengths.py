@@ -1,0 +1,199 @@
+"""Token counts against oracles from transformers itself: its Qwen-VL image processor (PIL backend, no
+torch) and apply_chat_template with the real checkpoint templates from ../shared/fixtures."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pack_assets.core.profiles import (
+    BUILTIN_PROFILES,
+    ProfileError,
+    bundled_tokenizer_file,
+    load_profile,
+    profile_from_model_dir,
+    tokenizer_for,
+)
+from pack_assets.core.tokens import CountError, TokenCounter, image_tokens, video_count
+
+FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "models"
+CHECKPOINTS = {"qwen2-vl": "Qwen2-VL-7B-Instruct", "qwen2.5-vl": "Qwen2.5-VL-7B-Instruct", "qwen3-vl": "Qwen3-VL-8B-Instruct"}
+needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures not present")
+
+SIZES = [(1, 1), (1, 199), (1, 200), (3, 599), (10, 10), (27, 29), (28, 28), (56, 56), (57, 1000), (100, 20000),
+         (224, 224), (333, 777), (640, 480), (1023, 1), (1280, 720), (1920, 1080), (3000, 4000), (4000, 300),
+         (5000, 5000), (8000, 40), (12000, 9000), (16384, 16384), (37, 1000)]
+
+
+@needs_fixtures
+@pytest.mark.parametrize("profile", BUILTIN_PROFILES)
+def test_image_tokens_equal_the_transformers_image_processor(profile):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    proc = Qwen2VLImageProcessorPil.from_pretrained(FIXTURES / CHECKPOINTS[profile])
+    rule = load_profile(profile).image
+    rng = np.random.default_rng(0)
+    sizes = SIZES + [tuple(int(x) for x in rng.integers(1, 6000, 2)) for _ in range(300)]
+    for w, h in sizes:
+        if max(w, h) / min(w, h) > 200:
+            with pytest.raises(CountError) as e:
+                image_tokens(w, h, rule)
+            assert e.value.reason == "image_aspect_ratio"
+            continue
+        expected = proc.get_number_of_image_patches(h, w, {}) // rule.merge_size**2
+        assert image_tokens(w, h, rule) == expected, (profile, w, h)
+
+
+@needs_fixtures
+def test_image_grid_from_really_processing_small_images():
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    for profile in ("qwen2.5-vl", "qwen3-vl"):
+        proc = Qwen2VLImageProcessorPil.from_pretrained(FIXTURES / CHECKPOINTS[profile])
+        rule = load_profile(profile).image
+        for w, h in [(1, 1), (37, 1000), (300, 200), (64, 640)]:
+            grid = proc(images=[Image.new("RGB", (w, h))], return_tensors="np")["image_grid_thw"][0]
+            assert int(np.prod(grid)) // rule.merge_size**2 == image_tokens(w, h, rule)
+
+
+def _conversations() -> list[list[dict]]:
+    t = lambda s: {"type": "text", "text": s}  # noqa: E731
+    img, vid = {"type": "image"}, {"type": "video"}
+    return [
+        [{"role": "user", "content": [t("Hi")]}, {"role": "assistant", "content": [t("Hello!")]}],
+        [{"role": "system", "content": [t("You are terse.")]}, {"role": "user", "content": [img, t("\nWhat is it?")]},
+         {"role": "assistant", "content": [t("A cat.")]}],
+        [{"role": "user", "content": [img, img, img, t("Compare these three.")]},
+         {"role": "assistant", "content": [t("First is red.\n\nSecond is blue.")]},
+         {"role": "user", "content": [t("And the third?")]}, {"role": "assistant", "content": [t("Green.")]}],
+        [{"role": "user", "content": [vid, t("What happens in the video?")]},
+         {"role": "assistant", "content": [t("A ball bounces.")]}],
+        [{"role": "user", "content": [t("")]}, {"role": "assistant", "content": [t("")]}],
+        [{"role": "user", "content": [t("Ünïcödé ✓ 数据 🙂 — \"quotes\" <think> </think> <tool_call>")]},
+         {"role": "assistant", "content": [t("ok\n")]}],
+        [{"role": "user", "content": [t("Weather in Paris?")]},
+         {"role": "assistant", "content": [t("Let me check.")]},
+         {"role": "tool", "content": [t('{"temp": 21}')]},
+         {"role": "tool", "content": [t('{"sky": "clear"}')]},
+         {"role": "assistant", "content": [t("21 °C and clear.")]}],
+        [{"role": "user", "content": [t("\nleading newline"), img]}, {"role": "assistant", "content": [t("  spaces  ")]}],
+    ]
+
+
+@needs_fixtures
+@pytest.mark.parametrize("profile", BUILTIN_PROFILES)
+def test_rendering_equals_apply_chat_template_with_the_checkpoint_template(profile):
+    from transformers import PreTrainedTokenizerFast
+
+    folder = FIXTURES / CHECKPOINTS[profile]
+    template = json.loads((folder / "chat_template.json").read_text())["chat_template"]
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(bundled_tokenizer_file()))
+    counter = TokenCounter(load_profile(profile))
+    assert counter.profile.chat_template == template
+    for conv in _conversations():
+        expected = tok.apply_chat_template(conv, chat_template=template, tokenize=False)
+        assert counter.render(conv) == expected
+
+
+@needs_fixtures
+def test_qwen3_vl_counts_equal_transformers_tokenization_of_the_rendered_conversation():
+    from transformers import PreTrainedTokenizerFast
+
+    template = json.loads((FIXTURES / CHECKPOINTS["qwen3-vl"] / "chat_template.json").read_text())["chat_template"]
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(bundled_tokenizer_file()))
+    counter = TokenCounter(load_profile("qwen3-vl"))
+    convs = [c for c in _conversations() if not any(p["type"] == "video" for m in c for p in m["content"])]
+    sizes = [[300, 200]] * 3
+    results = list(counter.count_many((c, sizes[: sum(p["type"] == "image" for m in c for p in m["content"])], [])
+                                      for c in convs))
+    for conv, res in zip(convs, results):
+        n_img = sum(p["type"] == "image" for m in conv for p in m["content"])
+        ids = tok.apply_chat_template(conv, chat_template=template, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        per_image = image_tokens(300, 200, counter.profile.image)
+        assert res["total_tokens"] == len(ids) - n_img + n_img * per_image
+        assert res["image_tokens"] == n_img * per_image
+
+
+def test_qwen2_family_tokenizers_have_their_own_added_tokens_only():
+    q3, q25, q2 = (tokenizer_for(load_profile(p)) for p in ("qwen3-vl", "qwen2.5-vl", "qwen2-vl"))
+    assert q3.get_vocab_size(with_added_tokens=True) == 151669
+    assert len(q3.encode("<think>", add_special_tokens=False).ids) == 1
+    assert len(q25.encode("<think>", add_special_tokens=False).ids) > 1  # plain text in Qwen2.5-VL
+    assert len(q25.encode("<tool_call>", add_special_tokens=False).ids) == 1
+    assert len(q2.encode("<tool_call>", add_special_tokens=False).ids) > 1
+    assert q2.encode("<|image_pad|>", add_special_tokens=False).ids == [151655]
+    text = "plain words, numbers 12345 and 数据"
+    assert q3.encode(text).ids == q25.encode(text).ids == q2.encode(text).ids
+
+
+def test_qwen25_adds_the_default_system_turn_qwen3_does_not():
+    conv = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    assert "You are a helpful assistant." in TokenCounter(load_profile("qwen2.5-vl")).render(conv)
+    assert "system" not in TokenCounter(load_profile("qwen3-vl")).render(conv)
+
+
+def test_qwen3_video_rule_follows_the_documented_processor_behaviour():
+    rule = load_profile("qwen3-vl").video
+    # 10 s at 30 fps: int(300/30*2) = 20 frames -> grid_t 10; 640x480 -> 640x480 (multiples of 32)
+    vc = video_count({"frames": 300, "fps": 30.0, "width": 640, "height": 480}, rule)
+    assert len(vc.timestamps) == 10
+    assert vc.pad_tokens == 10 * ((480 // 32) * (640 // 32) + 2)
+    idx = np.linspace(0, 299, 20).round().astype(int)
+    assert vc.timestamps[0] == f"<{(idx[0] / 30 + idx[1] / 30) / 2:.1f} seconds>"
+    # very short video: at least min_frames (4) but never more than it has
+    short = video_count({"frames": 3, "fps": 30.0, "width": 64, "height": 64}, rule)
+    assert len(short.timestamps) == 2  # 3 frames -> padded to 4 -> grid_t 2
+    with pytest.raises(CountError):
+        video_count({"frames": 1, "fps": 30.0, "width": 64, "height": 64}, rule)
+
+
+def test_qwen25_video_rule_is_qwen_vl_utils_fps2():
+    rule = load_profile("qwen2.5-vl").video
+    # 10 s at 30 fps -> 20 frames at fps 2 -> 10 temporal groups; 640x480 within per-frame pixel caps
+    vc = video_count({"frames": 300, "fps": 30.0, "width": 640, "height": 480}, rule)
+    h, w = round(480 / 28) * 28, round(640 / 28) * 28
+    assert vc.pad_tokens == 10 * (h // 28) * (w // 28) and vc.timestamps == ()
+
+
+def test_counts_add_up_and_video_timestamps_are_tokenized():
+    counter = TokenCounter(load_profile("qwen3-vl"))
+    conv = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "Nothing."}]}]
+    meta = {"frames": 40, "fps": 10.0, "width": 128, "height": 96}
+    (res,) = counter.count_many([(conv, [], [meta])])
+    vc = video_count(meta, counter.profile.video)
+    stamps = sum(len(counter.tokenizer.encode(s, add_special_tokens=False).ids) for s in vc.timestamps)
+    assert res["video_tokens"] == vc.pad_tokens + stamps
+    assert res["total_tokens"] == res["text_tokens"] + res["image_tokens"] + res["video_tokens"]
+    rendered = len(counter.tokenizer.encode(counter.render(conv), add_special_tokens=False).ids)
+    assert res["text_tokens"] == rendered - 1
+
+
+def test_unsupported_profile_and_model_dir_errors_list_the_supported(tmp_path):
+    with pytest.raises(ProfileError, match="qwen3-vl"):
+        load_profile("llava-1.5")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ProfileError, match="qwen2_5_vl"):
+        profile_from_model_dir(tmp_path)
+
+
+@needs_fixtures
+def test_model_dir_follows_the_checkpoint_files(tmp_path):
+    import shutil
+
+    for f in (FIXTURES / CHECKPOINTS["qwen3-vl"]).iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    cfg = json.loads((tmp_path / "preprocessor_config.json").read_text())
+    cfg["size"]["longest_edge"] = 256 * 32 * 32  # a user who caps images at 256 tokens
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(cfg))
+    p = profile_from_model_dir(tmp_path)
+    assert p.family == "qwen3-vl" and p.image.max_pixels == 256 * 32 * 32
+    assert image_tokens(4000, 3000, p.image) <= 256
+    assert p.fingerprint != load_profile("qwen3-vl").fingerprint
+    assert math.isclose(p.video.fps, 2.0)
