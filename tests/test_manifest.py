@@ -220,3 +220,12 @@ def test_manifest_files_and_rerun_skips_unchanged_shard(dataset, tmp_path):
     assert pipeline.run_manifest(dataset, work, "part-000")["cached"] is True
     os.utime(dataset / "part-000.tar", ns=(1, 1))  # a changed shard is rescanned
     assert pipeline.run_manifest(dataset, work, "part-000")["cached"] is False
+
+
+def test_every_reason_code_is_documented():
+    from pack_assets.core.scan import REASONS as SCAN_REASONS
+    from pack_assets.core.tokens import REASONS as TOKEN_REASONS
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()
+    codes = set(SCAN_REASONS) | set(TOKEN_REASONS)
+    assert all(f"`{c}`" in doc for c in codes), sorted(c for c in codes if f"`{c}`" not in doc)

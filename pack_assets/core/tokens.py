@@ -23,6 +23,14 @@ from .records import Rejection
 
 _BATCH = 512
 
+# Reason codes of this stage (docs/formats.md lists them with the manifest's).
+REASONS = {
+    "image_aspect_ratio": "an image's aspect ratio is over 200: the processor refuses it",
+    "video_aspect_ratio": "a video's aspect ratio is over 200: the processor refuses it",
+    "video_too_short": "a video has fewer frames than the temporal patch size",
+    "template_error": "the chat template raised an error for this conversation",
+}
+
 
 class CountError(ValueError):
     def __init__(self, reason: str, detail: str):

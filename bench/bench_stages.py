@@ -1,0 +1,96 @@
+"""Per-stage throughput on synthetic image-text shards, next to the physical limits on the same bytes.
+
+    python bench/bench_stages.py --shards 4 --per-shard 5000 --image-kb 100 --out bench/out
+
+Prints a JSON line per figure; docs/benchmarks.md records the numbers. Warm page cache throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, make_shards, timed  # noqa: E402
+
+from pack_assets.core import pipeline, store  # noqa: E402
+from pack_assets.core.plan import PlanConfig  # noqa: E402
+from pack_assets.core.profiles import load_profile  # noqa: E402
+from pack_assets.core.scan import ScanOptions  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--per-shard", type=int, default=5000)
+    ap.add_argument("--image-kb", type=int, default=100)
+    ap.add_argument("--out", default="bench/out")
+    ap.add_argument("--max-len", type=int, default=16384)
+    args = ap.parse_args()
+    out = Path(args.out)
+    inp = out / f"shards-{args.shards}x{args.per_shard}-{args.image_kb}k"
+    paths = make_shards(inp, args.shards, args.per_shard, args.image_kb)
+    total_bytes = sum(p.stat().st_size for p in paths)
+    members = 2 * args.shards * args.per_shard
+    samples = args.shards * args.per_shard
+    res = {"machine": machine(), "samples": samples, "members": members, "bytes": total_bytes}
+    files = [str(p) for p in paths]
+    timed(["cat", *files], shell=False)  # warm the cache
+    res["cat_s"] = timed("cat " + " ".join(files) + " > /dev/null", shell=True)
+    res["sha256sum_s"] = timed(["sha256sum", *files])
+
+    work = out / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    shards = list(store.find_shards(inp))
+    t0 = time.perf_counter()
+    for s in shards:
+        pipeline.run_manifest(inp, work, s, ScanOptions(hash_members=True), force=True)
+    res["manifest_hash_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for s in shards:
+        pipeline.run_manifest(inp, out / "work-nohash", s, ScanOptions(hash_members=False), force=True)
+    res["manifest_nohash_s"] = time.perf_counter() - t0
+    res["manifest_hash_vs_sha256sum"] = res["sha256sum_s"] / res["manifest_hash_s"]
+    res["manifest_nohash_members_per_s"] = members / res["manifest_nohash_s"]
+
+    profile = load_profile("qwen3-vl")
+    pipeline.run_token_lengths(work, shards[0], profile, force=True)  # load the tokenizer once
+    t0 = time.perf_counter()
+    for s in shards:
+        pipeline.run_token_lengths(work, s, profile, force=True)
+    res["token_lengths_s"] = time.perf_counter() - t0
+    res["token_lengths_samples_per_s"] = samples / res["token_lengths_s"]
+
+    t0 = time.perf_counter()
+    plan = pipeline.run_plan(work, shards, PlanConfig(max_len=args.max_len), profile)
+    res["plan_s"] = time.perf_counter() - t0
+    res["plan_fill"] = plan["fill"]
+    res["plan_packs_over_bound"] = plan["packs_over_bound"]
+
+    dest = out / "packed"
+    shutil.rmtree(dest, ignore_errors=True)
+    w = pipeline.run_write(work, inp, dest)
+    res["write_s"] = w["seconds"]
+    res["write_bytes"] = w["bytes"]
+    cp_dest = out / "cp"
+    shutil.rmtree(cp_dest, ignore_errors=True)
+    cp_dest.mkdir()
+    res["cp_s"] = timed(["cp", *files, str(cp_dest)])
+    res["write_vs_cp"] = (w["bytes"] / res["write_s"]) / (total_bytes / res["cp_s"])
+    shutil.rmtree(cp_dest, ignore_errors=True)
+
+    t0 = time.perf_counter()
+    result, _ = pipeline.run_audit(work, dest)
+    res["audit_s"] = time.perf_counter() - t0
+    res["audit_ok"] = result.ok
+    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
