@@ -229,3 +229,38 @@ def test_every_reason_code_is_documented():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()
     codes = set(SCAN_REASONS) | set(TOKEN_REASONS)
     assert all(f"`{c}`" in doc for c in codes), sorted(c for c in codes if f"`{c}`" not in doc)
+
+
+def _tarfile_view(path: Path) -> list[tuple[str, int, int]]:
+    with tarfile.open(path) as tf:
+        return [(ti.name, ti.offset_data, ti.size) for ti in tf.getmembers() if ti.isfile()]
+
+
+def _our_view(path: Path) -> list[tuple[str, int, int]]:
+    from pack_assets.core.scan import iter_entries
+
+    with open(path, "rb") as f:
+        return [(e.name, e.offset, e.size) for e in iter_entries(f, path.stat().st_size) if e.kind == "file"]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_header_reader_agrees_with_tarfile_on_long_and_unicode_names(tmp_path, fmt):
+    names = ["k.json", "d" * 60 + "/" + "e" * 60 + ".json", "ünï/cødé.json"]
+    if fmt != tarfile.USTAR_FORMAT:
+        names.append("x" * 150 + "/" + "y" * 120 + ".json")
+    path = tmp_path / "x.tar"
+    with tarfile.open(path, "w", format=fmt, encoding="utf-8") as tf:
+        for i, n in enumerate(names):
+            add(tf, n, "z" * (i * 700))
+    assert _our_view(path) == _tarfile_view(path)
+
+
+def test_header_reader_agrees_with_tarfile_on_real_fixture_archives():
+    fixtures = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "datasets"
+    tars = sorted(fixtures.glob("**/*.tar"))
+    if not tars:
+        pytest.skip("../shared/fixtures not present")
+    for path in tars:
+        if path.read_bytes()[:2] == b"\x1f\x8b":
+            continue
+        assert _our_view(path) == _tarfile_view(path), path

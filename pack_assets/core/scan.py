@@ -13,7 +13,7 @@ import io
 import json
 import os
 import posixpath
-import tarfile
+import struct
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -34,6 +34,7 @@ _COMPRESSION_MAGIC = {
     b"\x04\x22\x4d\x18": "lz4",
 }
 _CHUNK = 1 << 20
+_IMAGE_PREFIX = 16 << 10
 
 # Reason codes are a stable interface (docs/formats.md lists them).
 REASONS = {
@@ -137,19 +138,48 @@ class RangeFile(io.RawIOBase):
         return len(data)
 
 
-def _entry_kind(ti: tarfile.TarInfo) -> str:
-    if ti.isreg():
-        return "file"
-    if ti.isdir():
-        return "dir"
-    if ti.issym() or ti.islnk():
-        return "link"
-    return "special"
+_BLOCK = 512
+_TYPES = {b"0": "file", b"\0": "file", b"7": "file", b"5": "dir", b"1": "link", b"2": "link",
+          b"3": "special", b"4": "special", b"6": "special"}
+
+
+def _number(field: bytes) -> int:
+    """A tar numeric field: octal text, or GNU base-256 when the high bit is set."""
+    if field[0] & 0x80:
+        n = int.from_bytes(field[1:], "big")
+        return n - (1 << (8 * len(field) - 8)) if field[0] & 0x40 else n
+    field = field.split(b"\0", 1)[0].strip()
+    return int(field, 8) if field else 0
+
+
+def _text(field: bytes) -> str:
+    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _signed_checksum(buf: bytes) -> int:
+    """Some old tar writers summed the header as signed chars; tarfile accepts both."""
+    return sum(struct.unpack("148b8x356b", buf)) + 256
+
+
+def _pax(data: bytes) -> dict[str, str]:
+    out, pos = {}, 0
+    while pos < len(data):
+        sp = data.index(b" ", pos)
+        length = int(data[pos:sp])
+        key, _, value = data[sp + 1 : pos + length - 1].partition(b"=")
+        out[key.decode()] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
 
 
 def iter_entries(f, file_size: int) -> Iterator[Entry]:
-    """Yield tar headers in order. Where the archive breaks, yield one ``kind="break"`` entry (named after
-    the member it broke in, if known) and stop; a shard that is not a tar at all raises ShardError."""
+    """Yield tar headers in order, reading 512-byte headers with ``pread`` and seeking past payloads.
+
+    Handles ustar (with prefix), GNU long names and PAX path/size records, the formats ``tarfile`` and
+    webdataset write; the test suite checks it against ``tarfile`` on every fixture archive. Where the
+    archive breaks, one ``kind="break"`` entry (named after the member it broke in, if known) ends the
+    stream; a file that is not a tar at all raises ShardError.
+    """
     head = f.read(8)
     f.seek(0)
     if not head:
@@ -157,27 +187,61 @@ def iter_entries(f, file_size: int) -> Iterator[Entry]:
     for magic, kind in _COMPRESSION_MAGIC.items():
         if head.startswith(magic):
             raise ShardError("compressed_tar", f"starts with {kind} magic bytes")
-    try:
-        tf = tarfile.open(fileobj=f, mode="r:")
-    except tarfile.ReadError as e:
-        raise ShardError("not_a_tar", f"no tar header at offset 0 ({e})") from None
+    fd = f.fileno()
+    pos, long_name, pax = 0, None, {}
     while True:
+        buf = os.pread(fd, _BLOCK, pos)
+        if len(buf) < _BLOCK:
+            if pos == 0:
+                raise ShardError("not_a_tar", f"{len(buf)} bytes: shorter than one tar header")
+            yield Entry("", pos, 0, "break", f"no end-of-archive blocks after offset {pos}")
+            return
+        if buf.count(0) == _BLOCK:
+            if pos == 0:
+                raise ShardError("empty_shard", "the archive holds only end-of-archive blocks")
+            return
         try:
-            ti = tf.next()
-        except (tarfile.ReadError, EOFError, OSError) as e:
-            yield Entry("", tf.offset, 0, "break", f"archive breaks after offset {tf.offset}: {e}")
+            stored = _number(buf[148:156])
+        except ValueError:
+            stored = -1
+        if stored != sum(buf) - sum(buf[148:156]) + 256 and stored != _signed_checksum(buf):
+            if pos == 0:
+                raise ShardError("not_a_tar", "no valid tar header at offset 0")
+            yield Entry("", pos, 0, "break", f"invalid tar header at offset {pos}")
             return
-        if ti is None:
-            break
-        tf.members.clear()  # tarfile keeps every header otherwise; we stream
-        kind = _entry_kind(ti)
-        if kind == "file" and ti.offset_data + ti.size > file_size:
-            detail = f"member {ti.name!r} claims {ti.size} bytes at offset {ti.offset_data}; the file has {file_size}"
-            yield Entry(ti.name, ti.offset_data, ti.size, "break", detail)
+        size = _number(buf[124:136])
+        typeflag = buf[156:157]
+        data_at = pos + _BLOCK
+        pos = data_at + -(-size // _BLOCK) * _BLOCK
+        if typeflag in (b"x", b"g", b"L", b"K"):  # extended headers describe the next member
+            data = os.pread(fd, size, data_at)
+            if len(data) < size:
+                yield Entry("", data_at, size, "break", f"extended header at offset {data_at - _BLOCK} is cut short")
+                return
+            if typeflag == b"x":
+                pax = _pax(data)
+            elif typeflag == b"L":
+                long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            continue
+        name = _text(buf[0:100])
+        if buf[257:262] == b"ustar" and buf[345] != 0:
+            name = _text(buf[345:500]) + "/" + name
+        if long_name is not None:
+            name = long_name
+        if "path" in pax:
+            name = pax["path"]
+        if "size" in pax:
+            size = int(pax["size"])
+            pos = data_at + -(-size // _BLOCK) * _BLOCK
+        long_name, pax = None, {}
+        kind = _TYPES.get(typeflag, "special")
+        if kind == "dir" or name.endswith("/"):
+            kind, name = "dir", name.rstrip("/")
+        if kind == "file" and data_at + size > file_size:
+            detail = f"member {name!r} claims {size} bytes at offset {data_at}; the file has {file_size}"
+            yield Entry(name, data_at, size, "break", detail)
             return
-        yield Entry(ti.name, ti.offset_data, ti.size, kind)
-    if tf.offset + 1024 > file_size:
-        yield Entry("", tf.offset, 0, "break", f"no end-of-archive blocks after offset {tf.offset}")
+        yield Entry(name, data_at, size, kind)
 
 
 def group_by_key(entries: Iterable[Entry]) -> Iterator[tuple[str, list[Entry]]]:
@@ -201,25 +265,30 @@ def group_by_key(entries: Iterable[Entry]) -> Iterator[tuple[str, list[Entry]]]:
 
 
 class _Reader:
-    """Reads payloads of one shard: whole (small members) or hashed in chunks (large ones)."""
+    """Reads payloads of one shard by ``pread`` (no shared file position, no read-ahead of unused bytes)."""
 
     def __init__(self, f, options: ScanOptions):
-        self.f, self.options = f, options
+        self.f, self.fd, self.options = f, f.fileno(), options
 
-    def read(self, e: Entry) -> bytes:
-        self.f.seek(e.offset)
-        return self.f.read(e.size)
+    def read(self, e: Entry, limit: int | None = None) -> bytes:
+        size = e.size if limit is None else min(e.size, limit)
+        data = os.pread(self.fd, size, e.offset)
+        while len(data) < size:  # pread may return short reads on some filesystems
+            more = os.pread(self.fd, size - len(data), e.offset + len(data))
+            if not more:
+                break
+            data += more
+        return data
 
     def hash(self, e: Entry) -> str:
         h = hashlib.sha256()
-        self.f.seek(e.offset)
-        left = e.size
-        while left:
-            chunk = self.f.read(min(_CHUNK, left))
+        pos, end = e.offset, e.offset + e.size
+        while pos < end:
+            chunk = os.pread(self.fd, min(_CHUNK, end - pos), pos)
             if not chunk:
                 break
             h.update(chunk)
-            left -= len(chunk)
+            pos += len(chunk)
         return h.hexdigest()
 
 
@@ -227,9 +296,22 @@ def _ext(part: str) -> str:
     return part.rsplit(".", 1)[-1].lower() if part else ""
 
 
-def probe_image(data_or_file) -> tuple[int, int]:
+_PIL_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "gif": "GIF", "bmp": "BMP",
+                "tif": "TIFF", "tiff": "TIFF"}
+
+
+def probe_image(data_or_file, ext: str = "") -> tuple[int, int]:
+    """Width and height from the header (Pillow's lazy open: no pixel is decoded)."""
     src = io.BytesIO(data_or_file) if isinstance(data_or_file, bytes) else data_or_file
-    with Image.open(src) as im:
+    fmt = _PIL_FORMATS.get(ext)
+    try:  # trying the extension's plugin first saves the probe of every other format
+        im = Image.open(src, formats=[fmt]) if fmt else Image.open(src)
+    except Exception:
+        if not fmt:
+            raise
+        src.seek(0)
+        im = Image.open(src)  # the extension lied (a PNG named .jpg): let Pillow find the format
+    with im:
         w, h = im.size
     if w <= 0 or h <= 0:
         raise ValueError(f"image size {w}x{h}")
@@ -315,8 +397,10 @@ def classify(
             videos.append((e, part))
 
     # hash every member; keep the bytes of the small ones we parse anyway
+    image_names = {i.name for i, _ in images}
     for e in entries:
-        wants_bytes = e is json_entry or e is caption_entry or any(e is i for i, _ in images)
+        text_part = e is json_entry or e is caption_entry
+        wants_bytes = text_part or (options.hash_members and e.name in image_names)
         if wants_bytes and e.size <= options.max_json_bytes:
             data = reader.read(e)
             small[e.name] = data
@@ -361,12 +445,19 @@ def classify(
     except ConversationError as e:
         return reject(e.reason, e.detail)
 
-    for e, _ in images:
+    for e, part in images:
+        ext = _ext(part)
         if e.size == 0:
             return reject("bad_image", f"{e.name} is zero bytes")
         try:
             data = small.get(e.name)
-            w, h = probe_image(data if data is not None else io.BufferedReader(RangeFile(reader.f, e.offset, e.size)))
+            if data is None:  # not hashing: the header is in the first few KB (rarely after a big EXIF block)
+                try:
+                    w, h = probe_image(reader.read(e, _IMAGE_PREFIX), ext)
+                except Exception:
+                    w, h = probe_image(io.BufferedReader(RangeFile(reader.f, e.offset, e.size)), ext)
+            else:
+                w, h = probe_image(data, ext)
         except Exception as ex:  # Pillow raises many types for bad headers
             return reject("bad_image", f"{e.name}: {type(ex).__name__}: {ex}")
         sample.image_sizes.append([w, h])
@@ -381,7 +472,7 @@ def classify(
     sample.media_type = "video" if videos else ("image" if images else "text")
     sample.media_members = [e.name for e, _ in images] + [e.name for e, _ in videos]
     sample.conversation = json.dumps(messages, ensure_ascii=False)
-    sample.videos = json.dumps(video_meta)
+    sample.videos = json.dumps(video_meta) if video_meta else "[]"
     return sample, None
 
 
