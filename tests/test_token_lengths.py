@@ -197,3 +197,36 @@ def test_model_dir_follows_the_checkpoint_files(tmp_path):
     assert image_tokens(4000, 3000, p.image) <= 256
     assert p.fingerprint != load_profile("qwen3-vl").fingerprint
     assert math.isclose(p.video.fps, 2.0)
+
+
+def _corpus() -> list[str]:
+    import random
+    import unicodedata
+
+    from pack_assets.core.demo import WORDS
+
+    rng = random.Random(0)
+    alphabet = "abc XYZ 0123456789 数据图像 описание größe café naïve 🙂👍🏽\n\t\r  's 're 'LL \u00a0\u200b<>{}[]\"\\"
+    specials = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>", "<think>", "</think>", "<tool_call>",
+                "<tool_response>", "<|endoftext|>", "<|fim_prefix|>"]
+    texts = []
+    for _ in range(1500):
+        t = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120)))
+        texts += [t, unicodedata.normalize("NFD", t), " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 80))),
+                  rng.choice(specials).join(rng.choice(WORDS) for _ in range(4))]
+    counter = TokenCounter(load_profile("qwen3-vl"), backend="tokenizers")
+    texts += [counter.render(c) for c in _conversations()]
+    return texts
+
+
+@pytest.mark.parametrize("profile", BUILTIN_PROFILES)
+def test_tiktoken_backend_gives_the_same_ids_as_hf_tokenizers(profile):
+    import unicodedata
+
+    p = load_profile(profile)
+    fast = TokenCounter(p)
+    assert fast.backend == "tiktoken"
+    hf = tokenizer_for(p)
+    for text in _corpus():
+        expected = hf.encode(text, add_special_tokens=False).ids
+        assert fast.fast.encode(unicodedata.normalize("NFC", text), allowed_special="all") == expected, repr(text[:60])

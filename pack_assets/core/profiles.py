@@ -226,3 +226,47 @@ def _tokenizer(path: str, last_added_id: int) -> Tokenizer:
 
 def tokenizer_for(profile: ModelProfile) -> Tokenizer:
     return _tokenizer(profile.tokenizer_file, profile.last_added_id)
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2 byte-level alphabet: the printable character that stands for each byte in the vocabulary."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+@functools.lru_cache(maxsize=8)
+def _fast_counter(path: str, last_added_id: int):
+    """A tiktoken encoding equal to the tokenizer.json (ids = BPE ranks, same split regex, same added
+    tokens), or None when the file is not a plain byte-level BPE of that shape. tests/ prove equal ids."""
+    try:
+        import tiktoken
+    except ImportError:
+        return None
+    spec = json.loads(Path(path).read_text(encoding="utf-8"))
+    model, pre = spec.get("model", {}), spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [])
+    if (model.get("type") != "BPE" or (spec.get("normalizer") or {}).get("type") not in (None, "NFC")
+            or len(steps) != 2 or steps[0].get("type") != "Split" or steps[1].get("type") != "ByteLevel"
+            or steps[1].get("use_regex") or "Regex" not in steps[0].get("pattern", {})):
+        return None
+    vocab = model["vocab"]
+    merges = model.get("merges", [])
+    # rank order must be merge order: true when each merge result's id grows with the merge's position
+    ids = [vocab.get("".join(m) if isinstance(m, list) else m.replace(" ", "", 1)) for m in merges[:1000]]
+    if any(i is None for i in ids) or ids != sorted(ids):
+        return None
+    dec = _byte_decoder()
+    ranks = {bytes(dec[ch] for ch in tok): i for tok, i in vocab.items()}
+    special = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t["id"] <= last_added_id}
+    return tiktoken.Encoding(f"pack_assets:{Path(path).name}", pat_str=steps[0]["pattern"]["Regex"],
+                             mergeable_ranks=ranks, special_tokens=special)
+
+
+def fast_counter_for(profile: ModelProfile):
+    return _fast_counter(profile.tokenizer_file, profile.last_added_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,7 +19,7 @@ import numpy as np
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .profiles import ImageRule, ModelProfile, VideoRule, tokenizer_for
+from .profiles import ImageRule, ModelProfile, VideoRule, fast_counter_for, tokenizer_for
 from .records import Rejection
 
 _BATCH = 512
@@ -150,12 +151,27 @@ def _environment() -> ImmutableSandboxedEnvironment:
 
 
 class TokenCounter:
-    """Counts for one profile; batches the tokenizer calls."""
+    """Counts for one profile; batches the tokenizer calls.
 
-    def __init__(self, profile: ModelProfile):
+    Token counts come from tiktoken built from the profile's own tokenizer.json where that file is a plain
+    byte-level BPE (the Qwen family): same ids as Hugging Face ``tokenizers`` (tested), several times
+    faster. Any other tokenizer file is run by ``tokenizers`` itself.
+    """
+
+    def __init__(self, profile: ModelProfile, backend: str = "auto"):
         self.profile = profile
         self.template = _environment().from_string(profile.chat_template)
         self.tokenizer = tokenizer_for(profile)
+        self.fast = fast_counter_for(profile) if backend in ("auto", "tiktoken") else None
+        if backend == "tiktoken" and self.fast is None:
+            raise ValueError(f"the tokenizer of {profile.name} cannot run on tiktoken")
+        self.backend = "tiktoken" if self.fast is not None else "tokenizers"
+
+    def lengths(self, texts: list[str]) -> list[int]:
+        if self.fast is not None:
+            encode = self.fast.encode
+            return [len(encode(unicodedata.normalize("NFC", t), allowed_special="all")) for t in texts]
+        return [len(e) for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
 
     def render(self, messages: list[dict], tools: list | None = None) -> str:
         return self.template.render(messages=messages, tools=tools, add_generation_prompt=False)
@@ -194,7 +210,7 @@ class TokenCounter:
             for v in vids:
                 texts.extend(v.timestamps)
             prepared.append((first, len(texts), img, n_img, vids))
-        lengths = [len(e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)] if texts else []
+        lengths = self.lengths(texts) if texts else []
         out: list[dict | CountError] = []
         for p in prepared:
             if isinstance(p, CountError):
