@@ -80,11 +80,19 @@ def cmd_count(args) -> int:
     return 0 if all("error" not in r for r in rows) else 1
 
 
-def cmd_plan(args) -> int:
-    from .core.plan import load_lengths, summarize
+def _lengths_caps(args):
+    from .core.binpack import Caps
+    from .core.plan import load_lengths
 
-    lengths = load_lengths(args.lengths)
-    s = summarize(lengths, args.max_len, args.algorithm)
+    k = args.pad_multiple
+    return load_lengths(args.lengths) if args.lengths else None, Caps(max_samples=args.max_samples_per_pack), k
+
+
+def cmd_plan(args) -> int:
+    from .core.plan import summarize
+
+    lengths, caps, k = _lengths_caps(args)
+    s = summarize(lengths, args.max_len // k * k, args.algorithm, caps, args.seed)
     assignment = s.pop("assignment")
     if args.out:
         import numpy as np
@@ -99,27 +107,28 @@ def cmd_plan(args) -> int:
 def cmd_simulate(args) -> int:
     import numpy as np
 
-    from .core.plan import ALGORITHMS, load_lengths, summarize
+    from .core.binpack import ALGORITHMS
+    from .core.plan import simulate
 
-    if args.lengths:
-        lengths = load_lengths(args.lengths)
-    else:
+    lengths, caps, k = _lengths_caps(args)
+    if lengths is None:
         from .core import store
 
         with store.connect(Path(args.work), read_only=True) as con:
             lengths = np.asarray([r[0] for r in con.execute(
                 "SELECT total_tokens FROM token_lengths WHERE status = 'ok'").fetchall()], dtype=np.int64)
     algorithms = args.algorithms.split(",") if args.algorithms else list(ALGORITHMS)
-    rows = []
-    for max_len in [int(x) for x in args.max_len.split(",")]:
-        for alg in algorithms:
-            s = summarize(lengths, max_len, alg)
-            s.pop("assignment")
-            rows.append(s)
-    text = "\n".join(f"{r['max_len']:>7} {r['algorithm']:>9} packs {r['packs']:>8} bound {r['lower_bound']:>8} "
-                     f"fill {r['efficiency']:.4f} dropped {r['dropped']:>6} mean/pack {r['mean_samples_per_pack']:.2f}"
-                     for r in rows)
-    _emit(args, {"results": rows}, text)
+    max_lens = [int(x) // k * k for x in args.max_len.split(",")]
+    res = simulate(lengths, max_lens, algorithms, caps, args.seed, args.global_batch)
+    if args.plots:
+        from .core.report import plot_simulation
+
+        res["plots"] = plot_simulation(lengths, res, Path(args.plots))
+    text = "\n".join(f"{r['max_len']:>7} {r['algorithm']:>10} packs {r['packs']:>8} bound {r['lower_bound']:>8} "
+                     f"fill {r['efficiency']:.4f} dropped {r['dropped']:>6} mean/pack {r['mean_samples_per_pack']:.2f} "
+                     f"max/pack {r['max_samples_per_pack']}" + (f" steps {r['steps_per_epoch']}" if "steps_per_epoch" in r else "")
+                     for r in res["results"])
+    _emit(args, res, text + f"\nrecommended max length: {res['recommended_max_len']}")
     return 0
 
 
@@ -161,6 +170,12 @@ def _common_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 
 
+def _caps(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-samples-per-pack", type=int, default=0, help="cap on samples per pack (0: none)")
+    p.add_argument("--pad-multiple", type=int, default=1, help="pad each pack's length to a multiple of k")
+    p.add_argument("--seed", type=int, default=0, help="seed of the mix algorithm")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pack-assets", description="Offline sequence packing for multimodal training data.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -187,17 +202,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="the planner on a list of lengths (.npy, or text with one integer a line)")
     p.add_argument("--lengths", required=True)
     p.add_argument("--max-len", type=int, required=True)
-    p.add_argument("--algorithm", default="bfd")
-    p.add_argument("--out", help="write the pack index of every item (.npy or text)")
+    p.add_argument("--algorithm", default="bfd", help="bfd, ffd, first_fit, next_fit, window_N, mix")
+    _caps(p)
+    p.add_argument("--out", help="write the pack index of every item (.npy or text; -1 = dropped)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("simulate", help="what-if sweep over max lengths and algorithms")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--lengths")
-    src.add_argument("--work")
+    src.add_argument("--work", help="use the token_lengths of a work directory")
     p.add_argument("--max-len", required=True, help="comma-separated capacities, e.g. 4096,8192,16384")
     p.add_argument("--algorithms", help="comma-separated (default: all)")
+    p.add_argument("--global-batch", type=int, default=0, help="packs per optimizer step, for steps per epoch")
+    p.add_argument("--plots", help="folder for the length histogram/CDF and fill-vs-max-length plots")
+    _caps(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_simulate)
 

@@ -69,9 +69,17 @@ def test_plan_and_simulate_on_a_lengths_file(tmp_path, capsys):
         assert k in a
     assert a["packs"] == b["packs"] and a["packs"] - a["lower_bound"] <= 2
     assert len((tmp_path / "packs.txt").read_text().split()) == 5000
-    assert main(["simulate", "--lengths", str(tmp_path / "l.npy"), "--max-len", "2048,4096", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["results"]
-    assert {(r["max_len"], r["algorithm"]) for r in rows} == {(2048, "bfd"), (2048, "next_fit"), (4096, "bfd"), (4096, "next_fit")}
+    assert main(["simulate", "--lengths", str(tmp_path / "l.npy"), "--max-len", "2048,4096", "--json",
+                 "--algorithms", "bfd,next_fit,window_8", "--global-batch", "64", "--plots", str(tmp_path / "plots")]) == 0
+    res = json.loads(capsys.readouterr().out)
+    rows = res["results"]
+    assert {(r["max_len"], r["algorithm"]) for r in rows} == {(m, a) for m in (2048, 4096) for a in ("bfd", "next_fit", "window_8")}
+    assert all(r["steps_per_epoch"] == -(-r["packs"] // 64) for r in rows)
+    assert res["recommended_max_len"] in (2048, 4096)
+    assert all(Path(p).stat().st_size > 0 for p in res["plots"].values())
+    assert main(["plan", "--lengths", str(tmp_path / "l.npy"), "--max-len", "4096", "--json",
+                 "--max-samples-per-pack", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_samples_per_pack"] <= 2
 
 
 def test_count_records_outside_shards(tmp_path, capsys):

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pack_assets.core.plan import ALGORITHMS, PlanConfig, assign, lower_bounds, make_plan, plan_jsonl
+from pack_assets.core.binpack import Caps
+from pack_assets.core.plan import ALGORITHMS, PlanConfig, assign, lower_bounds, make_plan, plan_jsonl, simulate
 
 
 def check_assignment(lengths: np.ndarray, capacity: int, packs: np.ndarray) -> int:
@@ -39,13 +40,40 @@ def brute_force_min_bins(lengths: list[int], capacity: int) -> int:
     return best
 
 
-@given(st.lists(st.integers(1, 120), min_size=0, max_size=300), st.integers(50, 150), st.sampled_from(ALGORITHMS))
-@settings(max_examples=150, deadline=None)
+ALL = ALGORITHMS + ("window_3",)
+
+
+@given(st.lists(st.integers(1, 120), min_size=0, max_size=300), st.integers(50, 150), st.sampled_from(ALL))
+@settings(max_examples=200, deadline=None)
 def test_every_item_packed_once_or_dropped_and_capacity_held(lengths, capacity, algorithm):
     arr = np.asarray(lengths, dtype=np.int64)
     n = check_assignment(arr, capacity, assign(arr, capacity, algorithm))
     l1, l2 = lower_bounds(arr, capacity)
     assert l1 <= l2 <= n
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 120), st.integers(0, 6), st.integers(0, 400)), min_size=1, max_size=200),
+    st.integers(60, 150), st.sampled_from(ALL), st.integers(0, 5), st.integers(0, 8), st.integers(0, 600),
+)
+@settings(max_examples=200, deadline=None)
+def test_caps_always_hold_on_adversarial_inputs(items, capacity, algorithm, max_samples, max_media, max_vision):
+    lengths, media, vision = (np.asarray(x, dtype=np.int64) for x in zip(*items))
+    caps = Caps(max_samples, max_media, max_vision)
+    packs = assign(lengths, capacity, algorithm, caps, media, vision, seed=3)
+    kept = packs >= 0
+    alone_ok = (lengths <= capacity) & ((media <= max_media) | (max_media == 0)) & ((vision <= max_vision) | (max_vision == 0))
+    assert (kept == alone_ok).all()  # dropped only when the item breaks a limit on its own
+    if kept.any():
+        n = packs.max() + 1
+        assert set(np.unique(packs[kept])) == set(range(n))
+        assert np.bincount(packs[kept], weights=lengths[kept], minlength=n).max() <= capacity
+        if max_samples:
+            assert np.bincount(packs[kept]).max() <= max_samples
+        if max_media:
+            assert np.bincount(packs[kept], weights=media[kept]).max() <= max_media
+        if max_vision:
+            assert np.bincount(packs[kept], weights=vision[kept]).max() <= max_vision
 
 
 @given(st.lists(st.integers(1, 20), min_size=1, max_size=7), st.integers(20, 30))
@@ -111,3 +139,58 @@ def test_rejects_bad_input():
         assign(np.asarray([3, 0, 2]), 10)
     with pytest.raises(ValueError, match="unknown algorithm"):
         PlanConfig(max_len=10, algorithm="magic")
+    with pytest.raises(ValueError):
+        PlanConfig(max_len=10, pad_multiple=20)
+
+
+def test_mix_packs_near_bfd_with_random_composition():
+    rng = np.random.default_rng(11)
+    lengths = np.clip(rng.lognormal(np.log(864), 1.0, 50_000).astype(np.int64), 1, 20_000)
+    bfd = assign(lengths, 20_000, "bfd").max() + 1
+    mix = assign(lengths, 20_000, "mix", seed=1)
+    assert mix.max() + 1 <= bfd * 1.01
+    # BFD packs start with the longest items; mix packs do not sort by length
+    first = [lengths[mix == p].max() for p in range(0, mix.max() + 1, 97)]
+    assert np.corrcoef(np.arange(len(first)), first)[0, 1] > -0.5
+    assert (assign(lengths, 20_000, "mix", seed=1) == mix).all()
+
+
+def test_world_size_gives_a_multiple_of_w_per_media_type_and_balanced_groups():
+    rng = np.random.default_rng(5)
+    n = 4000
+    lengths = rng.integers(1, 3000, n)
+    ids = [f"s/{i:05d}" for i in range(n)]
+    mtypes = ["image" if i % 4 else "text" for i in range(n)]
+    plan = make_plan(ids, mtypes, lengths, np.zeros(n), PlanConfig(max_len=4096, world_size=8))
+    for mt in ("image", "text"):
+        assert sum(p.media_type == mt for p in plan.packs) % 8 == 0
+    assert sorted(s for p in plan.packs for s in p.sample_ids) == sorted(ids)
+    bal = plan.stats["balance"]
+    assert bal["incomplete_groups"] == 0 and bal["cost_imbalance_mean"] < 1.3
+    for k in range(0, len(plan.packs), 8):  # each group of W consecutive packs is one media type
+        assert len({p.media_type for p in plan.packs[k:k + 8]}) == 1
+
+
+def test_pad_multiple_keep_overlong_and_drift():
+    rng = np.random.default_rng(9)
+    n = 20_000
+    lengths = np.clip(rng.lognormal(np.log(500), 1.0, n).astype(np.int64), 1, None)
+    ids = [f"s/{i:06d}" for i in range(n)]
+    cfg = PlanConfig(max_len=4000, pad_multiple=64, keep_overlong=True, algorithm="mix")
+    plan = make_plan(ids, ["text"] * n, lengths, np.zeros(n), cfg)
+    assert cfg.capacity == 3968
+    assert not plan.dropped
+    over = [p for p in plan.packs if p.overlong]
+    assert len(over) == int((lengths > 3968).sum()) and all(len(p.sample_ids) == 1 for p in over)
+    assert all(-(-p.total_token_len // 64) * 64 <= 4000 for p in plan.packs if not p.overlong)
+    assert plan.stats["drift"] <= 1.25  # mix packs are even; the dealt order keeps them even over the run
+
+
+def test_simulate_recommends_a_max_length():
+    rng = np.random.default_rng(2)
+    lengths = np.clip(rng.lognormal(np.log(900), 0.8, 20_000).astype(np.int64), 1, None)
+    sim = simulate(lengths, [1024, 4096, 16384], ["bfd", "next_fit"], global_batch=32)
+    assert len(sim["results"]) == 6
+    best = {r["max_len"]: r for r in sim["results"] if r["algorithm"] == "bfd"}
+    assert best[1024]["dropped"] > best[16384]["dropped"]
+    assert sim["recommended_max_len"] in (4096, 16384)

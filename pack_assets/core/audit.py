@@ -48,14 +48,19 @@ def _read_shard(path: Path):
             yield key, parts
 
 
-def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, max_len: int) -> AuditResult:
+def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict) -> AuditResult:
+    """``config`` is the plan's configuration (max_len and the caps it promised)."""
     res = AuditResult()
+    max_len = config["max_len"]
     plan = {
-        r[0]: {"media_type": r[1], "sample_ids": list(r[2]), "lens": list(r[3]), "total": r[4], "shard": r[5]}
+        r[0]: {"media_type": r[1], "sample_ids": list(r[2]), "lens": list(r[3]), "total": r[4], "shard": r[5],
+               "overlong": r[6]}
         for r in con.execute(
-            "SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, output_shard FROM pack_plan"
+            "SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, output_shard, overlong FROM pack_plan"
         ).fetchall()
     }
+    media_count = dict(con.execute("SELECT sample_id, n_images + n_videos FROM token_lengths WHERE status = 'ok'").fetchall())
+    vision = dict(con.execute("SELECT sample_id, vision_tokens FROM token_lengths WHERE status = 'ok'").fetchall())
     lengths = dict(con.execute("SELECT sample_id, total_tokens FROM token_lengths WHERE status = 'ok'").fetchall())
     mtype = dict(con.execute("SELECT sample_id, media_type FROM samples").fetchall())
     sha = {(r[0], r[1]): (r[2], r[3]) for r in con.execute("SELECT sample_id, name, sha256, size FROM members").fetchall()}
@@ -94,8 +99,18 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, max_len: int) -> AuditR
                         meta.get("media_type"), meta.get("pack_id")) != (
                         expect["sample_ids"], expect["lens"], expect["total"], expect["media_type"], key):
                     res.add("meta_mismatch", f"pack {key}: _meta differs from pack_plan", shard=name, pack_id=key)
-                if sum(expect["lens"]) != expect["total"] or expect["total"] > max_len:
-                    res.add("over_capacity", f"pack {key}: {expect['total']} tokens > {max_len}", pack_id=key)
+                if sum(expect["lens"]) != expect["total"]:
+                    res.add("meta_mismatch", f"pack {key}: lengths do not add up to {expect['total']}", pack_id=key)
+                padded = -(-expect["total"] // config.get("pad_multiple", 1)) * config.get("pad_multiple", 1)
+                if padded > max_len and not (expect["overlong"] and len(expect["sample_ids"]) == 1):
+                    res.add("over_capacity", f"pack {key}: {padded} tokens (padded) > {max_len}", pack_id=key)
+                for cap, value, what in (
+                    ("max_samples_per_pack", len(expect["sample_ids"]), "samples"),
+                    ("max_media_per_pack", sum(media_count.get(s, 0) for s in expect["sample_ids"]), "media items"),
+                    ("max_vision_tokens_per_pack", sum(vision.get(s, 0) for s in expect["sample_ids"]), "vision tokens"),
+                ):
+                    if config.get(cap) and value > config[cap]:
+                        res.add("over_cap", f"pack {key}: {value} {what} > {cap} {config[cap]}", pack_id=key)
                 for sid, n in zip(expect["sample_ids"], expect["lens"]):
                     seen_samples[sid] += 1
                     if lengths.get(sid) != n:

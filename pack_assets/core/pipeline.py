@@ -19,7 +19,7 @@ from .. import __version__
 from . import store
 from .audit import AuditResult, audit
 from .lookup import LINEAGE_VIEW
-from .plan import PlanConfig, make_plan, plan_jsonl
+from .plan import PlanConfig, make_plan, plan_jsonl, simulate
 from .profiles import ModelProfile
 from .records import ShardInfo
 from .scan import ScanOptions, scan_shard
@@ -103,25 +103,34 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
     work.mkdir(parents=True, exist_ok=True)
     with store.connect(work) as con:
         store.build_catalog(con, work, shards, profile.name)
-        rows = con.execute(
-            "SELECT sample_id, media_type, total_tokens, media_bytes FROM token_lengths WHERE status = 'ok' ORDER BY sample_id"
-        ).fetchall()
-        ids = [r[0] for r in rows]
-        plan = make_plan(ids, [r[1] for r in rows], np.asarray([r[2] for r in rows], dtype=np.int64),
-                         np.asarray([r[3] for r in rows], dtype=np.int64), config, profile.name)
+        t = con.sql(
+            "SELECT sample_id, media_type, total_tokens, media_bytes, n_images + n_videos AS n_media, vision_tokens "
+            "FROM token_lengths WHERE status = 'ok' ORDER BY sample_id"
+        ).to_arrow_table()
+        col = lambda name: t.column(name).to_numpy(zero_copy_only=False)  # noqa: E731
+        plan = make_plan(t.column("sample_id").to_pylist(), t.column("media_type").to_pylist(), col("total_tokens"),
+                         col("media_bytes"), config, profile.name, n_media=col("n_media"), vision_tokens=col("vision_tokens"))
+        lengths = col("total_tokens")
+        sweep = simulate(lengths, sorted({config.max_len // 4, config.max_len // 2, config.max_len, config.max_len * 2}),
+                         sorted({config.algorithm, "bfd", "next_fit"}), config.caps, seed=config.seed)
+        mtypes = np.asarray(t.column("media_type").to_pylist(), dtype=object)
+        from .report import plot_simulation
+
+        sweep["plots"] = plot_simulation(lengths, sweep, work / "plots",
+                                         {mt: lengths[mtypes == mt] for mt in sorted(set(mtypes.tolist()))})
         store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl(plan))
         packs = pa.Table.from_pylist(
             [{"pack_id": p.pack_id, "media_type": p.media_type, "sample_ids": p.sample_ids,
               "sample_token_lens": p.sample_token_lens, "total_token_len": p.total_token_len,
-              "output_shard": p.output_shard} for p in plan.packs],
+              "output_shard": p.output_shard, "overlong": p.overlong} for p in plan.packs],
             schema=pa.schema([("pack_id", pa.string()), ("media_type", pa.string()), ("sample_ids", pa.list_(pa.string())),
                               ("sample_token_lens", pa.list_(pa.int64())), ("total_token_len", pa.int64()),
-                              ("output_shard", pa.string())]),
+                              ("output_shard", pa.string()), ("overlong", pa.bool_())]),
         )
         dropped = pa.Table.from_pylist(plan.dropped, schema=pa.schema(
             [("sample_id", pa.string()), ("total_tokens", pa.int64()), ("reason", pa.string())]))
         meta = {"fingerprint": plan.fingerprint, "profile": profile.name, "profile_fingerprint": profile.fingerprint,
-                "shards": shards, "config": config.__dict__, "stats": plan.stats}
+                "shards": shards, "config": config.__dict__, "stats": plan.stats, "simulation": sweep}
         con.execute("BEGIN")
         con.execute("CREATE OR REPLACE TABLE pack_plan AS SELECT * FROM packs")
         con.execute(
@@ -132,7 +141,7 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         con.execute("CREATE OR REPLACE TABLE plan_info AS SELECT ? AS info", [json.dumps(meta)])
         con.execute(LINEAGE_VIEW)
         con.execute("COMMIT")
-    return {**plan.stats, "fingerprint": plan.fingerprint, "plan_file": str(work / "pack_plan.jsonl")}
+    return {**plan.stats, "fingerprint": plan.fingerprint, "plan_file": str(work / "pack_plan.jsonl"), "simulation": sweep}
 
 
 def plan_info(con) -> dict:
@@ -186,7 +195,7 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, pro
 def run_audit(work: Path, out_dir: Path) -> tuple[AuditResult, dict]:
     with store.connect(work, read_only=True) as con:
         info = plan_info(con)
-        result = audit(con, out_dir, info["config"]["max_len"])
+        result = audit(con, out_dir, info["config"])
         from .report import write_report
 
         report = write_report(con, work, result, info)

@@ -1,24 +1,24 @@
-"""pack_plan stage: bin packing per media type, near the lower bound, with a seeded output order.
+"""pack_plan stage: packs per media type near the lower bound, caps held, a seeded output order.
 
-The planner works on integer arrays: ``assign(lengths, capacity, algorithm)`` returns, for each item, the
-index of its pack (-1 for items over capacity). BFD runs on the length histogram (FACTS.md): sizes are
-taken from the largest down; the bins with the smallest remaining room that still fits take
-``room // size`` copies at once, so work grows with packs x distinct sizes, not with items x packs.
+``make_plan`` takes one row per ok sample (id, media type, length, media count, vision tokens, media bytes)
+and returns packs in training order, the dropped samples with their lengths, and the figures every plan
+reports: packs vs the L1/L2 lower bounds, fill, samples per pack, drift over the run and, with a world size,
+the Σℓ² (attention cost) balance of each group of W consecutive packs.
 """
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
-import math
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-ALGORITHMS = ("bfd", "next_fit")
+from .binpack import ALGORITHMS, Caps, assign, check_algorithm, lower_bounds
+
+__all__ = ["ALGORITHMS", "Pack", "PlanConfig", "PlanResult", "assign", "lower_bounds", "make_plan"]
 
 
 @dataclass(frozen=True)
@@ -27,116 +27,32 @@ class PlanConfig:
     algorithm: str = "bfd"
     seed: int = 0
     pack_per_media_type: bool = True
+    max_samples_per_pack: int = 0
+    max_media_per_pack: int = 0
+    max_vision_tokens_per_pack: int = 0
+    pad_multiple: int = 1
+    keep_overlong: bool = False
+    world_size: int = 1
     target_shard_bytes: int = 256 << 20
     max_packs_per_shard: int = 1000
 
     def __post_init__(self):
         if self.max_len <= 0:
             raise ValueError(f"max_len must be positive, got {self.max_len}")
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+        check_algorithm(self.algorithm)
+        if not 1 <= self.pad_multiple <= self.max_len:
+            raise ValueError(f"pad_multiple must be in [1, max_len], got {self.pad_multiple}")
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
 
+    @property
+    def capacity(self) -> int:
+        """Tokens a pack may hold so that, padded to ``pad_multiple``, it still fits ``max_len``."""
+        return self.max_len // self.pad_multiple * self.pad_multiple
 
-def _bfd(lengths: np.ndarray, capacity: int) -> np.ndarray:
-    n = len(lengths)
-    pack = np.full(n, -1, dtype=np.int64)
-    fits = np.flatnonzero(lengths <= capacity)
-    if len(fits) == 0:
-        return pack
-    order = fits[np.argsort(-lengths[fits], kind="stable")]
-    sizes, counts = np.unique(lengths[order], return_counts=True)
-    buckets: dict[int, list[int]] = {}  # room left -> packs with that room
-    rooms: list[int] = []  # sorted rooms with a non-empty bucket
-    ev_pack: list[int] = []
-    ev_count: list[int] = []
-    n_packs = 0
-
-    def put(room: int, p: int) -> None:
-        b = buckets.get(room)
-        if b is None:
-            buckets[room] = [p]
-            bisect.insort(rooms, room)
-        else:
-            b.append(p)
-
-    for s, k in zip(sizes[::-1].tolist(), counts[::-1].tolist()):
-        while k:
-            i = bisect.bisect_left(rooms, s)
-            if i == len(rooms):  # nothing fits: open packs, each takes capacity // s copies
-                q = capacity // s
-                while k:
-                    take = min(q, k)
-                    ev_pack.append(n_packs)
-                    ev_count.append(take)
-                    put(capacity - take * s, n_packs)
-                    n_packs += 1
-                    k -= take
-                break
-            room = rooms[i]
-            bucket = buckets[room]
-            q = room // s
-            while k and bucket:
-                p = bucket.pop()
-                take = min(q, k)
-                ev_pack.append(p)
-                ev_count.append(take)
-                put(room - take * s, p)
-                k -= take
-            if not bucket:
-                del buckets[room]
-                rooms.pop(bisect.bisect_left(rooms, room))
-    pack[order] = np.repeat(np.asarray(ev_pack, dtype=np.int64), np.asarray(ev_count, dtype=np.int64))
-    return pack
-
-
-def _next_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
-    pack = np.full(len(lengths), -1, dtype=np.int64)
-    current, room = -1, 0
-    for i, s in enumerate(lengths.tolist()):
-        if s > capacity:
-            continue
-        if s > room:
-            current += 1
-            room = capacity
-        pack[i] = current
-        room -= s
-    return pack
-
-
-def assign(lengths: np.ndarray, capacity: int, algorithm: str = "bfd") -> np.ndarray:
-    """Pack index per item (-1: longer than the capacity); packs are numbered from 0 without gaps."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if len(lengths) and lengths.min() <= 0:
-        raise ValueError("lengths must be positive")
-    if algorithm == "bfd":
-        return _bfd(lengths, capacity)
-    if algorithm == "next_fit":
-        return _next_fit(lengths, capacity)
-    raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
-
-
-def lower_bounds(lengths: np.ndarray, capacity: int) -> tuple[int, int]:
-    """L1 = ceil(Σℓ/C) and Martello–Toth L2 over the items that fit, in O(C) from the histogram."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    lengths = lengths[lengths <= capacity]
-    if len(lengths) == 0:
-        return 0, 0
-    l1 = -(-int(lengths.sum()) // capacity)
-    c = np.bincount(lengths, minlength=capacity + 1).astype(np.int64)
-    v = np.arange(capacity + 1, dtype=np.int64)
-    cnt = np.concatenate([[0], np.cumsum(c)])  # cnt[x] = #items with length < x
-    tot = np.concatenate([[0], np.cumsum(c * v)])
-    half = capacity // 2  # items > C/2 are those with v >= half + 1
-    k = np.arange(0, half + 1, dtype=np.int64)
-    hi = capacity - k  # J1: v > C-k; J2: C/2 < v <= C-k; J3: k <= v <= C/2
-    n_j1 = cnt[capacity + 1] - cnt[hi + 1]
-    n_j2 = cnt[hi + 1] - cnt[half + 1]
-    s_j2 = tot[hi + 1] - tot[half + 1]
-    s_j3 = tot[half + 1] - tot[k]
-    slack = n_j2 * capacity - s_j2
-    extra = np.maximum(0, -(-(s_j3 - slack) // capacity))
-    l2 = int((n_j1 + n_j2 + extra).max())
-    return l1, max(l1, l2)
+    @property
+    def caps(self) -> Caps:
+        return Caps(self.max_samples_per_pack, self.max_media_per_pack, self.max_vision_tokens_per_pack)
 
 
 @dataclass
@@ -148,6 +64,7 @@ class Pack:
     total_token_len: int
     output_shard: str = ""
     media_bytes: int = 0
+    overlong: bool = False
 
 
 @dataclass
@@ -160,12 +77,13 @@ class PlanResult:
 
 def drift(samples_per_pack: np.ndarray, window: int = 256) -> float:
     """max/min of mean samples per pack over windows of consecutive packs (1.0 = perfectly even)."""
-    if len(samples_per_pack) < 2 * window:
-        window = max(1, len(samples_per_pack) // 4)
-    if len(samples_per_pack) == 0:
+    n = len(samples_per_pack)
+    if n == 0:
         return 1.0
-    n = len(samples_per_pack) // window
-    means = samples_per_pack[: n * window].reshape(n, window).mean(axis=1)
+    if n < 2 * window:
+        window = max(1, n // 4)
+    k = n // window
+    means = samples_per_pack[: k * window].reshape(k, window).mean(axis=1)
     return float(means.max() / means.min()) if means.min() > 0 else float("inf")
 
 
@@ -176,6 +94,62 @@ def fingerprint(config: PlanConfig, profile: str, ids: Iterable[str], lengths: I
     return h.hexdigest()[:16]
 
 
+def _split_to_multiple(groups: list[np.ndarray], lengths: np.ndarray, w: int) -> list[np.ndarray]:
+    """Split the packs with the most samples until the count is a multiple of w (nothing is dropped)."""
+    while len(groups) % w:
+        j = max(range(len(groups)), key=lambda g: (len(groups[g]), -g))
+        if len(groups[j]) < 2:
+            break  # every pack holds one sample: cannot split further
+        items = groups[j][np.argsort(-lengths[groups[j]], kind="stable")]
+        groups[j:j + 1] = [items[0::2], items[1::2]]
+    return groups
+
+
+DRIFT_WINDOW = 256
+
+
+def _deal(units: list, key: np.ndarray, rng: np.random.Generator, per_window: int) -> list:
+    """A seeded order in which every window of ``per_window`` units gets an even spread of ``key``:
+    units ranked by key (random tie-break) are dealt round-robin to windows, each window then shuffled.
+    This keeps samples-per-pack and media types from drifting across the run (a plain shuffle of BFD
+    packs, whose sizes are very uneven, drifts by 1.3x over windows of 256)."""
+    n = len(units)
+    if n == 0:
+        return []
+    n_win = max(1, -(-n // per_window))
+    ranked = np.lexsort((rng.random(n), key))
+    out = []
+    for w in rng.permutation(n_win).tolist():
+        members = ranked[w::n_win]
+        out += [units[j] for j in members[rng.permutation(len(members))].tolist()]
+    return out
+
+
+def _order(raw: list[tuple[str, np.ndarray, bool]], lengths: np.ndarray, config: PlanConfig) -> tuple[list, dict]:
+    """Training order: packs dealt evenly over the run, or with a world size, balanced groups of W packs."""
+    rng = np.random.default_rng(config.seed)
+    w = config.world_size
+    if w == 1:
+        return _deal(raw, np.asarray([len(p[1]) for p in raw], dtype=np.float64), rng, DRIFT_WINDOW), {}
+    groups: list[list] = []
+    for mt in sorted({p[0] for p in raw}):
+        packs = [p for p in raw if p[0] == mt]
+        cost = np.asarray([int((lengths[p[1]] ** 2).sum()) for p in packs])
+        order = np.argsort(-cost, kind="stable")  # similar costs side by side, then cut into groups of W
+        groups += [[packs[j] for j in order[k:k + w].tolist()] for k in range(0, len(order), w)]
+    ratios = []
+    for g in groups:
+        c = np.asarray([(lengths[p[1]] ** 2).sum() for p in g], dtype=np.float64)
+        if len(c) == w and c.mean() > 0:
+            ratios.append(c.max() / c.mean())
+    spp = np.asarray([np.mean([len(p[1]) for p in g]) for g in groups], dtype=np.float64)
+    out = [p for g in _deal(groups, spp, rng, max(1, DRIFT_WINDOW // w)) for p in g]
+    return out, {"world_size": w, "groups": len(groups),
+                 "cost_imbalance_mean": float(np.mean(ratios)) if ratios else 1.0,
+                 "cost_imbalance_max": float(np.max(ratios)) if ratios else 1.0,
+                 "incomplete_groups": sum(len(g) != w for g in groups)}
+
+
 def make_plan(
     sample_ids: list[str],
     media_types: list[str],
@@ -183,55 +157,67 @@ def make_plan(
     media_bytes: np.ndarray,
     config: PlanConfig,
     profile: str = "",
+    n_media: np.ndarray | None = None,
+    vision_tokens: np.ndarray | None = None,
 ) -> PlanResult:
-    """Packs per media type, shuffled with the seed, cut into output shards; every input is packed or dropped."""
+    """Every input ends in exactly one pack or in ``dropped`` (with its length and a reason)."""
     t0 = time.perf_counter()
+    n = len(sample_ids)
     lengths = np.asarray(lengths, dtype=np.int64)
     media_bytes = np.asarray(media_bytes, dtype=np.int64)
+    n_media = np.zeros(n, np.int64) if n_media is None else np.asarray(n_media, np.int64)
+    vision_tokens = np.zeros(n, np.int64) if vision_tokens is None else np.asarray(vision_tokens, np.int64)
     mtypes = np.asarray(media_types, dtype=object)
-    raw: list[tuple[str, np.ndarray]] = []  # (media type, item indices) per pack
+    cap, caps = config.capacity, config.caps
+    raw: list[tuple[str, np.ndarray, bool]] = []  # (media type, item indices, kept alone though overlong)
     dropped: list[dict] = []
     per_type: dict[str, dict] = {}
-    groups = sorted(set(media_types)) if config.pack_per_media_type else ["mixed"]
-    for mt in groups:
-        idx = np.flatnonzero(mtypes == mt) if config.pack_per_media_type else np.arange(len(lengths))
+    for mt in (sorted(set(media_types)) if config.pack_per_media_type else ["mixed"]):
+        idx = np.flatnonzero(mtypes == mt) if config.pack_per_media_type else np.arange(n)
         lens = lengths[idx]
-        packs = assign(lens, config.max_len, config.algorithm)
-        for i in idx[packs < 0].tolist():
-            dropped.append({"sample_id": sample_ids[i], "total_tokens": int(lengths[i]), "reason": "overlong"})
+        packs = assign(lens, cap, config.algorithm, caps, n_media[idx], vision_tokens[idx], config.seed)
         kept = packs >= 0
+        for i in idx[~kept].tolist():
+            reason = "overlong" if lengths[i] > cap else "over_cap"
+            if reason == "overlong" and config.keep_overlong:
+                raw.append((mt, np.asarray([i]), True))
+                continue
+            dropped.append({"sample_id": sample_ids[i], "total_tokens": int(lengths[i]), "reason": reason})
         order = np.argsort(packs[kept], kind="stable")
         members = idx[kept][order]
         bounds = np.flatnonzero(np.diff(packs[kept][order])) + 1
-        for chunk in np.split(members, bounds) if len(members) else []:
-            raw.append((mt, chunk))
-        l1, l2 = lower_bounds(lens, config.max_len)
-        n_packs = int(packs.max()) + 1 if kept.any() else 0
-        fill = float(lens[kept].sum()) / (n_packs * config.max_len) if n_packs else 0.0
-        per_type[mt] = {"samples": len(idx), "packs": n_packs, "l1": l1, "l2": l2, "over_bound": n_packs - l2,
-                        "fill": fill, "dropped": int((~kept).sum())}
-    rng = np.random.default_rng(config.seed)
-    order = rng.permutation(len(raw))
+        groups = list(np.split(members, bounds)) if len(members) else []
+        if config.world_size > 1:
+            groups = _split_to_multiple(groups, lengths, config.world_size)
+        raw += [(mt, g, False) for g in groups]
+        l1, l2 = lower_bounds(lens[kept], cap)
+        bound = max([l2] + [-(-int(tot) // c) for tot, c in (
+            (kept.sum(), caps.max_samples), (n_media[idx][kept].sum(), caps.max_media),
+            (vision_tokens[idx][kept].sum(), caps.max_vision_tokens)) if c])
+        fill = float(lens[kept].sum()) / (len(groups) * cap) if groups else 0.0
+        per_type[mt] = {"samples": len(idx), "packs": len(groups), "l1": l1, "l2": l2, "lower_bound": bound,
+                        "over_bound": len(groups) - bound, "fill": fill, "dropped": int((~kept).sum())}
+    ordered, balance = _order(raw, lengths, config)
     packs: list[Pack] = []
-    for n, j in enumerate(order.tolist()):
-        mt, items = raw[j]
+    for k, (mt, items, over) in enumerate(ordered):
         lens = lengths[items].tolist()
-        packs.append(
-            Pack(f"p{n:08d}", mt, [sample_ids[i] for i in items.tolist()], lens, int(sum(lens)),
-                 media_bytes=int(media_bytes[items].sum()))
-        )
+        packs.append(Pack(f"p{k:08d}", mt, [sample_ids[i] for i in items.tolist()], lens, int(sum(lens)),
+                          media_bytes=int(media_bytes[items].sum()), overlong=bool(over)))
     _assign_shards(packs, config)
     spp = np.asarray([len(p.sample_ids) for p in packs], dtype=np.float64)
     n_packs = len(packs)
     packed_tokens = int(sum(p.total_token_len for p in packs))
     stats = {
-        "samples": len(sample_ids),
+        "samples": n,
         "packs": n_packs,
         "dropped": len(dropped),
-        "lower_bound": int(sum(v["l2"] for v in per_type.values())),
+        "dropped_overlong": sum(d["reason"] == "overlong" for d in dropped),
+        "overlong_kept_alone": sum(p.overlong for p in packs),
+        "lower_bound": int(sum(v["lower_bound"] for v in per_type.values())),
         "lower_bound_l1": int(sum(v["l1"] for v in per_type.values())),
         "fill": packed_tokens / (n_packs * config.max_len) if n_packs else 0.0,
         "packed_tokens": packed_tokens,
+        "padding_tokens": int(sum(-p.total_token_len % config.pad_multiple for p in packs)),
         "mean_samples_per_pack": float(spp.mean()) if n_packs else 0.0,
         "max_samples_per_pack": int(spp.max()) if n_packs else 0,
         "drift": drift(spp),
@@ -239,8 +225,9 @@ def make_plan(
         "per_media_type": per_type,
         "algorithm": config.algorithm,
         "max_len": config.max_len,
+        **({"balance": balance} if balance else {}),
     }
-    stats["packs_over_bound"] = n_packs - stats["lower_bound"]
+    stats["packs_over_bound"] = n_packs - stats["lower_bound"] - stats["overlong_kept_alone"]
     stats["efficiency"] = stats["fill"]
     stats["seconds"] = time.perf_counter() - t0
     return PlanResult(packs, dropped, stats, fingerprint(config, profile, sample_ids, lengths.tolist()))
@@ -256,21 +243,10 @@ def _assign_shards(packs: list[Pack], config: PlanConfig) -> None:
         count += 1
 
 
-def pack_rows(plan: PlanResult) -> Iterable[dict]:
-    for p in plan.packs:
-        yield {
-            "pack_id": p.pack_id,
-            "media_type": p.media_type,
-            "sample_ids": p.sample_ids,
-            "sample_token_lens": p.sample_token_lens,
-            "total_token_len": p.total_token_len,
-            "output_shard": p.output_shard,
-        }
-
-
 def plan_jsonl(plan: PlanResult) -> str:
-    keys = ("pack_id", "media_type", "sample_ids", "sample_token_lens", "total_token_len")
-    return "".join(json.dumps({k: r[k] for k in keys}) + "\n" for r in pack_rows(plan))
+    return "".join(json.dumps({"pack_id": p.pack_id, "media_type": p.media_type, "sample_ids": p.sample_ids,
+                               "sample_token_lens": p.sample_token_lens, "total_token_len": p.total_token_len}) + "\n"
+                   for p in plan.packs)
 
 
 def load_lengths(path: str) -> np.ndarray:
@@ -280,23 +256,26 @@ def load_lengths(path: str) -> np.ndarray:
     return np.loadtxt(path, dtype=np.int64, ndmin=1)
 
 
-def summarize(lengths: np.ndarray, capacity: int, algorithm: str) -> dict:
-    """The planner alone on a list of lengths (what `pack-assets plan` prints)."""
+def summarize(lengths: np.ndarray, capacity: int, algorithm: str, caps: Caps = Caps(), seed: int = 0,
+              global_batch: int = 0) -> dict:
+    """The planner alone on a list of lengths (what `pack-assets plan` and `simulate` print)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
     t0 = time.perf_counter()
-    packs = assign(lengths, capacity, algorithm)
+    packs = assign(lengths, capacity, algorithm, caps, seed=seed)
     seconds = time.perf_counter() - t0
     kept = packs >= 0
     n_packs = int(packs.max()) + 1 if kept.any() else 0
-    l1, l2 = lower_bounds(lengths, capacity)
+    l1, l2 = lower_bounds(lengths[kept], capacity)
+    bound = max(l2, -(-int(kept.sum()) // caps.max_samples) if caps.max_samples else 0)
     spp = np.bincount(packs[kept]) if n_packs else np.zeros(0)
-    return {
+    out = {
         "algorithm": algorithm,
         "max_len": capacity,
         "samples": int(len(lengths)),
         "packs": n_packs,
-        "lower_bound": l2,
+        "lower_bound": bound,
         "lower_bound_l1": l1,
-        "packs_over_bound": n_packs - l2,
+        "packs_over_bound": n_packs - bound,
         "efficiency": float(lengths[kept].sum()) / (n_packs * capacity) if n_packs else 0.0,
         "dropped": int((~kept).sum()),
         "mean_samples_per_pack": float(spp.mean()) if n_packs else 0.0,
@@ -304,6 +283,26 @@ def summarize(lengths: np.ndarray, capacity: int, algorithm: str) -> dict:
         "seconds": seconds,
         "assignment": packs,
     }
+    if global_batch:
+        out["steps_per_epoch"] = -(-n_packs // global_batch)
+    return out
 
 
-__all__ = ["ALGORITHMS", "Pack", "PlanConfig", "PlanResult", "assign", "lower_bounds", "make_plan", "math"]
+def simulate(lengths: np.ndarray, max_lens: list[int], algorithms: list[str], caps: Caps = Caps(), seed: int = 0,
+             global_batch: int = 0) -> dict:
+    """The what-if sweep: every max length × algorithm, and a recommended max length.
+
+    Recommended: the smallest max length whose best algorithm fills ≥ 98 % and drops ≤ 0.1 % of the
+    samples; failing that, the one that packs the most tokens per pack-token (fill × kept fraction).
+    """
+    rows = []
+    for max_len in max_lens:
+        for alg in algorithms:
+            r = summarize(lengths, max_len, alg, caps, seed, global_batch)
+            r.pop("assignment")
+            r["dropped_fraction"] = r["dropped"] / max(1, r["samples"])
+            rows.append(r)
+    best = {m: max((r for r in rows if r["max_len"] == m), key=lambda r: r["efficiency"]) for m in max_lens}
+    good = [m for m in sorted(max_lens) if best[m]["efficiency"] >= 0.98 and best[m]["dropped_fraction"] <= 0.001]
+    rec = good[0] if good else max(max_lens, key=lambda m: best[m]["efficiency"] * (1 - best[m]["dropped_fraction"]))
+    return {"results": rows, "recommended_max_len": rec}

@@ -104,7 +104,9 @@ def write_report(con, work: Path, result: AuditResult, info: dict) -> dict:
         f"{plan_stats['packs_over_bound']} | {plan_stats['fill']:.2%} | {plan_stats['dropped']} |",
         "",
         f"Samples per pack: mean {plan_stats['mean_samples_per_pack']:.2f}, max {plan_stats['max_samples_per_pack']}; "
-        f"drift (max/min of windowed means) {plan_stats['drift']:.3f}.",
+        f"drift (max/min of windowed means) {plan_stats['drift']:.3f}."
+        + (f" World size {plan_stats['balance']['world_size']}: Σℓ² max/mean per group {plan_stats['balance']['cost_imbalance_mean']:.3f} "
+           f"(worst {plan_stats['balance']['cost_imbalance_max']:.3f})." if plan_stats.get("balance") else ""),
         "",
         "![lengths](plots/lengths.png)",
         "",
@@ -117,6 +119,16 @@ def write_report(con, work: Path, result: AuditResult, info: dict) -> dict:
     ]
     for shard, c in stats["per_shard"].items():
         lines.append(f"| {shard} | {c.get('read', 0)} | {c.get('packed', 0)} | {c.get('dropped', 0)} | {c.get('rejected', 0)} |")
+    sim = info.get("simulation")
+    if sim:
+        lines += ["", "## What if (other max lengths and algorithms, same samples)", "",
+                  "| max length | algorithm | packs | lower bound | fill | dropped | mean / max samples per pack |",
+                  "|---:|---|---:|---:|---:|---:|---|"]
+        lines += [f"| {r['max_len']} | {r['algorithm']} | {r['packs']} | {r['lower_bound']} | {r['efficiency']:.2%} | "
+                  f"{r['dropped']} | {r['mean_samples_per_pack']:.1f} / {r['max_samples_per_pack']} |" for r in sim["results"]]
+        lines += ["", f"Recommended max length: **{sim['recommended_max_len']}** (the smallest with ≥ 98 % fill and "
+                  "≤ 0.1 % dropped).", "", "![lengths](plots/length_distribution.png)", "",
+                  "![fill vs max length](plots/fill_vs_max_len.png)"]
     lines += ["", "## Rejections", ""]
     if reasons:
         lines += ["| reason | rows | example (shard / key) | detail |", "|---|---:|---|---|"]
@@ -134,3 +146,35 @@ def write_report(con, work: Path, result: AuditResult, info: dict) -> dict:
     text = "\n".join(lines) + "\n"
     atomic_write_text(work / "audit_report.md", text)
     return {"path": str(work / "audit_report.md"), "markdown": text, "plots": {k: str(v) for k, v in plots.items()}}
+
+
+def plot_simulation(lengths: np.ndarray, sim: dict, folder: Path, media_lengths: dict | None = None) -> dict:
+    """Length histogram + CDF (per media type when given) and fill vs max length per algorithm."""
+    folder.mkdir(parents=True, exist_ok=True)
+    groups = media_lengths or {"all": lengths}
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.2))
+    for name, lens in sorted(groups.items()):
+        lens = np.sort(np.asarray(lens))
+        a.hist(lens, bins=60, alpha=0.55, label=name, log=True)
+        b.plot(lens, np.arange(1, len(lens) + 1) / max(1, len(lens)), label=name)
+    for m in sorted({r["max_len"] for r in sim["results"]}):
+        b.axvline(m, color="grey", lw=0.6, ls=":")
+    a.set_xlabel("tokens per sample")
+    a.set_title("Length histogram")
+    b.set_xlabel("tokens per sample")
+    b.set_title("CDF")
+    b.set_xscale("log")
+    a.legend(fontsize=7)
+    _save(fig, folder / "length_distribution.png")
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for alg in sorted({r["algorithm"] for r in sim["results"]}):
+        rows = sorted((r for r in sim["results"] if r["algorithm"] == alg), key=lambda r: r["max_len"])
+        ax.plot([r["max_len"] for r in rows], [r["efficiency"] for r in rows], marker="o", label=alg)
+    ax.axvline(sim["recommended_max_len"], color="k", ls="--", lw=1, label="recommended")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("max length")
+    ax.set_ylabel("fill")
+    ax.set_title("Fill vs max length")
+    ax.legend(fontsize=7)
+    _save(fig, folder / "fill_vs_max_len.png")
+    return {"length_distribution": str(folder / "length_distribution.png"), "fill_vs_max_len": str(folder / "fill_vs_max_len.png")}

@@ -2,6 +2,7 @@
 
 
 import json
+from pathlib import Path
 
 import dagster as dg
 
@@ -82,6 +83,11 @@ def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.M
         for mt, v in sorted(s["per_media_type"].items())
     ]
     table = "| media type | samples | packs | lower bound | fill | dropped |\n|---|---:|---:|---:|---:|---:|\n" + "\n".join(rows)
+    sim = s["simulation"]
+    what_if = "| max length | algorithm | packs | bound | fill | dropped |\n|---:|---|---:|---:|---:|---:|\n" + "\n".join(
+        f"| {r['max_len']} | {r['algorithm']} | {r['packs']} | {r['lower_bound']} | {r['efficiency']:.2%} | {r['dropped']} |"
+        for r in sim["results"])
+    plots = "\n\n".join(f"![{k}]({png_data_uri(Path(v))})" for k, v in sim["plots"].items())
     return dg.MaterializeResult(
         metadata={
             "dagster/row_count": s["packs"],
@@ -95,6 +101,8 @@ def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.M
             "shards": len(shards),
             "fingerprint": s["fingerprint"],
             "per_media_type": dg.MetadataValue.md(table),
+            "what_if": dg.MetadataValue.md(what_if + f"\n\nRecommended max length: {sim['recommended_max_len']}\n\n" + plots),
+            "recommended_max_len": sim["recommended_max_len"],
             "plan_file": dg.MetadataValue.path(s["plan_file"]),
         }
     )
@@ -143,8 +151,7 @@ def audit_report(context: dg.AssetExecutionContext, settings: PackSettings) -> d
     sha256 of every media member against its source. Writes audit_report.md with plots."""
     result, report = pipeline.run_audit(settings.work, settings.out)
     st = result.stats
-    plots = "\n\n".join(f"![{k}]({png_data_uri(__import__('pathlib').Path(v))})" for k, v in report["plots"].items()
-                        if k != "reasons")
+    plots = "\n\n".join(f"![{k}]({png_data_uri(Path(v))})" for k, v in report["plots"].items() if k != "reasons")
     return dg.MaterializeResult(
         metadata={
             "samples_read": st["samples_read"],

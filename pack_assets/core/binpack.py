@@ -1,0 +1,353 @@
+"""Bin-packing algorithms on integer arrays: the planner's engine.
+
+``assign(lengths, capacity, algorithm, caps=...)`` returns each item's pack index (-1 for items longer than
+the capacity), packs numbered from 0 without gaps. Every algorithm is deterministic (``mix`` through its
+seed) and respects every cap.
+
+- ``bfd`` (default): global best-fit-decreasing. Without count caps it runs on the length histogram
+  (FACTS.md): sizes from the largest down; the packs with the smallest room that still fits take
+  ``room // size`` copies at once, so work grows with packs × distinct sizes, not with items.
+- ``ffd``: first-fit decreasing (segment tree over pack rooms: O(n log packs)).
+- ``first_fit``: first fit in arrival order (the seed analysis' behaviour).
+- ``next_fit``: one open pack at a time, in arrival order (lmms-engine streaming).
+- ``window_N``: next fit with an N-item look-ahead (lmms-engine ``window_N``).
+- ``mix``: best fit in seeded random order (packs of random composition), then the items of packs
+  under ``repack_below`` fill are packed again with BFD.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+ALGORITHMS = ("bfd", "ffd", "first_fit", "next_fit", "window_16", "mix")
+_WINDOW = re.compile(r"window_(\d+)$")
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Per-pack limits, all optional (0 = none)."""
+
+    max_samples: int = 0
+    max_media: int = 0  # images + videos per pack
+    max_vision_tokens: int = 0
+
+    @property
+    def any(self) -> bool:
+        return bool(self.max_samples or self.max_media or self.max_vision_tokens)
+
+
+def check_algorithm(name: str) -> None:
+    if name not in ALGORITHMS and not _WINDOW.match(name):
+        raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)} (or window_N)")
+
+
+class _Limits:
+    """Tracks count caps per pack; items that break a cap on their own are dropped up front."""
+
+    def __init__(self, caps: Caps, media: np.ndarray | None, vision: np.ndarray | None, n: int):
+        self.caps = caps
+        self.media = np.zeros(n, np.int64) if media is None else np.asarray(media, np.int64)
+        self.vision = np.zeros(n, np.int64) if vision is None else np.asarray(vision, np.int64)
+        self.count: list[int] = []
+        self.m: list[int] = []
+        self.v: list[int] = []
+
+    def alone_ok(self, i: int) -> bool:
+        c = self.caps
+        return (not c.max_media or self.media[i] <= c.max_media) and (not c.max_vision_tokens or self.vision[i] <= c.max_vision_tokens)
+
+    def new(self) -> int:
+        self.count.append(0)
+        self.m.append(0)
+        self.v.append(0)
+        return len(self.count) - 1
+
+    def fits(self, p: int, i: int) -> bool:
+        c = self.caps
+        return ((not c.max_samples or self.count[p] < c.max_samples)
+                and (not c.max_media or self.m[p] + self.media[i] <= c.max_media)
+                and (not c.max_vision_tokens or self.v[p] + self.vision[i] <= c.max_vision_tokens))
+
+    def add(self, p: int, i: int) -> None:
+        self.count[p] += 1
+        self.m[p] += int(self.media[i])
+        self.v[p] += int(self.vision[i])
+
+    def closed(self, p: int) -> bool:
+        return bool(self.caps.max_samples) and self.count[p] >= self.caps.max_samples
+
+
+def _bfd_histogram(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    pack = np.full(len(lengths), -1, dtype=np.int64)
+    fits = np.flatnonzero(lengths <= capacity)
+    if len(fits) == 0:
+        return pack
+    order = fits[np.argsort(-lengths[fits], kind="stable")]
+    sizes, counts = np.unique(lengths[order], return_counts=True)
+    buckets: dict[int, list[int]] = {}  # room left -> packs with that room
+    rooms: list[int] = []  # sorted rooms with a non-empty bucket
+    ev_pack: list[int] = []
+    ev_count: list[int] = []
+    n_packs = 0
+
+    def put(room: int, p: int) -> None:
+        b = buckets.get(room)
+        if b is None:
+            buckets[room] = [p]
+            bisect.insort(rooms, room)
+        else:
+            b.append(p)
+
+    for s, k in zip(sizes[::-1].tolist(), counts[::-1].tolist()):
+        while k:
+            i = bisect.bisect_left(rooms, s)
+            if i == len(rooms):  # nothing fits: open packs, each takes capacity // s copies
+                q = capacity // s
+                while k:
+                    take = min(q, k)
+                    ev_pack.append(n_packs)
+                    ev_count.append(take)
+                    put(capacity - take * s, n_packs)
+                    n_packs += 1
+                    k -= take
+                break
+            room = rooms[i]
+            bucket = buckets[room]
+            q = room // s
+            while k and bucket:
+                p = bucket.pop()
+                take = min(q, k)
+                ev_pack.append(p)
+                ev_count.append(take)
+                put(room - take * s, p)
+                k -= take
+            if not bucket:
+                del buckets[room]
+                rooms.pop(bisect.bisect_left(rooms, room))
+    pack[order] = np.repeat(np.asarray(ev_pack, dtype=np.int64), np.asarray(ev_count, dtype=np.int64))
+    return pack
+
+
+def _best_fit(lengths: np.ndarray, capacity: int, order: np.ndarray, limits: _Limits) -> np.ndarray:
+    """Best fit item by item in the given order, with caps (packs bucketed by room)."""
+    pack = np.full(len(lengths), -1, dtype=np.int64)
+    buckets: dict[int, list[int]] = {}
+    rooms: list[int] = []
+    room_of: list[int] = []
+    lens = lengths.tolist()
+    for i in order.tolist():
+        s = lens[i]
+        if s > capacity or not limits.alone_ok(i):
+            continue
+        chosen = -1
+        j = bisect.bisect_left(rooms, s)
+        while j < len(rooms) and chosen < 0:
+            bucket = buckets[rooms[j]]
+            for pos in range(len(bucket) - 1, -1, -1):
+                if limits.fits(bucket[pos], i):
+                    chosen = bucket.pop(pos)
+                    break
+            if not bucket:
+                del buckets[rooms[j]]
+                rooms.pop(j)
+            elif chosen < 0:
+                j += 1
+        if chosen < 0:
+            chosen = limits.new()
+            room_of.append(capacity)
+        pack[i] = chosen
+        limits.add(chosen, i)
+        room_of[chosen] -= s
+        if room_of[chosen] > 0 and not limits.closed(chosen):
+            r = room_of[chosen]
+            b = buckets.get(r)
+            if b is None:
+                buckets[r] = [chosen]
+                bisect.insort(rooms, r)
+            else:
+                b.append(chosen)
+    return pack
+
+
+class _MaxTree:
+    """Segment tree over pack rooms: leftmost pack with room >= s in O(log packs)."""
+
+    def __init__(self, capacity: int, n: int):
+        size = 1
+        while size < max(1, n):
+            size *= 2
+        self.size, self.capacity = size, capacity
+        self.t = [capacity] * (2 * size)  # unopened packs have full room
+
+    def leftmost(self, s: int) -> int:
+        t = self.t
+        if t[1] < s:
+            return -1
+        i = 1
+        while i < self.size:
+            i = 2 * i if t[2 * i] >= s else 2 * i + 1
+        return i - self.size
+
+    def set(self, p: int, room: int) -> None:
+        i = p + self.size
+        t = self.t
+        t[i] = room
+        i //= 2
+        while i:
+            a, b = t[2 * i], t[2 * i + 1]
+            t[i] = a if a > b else b
+            i //= 2
+
+
+def _first_fit(lengths: np.ndarray, capacity: int, order: np.ndarray, limits: _Limits) -> np.ndarray:
+    pack = np.full(len(lengths), -1, dtype=np.int64)
+    n = len(lengths)
+    tree = _MaxTree(capacity, n)
+    rooms = [capacity] * n
+    opened = 0
+    lens = lengths.tolist()
+    caps = limits.caps.any
+    for i in order.tolist():
+        s = lens[i]
+        if s > capacity or not limits.alone_ok(i):
+            continue
+        p = tree.leftmost(s)
+        blocked = []
+        while caps and 0 <= p < opened and not limits.fits(p, i):  # room enough, but at a cap: look further
+            blocked.append(p)
+            tree.set(p, 0)
+            p = tree.leftmost(s)
+        for b in blocked:
+            tree.set(b, rooms[b])
+        if p < 0 or p >= opened:
+            p = opened
+            opened += 1
+            limits.new()
+        pack[i] = p
+        limits.add(p, i)
+        rooms[p] -= s
+        tree.set(p, 0 if limits.closed(p) else rooms[p])
+    return pack
+
+
+def _next_fit(lengths: np.ndarray, capacity: int, window: int, limits: _Limits) -> np.ndarray:
+    """One open pack; it takes the first of the next ``window`` items that fits, else closes."""
+    pack = np.full(len(lengths), -1, dtype=np.int64)
+    lens = lengths.tolist()
+    queue = [i for i in range(len(lens)) if lens[i] <= capacity and limits.alone_ok(i)]
+    buf: list[int] = []
+    nxt = 0
+    current, room = -1, 0
+    while nxt < len(queue) or buf:
+        while len(buf) < window and nxt < len(queue):
+            buf.append(queue[nxt])
+            nxt += 1
+        k = next((k for k, i in enumerate(buf) if lens[i] <= room and limits.fits(current, i)), -1) if current >= 0 else -1
+        if k < 0:
+            current, room = limits.new(), capacity
+            k = 0
+        i = buf.pop(k)
+        pack[i] = current
+        limits.add(current, i)
+        room -= lens[i]
+    return pack
+
+
+def _renumber(pack: np.ndarray) -> np.ndarray:
+    """Packs numbered 0..k-1 in order of first appearance by item index (stable, no gaps)."""
+    kept = pack >= 0
+    if not kept.any():
+        return pack
+    _, first, inverse = np.unique(pack[kept], return_index=True, return_inverse=True)
+    rank = np.empty(len(first), np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    out = pack.copy()
+    out[kept] = rank[inverse]
+    return out
+
+
+def _mix(lengths, capacity, limits_factory, seed: int, repack_below: float) -> np.ndarray:
+    n = len(lengths)
+    order = np.random.default_rng(seed).permutation(n)
+    pack = _best_fit(lengths, capacity, order, limits_factory())
+    kept = pack >= 0
+    if not kept.any():
+        return pack
+    load = np.bincount(pack[kept], weights=lengths[kept])
+    weak = load < repack_below * capacity
+    redo = kept & weak[np.where(kept, pack, 0)]
+    if redo.sum() > 1:
+        idx = np.flatnonzero(redo)
+        again = _best_fit(lengths[idx], capacity, np.argsort(-lengths[idx], kind="stable"), limits_factory(idx))
+        offset = pack.max() + 1
+        pack[idx] = np.where(again >= 0, again + offset, -1)
+    return _renumber(pack)
+
+
+def assign(
+    lengths: np.ndarray,
+    capacity: int,
+    algorithm: str = "bfd",
+    caps: Caps = Caps(),
+    media: np.ndarray | None = None,
+    vision: np.ndarray | None = None,
+    seed: int = 0,
+    repack_below: float = 0.98,
+) -> np.ndarray:
+    """Pack index per item (-1: over the capacity, or over a media/vision cap on its own)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    check_algorithm(algorithm)
+    if capacity <= 0:
+        raise ValueError(f"capacity must be positive, got {capacity}")
+    if len(lengths) and lengths.min() <= 0:
+        raise ValueError("lengths must be positive")
+    n = len(lengths)
+
+    def limits(idx: np.ndarray | None = None) -> _Limits:
+        if idx is None:
+            return _Limits(caps, media, vision, n)
+        return _Limits(caps, None if media is None else np.asarray(media)[idx], None if vision is None else np.asarray(vision)[idx], len(idx))
+
+    decreasing = np.argsort(-lengths, kind="stable")
+    arrival = np.arange(n)
+    if algorithm == "bfd":
+        if not caps.any:
+            return _bfd_histogram(lengths, capacity)
+        return _renumber(_best_fit(lengths, capacity, decreasing, limits()))
+    if algorithm == "ffd":
+        return _renumber(_first_fit(lengths, capacity, decreasing, limits()))
+    if algorithm == "first_fit":
+        return _first_fit(lengths, capacity, arrival, limits())
+    if algorithm == "next_fit":
+        return _next_fit(lengths, capacity, 1, limits())
+    if algorithm == "mix":
+        return _mix(lengths, capacity, limits, seed, repack_below)
+    return _next_fit(lengths, capacity, int(_WINDOW.match(algorithm).group(1)), limits())
+
+
+def lower_bounds(lengths: np.ndarray, capacity: int) -> tuple[int, int]:
+    """L1 = ceil(Σℓ/C) and Martello–Toth L2 over the items that fit, in O(C) from the histogram."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = lengths[lengths <= capacity]
+    if len(lengths) == 0:
+        return 0, 0
+    l1 = -(-int(lengths.sum()) // capacity)
+    c = np.bincount(lengths, minlength=capacity + 1).astype(np.int64)
+    v = np.arange(capacity + 1, dtype=np.int64)
+    cnt = np.concatenate([[0], np.cumsum(c)])  # cnt[x] = #items with length < x
+    tot = np.concatenate([[0], np.cumsum(c * v)])
+    half = capacity // 2  # items > C/2 are those with v >= half + 1
+    k = np.arange(0, half + 1, dtype=np.int64)
+    hi = capacity - k  # J1: v > C-k; J2: C/2 < v <= C-k; J3: k <= v <= C/2
+    n_j1 = cnt[capacity + 1] - cnt[hi + 1]
+    n_j2 = cnt[hi + 1] - cnt[half + 1]
+    s_j2 = tot[hi + 1] - tot[half + 1]
+    s_j3 = tot[half + 1] - tot[k]
+    slack = n_j2 * capacity - s_j2
+    extra = np.maximum(0, -(-(s_j3 - slack) // capacity))
+    l2 = int((n_j1 + n_j2 + extra).max())
+    return l1, max(l1, l2)
