@@ -231,16 +231,16 @@ def test_every_reason_code_is_documented():
     assert all(f"`{c}`" in doc for c in codes), sorted(c for c in codes if f"`{c}`" not in doc)
 
 
-def _tarfile_view(path: Path) -> list[tuple[str, int, int]]:
+def _tarfile_view(path: Path) -> list[tuple[str, int, int, int]]:
     with tarfile.open(path) as tf:
-        return [(ti.name, ti.offset_data, ti.size) for ti in tf.getmembers() if ti.isfile()]
+        return [(ti.name, ti.offset, ti.offset_data, ti.size) for ti in tf.getmembers() if ti.isfile()]
 
 
-def _our_view(path: Path) -> list[tuple[str, int, int]]:
+def _our_view(path: Path) -> list[tuple[str, int, int, int]]:
     from pack_assets.core.scan import iter_entries
 
     with open(path, "rb") as f:
-        return [(e.name, e.offset, e.size) for e in iter_entries(f, path.stat().st_size) if e.kind == "file"]
+        return [(e.name, e.header, e.offset, e.size) for e in iter_entries(f, path.stat().st_size) if e.kind == "file"]
 
 
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])

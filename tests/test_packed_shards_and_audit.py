@@ -235,3 +235,20 @@ def test_overlong_samples_are_dropped_with_their_length(dataset, tmp_path):
         assert dropped and all(a == b > 200 and r == "overlong" for a, b, r in dropped)
         assert con.execute("SELECT max(total_token_len) FROM pack_plan").fetchone()[0] <= 200
     assert pipeline.run_audit(work, tmp_path / "o")[0].ok
+
+
+def test_sampled_recount_catches_a_tampered_token_length(packed):
+    _, work, out, _ = packed
+    result, _ = pipeline.run_audit(work, out, recount_fraction=1.0)
+    assert result.ok and result.stats["recounted"] == 24
+    # tamper with one shard's stored counts (as a stale or buggy count would look)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = store.token_dir(work, PROFILE.name, "part-000") / "token_lengths.parquet"
+    t = pq.read_table(path)
+    col = t.column("total_tokens").to_pylist()
+    col[1] += 1
+    pq.write_table(t.set_column(t.schema.get_field_index("total_tokens"), "total_tokens", pa.array(col, pa.int64())), path)
+    checks = {v["check"] for v in pipeline.run_audit(work, out, recount_fraction=1.0)[0].violations}
+    assert "recount_mismatch" in checks and "length_mismatch" in checks

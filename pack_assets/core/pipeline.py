@@ -130,6 +130,7 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         dropped = pa.Table.from_pylist(plan.dropped, schema=pa.schema(
             [("sample_id", pa.string()), ("total_tokens", pa.int64()), ("reason", pa.string())]))
         meta = {"fingerprint": plan.fingerprint, "profile": profile.name, "profile_fingerprint": profile.fingerprint,
+                "model_dir": profile.model_dir,
                 "shards": shards, "config": config.__dict__, "stats": plan.stats, "simulation": sweep}
         con.execute("BEGIN")
         con.execute("CREATE OR REPLACE TABLE pack_plan AS SELECT * FROM packs")
@@ -142,6 +143,39 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         con.execute(LINEAGE_VIEW)
         con.execute("COMMIT")
     return {**plan.stats, "fingerprint": plan.fingerprint, "plan_file": str(work / "pack_plan.jsonl"), "simulation": sweep}
+
+
+def recount(con, info: dict, result: AuditResult, fraction: float) -> None:
+    """Count again, from the manifest rows, the samples whose id hashes below ``fraction``."""
+    if fraction <= 0:
+        return
+    from .profiles import ProfileError, resolve_profile
+
+    try:
+        profile = resolve_profile(info["profile"].split("@")[0], info.get("model_dir") or None)
+    except ProfileError as e:
+        result.add("recount_unavailable", str(e))
+        return
+    if profile.fingerprint != info["profile_fingerprint"]:
+        result.add("profile_changed", f"profile {profile.name} files changed since the plan: recount the shards")
+        return
+    threshold = int(fraction * 2**32)
+    rows = con.execute(
+        "SELECT s.sample_id, s.conversation, s.image_sizes, s.videos, t.total_tokens FROM samples s "
+        "JOIN token_lengths t USING (sample_id) WHERE t.status = 'ok' AND (hash(s.sample_id) % 4294967296) < ?",
+        [threshold],
+    ).fetchall()
+    counts = TokenCounter(profile).count_many(
+        (json.loads(r[1]), r[2] or [], json.loads(r[3] or "[]")) for r in rows)
+    bad = 0
+    for r, c in zip(rows, counts):
+        got = None if isinstance(c, Exception) else c["total_tokens"]
+        if got != r[4]:
+            bad += 1
+            if bad <= 100:
+                result.add("recount_mismatch", f"{r[0]}: stored {r[4]} tokens, recounted {got}", sample_id=r[0])
+    result.stats["recounted"] = len(rows)
+    result.stats["recount_fraction"] = fraction
 
 
 def plan_info(con) -> dict:
@@ -192,10 +226,12 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, pro
             "fingerprint": info["fingerprint"]}
 
 
-def run_audit(work: Path, out_dir: Path) -> tuple[AuditResult, dict]:
+def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02) -> tuple[AuditResult, dict]:
+    """Read the outputs back and check every invariant; recount a deterministic sample of token lengths."""
     with store.connect(work, read_only=True) as con:
         info = plan_info(con)
         result = audit(con, out_dir, info["config"])
+        recount(con, info, result, recount_fraction)
         from .report import write_report
 
         report = write_report(con, work, result, info)

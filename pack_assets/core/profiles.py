@@ -83,6 +83,7 @@ class ModelProfile:
     last_added_id: int
     image: ImageRule
     video: VideoRule
+    model_dir: str = ""  # the checkpoint folder a --model-dir profile was read from
 
     @property
     def fingerprint(self) -> str:
@@ -208,6 +209,7 @@ def profile_from_model_dir(model_dir: str | Path) -> ModelProfile:
         last_added_id=10**9 if tok.exists() else base.last_added_id,
         image=image,
         video=video,
+        model_dir=str(folder.resolve()),
     )
 
 

@@ -88,6 +88,7 @@ class Entry:
     size: int
     kind: str  # file | dir | link | special | break
     detail: str = ""
+    header: int = -1  # where this member's header blocks begin (extended headers included)
 
 
 def split_key(name: str) -> tuple[str, str]:
@@ -172,13 +173,14 @@ def _pax(data: bytes) -> dict[str, str]:
     return out
 
 
-def iter_entries(f, file_size: int) -> Iterator[Entry]:
+def iter_entries(f, file_size: int, trailer: list[int] | None = None) -> Iterator[Entry]:
     """Yield tar headers in order, reading 512-byte headers with ``pread`` and seeking past payloads.
 
     Handles ustar (with prefix), GNU long names and PAX path/size records, the formats ``tarfile`` and
     webdataset write; the test suite checks it against ``tarfile`` on every fixture archive. Where the
     archive breaks, one ``kind="break"`` entry (named after the member it broke in, if known) ends the
-    stream; a file that is not a tar at all raises ShardError.
+    stream; a file that is not a tar at all raises ShardError. ``trailer`` receives the offset of the
+    end-of-archive blocks.
     """
     head = f.read(8)
     f.seek(0)
@@ -188,8 +190,10 @@ def iter_entries(f, file_size: int) -> Iterator[Entry]:
         if head.startswith(magic):
             raise ShardError("compressed_tar", f"starts with {kind} magic bytes")
     fd = f.fileno()
-    pos, long_name, pax = 0, None, {}
+    pos, long_name, pax, start = 0, None, {}, None
     while True:
+        if start is None:
+            start = pos
         buf = os.pread(fd, _BLOCK, pos)
         if len(buf) < _BLOCK:
             if pos == 0:
@@ -199,6 +203,8 @@ def iter_entries(f, file_size: int) -> Iterator[Entry]:
         if buf.count(0) == _BLOCK:
             if pos == 0:
                 raise ShardError("empty_shard", "the archive holds only end-of-archive blocks")
+            if trailer is not None:
+                trailer.append(pos)
             return
         try:
             stored = _number(buf[148:156])
@@ -233,7 +239,7 @@ def iter_entries(f, file_size: int) -> Iterator[Entry]:
         if "size" in pax:
             size = int(pax["size"])
             pos = data_at + -(-size // _BLOCK) * _BLOCK
-        long_name, pax = None, {}
+        long_name, pax, header, start = None, {}, start, None
         kind = _TYPES.get(typeflag, "special")
         if kind == "dir" or name.endswith("/"):
             kind, name = "dir", name.rstrip("/")
@@ -241,7 +247,7 @@ def iter_entries(f, file_size: int) -> Iterator[Entry]:
             detail = f"member {name!r} claims {size} bytes at offset {data_at}; the file has {file_size}"
             yield Entry(name, data_at, size, "break", detail)
             return
-        yield Entry(name, data_at, size, kind)
+        yield Entry(name, data_at, size, kind, header=header)
 
 
 def group_by_key(entries: Iterable[Entry]) -> Iterator[tuple[str, list[Entry]]]:

@@ -89,6 +89,20 @@ class _Sources:
         self.files.clear()
 
 
+def _prefetch(job: ShardJob, sources: _Sources) -> None:
+    """Ask the kernel to read this shard's source ranges in (file, offset) order: one sweep per source
+    instead of the random order packs visit them in."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    ranges = sorted({(sub.source_path, m["offset"], m["size"]) for p in job.packs for sub in p.subs
+                     for m in ([sub.json_member] if sub.json_member else []) + sub.media})
+    for path, offset, size in ranges:
+        try:
+            os.posix_fadvise(sources.get(path).fileno(), offset, size, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            return
+
+
 def _read(f, offset: int, size: int) -> bytes:
     return os.pread(f.fileno(), size, offset)
 
@@ -170,6 +184,7 @@ def write_shard(out_dir: str, job: ShardJob, context: dict) -> dict:
             return {"shard": job.name, "skipped": True, "bytes": final.stat().st_size, "packs": len(job.packs),
                     "samples": sum(len(p.subs) for p in job.packs), "seconds": time.perf_counter() - t0}
     sources = _Sources()
+    _prefetch(job, sources)
     fd, tmp = tempfile.mkstemp(prefix=f".{job.name}.tmp-", dir=out_dir)
     written = 0
     try:
@@ -225,30 +240,96 @@ def write_all(out_dir: Path, jobs: list[ShardJob], context: dict, workers: int =
                 if progress:
                     progress(r, len(results), len(jobs))
     keep = {j.name for j in jobs}
-    for p in out_dir.glob("*.tar"):
-        if p.name not in keep:
+    for p in [*out_dir.glob("*.tar"), *out_dir.glob("*.tar.idx")]:
+        if p.name.removesuffix(".idx") not in keep:
             p.unlink()  # a shard of an earlier, larger plan
-    for p in out_dir.glob(".*.tmp-*"):
+    for p in [*out_dir.glob(".*.tmp-*"), *(out_dir / NV_META).glob(".*.tmp-*")]:
         p.unlink()  # leftovers of a killed run
-    write_energon_meta(out_dir, {r["shard"]: r["packs"] for r in results})
+    counts = write_energon_meta(out_dir, sorted(keep), context["plan_fingerprint"])
+    write_wids_index(out_dir, counts)
+    for r in results:
+        if counts[r["shard"]] != r["packs"]:
+            raise RuntimeError(f"{r['shard']}: {counts[r['shard']]} samples on disk, {r['packs']} packs planned")
     return results
 
 
-def write_energon_meta(out_dir: Path, shard_counts: dict[str, int]) -> None:
-    """`.nv-meta/` so Megatron-Energon can load the output without `energon prepare`."""
+ENERGON_FORMAT = "7.4.1"  # the megatron-energon release whose `energon prepare` output this matches (tested)
+
+
+def _sample_index(path: Path) -> tuple[list[tuple[str, int, int]], list[tuple[int, str, int, int]], int]:
+    """(key, header offset, size) per sample, (sample index, part, data offset, size) per member, end offset."""
+    from .scan import group_by_key, iter_entries, split_key
+
+    trailer: list[int] = []
+    samples, parts = [], []
+    with open(path, "rb") as f:
+        groups = list(group_by_key(iter_entries(f, path.stat().st_size, trailer)))
+    end = trailer[0] if trailer else path.stat().st_size
+    for i, (key, entries) in enumerate(groups):
+        start = entries[0].header
+        stop = groups[i + 1][1][0].header if i + 1 < len(groups) else end
+        samples.append((key, start, stop - start))
+        parts += [(i, split_key(e.name)[1], e.offset, e.size) for e in entries]
+    return samples, parts, end
+
+
+def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str) -> dict[str, int]:
+    """`.nv-meta/` as `energon prepare` writes it (dataset.yaml, split.yaml, .info.json, index.sqlite,
+    index.uuid) plus each shard's `.tar.idx`, so Megatron-Energon loads the output as it is."""
+    import sqlite3
+    import struct
+    import uuid
+
     from .store import atomic_write_text
 
     meta = out_dir / NV_META
-    names = sorted(shard_counts)
-    atomic_write_text(
-        meta / "dataset.yaml",
-        "__module__: megatron.energon\n__class__: CrudeWebdataset\nsubflavors:\n  source: pack_assets\n",
-    )
+    meta.mkdir(parents=True, exist_ok=True)
+    names = sorted(shard_names)
+    counts: dict[str, int] = {}
+    fd, tmp_db = tempfile.mkstemp(prefix=".index.sqlite.tmp-", dir=meta)
+    os.close(fd)
+    db = sqlite3.connect(tmp_db)
+    db.execute("CREATE TABLE samples (tar_file_id INTEGER NOT NULL, sample_key TEXT NOT NULL UNIQUE, "
+               "sample_index INTEGER NOT NULL, byte_offset INTEGER, byte_size INTEGER)")
+    db.execute("CREATE TABLE sample_parts (tar_file_id INTEGER, sample_index INTEGER, part_name TEXT, "
+               "content_byte_offset INTEGER, content_byte_size INTEGER)")
+    for tar_id, name in enumerate(names):
+        samples, parts, end = _sample_index(out_dir / name)
+        counts[name] = len(samples)
+        db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?)",
+                       [(tar_id, k, i, off, size) for i, (k, off, size) in enumerate(samples)])
+        db.executemany("INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)", [(tar_id, *p) for p in parts])
+        idx = out_dir / f"{name}.idx"
+        data = struct.pack(f"<{len(samples) + 1}Q", *[off for _, off, _ in samples], end)
+        fd, tmp = tempfile.mkstemp(prefix=f".{idx.name}.tmp-", dir=out_dir)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, idx)
+    db.execute("CREATE INDEX idx_samples_by_tar_and_idx ON samples(tar_file_id, sample_index)")
+    db.execute("CREATE INDEX idx_sample_parts_seq ON sample_parts(tar_file_id, sample_index, content_byte_offset)")
+    db.execute("CREATE INDEX idx_sample_parts_full ON sample_parts(tar_file_id, sample_index, part_name, "
+               "content_byte_offset, content_byte_size)")
+    db.commit()
+    db.close()
+    os.replace(tmp_db, meta / "index.sqlite")
+    atomic_write_text(meta / "index.uuid", str(uuid.uuid5(uuid.NAMESPACE_URL, f"pack_assets:{fingerprint}")))
+    atomic_write_text(meta / "dataset.yaml", "__module__: megatron.energon\n__class__: CrudeWebdataset\n")
     split = "split_parts:\n  train:\n" + "".join(f"  - {n}\n" for n in names) + "  val: []\n  test: []\nexclude: []\n"
     atomic_write_text(meta / "split.yaml", split)
-    info = {"energon_version": "7.x", "shard_counts": {n: shard_counts[n] for n in names}}
-    atomic_write_text(meta / ".info.json", json.dumps(info, indent=2) + "\n")
-    atomic_write_text(meta / ".info.yaml", "shard_counts:\n" + "".join(f"  {n}: {shard_counts[n]}\n" for n in names))
+    info = {"energon_version": ENERGON_FORMAT, "shard_counts": {n: counts[n] for n in names}}
+    atomic_write_text(meta / ".info.json", json.dumps(info, indent=2))
+    for stale in (meta / ".info.yaml",):
+        stale.unlink(missing_ok=True)
+    return counts
+
+
+def write_wids_index(out_dir: Path, counts: dict[str, int]) -> None:
+    """`wids-index.json`: the shard list with sample counts that webdataset's `wids` reads for random access."""
+    from .store import atomic_write_text
+
+    index = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": out_dir.name,
+             "shardlist": [{"url": n, "nsamples": counts[n]} for n in sorted(counts)]}
+    atomic_write_text(out_dir / "wids-index.json", json.dumps(index, indent=2))
 
 
 __all__ = ["PackJob", "ShardJob", "SubSample", "write_all", "write_shard", "__version__"]
