@@ -32,12 +32,13 @@ def main() -> None:
     ap.add_argument("--image-kb", type=int, default=100)
     ap.add_argument("--out", default="bench/out")
     ap.add_argument("--max-len", type=int, default=16384)
+    ap.add_argument("--images", type=int, default=1, help="images per sample")
     args = ap.parse_args()
     out = Path(args.out)
-    inp = out / f"shards-{args.shards}x{args.per_shard}-{args.image_kb}k"
-    paths = make_shards(inp, args.shards, args.per_shard, args.image_kb)
+    inp = out / f"shards-{args.shards}x{args.per_shard}-{args.image_kb}k-{args.images}i"
+    paths = make_shards(inp, args.shards, args.per_shard, args.image_kb, images=args.images)
     total_bytes = sum(p.stat().st_size for p in paths)
-    members = 2 * args.shards * args.per_shard
+    members = (1 + args.images) * args.shards * args.per_shard
     samples = args.shards * args.per_shard
     res = {"machine": machine(), "samples": samples, "members": members, "bytes": total_bytes}
     files = [str(p) for p in paths]

@@ -37,7 +37,7 @@ def drop_caches_hint() -> None:
     """Page cache cannot be dropped without privileges everywhere; every figure is measured warm."""
 
 
-def make_shards(root: Path, n_shards: int, per_shard: int, image_kb: int = 16, seed: int = 0, video_every: int = 0) -> list[Path]:
+def make_shards(root: Path, n_shards: int, per_shard: int, image_kb: int = 16, seed: int = 0, images: int = 1) -> list[Path]:
     """Image-text samples with unique small JPEGs (plus padding bytes to reach the size), fast to make."""
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -58,18 +58,20 @@ def make_shards(root: Path, n_shards: int, per_shard: int, image_kb: int = 16, s
             for j in range(per_shard):
                 key = f"{s:05d}{j:06d}"
                 words = " ".join(["describe the image in detail please"] * int(rng.integers(2, 60)))
-                rec = {"conversations": [{"from": "human", "value": "<image>\n" + words},
-                                         {"from": "gpt", "value": words}], "image": "jpg"}
+                parts = ["jpg"] if images == 1 else [f"{m}.jpg" for m in range(images)]
+                rec = {"conversations": [{"from": "human", "value": "<image>\n" * images + words},
+                                         {"from": "gpt", "value": words}], "images": parts}
                 data = json.dumps(rec).encode()
                 ti = tarfile.TarInfo(f"{key}.json")
                 ti.size = len(data)
                 tf.addfile(ti, io.BytesIO(data))
-                img = base[j % 32]
-                # JPEG ignores bytes after EOI: unique, valid images of the target size
-                img = img + rng.bytes(max(0, pad_to - len(img)))
-                ti = tarfile.TarInfo(f"{key}.jpg")
-                ti.size = len(img)
-                tf.addfile(ti, io.BytesIO(img))
+                for part in parts:
+                    img = base[(j + len(part)) % 32]
+                    # JPEG ignores bytes after EOI: unique, valid images of the target size
+                    img = img + rng.bytes(max(0, pad_to - len(img)))
+                    ti = tarfile.TarInfo(f"{key}.{part}")
+                    ti.size = len(img)
+                    tf.addfile(ti, io.BytesIO(img))
         tmp.replace(path)
         paths.append(path)
     return paths

@@ -132,6 +132,17 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def cmd_convert(args) -> int:
+    from .core.convert import convert
+
+    res = convert([Path(p) for p in args.input], Path(args.output), [Path(p) for p in args.media_root or []],
+                  samples_per_shard=args.samples_per_shard, max_shard_bytes=args.max_shard_bytes)
+    text = (f"{res['converted']} of {res['records']} records -> {len(res['shards'])} shard(s) in {args.output}; "
+            f"{res['rejected']} rejected {res['reasons'] or ''} (see {res['rejected_file']})")
+    _emit(args, res, text)
+    return 0 if res["converted"] else 1
+
+
 def cmd_lookup(args) -> int:
     from .core import store
     from .core.lookup import lookup
@@ -219,6 +230,16 @@ def build_parser() -> argparse.ArgumentParser:
     _caps(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("convert", help="ShareGPT/LLaVA/messages JSON(L) + media folders -> WebDataset shards")
+    p.add_argument("--input", required=True, nargs="+", help=".json (a list) or .jsonl files")
+    p.add_argument("--media-root", action="append", help="folder relative media paths resolve against (repeatable; "
+                   "default: the input file's folder)")
+    p.add_argument("--output", required=True, help="directory for the shards")
+    p.add_argument("--samples-per-shard", type=int, default=1000)
+    p.add_argument("--max-shard-bytes", type=int, default=1 << 30)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("lookup", help="a sample id -> its pack and output shard; a pack id -> its sources")
     p.add_argument("id")

@@ -66,10 +66,18 @@ def image_tokens(width: int, height: int, rule: ImageRule) -> int:
     return (h // rule.factor) * (w // rule.factor)
 
 
+def image_grid(width: int, height: int, rule: ImageRule) -> tuple[int, int, int]:
+    """image_grid_thw in patches, as the processor reports it."""
+    h, w = smart_resize(height, width, rule)
+    return 1, h // rule.patch_size, w // rule.patch_size
+
+
 @dataclass(frozen=True, slots=True)
 class VideoCount:
     pad_tokens: int  # tokens that replace the one <|video_pad|>, timestamps excluded
     timestamps: tuple[str, ...]  # Qwen3-VL: one "<t seconds>" text per frame pair
+    grid: tuple[int, int, int] = (0, 0, 0)  # video_grid_thw in patches (t, h, w), as the processor reports it
+    frame_tokens: int = 0  # tokens per temporal group (after the spatial merge)
 
 
 def _qvu_resize(height: int, width: int, f: int, min_pixels: int, max_pixels: float) -> tuple[int, int]:
@@ -103,7 +111,8 @@ def video_count(meta: dict, rule: VideoRule) -> VideoCount:
             raise CountError("video_too_short", f"{total} frame(s): fewer than {t} to sample")
         max_pixels = max(min(rule.max_pixels, rule.total_pixels / n * t), int(rule.min_pixels * 1.05))
         h, w = _qvu_resize(height, width, f, rule.min_pixels, max_pixels)
-        return VideoCount((n // t) * (h // f) * (w // f), ())
+        per = (h // f) * (w // f)
+        return VideoCount((n // t) * per, (), (n // t, h // rule.patch_size, w // rule.patch_size), per)
     # transformers Qwen3VLVideoProcessor.sample_frames + video smart_resize + processor timestamps
     n = int(total / src_fps * rule.fps)
     n = min(max(n, rule.min_frames), rule.max_frames, total)
@@ -131,7 +140,8 @@ def video_count(meta: dict, rule: VideoRule) -> VideoCount:
     stamps = [idx / src_fps for idx in indices]
     pairs = [(stamps[i] + stamps[i + t - 1]) / 2 for i in range(0, len(stamps), t)]
     # each frame pair: "<t seconds>" + <|vision_start|> + frame_seqlen pads + <|vision_end|>
-    return VideoCount(grid_t * (frame_seqlen + 2), tuple(f"<{p:.1f} seconds>" for p in pairs[:grid_t]))
+    return VideoCount(grid_t * (frame_seqlen + 2), tuple(f"<{p:.1f} seconds>" for p in pairs[:grid_t]),
+                      (grid_t, h_bar // rule.patch_size, w_bar // rule.patch_size), frame_seqlen)
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
