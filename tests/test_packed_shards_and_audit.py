@@ -123,21 +123,21 @@ def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monke
     for p in out.glob("*.tar"):
         p.unlink()
     calls = {"n": 0}
-    real = write_mod._copy
+    real = write_mod._header
 
-    def dying_copy(*a):
+    def dying_header(*a):
         calls["n"] += 1
-        if calls["n"] == 15:
+        if calls["n"] == 25:
             raise KeyboardInterrupt("simulated kill")
         return real(*a)
 
-    monkeypatch.setattr(write_mod, "_copy", dying_copy)
+    monkeypatch.setattr(write_mod, "_header", dying_header)
     with pytest.raises(KeyboardInterrupt):
         pipeline.run_write(work, inp, out, workers=1)
     partial = {p.name for p in out.glob("*.tar")}
     assert partial < set(clean)  # some shards done, never a partial file under a final name
     assert all(sha(out / n) == clean[n] for n in partial)
-    monkeypatch.setattr(write_mod, "_copy", real)
+    monkeypatch.setattr(write_mod, "_header", real)
     res = pipeline.run_write(work, inp, out, workers=1)
     assert res["skipped"] == len(partial) and res["written"] == len(clean) - len(partial)
     assert {p.name: sha(p) for p in out.glob("*.tar")} == clean
@@ -252,3 +252,9 @@ def test_sampled_recount_catches_a_tampered_token_length(packed):
     pq.write_table(t.set_column(t.schema.get_field_index("total_tokens"), "total_tokens", pa.array(col, pa.int64())), path)
     checks = {v["check"] for v in pipeline.run_audit(work, out, recount_fraction=1.0)[0].violations}
     assert "recount_mismatch" in checks and "length_mismatch" in checks
+
+
+@pytest.mark.parametrize("name, size", [("p00000001.json", 0), ("p00000001.s000_00.jpg", 123_456), ("x" * 99, 8**11 - 1),
+                                        ("ü.json", 5), ("y" * 150, 7), ("big.mp4", 8**11 + 1)])
+def test_fast_tar_header_is_byte_identical_to_tarfile(name, size):
+    assert write_mod._header(name, size) == write_mod._tarfile_header(name, size)

@@ -94,24 +94,32 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 class BatchedParquet:
-    """Append rows (dicts) and flush them in batches, so memory stays bounded."""
+    """Append rows (dicts or tuples in schema order), kept as columns and flushed in batches, so memory
+    stays bounded and no per-row dict has to be converted."""
 
     def __init__(self, path: Path, schema: pa.Schema):
         self.schema = schema
+        self.names = schema.names
         self.writer = pq.ParquetWriter(path, schema, compression="zstd")
-        self.rows: list[dict] = []
+        self.columns: list[list] = [[] for _ in self.names]
+        self.pending = 0
         self.count = 0
 
-    def add(self, row: dict) -> None:
-        self.rows.append(row)
-        if len(self.rows) >= _BATCH:
+    def add(self, row) -> None:
+        values = [row[n] for n in self.names] if isinstance(row, dict) else row
+        for col, v in zip(self.columns, values):
+            col.append(v)
+        self.pending += 1
+        if self.pending >= _BATCH:
             self.flush()
 
     def flush(self) -> None:
-        if self.rows:
-            self.writer.write_table(pa.Table.from_pylist(self.rows, schema=self.schema))
-            self.count += len(self.rows)
-            self.rows = []
+        if self.pending:
+            arrays = [pa.array(col, type=f.type) for col, f in zip(self.columns, self.schema)]
+            self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
+            self.count += self.pending
+            self.columns = [[] for _ in self.names]
+            self.pending = 0
 
     def close(self) -> None:
         self.flush()
@@ -132,10 +140,9 @@ def write_manifest(work: Path, shard: str, records: Iterable[Sample | Rejection]
             if isinstance(rec, Rejection):
                 rejected.add(_rejection_row(rec))
                 continue
-            row = {f.name: getattr(rec, f.name) for f in SAMPLES_SCHEMA}
-            samples.add(row)
+            samples.add([getattr(rec, name) for name in samples.names])
             for m in rec.members:
-                members.add(dataclasses.asdict(m))
+                members.add((m.sample_id, m.name, m.offset, m.size, m.sha256))
         for w in (samples, members, rejected):
             w.close()
         pq.write_table(pa.Table.from_pylist([dataclasses.asdict(info)], schema=SHARDS_SCHEMA), d / "shard.parquet")
