@@ -258,3 +258,17 @@ def test_sampled_recount_catches_a_tampered_token_length(packed):
                                         ("ü.json", 5), ("y" * 150, 7), ("big.mp4", 8**11 + 1)])
 def test_fast_tar_header_is_byte_identical_to_tarfile(name, size):
     assert write_mod._header(name, size) == write_mod._tarfile_header(name, size)
+
+
+def test_plan_check_catches_a_lost_and_a_duplicated_sample(packed):
+    from pack_assets.core.audit import check_plan
+
+    _, work, _, summary = packed
+    assert summary["plan_violations"] == []
+    with store.connect(work) as con:
+        cfg = pipeline.plan_info(con)["config"]
+        first = con.execute("SELECT pack_id, sample_id FROM pack_members ORDER BY pack_id, position LIMIT 1").fetchone()
+        con.execute("DELETE FROM pack_members WHERE pack_id = ? AND sample_id = ?", list(first))
+        con.execute("INSERT INTO pack_members SELECT pack_id, 99, sample_id FROM pack_members LIMIT 1")
+        checks = {v["check"] for v in check_plan(con, cfg).violations}
+    assert {"lost_sample", "duplicate_sample"} <= checks

@@ -188,3 +188,40 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict) -> AuditR
         "per_shard": {k: dict(v) for k, v in sorted(per_shard.items())},
     }
     return res
+
+
+def check_plan(con: duckdb.DuckDBPyConnection, config: dict) -> AuditResult:
+    """Invariants of the plan itself, before anything is written: every ok sample in exactly one pack or
+    in ``dropped``, one media type per pack, capacity (after padding) and caps held."""
+    res = AuditResult()
+    pad = config.get("pad_multiple", 1)
+    rows = con.execute(
+        """SELECT
+             (SELECT count(*) FROM samples WHERE status = 'ok'),
+             (SELECT count(*) FROM pack_members),
+             (SELECT count(DISTINCT sample_id) FROM pack_members),
+             (SELECT count(*) FROM dropped),
+             (SELECT count(*) FROM (SELECT sample_id FROM pack_members INTERSECT SELECT sample_id FROM dropped)),
+             (SELECT count(*) FROM samples s WHERE status = 'ok' AND sample_id NOT IN (SELECT sample_id FROM pack_members)
+                AND sample_id NOT IN (SELECT sample_id FROM dropped)),
+             (SELECT count(*) FROM pack_plan WHERE ceil(total_token_len / ?) * ? > ? AND NOT (overlong AND len(sample_ids) = 1)),
+             (SELECT count(*) FROM (SELECT pm.pack_id FROM pack_members pm JOIN samples s USING (sample_id)
+                GROUP BY pm.pack_id HAVING count(DISTINCT s.media_type) > 1))""",
+        [pad, pad, config["max_len"]],
+    ).fetchone()
+    ok, members, distinct, dropped, both, lost, over, mixed = rows
+    if members != distinct:
+        res.add("duplicate_sample", f"{members - distinct} sample(s) in more than one pack")
+    if both:
+        res.add("packed_and_dropped", f"{both} sample(s) both packed and dropped")
+    if lost:
+        res.add("lost_sample", f"{lost} ok sample(s) neither packed nor dropped")
+    if over:
+        res.add("over_capacity", f"{over} pack(s) over {config['max_len']} tokens")
+    if mixed:
+        res.add("mixed_media", f"{mixed} pack(s) mix media types")
+    cap = config.get("max_samples_per_pack") or 0
+    if cap and con.execute("SELECT count(*) FROM pack_plan WHERE len(sample_ids) > ?", [cap]).fetchone()[0]:
+        res.add("over_cap", f"packs over {cap} samples")
+    res.stats = {"ok_samples": ok, "packed": distinct, "dropped": dropped}
+    return res

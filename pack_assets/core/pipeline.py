@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from .. import __version__
 from . import store
-from .audit import AuditResult, audit
+from .audit import AuditResult, audit, check_plan
 from .lookup import LINEAGE_VIEW
 from .plan import PlanConfig, make_plan, plan_jsonl, simulate
 from .profiles import ModelProfile
@@ -142,7 +142,9 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         con.execute("CREATE OR REPLACE TABLE plan_info AS SELECT ? AS info", [json.dumps(meta)])
         con.execute(LINEAGE_VIEW)
         con.execute("COMMIT")
-    return {**plan.stats, "fingerprint": plan.fingerprint, "plan_file": str(work / "pack_plan.jsonl"), "simulation": sweep}
+        check = check_plan(con, meta["config"])
+    return {**plan.stats, "fingerprint": plan.fingerprint, "plan_file": str(work / "pack_plan.jsonl"), "simulation": sweep,
+            "plan_violations": check.violations}
 
 
 def recount(con, info: dict, result: AuditResult, fraction: float) -> None:

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import dagster as dg
+import pyarrow.parquet as pq
 
 from ..core import pipeline, store
 from ..core.report import png_data_uri
@@ -24,6 +25,8 @@ def _registered_shards(context: dg.AssetExecutionContext) -> list[str]:
     kinds={"python", "parquet"},
     code_version="1",
     pool="shard_scan",
+    check_specs=[dg.AssetCheckSpec("every_sample_accounted", asset="manifest",
+                                   description="Samples read = ok + rejected, and every rejected sample has a reason row.")],
 )
 def manifest(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
     """Scan one source shard in place: every member's payload offset, size and sha256; every sample's
@@ -31,7 +34,13 @@ def manifest(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.Ma
     s = pipeline.run_manifest(settings.input_root, settings.work, context.partition_key, settings.scan_options())
     context.log.info(f"{s['shard']}: {s['ok']} ok, {s['rejected']} rejected of {s['samples']} samples in {s['seconds']} s")
     d = store.manifest_dir(settings.work, context.partition_key)
+
+    reasons = [r for r in pq.read_table(d / "rejected.parquet", columns=["key"]).column("key").to_pylist() if r is not None]
+    accounted = s["samples"] == s["ok"] + s["rejected"] and len(reasons) == s["rejected"]
     return dg.MaterializeResult(
+        check_results=[dg.AssetCheckResult(check_name="every_sample_accounted", passed=accounted,
+                                           metadata={"samples": s["samples"], "ok": s["ok"], "rejected": s["rejected"],
+                                                     "reason_rows": len(reasons)})],
         metadata={
             "dagster/row_count": s["samples"],
             "status": s["status"],
@@ -72,7 +81,15 @@ def token_lengths(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     )
 
 
-@dg.asset(deps=[token_lengths], group_name=PACK, kinds={"python", "duckdb"}, code_version="1")
+@dg.asset(
+    deps=[token_lengths],
+    group_name=PACK,
+    kinds={"python", "duckdb"},
+    code_version="1",
+    check_specs=[dg.AssetCheckSpec("every_sample_once", asset="pack_plan", blocking=True,
+                                   description="Every ok sample in exactly one pack or dropped; capacity, caps and "
+                                               "one media type per pack. Blocks writing when it fails.")],
+)
 def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
     """Bin packing per media type near the lower bound, over every registered shard; writes
     pack_plan.jsonl and the pack_plan / pack_members / dropped tables."""
@@ -104,7 +121,9 @@ def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.M
             "what_if": dg.MetadataValue.md(what_if + f"\n\nRecommended max length: {sim['recommended_max_len']}\n\n" + plots),
             "recommended_max_len": sim["recommended_max_len"],
             "plan_file": dg.MetadataValue.path(s["plan_file"]),
-        }
+        },
+        check_results=[dg.AssetCheckResult(check_name="every_sample_once", passed=not s["plan_violations"],
+                                           metadata={"violations": dg.MetadataValue.json(s["plan_violations"])})],
     )
 
 
