@@ -312,16 +312,14 @@ def assign(
             return _Limits(caps, media, vision, n)
         return _Limits(caps, None if media is None else np.asarray(media)[idx], None if vision is None else np.asarray(vision)[idx], len(idx))
 
-    decreasing = np.argsort(-lengths, kind="stable")
-    arrival = np.arange(n)
+    if algorithm == "bfd" and not caps.any:
+        return _bfd_histogram(lengths, capacity)
     if algorithm == "bfd":
-        if not caps.any:
-            return _bfd_histogram(lengths, capacity)
-        return _renumber(_best_fit(lengths, capacity, decreasing, limits()))
+        return _renumber(_best_fit(lengths, capacity, np.argsort(-lengths, kind="stable"), limits()))
     if algorithm == "ffd":
-        return _renumber(_first_fit(lengths, capacity, decreasing, limits()))
+        return _renumber(_first_fit(lengths, capacity, np.argsort(-lengths, kind="stable"), limits()))
     if algorithm == "first_fit":
-        return _first_fit(lengths, capacity, arrival, limits())
+        return _first_fit(lengths, capacity, np.arange(n), limits())
     if algorithm == "next_fit":
         return _next_fit(lengths, capacity, 1, limits())
     if algorithm == "mix":
