@@ -63,6 +63,8 @@ def token_dir(work: Path, profile: str, shard: str) -> Path:
 def atomic_dir(final: Path) -> Iterator[Path]:
     """Fill a temporary sibling directory, then swap it in; a crash leaves the old one or none."""
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in [*final.parent.glob(f".{final.name}.tmp-*"), *final.parent.glob(f".{final.name}.old-*")]:
+        shutil.rmtree(stale, ignore_errors=True)  # left by a killed run of this same shard
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         yield tmp

@@ -1,0 +1,54 @@
+"""Run the whole pipeline in this process, SIGKILLing it at the n-th call of one function.
+
+    python fault_harness.py INPUT WORK OUT [module:function n [writer_processes]]
+
+Used by test_reliability.py; the product has no fault hooks of its own.
+"""
+
+import importlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+
+def arm(target: str, n: int) -> None:
+    module_name, attr = target.split(":")
+    owner_path, _, name = attr.rpartition(".")
+    owner = importlib.import_module(module_name)
+    for part in filter(None, owner_path.split(".")):
+        owner = getattr(owner, part)
+    real = getattr(owner, name)
+    calls = {"n": 0}
+
+    def wrapper(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args, **kwargs)
+
+    setattr(owner, name, wrapper)
+
+
+def main() -> None:
+    inp, work, out = (Path(a) for a in sys.argv[1:4])
+    if len(sys.argv) > 4:
+        arm(sys.argv[4], int(sys.argv[5]))
+    workers = int(sys.argv[6]) if len(sys.argv) > 6 else 2
+    from pack_assets.core import pipeline, store
+    from pack_assets.core.plan import PlanConfig
+    from pack_assets.core.profiles import load_profile
+
+    profile = load_profile("qwen3-vl")
+    shards = list(store.find_shards(inp))
+    for s in shards:
+        pipeline.run_manifest(inp, work, s)
+        pipeline.run_token_lengths(work, s, profile)
+    pipeline.run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), profile)
+    pipeline.run_write(work, inp, out, workers=workers)
+    result, _ = pipeline.run_audit(work, out)
+    sys.exit(0 if result.ok else 3)
+
+
+if __name__ == "__main__":
+    main()
