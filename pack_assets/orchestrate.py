@@ -21,6 +21,23 @@ def instance_for(dagster_home: Path) -> dg.DagsterInstance:
     return dg.DagsterInstance.get()
 
 
+class PipelineError(RuntimeError):
+    """A step failed; the message is the step's own error, not Dagster's wrapper."""
+
+
+def _materialize(assets, **kwargs) -> dg.ExecuteInProcessResult:
+    result = dg.materialize(assets, raise_on_error=False, **kwargs)
+    if not result.success:
+        messages = []
+        for ev in result.all_events:
+            if ev.is_step_failure:
+                err = ev.step_failure_data.error
+                cause = err.cause or err
+                messages.append(f"{ev.step_key}: {cause.message.strip()}")
+        raise PipelineError("; ".join(messages) or "the run failed (see the Dagster UI)")
+    return result
+
+
 def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict:
     for ev in result.get_asset_materialization_events():
         mat = ev.event_specific_data.materialization
@@ -51,11 +68,11 @@ def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None,
                    and pipeline.token_lengths_are_current(settings.work, key, profile))
         if current:
             continue
-        dg.materialize([manifest, token_lengths], partition_key=key, instance=instance, resources=resources, run_config=quiet)
+        _materialize([manifest, token_lengths], partition_key=key, instance=instance, resources=resources, run_config=quiet)
         ran += 1
         log(f"[{i}/{len(shards)}] scanned and counted {key}")
     log(f"{ran} shard run(s), {len(shards) - ran} shard(s) unchanged; planning, writing and auditing")
-    result = dg.materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=resources, run_config=quiet)
+    result = _materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=resources, run_config=quiet)
     plan, written, audit = (_metadata(result, a) for a in ("pack_plan", "packed_shards", "audit_report"))
     return {
         "input_dir": str(root),

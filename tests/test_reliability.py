@@ -81,3 +81,145 @@ def test_kill_then_rerun_equals_a_clean_run(clean, tmp_path, point):
     assert got["tables"] == expected["tables"]
     assert got["files"] == expected["files"]
     assert not [p for p in out.rglob(".*tmp*")] and not [p for p in work.rglob(".*.tmp-*")]
+
+
+# --- bad inputs beyond the manifest's own classes -------------------------------------------------------
+
+import errno  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import tarfile  # noqa: E402
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pack_assets.core import pipeline  # noqa: E402
+from pack_assets.core import scan as scan_mod  # noqa: E402
+from pack_assets.core import write as write_mod  # noqa: E402
+from pack_assets.core.plan import PlanConfig  # noqa: E402
+from pack_assets.core.records import ShardInfo  # noqa: E402
+from pack_assets.core.profiles import load_profile  # noqa: E402
+from pack_assets.core.scan import ScanOptions, scan_shard, split_key  # noqa: E402
+from conftest import add, chat, image_bytes, small_dataset, write_tar  # noqa: E402
+
+PROFILE = load_profile("qwen3-vl")
+
+
+def _prepare(inp: Path, work: Path) -> list[str]:
+    shards = list(store.find_shards(inp))
+    for s in shards:
+        pipeline.run_manifest(inp, work, s)
+        pipeline.run_token_lengths(work, s, PROFILE)
+    pipeline.run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
+    return shards
+
+
+def test_a_shard_changed_or_deleted_after_the_scan_is_never_copied_from(tmp_path):
+    inp = small_dataset(tmp_path / "in")
+    work, out = tmp_path / "work", tmp_path / "out"
+    _prepare(inp, work)
+    with open(inp / "part-000.tar", "ab") as f:
+        f.write(b"\0" * 512)  # appended to after the scan
+    with pytest.raises(pipeline.SourceChanged, match="part-000: changed"):
+        pipeline.run_write(work, inp, out)
+    (inp / "part-001.tar").unlink()
+    with pytest.raises(pipeline.SourceChanged, match="part-001: FileNotFoundError"):
+        pipeline.run_write(work, inp, out)
+    assert not list(out.glob("*.tar")) if out.exists() else True
+
+
+def test_a_shard_that_changes_while_it_is_scanned_is_flagged(tmp_path):
+    path = write_tar(tmp_path / "x.tar", [(f"{i}.json", json.dumps(chat())) for i in range(5)])
+    recs = []
+    for r in scan_shard(path, "x"):
+        recs.append(r)
+        if len(recs) == 2:
+            os.utime(path, ns=(1, 1))
+    assert [r.reason for r in recs if getattr(r, "reason", None) == "shard_changed"] == ["shard_changed"]
+
+
+def test_full_disk_on_output_leaves_no_partial_file_and_a_rerun_finishes(tmp_path, monkeypatch):
+    inp = small_dataset(tmp_path / "in")
+    work, out = tmp_path / "work", tmp_path / "out"
+    _prepare(inp, work)
+    real = write_mod._pad
+    calls = {"n": 0}
+
+    def full(n):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(n)
+
+    monkeypatch.setattr(write_mod, "_pad", full)
+    with pytest.raises(OSError, match="No space"):
+        pipeline.run_write(work, inp, out, workers=1)
+    assert not list(out.glob(".*tmp*"))
+    monkeypatch.setattr(write_mod, "_pad", real)
+    pipeline.run_write(work, inp, out, workers=1)
+    assert pipeline.run_audit(work, out)[0].ok
+
+
+def test_permission_denied_is_a_reason_row(tmp_path, monkeypatch):
+    path = write_tar(tmp_path / "x.tar", [("k.json", json.dumps(chat()))])
+
+    def denied(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(scan_mod, "open", denied, raising=False)
+    recs = list(scan_shard(path, "x"))
+    assert [(r.key, r.reason) for r in recs] == [(None, "unreadable_shard")] and "Permission" in recs[0].detail
+
+
+def test_a_shard_of_100k_tiny_samples(tmp_path):
+    path = tmp_path / "tiny.tar"
+    body = json.dumps({"caption": "a"}).encode()
+    with tarfile.open(path, "w") as tf:
+        ti = tarfile.TarInfo("")
+        for i in range(100_000):
+            ti.name, ti.size = f"{i:06d}.json", len(body)
+            tf.addfile(ti, io.BytesIO(body))
+    info = ShardInfo("tiny", str(path), 0, 0)
+    counts = store.write_manifest(tmp_path / "w", "tiny", scan_shard(path, "tiny", ScanOptions(hash_members=False), info), info)
+    assert counts == {"samples": 100_000, "members": 100_000, "rejected": 0} and info.n_ok == 100_000
+
+
+def test_a_sample_with_500_images_and_the_media_limit(tmp_path):
+    img = image_bytes(8, 8, "PNG")
+    rec = {"conversations": [{"from": "human", "value": "count them"}, {"from": "gpt", "value": "500"}],
+           "images": [f"{i}.png" for i in range(500)]}
+    path = write_tar(tmp_path / "x.tar", [("k.json", json.dumps(rec))] + [(f"k.{i}.png", img) for i in range(500)])
+    recs = list(scan_shard(path, "x"))
+    assert recs[0].status == "ok" and recs[0].n_images == 500
+    from pack_assets.core.tokens import TokenCounter
+
+    (res,) = TokenCounter(PROFILE).count_many([(json.loads(recs[0].conversation), recs[0].image_sizes, [])])
+    assert res["image_tokens"] == 500 * 64  # 8x8 -> min_pixels 65536 -> 256x256 -> 8x8 patches of 32
+    limited = list(scan_shard(path, "x", ScanOptions(max_media_per_sample=100)))
+    assert limited[-1].reason == "too_many_media"
+
+
+def test_nothing_is_extracted_by_name(tmp_path):
+    evil = write_tar(tmp_path / "x.tar", [("../../escaped.json", json.dumps(chat())), ("ok.json", json.dumps(chat()))])
+    before = set(tmp_path.parent.parent.iterdir())
+    list(scan_shard(evil, "x"))
+    assert set(tmp_path.parent.parent.iterdir()) == before and not (tmp_path.parent / "escaped.json").exists()
+
+
+_names = st.lists(
+    st.tuples(st.from_regex(r"[a-z0-9_]{1,6}(/[a-z0-9_.]{1,6}){0,2}", fullmatch=True),
+              st.from_regex(r"[a-z0-9]{1,4}(\.[a-z0-9]{1,4}){0,2}", fullmatch=True)),
+    min_size=1, max_size=12)
+
+
+@given(_names)
+@settings(max_examples=150, deadline=None)
+def test_key_grouping_agrees_with_webdataset(pairs):
+    from webdataset.tariterators import base_plus_ext
+
+    for base, ext in pairs:
+        name = f"{base}.{ext}"
+        if "." in base.rsplit("/", 1)[-1]:
+            continue
+        assert split_key(name) == base_plus_ext(name)

@@ -211,10 +211,35 @@ def shard_jobs(con, input_root: Path) -> list[ShardJob]:
     return [jobs[k] for k in sorted(jobs)]
 
 
+class SourceChanged(RuntimeError):
+    pass
+
+
+def check_sources(con, input_root: Path, shards: list[str]) -> None:
+    """Refuse to copy byte ranges out of a shard that is not the one the manifest scanned."""
+    recorded = {r[0]: (r[1], r[2], r[3]) for r in con.execute("SELECT shard, size, mtime_ns, status FROM shards").fetchall()}
+    problems = []
+    for shard in shards:
+        path = input_root / f"{shard}.tar"
+        try:
+            st = path.stat()
+        except OSError as e:
+            problems.append(f"{shard}: {type(e).__name__}: {e}")
+            continue
+        size, mtime, status = recorded.get(shard, (None, None, None))
+        if (st.st_size, st.st_mtime_ns) != (size, mtime) or status == "changed":
+            problems.append(f"{shard}: changed since it was scanned")
+    if problems:
+        raise SourceChanged("source shards differ from the manifest; rerun manifest/token_lengths/pack_plan for them "
+                            "before writing: " + "; ".join(problems[:10]))
+
+
 def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, progress=None) -> dict:
     t0 = time.perf_counter()
     with store.connect(work, read_only=True) as con:
         info = plan_info(con)
+        check_sources(con, input_root, [s[0] for s in con.execute(
+            "SELECT DISTINCT shard FROM pack_members JOIN manifest_samples USING (sample_id)").fetchall()])
         jobs = shard_jobs(con, input_root)
     context = {"profile": info["profile"], "profile_fingerprint": info["profile_fingerprint"],
                "plan_fingerprint": info["fingerprint"], "max_len": info["config"]["max_len"],

@@ -59,6 +59,7 @@ REASONS = {
     "unsupported_member_type": "a member is a link, device or fifo (never followed)",
     "member_too_large": "a member is over the configured size limit",
     "too_many_media": "the sample has more media than the configured limit",
+    "shard_changed": "the shard changed while it was scanned (it is rescanned on the next run)",
 }
 
 
@@ -510,6 +511,14 @@ def scan_shard(
     if info.status == "ok" and info.n_samples == 0:
         info.status = "empty"
         yield Rejection(shard, None, "empty_shard", "the archive holds no samples")
+    try:
+        after = os.stat(path)
+        changed = (after.st_size, after.st_mtime_ns) != (info.size, info.mtime_ns)
+    except OSError:
+        changed = True
+    if changed:  # the recorded size/mtime no longer match: the writer refuses it and the next run rescans
+        info.status = "changed"
+        yield Rejection(shard, None, "shard_changed", "the shard changed (or vanished) while it was being scanned")
     info.seconds = time.perf_counter() - t0
 
 

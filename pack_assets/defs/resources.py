@@ -32,6 +32,8 @@ class PackSettings(dg.ConfigurableResource):
     max_packs_per_shard: int = 1000
     hash_members: bool = True
     max_member_bytes: int = 4 << 30
+    max_json_bytes: int = 64 << 20
+    max_media_per_sample: int = 1024
     write_workers: int = 0
     recursive: bool = True
 
@@ -58,7 +60,8 @@ class PackSettings(dg.ConfigurableResource):
                           target_shard_bytes=self.target_shard_bytes, max_packs_per_shard=self.max_packs_per_shard)
 
     def scan_options(self) -> ScanOptions:
-        return ScanOptions(hash_members=self.hash_members, max_member_bytes=self.max_member_bytes)
+        return ScanOptions(hash_members=self.hash_members, max_member_bytes=self.max_member_bytes,
+                           max_json_bytes=self.max_json_bytes, max_media_per_sample=self.max_media_per_sample)
 
 
 def settings_from_env() -> PackSettings:
