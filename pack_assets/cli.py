@@ -52,7 +52,7 @@ def _run(args, **extra) -> int:
     from .orchestrate import instance_for, run_pipeline
 
     instance = instance_for(Path(args.dagster_home))
-    summary = run_pipeline(_settings(args, **extra), instance, force=args.force)
+    summary = run_pipeline(_settings(args, **extra), instance, force=args.force, jobs=args.jobs)
     _emit(args, summary, _summary_text(summary))
     return 0 if summary["violations"] == 0 else 1
 
@@ -178,6 +178,7 @@ def _common_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the pack order shuffle")
     p.add_argument("--dagster-home", default="dagster_home", help="Dagster instance directory (made absolute)")
     p.add_argument("--force", action="store_true", help="rescan and recount every shard even if unchanged")
+    p.add_argument("--jobs", type=int, default=0, help="shard runs side by side (default: one per core)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 
 

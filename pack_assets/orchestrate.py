@@ -1,9 +1,11 @@
 """Drive the assets through Dagster from the CLI: register shard partitions, run each shard that needs
 work, then the plan / write / audit run. Every run is recorded in the instance under DAGSTER_HOME."""
 
+import multiprocessing
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import dagster as dg
@@ -46,7 +48,22 @@ def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict:
     return {}
 
 
-def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None, force: bool = False) -> dict:
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
+def _worker_init(dagster_home: str) -> None:
+    os.environ["DAGSTER_HOME"] = dagster_home
+
+
+def _shard_run(key: str, fields: dict) -> None:
+    """One partition's `manifest` + `token_lengths` run, recorded in the instance under DAGSTER_HOME.
+    (Settings travel as plain fields: resource objects do not pickle across processes.)"""
+    _materialize([manifest, token_lengths], partition_key=key, instance=dg.DagsterInstance.get(),
+                 resources={"settings": PackSettings(**fields)}, run_config=QUIET)
+
+
+def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None, force: bool = False,
+                 jobs: int = 0) -> dict:
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     root = settings.input_root
@@ -61,18 +78,27 @@ def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None,
         instance.add_dynamic_partitions(source_shards.name, new)
     profile = settings.model_profile()
     resources = {"settings": settings}
-    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    ran = 0
-    for i, key in enumerate(shards, 1):
-        current = (not force and pipeline.manifest_is_current(root, settings.work, key) is not None
-                   and pipeline.token_lengths_are_current(settings.work, key, profile))
-        if current:
-            continue
-        _materialize([manifest, token_lengths], partition_key=key, instance=instance, resources=resources, run_config=quiet)
-        ran += 1
-        log(f"[{i}/{len(shards)}] scanned and counted {key}")
+    todo = [k for k in shards if force or pipeline.manifest_is_current(root, settings.work, k) is None
+            or not pipeline.token_lengths_are_current(settings.work, k, profile)]
+    if not jobs:  # a worker process costs ~3 s of imports: worth it from a handful of shards up
+        jobs = (os.cpu_count() or 1) if len(todo) >= 8 else 1
+    jobs = max(1, min(jobs, len(todo)))
+    fields = {k: getattr(settings, k) for k in PackSettings.model_fields}
+    if jobs == 1:
+        for i, key in enumerate(todo, 1):
+            _shard_run(key, fields)
+            log(f"[{i}/{len(todo)}] scanned and counted {key}")
+    elif todo:
+        # shard runs write only their own Parquet files, so they run side by side, one process each
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                                 initargs=(os.environ["DAGSTER_HOME"],)) as pool:
+            futures = {pool.submit(_shard_run, key, fields): key for key in todo}
+            for i, fut in enumerate(as_completed(futures), 1):
+                fut.result()
+                log(f"[{i}/{len(todo)}] scanned and counted {futures[fut]}")
+    ran = len(todo)
     log(f"{ran} shard run(s), {len(shards) - ran} shard(s) unchanged; planning, writing and auditing")
-    result = _materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=resources, run_config=quiet)
+    result = _materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=resources, run_config=QUIET)
     plan, written, audit = (_metadata(result, a) for a in ("pack_plan", "packed_shards", "audit_report"))
     return {
         "input_dir": str(root),

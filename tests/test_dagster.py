@@ -86,3 +86,20 @@ def test_dagster_asset_materialize_cli_for_one_partition(dataset, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "work" / "manifest" / "part-001" / "samples.parquet").exists()
     assert (tmp_path / "work" / "token_lengths" / "qwen3-vl" / "part-001" / "token_lengths.parquet").exists()
+
+
+def test_four_shard_runs_side_by_side_no_lock_error_no_lost_rows(tmp_path, monkeypatch):
+    from conftest import small_dataset
+
+    from pack_assets.orchestrate import instance_for, run_pipeline
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    inp = small_dataset(tmp_path / "in", n_shards=4, per_shard=9)
+    instance = instance_for(tmp_path / "dh")
+    summary = run_pipeline(_settings(inp, tmp_path), instance, log=lambda m: None, jobs=4)
+    assert summary["shard_runs"] == 4 and summary["violations"] == 0
+    assert summary["samples"] == 4 * 10 and summary["rejected"] == 4
+    runs = instance.get_runs()
+    shard_runs = [r for r in runs if r.tags.get("dagster/partition")]
+    assert sorted(r.tags["dagster/partition"] for r in shard_runs) == ["part-000", "part-001", "part-002", "part-003"]
+    assert all(r.is_success for r in runs)

@@ -1,0 +1,72 @@
+"""End to end through Dagster (`pack-assets run`) at scale, then the rerun after adding one shard.
+
+    python bench/bench_e2e.py --samples 1000000 --per-shard 5000 --image-kb 15 --out bench/out/e2e
+
+Checks free disk first (input + output ≈ 2.1 × samples × image size). Prints JSON lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, make_shards, timed  # noqa: E402
+
+
+def run(cmd: list[str]) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr[-4000:])
+    return time.perf_counter() - t0, json.loads(proc.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=1_000_000)
+    ap.add_argument("--per-shard", type=int, default=5000)
+    ap.add_argument("--image-kb", type=int, default=15)
+    ap.add_argument("--max-len", type=int, default=16384)
+    ap.add_argument("--out", default="bench/out/e2e")
+    args = ap.parse_args()
+    out = Path(args.out)
+    need = 2.2 * args.samples * (args.image_kb * 1024 + 600)
+    free = shutil.disk_usage(out.parent if out.parent.exists() else Path(".")).free
+    if free < need:
+        raise SystemExit(f"need {need / 1e9:.1f} GB free, have {free / 1e9:.1f} GB")
+    n_shards = args.samples // args.per_shard
+    inp = out / "shards"
+    t0 = time.perf_counter()
+    paths = make_shards(inp, n_shards, args.per_shard, args.image_kb, seed=7)
+    print(json.dumps({"machine": machine(), "generate_s": round(time.perf_counter() - t0, 1),
+                      "bytes": sum(p.stat().st_size for p in paths), "shards": len(paths)}), flush=True)
+    files = [str(p) for p in paths]
+    print(json.dumps({"cat_s": round(timed("cat " + " ".join(files) + " > /dev/null", shell=True), 1),
+                      "sha256sum_s": round(timed(["sha256sum", *files]), 1)}), flush=True)
+    for d in ("work", "packed", "dagster_home"):
+        shutil.rmtree(out / d, ignore_errors=True)
+    exe = str(Path(sys.executable).parent / "pack-assets")
+    cmd = [exe, "run", "--input", str(inp), "--max-len", str(args.max_len), "--work", str(out / "work"),
+           "--output", str(out / "packed"), "--dagster-home", str(out / "dagster_home"), "--json"]
+    seconds, summary = run(cmd)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    print(json.dumps({"full_run_s": round(seconds, 1), "samples_per_s": round(summary["samples"] / seconds),
+                      "peak_rss_bytes": peak, **{k: summary[k] for k in ("samples", "packed", "dropped", "rejected",
+                                                                        "packs", "lower_bound", "fill", "violations")}}),
+          flush=True)
+    extra = make_shards(out / "extra", 1, args.per_shard, args.image_kb, seed=99)[0]
+    shutil.copy(extra, inp / f"part-{n_shards:05d}.tar")
+    seconds2, summary2 = run(cmd)
+    print(json.dumps({"rerun_after_one_new_shard_s": round(seconds2, 1), "shard_runs": summary2["shard_runs"],
+                      "samples": summary2["samples"], "ratio_to_full": round(seconds2 / seconds, 3)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
