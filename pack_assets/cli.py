@@ -41,7 +41,7 @@ def _settings(args, **extra):
 
     fields = {"input_dir": str(args.input), "work_dir": str(args.work), "output_dir": str(args.output),
               "max_len": args.max_len, "profile": args.profile, "model_dir": args.model_dir or "",
-              "algorithm": args.algorithm, "seed": args.seed}
+              "algorithm": args.algorithm, "seed": args.seed, "incremental": args.incremental}
     if getattr(args, "config", None):
         fields.update(json.loads(Path(args.config).read_text()))
     fields.update(extra)
@@ -178,6 +178,8 @@ def _common_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the pack order shuffle")
     p.add_argument("--dagster-home", default="dagster_home", help="Dagster instance directory (made absolute)")
     p.add_argument("--force", action="store_true", help="rescan and recount every shard even if unchanged")
+    p.add_argument("--incremental", action="store_true",
+                   help="keep the previous plan's packs and output shards; new samples go into new ones")
     p.add_argument("--jobs", type=int, default=0, help="shard runs side by side (default: one per core)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 

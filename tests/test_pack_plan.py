@@ -194,3 +194,25 @@ def test_simulate_recommends_a_max_length():
     best = {r["max_len"]: r for r in sim["results"] if r["algorithm"] == "bfd"}
     assert best[1024]["dropped"] > best[16384]["dropped"]
     assert sim["recommended_max_len"] in (4096, 16384)
+
+
+def test_incremental_packing_stays_within_a_tenth_of_a_percent_of_a_full_replan():
+    from pack_assets.core.plan import extend_plan
+
+    rng = np.random.default_rng(21)
+    n = 200_000
+    lengths = np.clip(rng.lognormal(np.log(864), 1.0, n).astype(np.int64), 1, None)
+    ids = [f"s/{i:07d}" for i in range(n)]
+    mts = [("text", "image", "video")[i % 3] for i in range(n)]
+    cfg = PlanConfig(max_len=20_000)
+    full = make_plan(ids, mts, lengths, np.zeros(n), cfg)
+    cut = 180_000
+    old = make_plan(ids[:cut], mts[:cut], lengths[:cut], np.zeros(cut), cfg)
+    new = make_plan(ids[cut:], mts[cut:], lengths[cut:], np.zeros(n - cut), cfg)
+    inc = extend_plan(old.packs, old.dropped, new, cfg, old.fingerprint)
+    assert [p.pack_id for p in inc.packs[:len(old.packs)]] == [f"p{k:08d}" for k in range(len(old.packs))]
+    assert sorted(s for p in inc.packs for s in p.sample_ids) + sorted(d["sample_id"] for d in inc.dropped) != []
+    assert len({s for p in inc.packs for s in p.sample_ids}) + len(inc.dropped) == n
+    old_shards = {p.output_shard for p in old.packs}
+    assert not old_shards & {p.output_shard for p in inc.packs[len(old.packs):]}
+    assert len(inc.packs) <= len(full.packs) * 1.001, (len(inc.packs), len(full.packs))

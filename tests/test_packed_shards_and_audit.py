@@ -272,3 +272,30 @@ def test_plan_check_catches_a_lost_and_a_duplicated_sample(packed):
         con.execute("INSERT INTO pack_members SELECT pack_id, 99, sample_id FROM pack_members LIMIT 1")
         checks = {v["check"] for v in check_plan(con, cfg).violations}
     assert {"lost_sample", "duplicate_sample"} <= checks
+
+
+def test_incremental_run_keeps_existing_output_shards_and_adds_new_ones(tmp_path):
+    from conftest import small_dataset
+
+    inp = small_dataset(tmp_path / "in", n_shards=3)
+    work, out = tmp_path / "work", tmp_path / "out"
+    first = ["part-000", "part-001"]
+    for s in first:
+        pipeline.run_manifest(inp, work, s)
+        pipeline.run_token_lengths(work, s, PROFILE)
+    cfg = PlanConfig(max_len=1500, max_packs_per_shard=2, incremental=True)
+    assert pipeline.run_plan(work, first, cfg, PROFILE)["planning"] == "full plan: no previous plan"
+    pipeline.run_write(work, inp, out, workers=1)
+    before = {p.name: (sha(p), p.stat().st_mtime_ns) for p in out.glob("*.tar")}
+    pipeline.run_manifest(inp, work, "part-002")
+    pipeline.run_token_lengths(work, "part-002", PROFILE)
+    s = pipeline.run_plan(work, first + ["part-002"], cfg, PROFILE)
+    assert s["planning"].startswith("incremental") and s["new_packs"] > 0
+    res = pipeline.run_write(work, inp, out, workers=1)
+    assert res["skipped"] == len(before)
+    after = {p.name: (sha(p), p.stat().st_mtime_ns) for p in out.glob("*.tar")}
+    assert all(after[k] == v for k, v in before.items()) and len(after) > len(before)
+    assert pipeline.run_audit(work, out)[0].ok
+    # a changed packing setting falls back to a full replan
+    s = pipeline.run_plan(work, first + ["part-002"], PlanConfig(max_len=1400, incremental=True), PROFILE)
+    assert s["planning"].startswith("full plan: packing settings changed")

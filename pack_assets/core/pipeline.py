@@ -19,7 +19,8 @@ from .. import __version__
 from . import store
 from .audit import AuditResult, audit, check_plan
 from .lookup import LINEAGE_VIEW
-from .plan import PlanConfig, make_plan, plan_jsonl, simulate
+from .binpack import lower_bounds
+from .plan import Pack, PlanConfig, extend_plan, make_plan, plan_jsonl, simulate
 from .profiles import ModelProfile
 from .records import ShardInfo
 from .scan import ScanOptions, scan_shard
@@ -96,6 +97,29 @@ def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool
             "samples_per_second": round(len(rows) / seconds, 1) if seconds else None, "cached": False}
 
 
+def _previous_plan(con, config: PlanConfig, profile: ModelProfile, current: dict[str, int]):
+    """The previous plan's packs, drops and fingerprint when an incremental plan may keep them, else
+    (None, why not)."""
+    if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'plan_info'").fetchone()[0]:
+        return None, "full plan: no previous plan"
+    info = plan_info(con)
+    if PlanConfig(**info["config"]).packing_key() != config.packing_key():
+        return None, "full plan: packing settings changed since the previous plan"
+    if info["profile_fingerprint"] != profile.fingerprint:
+        return None, "full plan: the model profile changed since the previous plan"
+    rows = con.execute("SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, output_shard, overlong "
+                       "FROM pack_plan ORDER BY pack_id").fetchall()
+    packs = [Pack(r[0], r[1], list(r[2]), list(r[3]), r[4], r[5], overlong=r[6]) for r in rows]
+    dropped = [{"sample_id": r[0], "total_tokens": r[1], "reason": r[2]}
+               for r in con.execute("SELECT sample_id, total_tokens, reason FROM dropped ORDER BY sample_id").fetchall()]
+    for p in packs:
+        if any(current.get(sid) != n for sid, n in zip(p.sample_ids, p.sample_token_lens)):
+            return None, "full plan: samples of the previous plan are gone or were recounted"
+    if any(current.get(d["sample_id"]) != d["total_tokens"] for d in dropped):
+        return None, "full plan: dropped samples of the previous plan are gone or were recounted"
+    return (packs, dropped, info["fingerprint"]), f"incremental: kept {len(packs)} packs"
+
+
 def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelProfile) -> dict:
     missing = [s for s in shards if not (store.token_dir(work, profile.name, s) / "token_lengths.parquet").exists()]
     if missing:
@@ -108,9 +132,26 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
             "FROM token_lengths WHERE status = 'ok' ORDER BY sample_id"
         ).to_arrow_table()
         col = lambda name: t.column(name).to_numpy(zero_copy_only=False)  # noqa: E731
-        plan = make_plan(t.column("sample_id").to_pylist(), t.column("media_type").to_pylist(), col("total_tokens"),
-                         col("media_bytes"), config, profile.name, n_media=col("n_media"), vision_tokens=col("vision_tokens"))
-        lengths = col("total_tokens")
+        ids, mts, lengths = t.column("sample_id").to_pylist(), t.column("media_type").to_pylist(), col("total_tokens")
+        previous, why = _previous_plan(con, config, profile, dict(zip(ids, lengths.tolist()))) if config.incremental \
+            else (None, "full plan")
+        if previous is None:
+            plan = make_plan(ids, mts, lengths, col("media_bytes"), config, profile.name, n_media=col("n_media"),
+                             vision_tokens=col("vision_tokens"))
+        else:
+            old_packs, old_dropped, old_fp = previous
+            planned = {sid for p in old_packs for sid in p.sample_ids} | {d["sample_id"] for d in old_dropped}
+            new = np.asarray([sid not in planned for sid in ids], dtype=bool)
+            pick = lambda a: np.asarray(a)[new]  # noqa: E731
+            fresh = make_plan([i for i, n in zip(ids, new) if n], [m for m, n in zip(mts, new) if n], pick(lengths),
+                              pick(col("media_bytes")), config, profile.name, n_media=pick(col("n_media")),
+                              vision_tokens=pick(col("vision_tokens")))
+            plan = extend_plan(old_packs, old_dropped, fresh, config, old_fp)
+            kept = np.asarray([sid not in {d["sample_id"] for d in plan.dropped} for sid in ids], dtype=bool)
+            bound = sum(lower_bounds(lengths[kept & (np.asarray(mts, dtype=object) == mt)], config.capacity)[1]
+                        for mt in set(mts))
+            plan.stats.update(lower_bound=bound, packs_over_bound=plan.stats["packs"] - bound)
+        plan.stats["planning"] = why
         sweep = simulate(lengths, sorted({config.max_len // 4, config.max_len // 2, config.max_len, config.max_len * 2}),
                          sorted({config.algorithm, "bfd", "next_fit"}), config.caps, seed=config.seed)
         mtypes = np.asarray(t.column("media_type").to_pylist(), dtype=object)

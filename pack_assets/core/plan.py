@@ -35,6 +35,14 @@ class PlanConfig:
     world_size: int = 1
     target_shard_bytes: int = 256 << 20
     max_packs_per_shard: int = 1000
+    incremental: bool = False  # keep the previous plan's packs; new samples go into new packs and shards
+
+    def packing_key(self) -> dict:
+        """The settings a kept pack depends on: an incremental plan needs them unchanged."""
+        d = asdict(self)
+        for k in ("incremental", "seed", "target_shard_bytes", "max_packs_per_shard"):
+            d.pop(k)
+        return d
 
     def __post_init__(self):
         if self.max_len <= 0:
@@ -233,14 +241,47 @@ def make_plan(
     return PlanResult(packs, dropped, stats, fingerprint(config, profile, sample_ids, lengths.tolist()))
 
 
-def _assign_shards(packs: list[Pack], config: PlanConfig) -> None:
-    shard, size, count = 0, 0, 0
+def _assign_shards(packs: list[Pack], config: PlanConfig, first_shard: int = 0) -> None:
+    shard, size, count = first_shard, 0, 0
     for p in packs:
         if count and (count >= config.max_packs_per_shard or size + p.media_bytes > config.target_shard_bytes):
             shard, size, count = shard + 1, 0, 0
         p.output_shard = f"packed-{shard:06d}.tar"
         size += p.media_bytes
         count += 1
+
+
+def extend_plan(old_packs: list[Pack], old_dropped: list[dict], new: PlanResult, config: PlanConfig,
+                old_fingerprint: str) -> PlanResult:
+    """Incremental packing: the previous packs and output shards stay as they are; the new samples' packs
+    (planned on their own by ``make_plan``) are numbered after them and go into new output shards."""
+    offset = len(old_packs)
+    first_shard = 1 + max((int(p.output_shard[len("packed-"):-len(".tar")]) for p in old_packs), default=-1)
+    for k, p in enumerate(new.packs):
+        p.pack_id = f"p{offset + k:08d}"
+    _assign_shards(new.packs, config, first_shard)
+    packs = old_packs + new.packs
+    dropped = old_dropped + new.dropped
+    spp = np.asarray([len(p.sample_ids) for p in packs], dtype=np.float64)
+    packed_tokens = int(sum(p.total_token_len for p in packs))
+    stats = dict(new.stats)
+    stats.update(
+        samples=sum(len(p.sample_ids) for p in packs) + len(dropped),
+        packs=len(packs),
+        new_packs=len(new.packs),
+        kept_packs=offset,
+        dropped=len(dropped),
+        fill=packed_tokens / (len(packs) * config.max_len) if packs else 0.0,
+        packed_tokens=packed_tokens,
+        mean_samples_per_pack=float(spp.mean()) if len(spp) else 0.0,
+        max_samples_per_pack=int(spp.max()) if len(spp) else 0,
+        drift=drift(spp),
+        output_shards=len({p.output_shard for p in packs}),
+        incremental=True,
+    )
+    stats["efficiency"] = stats["fill"]
+    h = hashlib.sha256(f"{old_fingerprint}+{new.fingerprint}".encode()).hexdigest()[:16]
+    return PlanResult(packs, dropped, stats, h)
 
 
 def plan_jsonl(plan: PlanResult) -> str:

@@ -9,6 +9,7 @@ whose first pack already carries the plan's fingerprint.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tarfile
@@ -202,13 +203,25 @@ def first_pack_meta(path: Path) -> dict | None:
         return None
 
 
+def shard_fingerprint(job: ShardJob, context: dict) -> str:
+    """What decides a shard's bytes: its packs, their samples and sources, the profile and max length."""
+    h = hashlib.sha256(json.dumps([context["profile_fingerprint"], context["max_len"]]).encode())
+    for p in job.packs:
+        h.update(f"{p.pack_id}|{p.media_type}|{p.total_token_len}\n".encode())
+        for sub in p.subs:
+            h.update(f"{sub.sample_id}|{sub.token_len}|{[m['sha256'] or m['offset'] for m in sub.media]}\n".encode())
+    return h.hexdigest()[:16]
+
+
 def write_shard(out_dir: str, job: ShardJob, context: dict) -> dict:
-    """Write one output shard atomically; skip it when it is already there for this plan."""
+    """Write one output shard atomically; skip it when a shard with the same content is already there
+    (a rerun after a crash, or the untouched shards of an incremental plan)."""
     t0 = time.perf_counter()
     final = Path(out_dir) / job.name
+    context = {**context, "shard_fingerprint": shard_fingerprint(job, context)}
     if final.exists():
         meta = first_pack_meta(final)
-        if meta and meta.get("plan_fingerprint") == context["plan_fingerprint"] and meta.get("pack_id") == job.packs[0].pack_id:
+        if meta and meta.get("shard_fingerprint") == context["shard_fingerprint"]:
             return {"shard": job.name, "skipped": True, "bytes": final.stat().st_size, "packs": len(job.packs),
                     "samples": sum(len(p.subs) for p in job.packs), "seconds": time.perf_counter() - t0}
     sources = _Sources()

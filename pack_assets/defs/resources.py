@@ -28,6 +28,7 @@ class PackSettings(dg.ConfigurableResource):
     pad_multiple: int = 1
     keep_overlong: bool = False
     world_size: int = 1
+    incremental: bool = False
     target_shard_bytes: int = 256 << 20
     max_packs_per_shard: int = 1000
     hash_members: bool = True
@@ -56,7 +57,7 @@ class PackSettings(dg.ConfigurableResource):
         return PlanConfig(max_len=self.max_len, algorithm=self.algorithm, seed=self.seed,
                           max_samples_per_pack=self.max_samples_per_pack, max_media_per_pack=self.max_media_per_pack,
                           max_vision_tokens_per_pack=self.max_vision_tokens_per_pack, pad_multiple=self.pad_multiple,
-                          keep_overlong=self.keep_overlong, world_size=self.world_size,
+                          keep_overlong=self.keep_overlong, world_size=self.world_size, incremental=self.incremental,
                           target_shard_bytes=self.target_shard_bytes, max_packs_per_shard=self.max_packs_per_shard)
 
     def scan_options(self) -> ScanOptions:
