@@ -103,3 +103,46 @@ def test_four_shard_runs_side_by_side_no_lock_error_no_lost_rows(tmp_path, monke
     shard_runs = [r for r in runs if r.tags.get("dagster/partition")]
     assert sorted(r.tags["dagster/partition"] for r in shard_runs) == ["part-000", "part-001", "part-002", "part-003"]
     assert all(r.is_success for r in runs)
+
+
+def test_lookup_job_answers_like_the_cli(dataset, tmp_path):
+    from pack_assets.core import store
+    from pack_assets.core.lookup import lookup
+    from pack_assets.defs.lookup import lookup_job
+
+    instance = dg.DagsterInstance.ephemeral()
+    settings = _settings(dataset, tmp_path)
+    instance.add_dynamic_partitions(source_shards.name, ["part-000", "part-001"])
+    for key in ("part-000", "part-001"):
+        dg.materialize([manifest, token_lengths], partition_key=key, instance=instance, resources={"settings": settings})
+    dg.materialize([pack_plan, packed_shards, audit_report], instance=instance, resources={"settings": settings})
+    res = lookup_job.execute_in_process(run_config={"ops": {"lookup_provenance": {"config": {"id": "part-001/s1_002"}}}},
+                                        resources={"settings": settings}, instance=instance)
+    assert res.success
+    (ev,) = [e for e in res.all_events if e.event_type_value == "STEP_OUTPUT"]
+    md = ev.event_specific_data.metadata
+    with store.connect(tmp_path / "work", read_only=True) as con:
+        expected = lookup(con, "part-001/s1_002")
+    assert md["answer"].value == json.loads(json.dumps(expected)) and md["outcome"].value == "packed"
+    bad = lookup_job.execute_in_process(run_config={"ops": {"lookup_provenance": {"config": {"id": "nope"}}}},
+                                        resources={"settings": settings}, instance=instance, raise_on_error=False)
+    assert not bad.success
+
+
+def test_a_backfill_run_covers_a_range_of_shards(dataset, tmp_path):
+    from pack_assets.definitions import defs as all_defs
+
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(source_shards.name, ["part-000", "part-001"])
+    assert graph_policy("manifest").max_partitions_per_run == 16
+    job = all_defs.resolve_job_def("shard_job")
+    res = job.execute_in_process(instance=instance, resources={"settings": _settings(dataset, tmp_path)},
+                                 tags={"dagster/asset_partition_range_start": "part-000",
+                                       "dagster/asset_partition_range_end": "part-001"})
+    assert res.success
+    for shard in ("part-000", "part-001"):
+        assert (tmp_path / "work" / "token_lengths" / "qwen3-vl" / shard / "token_lengths.parquet").exists()
+
+
+def graph_policy(key: str):
+    return defs.resolve_asset_graph().get(dg.AssetKey(key)).backfill_policy

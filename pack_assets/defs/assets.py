@@ -13,6 +13,7 @@ from .partitions import source_shards
 from .resources import PackSettings
 
 INGEST, PACK = "ingest", "pack"
+BACKFILL_BATCH = 16  # shards per run when a backfill covers many partitions (fewer, longer runs)
 
 
 def _registered_shards(context: dg.AssetExecutionContext) -> list[str]:
@@ -25,32 +26,40 @@ def _registered_shards(context: dg.AssetExecutionContext) -> list[str]:
     kinds={"python", "parquet"},
     code_version="1",
     pool="shard_scan",
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=BACKFILL_BATCH),
     check_specs=[dg.AssetCheckSpec("every_sample_accounted", asset="manifest",
                                    description="Samples read = ok + rejected, and every rejected sample has a reason row.")],
 )
 def manifest(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
-    """Scan one source shard in place: every member's payload offset, size and sha256; every sample's
-    conversation and media metadata; a reason row for everything rejected."""
-    s = pipeline.run_manifest(settings.input_root, settings.work, context.partition_key, settings.scan_options())
-    context.log.info(f"{s['shard']}: {s['ok']} ok, {s['rejected']} rejected of {s['samples']} samples in {s['seconds']} s")
-    d = store.manifest_dir(settings.work, context.partition_key)
-
-    reasons = [r for r in pq.read_table(d / "rejected.parquet", columns=["key"]).column("key").to_pylist() if r is not None]
-    accounted = s["samples"] == s["ok"] + s["rejected"] and len(reasons) == s["rejected"]
+    """Scan source shards in place: every member's payload offset, size and sha256; every sample's
+    conversation and media metadata; a reason row for everything rejected. One partition per shard;
+    a backfill run may carry several (BackfillPolicy.multi_run)."""
+    rows, accounted, bad = [], True, []
+    for key in context.partition_keys:
+        s = pipeline.run_manifest(settings.input_root, settings.work, key, settings.scan_options())
+        context.log.info(f"{key}: {s['ok']} ok, {s['rejected']} rejected of {s['samples']} samples in {s['seconds']} s"
+                         f"{' (unchanged, kept)' if s['cached'] else ''}")
+        d = store.manifest_dir(settings.work, key)
+        reasons = [r for r in pq.read_table(d / "rejected.parquet", columns=["key"]).column("key").to_pylist() if r is not None]
+        if not (s["samples"] == s["ok"] + s["rejected"] and len(reasons) == s["rejected"]):
+            accounted = False
+            bad.append(key)
+        rows.append(s)
+    total = lambda k: sum(r[k] for r in rows)  # noqa: E731
     return dg.MaterializeResult(
         check_results=[dg.AssetCheckResult(check_name="every_sample_accounted", passed=accounted,
-                                           metadata={"samples": s["samples"], "ok": s["ok"], "rejected": s["rejected"],
-                                                     "reason_rows": len(reasons)})],
+                                           metadata={"samples": total("samples"), "ok": total("ok"),
+                                                     "rejected": total("rejected"), "shards_failing": bad})],
         metadata={
-            "dagster/row_count": s["samples"],
-            "status": s["status"],
-            "ok": s["ok"],
-            "rejected": s["rejected"],
-            "members": s["members"],
-            "shard_bytes": s["bytes"],
-            "seconds": s["seconds"],
-            "dagster/uri": dg.MetadataValue.path(str(d)),
-        }
+            "dagster/row_count": total("samples"),
+            "status": ", ".join(sorted({r["status"] for r in rows})),
+            "ok": total("ok"),
+            "rejected": total("rejected"),
+            "members": total("members"),
+            "shard_bytes": total("bytes"),
+            "seconds": round(sum(r["seconds"] for r in rows), 3),
+            "dagster/uri": dg.MetadataValue.path(str(store.manifest_dir(settings.work, context.partition_keys[0]))),
+        },
     )
 
 
@@ -61,21 +70,24 @@ def manifest(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.Ma
     kinds={"python", "parquet"},
     code_version="1",
     pool="shard_scan",
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=BACKFILL_BATCH),
 )
 def token_lengths(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
-    """Exact token counts of one shard's samples for the target model (chat template + vision rules)."""
+    """Exact token counts of a shard's samples for the target model (chat template + vision rules)."""
     profile = settings.model_profile()
-    s = pipeline.run_token_lengths(settings.work, context.partition_key, profile)
+    rows = [pipeline.run_token_lengths(settings.work, key, profile) for key in context.partition_keys]
+    seconds = sum(r["seconds"] for r in rows)
+    counted = sum(r["counted"] for r in rows)
     return dg.MaterializeResult(
         metadata={
-            "dagster/row_count": s["counted"] + s["rejected"],
+            "dagster/row_count": counted + sum(r["rejected"] for r in rows),
             "profile": profile.name,
             "profile_fingerprint": profile.fingerprint,
-            "counted": s["counted"],
-            "rejected": s["rejected"],
-            "total_tokens": s["total_tokens"],
-            "samples_per_second": s["samples_per_second"],
-            "dagster/uri": dg.MetadataValue.path(str(store.token_dir(settings.work, profile.name, context.partition_key))),
+            "counted": counted,
+            "rejected": sum(r["rejected"] for r in rows),
+            "total_tokens": sum(r["total_tokens"] for r in rows),
+            "samples_per_second": round(counted / seconds, 1) if seconds else None,
+            "dagster/uri": dg.MetadataValue.path(str(store.token_dir(settings.work, profile.name, context.partition_keys[0]))),
         },
         data_version=dg.DataVersion(profile.fingerprint),
     )
