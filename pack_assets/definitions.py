@@ -4,11 +4,11 @@ from .defs.assets import audit_report, manifest, pack_plan, packed_shards, token
 from .defs.jobs import pack_job, shard_job
 from .defs.lookup import lookup_job
 from .defs.resources import settings_from_env
-from .defs.sensors import new_shard_sensor
+from .defs.sensors import new_shard_sensor, replan_sensor
 
 defs = dg.Definitions(
     assets=[manifest, token_lengths, pack_plan, packed_shards, audit_report],
     jobs=[shard_job, pack_job, lookup_job],
-    sensors=[new_shard_sensor],
+    sensors=[new_shard_sensor, replan_sensor],
     resources={"settings": settings_from_env()},
 )

@@ -27,7 +27,7 @@ def test_definitions_load_with_the_contract_asset_keys():
     assert graph.get(dg.AssetKey("token_lengths")).partitions_def == source_shards
     assert graph.get(dg.AssetKey("pack_plan")).partitions_def is None
     assert dg.AssetKey("token_lengths") in graph.get(dg.AssetKey("pack_plan")).parent_keys
-    assert [s.name for s in defs.sensors] == ["new_shard_sensor"]
+    assert [s.name for s in defs.sensors] == ["new_shard_sensor", "replan_sensor"]
 
 
 def _settings(inp: Path, tmp: Path) -> PackSettings:
@@ -146,3 +146,24 @@ def test_a_backfill_run_covers_a_range_of_shards(dataset, tmp_path):
 
 def graph_policy(key: str):
     return defs.resolve_asset_graph().get(dg.AssetKey(key)).backfill_policy
+
+
+def test_replan_sensor_fires_after_new_counts_and_plan_skips_a_failed_shard(dataset, tmp_path):
+    from pack_assets.defs.sensors import replan_sensor
+
+    instance = dg.DagsterInstance.ephemeral()
+    settings = _settings(dataset, tmp_path)
+    instance.add_dynamic_partitions(source_shards.name, ["part-000", "part-001", "part-broken"])
+    assert isinstance(replan_sensor(dg.build_sensor_context(instance=instance)), dg.SkipReason)
+    for key in ("part-000", "part-001"):
+        dg.materialize([manifest, token_lengths], partition_key=key, instance=instance, resources={"settings": settings})
+    # a shard whose counting never finished: scanned, not counted
+    dg.materialize([manifest, token_lengths], selection=[manifest], partition_key="part-broken", instance=instance,
+                   resources={"settings": settings})
+    request = replan_sensor(dg.build_sensor_context(instance=instance))
+    assert isinstance(request, dg.RunRequest)
+    res = dg.materialize([pack_plan], instance=instance, resources={"settings": settings})
+    mat = res.get_asset_materialization_events()[0].event_specific_data.materialization.metadata
+    assert mat["shards"].value == 2  # the shard without counts waits; it does not stall the plan
+    assert mat["shards_waiting"].value == ["part-broken"]
+    assert isinstance(replan_sensor(dg.build_sensor_context(instance=instance)), dg.SkipReason)

@@ -120,10 +120,16 @@ def _previous_plan(con, config: PlanConfig, profile: ModelProfile, current: dict
     return (packs, dropped, info["fingerprint"]), f"incremental: kept {len(packs)} packs"
 
 
-def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelProfile) -> dict:
-    missing = [s for s in shards if not (store.token_dir(work, profile.name, s) / "token_lengths.parquet").exists()]
-    if missing:
-        raise FileNotFoundError(f"{len(missing)} shard(s) have no token_lengths for profile {profile.name}: {missing[:5]}")
+def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelProfile, allow_missing: bool = False) -> dict:
+    """Plan every given shard; with ``allow_missing``, plan the shards that have counts and report the
+    others as waiting (a failed or unfinished shard does not stall the plan of the rest)."""
+    missing = [s for s in shards if not token_lengths_are_current(work, s, profile)]
+    if missing and not allow_missing:
+        raise FileNotFoundError(f"{len(missing)} shard(s) have no current token_lengths for profile {profile.name}: "
+                                f"{missing[:5]}")
+    shards = [s for s in shards if s not in set(missing)]
+    if not shards:
+        raise FileNotFoundError("no shard has token lengths yet: materialize manifest and token_lengths first")
     work.mkdir(parents=True, exist_ok=True)
     with store.connect(work) as con:
         store.build_catalog(con, work, shards, profile.name)
@@ -152,6 +158,8 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
                         for mt in set(mts))
             plan.stats.update(lower_bound=bound, packs_over_bound=plan.stats["packs"] - bound)
         plan.stats["planning"] = why
+        plan.stats["shards_planned"] = len(shards)
+        plan.stats["shards_waiting"] = missing
         sweep = simulate(lengths, sorted({config.max_len // 4, config.max_len // 2, config.max_len, config.max_len * 2}),
                          sorted({config.algorithm, "bfd", "next_fit"}), config.caps, seed=config.seed)
         mtypes = np.asarray(t.column("media_type").to_pylist(), dtype=object)

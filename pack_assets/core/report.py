@@ -129,6 +129,9 @@ def write_report(con, work: Path, result: AuditResult, info: dict) -> dict:
         lines += ["", f"Recommended max length: **{sim['recommended_max_len']}** (the smallest with ≥ 98 % fill and "
                   "≤ 0.1 % dropped).", "", "![lengths](plots/length_distribution.png)", "",
                   "![fill vs max length](plots/fill_vs_max_len.png)"]
+    if plan_stats.get("shards_waiting"):
+        lines += ["", f"**{len(plan_stats['shards_waiting'])} registered shard(s) were not counted yet and are not in "
+                  f"this plan** (they join the next one): {', '.join(plan_stats['shards_waiting'][:20])}"]
     lines += ["", "## Rejections", ""]
     if reasons:
         lines += ["| reason | rows | example (shard / key) | detail |", "|---|---:|---|---|"]

@@ -4,7 +4,7 @@
 import dagster as dg
 
 from ..core import store
-from .jobs import shard_job
+from .jobs import pack_job, shard_job
 from .partitions import source_shards
 from .resources import PackSettings
 
@@ -29,3 +29,23 @@ def new_shard_sensor(context: dg.SensorEvaluationContext, settings: PackSettings
         requests.append(dg.RunRequest(partition_key=key, run_key=f"{key}:{st.st_size}:{st.st_mtime_ns}"))
     context.log.info(f"adding {len(new)} new shard(s): {new[:5]}{' ...' if len(new) > 5 else ''}")
     return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=[source_shards.build_add_request(new)])
+
+
+@dg.sensor(job=pack_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
+def replan_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+    """Requests plan → write → audit once new token counts exist and no shard run is still queued or
+    running. A failed or missing shard does not hold the rest back: `pack_plan` plans the shards that have
+    counts and lists the others as waiting (unlike `AutomationCondition.eager()`, which waits for all)."""
+    instance = context.instance
+    counted = instance.get_latest_materialization_event(dg.AssetKey("token_lengths"))
+    if counted is None:
+        return dg.SkipReason("no token_lengths materialized yet")
+    planned = instance.get_latest_materialization_event(dg.AssetKey("pack_plan"))
+    if planned is not None and planned.timestamp >= counted.timestamp:
+        return dg.SkipReason("the plan is newer than every token count")
+    busy = instance.get_runs(dg.RunsFilter(job_name=shard_job.name, statuses=[
+        dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+        dg.DagsterRunStatus.STARTED]), limit=1)
+    if busy:
+        return dg.SkipReason("shard runs are still in progress")
+    return dg.RunRequest(run_key=f"replan-after-{counted.timestamp}")
