@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import subprocess
 import sys
@@ -20,12 +19,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, make_shards, timed  # noqa: E402
 
 
-def run(cmd: list[str]) -> tuple[float, dict]:
+_MEASURE = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+            "sys.stderr.write(p.stderr); print(p.stdout); "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(p.returncode)")
+
+
+def run(cmd: list[str]) -> tuple[float, dict, int]:
+    """Wall seconds, the JSON summary, and the peak RSS of the largest process of this run alone."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(proc.stderr[-4000:])
-    return time.perf_counter() - t0, json.loads(proc.stdout)
+    out, peak_kb = proc.stdout.rstrip().rsplit("\n", 1)
+    return time.perf_counter() - t0, json.loads(out), int(peak_kb) * 1024
 
 
 def main() -> None:
@@ -55,17 +61,22 @@ def main() -> None:
     exe = str(Path(sys.executable).parent / "pack-assets")
     cmd = [exe, "run", "--input", str(inp), "--max-len", str(args.max_len), "--work", str(out / "work"),
            "--output", str(out / "packed"), "--dagster-home", str(out / "dagster_home"), "--json"]
-    seconds, summary = run(cmd)
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    seconds, summary, peak = run(cmd)
     print(json.dumps({"full_run_s": round(seconds, 1), "samples_per_s": round(summary["samples"] / seconds),
                       "peak_rss_bytes": peak, **{k: summary[k] for k in ("samples", "packed", "dropped", "rejected",
                                                                         "packs", "lower_bound", "fill", "violations")}}),
           flush=True)
     extra = make_shards(out / "extra", 1, args.per_shard, args.image_kb, seed=99)[0]
     shutil.copy(extra, inp / f"part-{n_shards:05d}.tar")
-    seconds2, summary2 = run(cmd)
-    print(json.dumps({"rerun_after_one_new_shard_s": round(seconds2, 1), "shard_runs": summary2["shard_runs"],
-                      "samples": summary2["samples"], "ratio_to_full": round(seconds2 / seconds, 3)}), flush=True)
+    for mode in ("--incremental", "--force-replan"):
+        if mode == "--force-replan":  # the same new shard, planned from scratch: every output shard rewritten
+            shutil.copy(make_shards(out / "extra2", 1, args.per_shard, args.image_kb, seed=98)[0],
+                        inp / f"part-{n_shards + 1:05d}.tar")
+        seconds2, summary2, peak2 = run(cmd + ([mode] if mode == "--incremental" else []))
+        print(json.dumps({"rerun_after_one_new_shard": mode.strip("-"), "seconds": round(seconds2, 1),
+                          "shard_runs": summary2["shard_runs"], "samples": summary2["samples"],
+                          "packs": summary2["packs"], "fill": summary2["fill"], "peak_rss_bytes": peak2,
+                          "ratio_to_full": round(seconds2 / seconds, 3)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ KILL_POINTS = [
     ("pack_assets.core.pipeline:simulate", 1),
     ("pack_assets.core.pipeline:plan_jsonl", 1),
     ("pack_assets.core.pipeline:check_plan", 1),
-    ("pack_assets.core.pipeline:shard_jobs", 1),
+    ("pack_assets.core.pipeline:shard_job", 1, 1),
     ("pack_assets.core.write:_header", 9, 1),
     ("pack_assets.core.write:_header", 25, 1),
     ("pack_assets.core.write:_header", 5, 2),  # a writer process of the pool dies

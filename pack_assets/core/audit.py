@@ -48,144 +48,143 @@ def _read_shard(path: Path):
             yield key, parts
 
 
-def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict) -> AuditResult:
-    """``config`` is the plan's configuration (max_len and the caps it promised)."""
-    res = AuditResult()
-    max_len = config["max_len"]
+def _shard_expectations(con, name: str):
+    """The plan rows of one output shard and what the manifest says about their samples and members."""
     plan = {
-        r[0]: {"media_type": r[1], "sample_ids": list(r[2]), "lens": list(r[3]), "total": r[4], "shard": r[5],
-               "overlong": r[6]}
-        for r in con.execute(
-            "SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, output_shard, overlong FROM pack_plan"
-        ).fetchall()
+        r[0]: {"media_type": r[1], "sample_ids": list(r[2]), "lens": list(r[3]), "total": r[4], "overlong": r[5]}
+        for r in con.execute("SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, overlong "
+                             "FROM pack_plan WHERE output_shard = ?", [name]).fetchall()
     }
-    media_count = dict(con.execute("SELECT sample_id, n_images + n_videos FROM token_lengths WHERE status = 'ok'").fetchall())
-    vision = dict(con.execute("SELECT sample_id, vision_tokens FROM token_lengths WHERE status = 'ok'").fetchall())
-    lengths = dict(con.execute("SELECT sample_id, total_tokens FROM token_lengths WHERE status = 'ok'").fetchall())
-    mtype = dict(con.execute("SELECT sample_id, media_type FROM samples").fetchall())
-    sha = {(r[0], r[1]): (r[2], r[3]) for r in con.execute("SELECT sample_id, name, sha256, size FROM members").fetchall()}
-    sample_shard = dict(con.execute("SELECT sample_id, shard FROM samples").fetchall())
-    dropped = {r[0] for r in con.execute("SELECT sample_id FROM dropped").fetchall()}
-    ok_samples = {r[0] for r in con.execute("SELECT sample_id FROM samples WHERE status = 'ok'").fetchall()}
+    samples = {r[0]: r[1:] for r in con.execute(
+        """SELECT s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos, t.vision_tokens
+           FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
+           LEFT JOIN token_lengths t USING (sample_id) WHERE p.output_shard = ?""", [name]).fetchall()}
+    members = {(r[0], r[1]): (r[2], r[3]) for r in con.execute(
+        """SELECT m.sample_id, m.name, m.sha256, m.size FROM pack_plan p JOIN pack_members pm USING (pack_id)
+           JOIN members m USING (sample_id) WHERE p.output_shard = ?""", [name]).fetchall()}
+    return plan, samples, members
 
-    expected_shards = sorted({p["shard"] for p in plan.values()})
-    seen_packs: Counter = Counter()
-    seen_samples: Counter = Counter()
+
+def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict | None, samples: dict,
+                members: dict, config: dict) -> tuple[int, int]:
+    """One pack read back against its plan row; returns (media members checked, their bytes)."""
+    max_len, pad = config["max_len"], config.get("pad_multiple", 1)
+    if "json" not in parts:
+        res.add("missing_json", f"pack {key} has no json member", shard=name, pack_id=key)
+        return 0, 0
+    try:
+        meta = json.loads(parts["json"])["_meta"]
+    except (ValueError, KeyError) as e:
+        res.add("bad_json", f"pack {key}: {e}", shard=name, pack_id=key)
+        return 0, 0
+    if expect is None:
+        res.add("unknown_pack", f"pack {key} is not planned for {name}", shard=name, pack_id=key)
+        return 0, 0
+    if (meta.get("sample_ids"), meta.get("sample_token_lens"), meta.get("total_token_len"), meta.get("media_type"),
+            meta.get("pack_id")) != (expect["sample_ids"], expect["lens"], expect["total"], expect["media_type"], key):
+        res.add("meta_mismatch", f"pack {key}: _meta differs from pack_plan", shard=name, pack_id=key)
+    if sum(expect["lens"]) != expect["total"]:
+        res.add("meta_mismatch", f"pack {key}: lengths do not add up to {expect['total']}", pack_id=key)
+    padded = -(-expect["total"] // pad) * pad
+    if padded > max_len and not (expect["overlong"] and len(expect["sample_ids"]) == 1):
+        res.add("over_capacity", f"pack {key}: {padded} tokens (padded) > {max_len}", pack_id=key)
+    rows = [samples.get(sid, (None, None, 0, 0)) for sid in expect["sample_ids"]]
+    for cap, value, what in (("max_samples_per_pack", len(rows), "samples"),
+                             ("max_media_per_pack", sum(r[2] or 0 for r in rows), "media items"),
+                             ("max_vision_tokens_per_pack", sum(r[3] or 0 for r in rows), "vision tokens")):
+        if config.get(cap) and value > config[cap]:
+            res.add("over_cap", f"pack {key}: {value} {what} > {cap} {config[cap]}", pack_id=key)
+    for sid, n, row in zip(expect["sample_ids"], expect["lens"], rows):
+        if row[0] != n:
+            res.add("length_mismatch", f"{sid}: plan {n}, token_lengths {row[0]}", pack_id=key)
+        if row[1] != expect["media_type"]:
+            res.add("mixed_media", f"{sid} is {row[1]} in a {expect['media_type']} pack", pack_id=key)
+    checked = nbytes = 0
+    expected_media = set()
+    for src in meta.get("sources", []):
+        for m in src.get("media", []):
+            part = m["output_name"].split(".", 1)[1]
+            expected_media.add(part)
+            data = parts.get(part)
+            if data is None:
+                res.add("missing_media", f"{m['output_name']} is named in _meta but absent", shard=name, pack_id=key)
+                continue
+            source_sha, source_size = members.get((src["sample_id"], m["name"]), (None, None))
+            digest = hashlib.sha256(data).hexdigest()
+            checked += 1
+            nbytes += len(data)
+            if source_size is None:
+                res.add("unknown_media", f"{m['name']} of {src['sample_id']} not in members", pack_id=key)
+            elif (source_sha is not None and digest != source_sha) or len(data) != source_size:
+                res.add("media_hash_mismatch", f"{m['output_name']}: bytes differ from source {m['name']}",
+                        shard=name, pack_id=key)
+            if m.get("sha256") and m["sha256"] != digest:
+                res.add("meta_hash_mismatch", f"{m['output_name']}: sha256 differs from _meta", pack_id=key)
+    extra = set(parts) - expected_media - {"json"}
+    if extra:
+        res.add("extra_member", f"pack {key} has members not in _meta: {sorted(extra)[:5]}", pack_id=key)
+    return checked, nbytes
+
+
+def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict) -> AuditResult:
+    """Read every output shard back, one at a time (memory follows the output shard, not the dataset), and
+    check it against the plan and the manifest; the plan's own invariants are checked in SQL."""
+    res = check_plan(con, config)
+    shards = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
+    seen: Counter = Counter()
     media_checked = media_bytes = 0
-    for name in expected_shards:
+    for name in shards:
         path = out_dir / name
         if not path.exists():
             res.add("missing_shard", f"{name} is in the plan but not in {out_dir}", shard=name)
             continue
+        plan, samples, members = _shard_expectations(con, name)
         try:
             for key, parts in _read_shard(path):
-                seen_packs[key] += 1
-                if "json" not in parts:
-                    res.add("missing_json", f"pack {key} has no json member", shard=name, pack_id=key)
-                    continue
-                try:
-                    doc = json.loads(parts["json"])
-                    meta = doc["_meta"]
-                except (ValueError, KeyError) as e:
-                    res.add("bad_json", f"pack {key}: {e}", shard=name, pack_id=key)
-                    continue
-                expect = plan.get(key)
-                if expect is None:
-                    res.add("unknown_pack", f"pack {key} is not in the plan", shard=name, pack_id=key)
-                    continue
-                if expect["shard"] != name:
-                    res.add("wrong_shard", f"pack {key} belongs in {expect['shard']}", shard=name, pack_id=key)
-                if (meta.get("sample_ids"), meta.get("sample_token_lens"), meta.get("total_token_len"),
-                        meta.get("media_type"), meta.get("pack_id")) != (
-                        expect["sample_ids"], expect["lens"], expect["total"], expect["media_type"], key):
-                    res.add("meta_mismatch", f"pack {key}: _meta differs from pack_plan", shard=name, pack_id=key)
-                if sum(expect["lens"]) != expect["total"]:
-                    res.add("meta_mismatch", f"pack {key}: lengths do not add up to {expect['total']}", pack_id=key)
-                padded = -(-expect["total"] // config.get("pad_multiple", 1)) * config.get("pad_multiple", 1)
-                if padded > max_len and not (expect["overlong"] and len(expect["sample_ids"]) == 1):
-                    res.add("over_capacity", f"pack {key}: {padded} tokens (padded) > {max_len}", pack_id=key)
-                for cap, value, what in (
-                    ("max_samples_per_pack", len(expect["sample_ids"]), "samples"),
-                    ("max_media_per_pack", sum(media_count.get(s, 0) for s in expect["sample_ids"]), "media items"),
-                    ("max_vision_tokens_per_pack", sum(vision.get(s, 0) for s in expect["sample_ids"]), "vision tokens"),
-                ):
-                    if config.get(cap) and value > config[cap]:
-                        res.add("over_cap", f"pack {key}: {value} {what} > {cap} {config[cap]}", pack_id=key)
-                for sid, n in zip(expect["sample_ids"], expect["lens"]):
-                    seen_samples[sid] += 1
-                    if lengths.get(sid) != n:
-                        res.add("length_mismatch", f"{sid}: plan {n}, token_lengths {lengths.get(sid)}", pack_id=key)
-                    if mtype.get(sid) != expect["media_type"]:
-                        res.add("mixed_media", f"{sid} is {mtype.get(sid)} in a {expect['media_type']} pack", pack_id=key)
-                expected_media = set()
-                for src in meta.get("sources", []):
-                    for m in src.get("media", []):
-                        out_name = m["output_name"]
-                        expected_media.add(out_name.split(".", 1)[1])
-                        data = parts.get(out_name.split(".", 1)[1])
-                        if data is None:
-                            res.add("missing_media", f"{out_name} is named in _meta but absent", shard=name, pack_id=key)
-                            continue
-                        source_sha, source_size = sha.get((src["sample_id"], m["name"]), (None, None))
-                        digest = hashlib.sha256(data).hexdigest()
-                        media_checked += 1
-                        media_bytes += len(data)
-                        if source_sha is None:
-                            res.add("unknown_media", f"{m['name']} of {src['sample_id']} not in members", pack_id=key)
-                        elif digest != source_sha or len(data) != source_size:
-                            res.add("media_hash_mismatch", f"{out_name}: sha256 differs from source {m['name']}",
-                                    shard=name, pack_id=key)
-                        if m.get("sha256") and m["sha256"] != digest:
-                            res.add("meta_hash_mismatch", f"{out_name}: sha256 differs from _meta", pack_id=key)
-                extra = set(parts) - expected_media - {"json"}
-                if extra:
-                    res.add("extra_member", f"pack {key} has members not in _meta: {sorted(extra)[:5]}", pack_id=key)
+                seen[key] += 1
+                c, b = _check_pack(res, name, key, parts, plan.get(key), samples, members, config)
+                media_checked += c
+                media_bytes += b
         except (tarfile.TarError, OSError) as e:
             res.add("unreadable_shard", f"{name}: {e}", shard=name)
-    for p, n in seen_packs.items():
+    for p, n in sorted(seen.items()):
         if n > 1:
             res.add("duplicate_pack", f"pack {p} appears {n} times", pack_id=p)
-    missing_packs = set(plan) - set(seen_packs)
-    for p in sorted(missing_packs)[:100]:
-        res.add("missing_pack", f"pack {p} of {plan[p]['shard']} not found", pack_id=p)
-    for sid, n in seen_samples.items():
-        if n > 1:
-            res.add("duplicate_sample", f"{sid} is in {n} packs", sample_id=sid)
-    packed = set(seen_samples)
-    for sid in sorted(ok_samples - packed - dropped)[:100]:
-        res.add("lost_sample", f"{sid} is ok but neither packed nor dropped", sample_id=sid)
-    for sid in sorted(packed & dropped)[:100]:
-        res.add("packed_and_dropped", f"{sid} is both packed and dropped", sample_id=sid)
-
-    per_shard = defaultdict(lambda: Counter())
-    for sid, shard in sample_shard.items():
-        c = per_shard[shard]
-        c["read"] += 1
-        if sid in packed:
-            c["packed"] += 1
-        elif sid in dropped:
-            c["dropped"] += 1
-        elif sid not in ok_samples:
-            c["rejected"] += 1
+            res.add("duplicate_sample", f"the samples of pack {p} appear {n} times", pack_id=p)
+    con.execute("CREATE OR REPLACE TEMP TABLE audit_seen (pack_id VARCHAR)")
+    con.executemany("INSERT INTO audit_seen VALUES (?)", [(p,) for p in seen]) if seen else None
+    missing = con.execute("SELECT pack_id, output_shard FROM pack_plan WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen) "
+                          "ORDER BY pack_id").fetchall()
+    for p, shard in missing[:100]:
+        res.add("missing_pack", f"pack {p} of {shard} not found", pack_id=p)
+    lost = con.execute("SELECT count(*) FROM pack_members WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen)").fetchone()[0]
+    if lost:
+        res.add("lost_sample", f"{lost} planned sample(s) are in packs missing from the output")
+    # per source shard, from what was read back: every sample read is packed, dropped or rejected
+    per_shard = {r[0]: {"read": r[1], "packed": r[2], "dropped": r[3], "rejected": r[4]} for r in con.execute(
+        """SELECT s.shard, count(*),
+                  count(*) FILTER (WHERE pm.sample_id IS NOT NULL AND pm.pack_id IN (SELECT pack_id FROM audit_seen)),
+                  count(*) FILTER (WHERE d.sample_id IS NOT NULL),
+                  count(*) FILTER (WHERE s.status = 'rejected')
+           FROM samples s LEFT JOIN pack_members pm USING (sample_id) LEFT JOIN dropped d USING (sample_id)
+           GROUP BY 1 ORDER BY 1""").fetchall()}
     for shard, c in per_shard.items():
         if c["read"] != c["packed"] + c["dropped"] + c["rejected"]:
             res.add("count_mismatch", f"{shard}: read {c['read']} != packed {c['packed']} + dropped {c['dropped']} "
                     f"+ rejected {c['rejected']}", shard=shard)
-    totals = Counter()
-    for c in per_shard.values():
-        totals.update(c)
+    total = {k: sum(c[k] for c in per_shard.values()) for k in ("read", "packed", "dropped", "rejected")}
     res.stats = {
-        "samples_read": totals["read"],
-        "packed": totals["packed"],
-        "dropped": totals["dropped"],
-        "rejected": totals["rejected"],
-        "packs_in_plan": len(plan),
-        "packs_read": sum(seen_packs.values()),
-        "output_shards": len(expected_shards),
+        "samples_read": total["read"],
+        "packed": total["packed"],
+        "dropped": total["dropped"],
+        "rejected": total["rejected"],
+        "packs_in_plan": con.execute("SELECT count(*) FROM pack_plan").fetchone()[0],
+        "packs_read": sum(seen.values()),
+        "output_shards": len(shards),
         "media_members_checked": media_checked,
         "media_bytes_checked": media_bytes,
         "violations": len(res.violations),
-        "per_shard": {k: dict(v) for k, v in sorted(per_shard.items())},
+        "per_shard": per_shard,
     }
     return res
 

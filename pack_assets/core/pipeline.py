@@ -7,6 +7,7 @@ stage before it wrote and returns a summary dict (counts, paths, timings) for me
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from pathlib import Path
@@ -233,31 +234,34 @@ def plan_info(con) -> dict:
     return json.loads(con.execute("SELECT info FROM plan_info").fetchone()[0])
 
 
-def shard_jobs(con, input_root: Path) -> list[ShardJob]:
-    """Everything the writer needs, gathered from the plan and the manifest."""
+def shard_job(con, input_root: Path, name: str) -> ShardJob:
+    """Everything the writer needs for one output shard, from the plan and the manifest (one shard at a
+    time, so memory follows the output shard size, not the dataset)."""
     subs_rows = con.execute(
-        """SELECT pm.pack_id, pm.position, s.sample_id, s.shard, s.key, s.json_member, s.media_members,
-                  s.conversation, t.total_tokens
-           FROM pack_members pm JOIN samples s USING (sample_id) JOIN token_lengths t USING (sample_id)
-           ORDER BY pm.pack_id, pm.position"""
-    ).fetchall()
+        """SELECT pm.pack_id, s.sample_id, s.shard, s.key, s.json_member, s.media_members, s.conversation, t.total_tokens
+           FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
+           JOIN token_lengths t USING (sample_id)
+           WHERE p.output_shard = ? ORDER BY pm.pack_id, pm.position""", [name]).fetchall()
     member_rows = con.execute(
-        'SELECT m.sample_id, m.name, m."offset", m.size, m.sha256 FROM members m JOIN pack_members pm USING (sample_id)'
-    ).fetchall()
+        """SELECT m.sample_id, m.name, m."offset", m.size, m.sha256 FROM pack_plan p JOIN pack_members pm USING (pack_id)
+           JOIN members m USING (sample_id) WHERE p.output_shard = ?""", [name]).fetchall()
     members = {(r[0], r[1]): {"name": r[1], "offset": r[2], "size": r[3], "sha256": r[4]} for r in member_rows}
-    packs = {r[0]: r for r in con.execute(
-        "SELECT pack_id, media_type, total_token_len, output_shard FROM pack_plan ORDER BY pack_id").fetchall()}
-    jobs: dict[str, ShardJob] = {}
     subs: dict[str, list[SubSample]] = {}
-    for pack_id, _, sid, shard, key, json_member, media_members, conv, tokens in subs_rows:
+    for pack_id, sid, shard, key, json_member, media_members, conv, tokens in subs_rows:
         subs.setdefault(pack_id, []).append(SubSample(
             sample_id=sid, shard=shard, key=key, source_path=str(input_root / f"{shard}.tar"), token_len=tokens,
             messages=json.loads(conv), json_member=members.get((sid, json_member)) if json_member else None,
             media=[members[(sid, n)] for n in media_members or []],
         ))
-    for pack_id, (_, media_type, total, out_shard) in packs.items():
-        jobs.setdefault(out_shard, ShardJob(out_shard, [])).packs.append(PackJob(pack_id, media_type, total, subs[pack_id]))
-    return [jobs[k] for k in sorted(jobs)]
+    packs = con.execute("SELECT pack_id, media_type, total_token_len FROM pack_plan WHERE output_shard = ? ORDER BY pack_id",
+                        [name]).fetchall()
+    return ShardJob(name, [PackJob(pack_id, mt, total, subs[pack_id]) for pack_id, mt, total in packs])
+
+
+def load_shard_job(work: str, input_root: str, name: str) -> ShardJob:
+    """Picklable loader: each writer process opens the catalog read-only and gathers its own shard."""
+    with store.connect(Path(work), read_only=True) as con:
+        return shard_job(con, Path(input_root), name)
 
 
 class SourceChanged(RuntimeError):
@@ -289,11 +293,12 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, pro
         info = plan_info(con)
         check_sources(con, input_root, [s[0] for s in con.execute(
             "SELECT DISTINCT shard FROM pack_members JOIN manifest_samples USING (sample_id)").fetchall()])
-        jobs = shard_jobs(con, input_root)
+        names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
     context = {"profile": info["profile"], "profile_fingerprint": info["profile_fingerprint"],
                "plan_fingerprint": info["fingerprint"], "max_len": info["config"]["max_len"],
                "tool": "pack_assets", "tool_version": __version__}
-    results = write_all(out_dir, jobs, context, workers=workers, progress=progress)
+    loader = functools.partial(load_shard_job, str(work), str(input_root))
+    results = write_all(out_dir, names, context, workers=workers, progress=progress, loader=loader)
     seconds = time.perf_counter() - t0
     total = sum(r["bytes"] for r in results)
     return {"output_dir": str(out_dir), "shards": len(results), "written": sum(not r["skipped"] for r in results),

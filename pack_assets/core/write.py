@@ -213,10 +213,13 @@ def shard_fingerprint(job: ShardJob, context: dict) -> str:
     return h.hexdigest()[:16]
 
 
-def write_shard(out_dir: str, job: ShardJob, context: dict) -> dict:
+def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -> dict:
     """Write one output shard atomically; skip it when a shard with the same content is already there
-    (a rerun after a crash, or the untouched shards of an incremental plan)."""
+    (a rerun after a crash, or the untouched shards of an incremental plan). ``job`` may be a shard name
+    that ``loader`` turns into its ShardJob (inside the writer process)."""
     t0 = time.perf_counter()
+    if isinstance(job, str):
+        job = loader(job)
     final = Path(out_dir) / job.name
     context = {**context, "shard_fingerprint": shard_fingerprint(job, context)}
     if final.exists():
@@ -270,11 +273,12 @@ def _write_shard_star(args):
     return write_shard(*args)
 
 
-def write_all(out_dir: Path, jobs: list[ShardJob], context: dict, workers: int = 0, progress=None) -> list[dict]:
+def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, workers: int = 0, progress=None,
+              loader=None) -> list[dict]:
     """Write every shard (a process pool when there are several), remove stale ones, write Energon metadata."""
     out_dir.mkdir(parents=True, exist_ok=True)
     workers = workers or min(os.cpu_count() or 1, max(1, len(jobs)))
-    args = [(str(out_dir), j, context) for j in jobs]
+    args = [(str(out_dir), j, context, loader) for j in jobs]
     results: list[dict] = []
     if workers <= 1 or len(jobs) <= 1:
         for a in args:
@@ -287,7 +291,7 @@ def write_all(out_dir: Path, jobs: list[ShardJob], context: dict, workers: int =
                 results.append(r)
                 if progress:
                     progress(r, len(results), len(jobs))
-    keep = {j.name for j in jobs}
+    keep = {j if isinstance(j, str) else j.name for j in jobs}
     for p in [*out_dir.glob("*.tar"), *out_dir.glob("*.tar.idx")]:
         if p.name.removesuffix(".idx") not in keep:
             p.unlink()  # a shard of an earlier, larger plan
