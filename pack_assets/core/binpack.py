@@ -81,6 +81,16 @@ class _Limits:
         return bool(self.caps.max_samples) and self.count[p] >= self.caps.max_samples
 
 
+def _put(buckets: dict[int, list[int]], rooms: list[int], room: int, p: int) -> None:
+    """File pack p under its remaining room (rooms: the sorted keys of buckets)."""
+    b = buckets.get(room)
+    if b is None:
+        buckets[room] = [p]
+        bisect.insort(rooms, room)
+    else:
+        b.append(p)
+
+
 def _bfd_histogram(lengths: np.ndarray, capacity: int) -> np.ndarray:
     pack = np.full(len(lengths), -1, dtype=np.int64)
     fits = np.flatnonzero(lengths <= capacity)
@@ -95,12 +105,7 @@ def _bfd_histogram(lengths: np.ndarray, capacity: int) -> np.ndarray:
     n_packs = 0
 
     def put(room: int, p: int) -> None:
-        b = buckets.get(room)
-        if b is None:
-            buckets[room] = [p]
-            bisect.insort(rooms, room)
-        else:
-            b.append(p)
+        _put(buckets, rooms, room, p)
 
     for s, k in zip(sizes[::-1].tolist(), counts[::-1].tolist()):
         while k:
@@ -163,13 +168,7 @@ def _best_fit(lengths: np.ndarray, capacity: int, order: np.ndarray, limits: _Li
         limits.add(chosen, i)
         room_of[chosen] -= s
         if room_of[chosen] > 0 and not limits.closed(chosen):
-            r = room_of[chosen]
-            b = buckets.get(r)
-            if b is None:
-                buckets[r] = [chosen]
-                bisect.insort(rooms, r)
-            else:
-                b.append(chosen)
+            _put(buckets, rooms, room_of[chosen], chosen)
     return pack
 
 
