@@ -24,15 +24,15 @@ import io
 import json
 import math
 import re
-import tarfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from .core.profiles import ModelProfile, resolve_profile, tokenizer_for
-from .core.scan import probe_image, probe_video, split_key
+from .core.scan import probe_image, probe_video
 from .core.tokens import TokenCounter, image_grid, video_count
+from .core.write import iter_pack_parts
 
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
 
@@ -41,18 +41,8 @@ def iter_packs(paths: Iterable[str | Path]) -> Iterator[dict]:
     """Each pack of the given output shards: ``pack_id``, ``media_type``, ``samples`` (with ``media`` as a
     list of (part name, bytes) in order) and ``_meta``."""
     for path in paths:
-        with tarfile.open(path, "r:") as tf:
-            key, parts = None, {}
-            for ti in tf:
-                k, part = split_key(ti.name)
-                if k != key and parts:
-                    yield _pack(parts)
-                    parts = {}
-                key = k
-                parts[part] = tf.extractfile(ti).read()
-                tf.members.clear()
-            if parts:
-                yield _pack(parts)
+        for _, parts in iter_pack_parts(path):
+            yield _pack(parts)
 
 
 def _pack(parts: dict[str, bytes]) -> dict:

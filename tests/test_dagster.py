@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from pack_assets.defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
 from pack_assets.defs.partitions import source_shards

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import tarfile
 from pathlib import Path
 

@@ -101,7 +101,7 @@ from pack_assets.core.plan import PlanConfig  # noqa: E402
 from pack_assets.core.records import ShardInfo  # noqa: E402
 from pack_assets.core.profiles import load_profile  # noqa: E402
 from pack_assets.core.scan import ScanOptions, scan_shard, split_key  # noqa: E402
-from conftest import add, chat, image_bytes, small_dataset, write_tar  # noqa: E402
+from conftest import chat, image_bytes, small_dataset, write_tar  # noqa: E402
 
 PROFILE = load_profile("qwen3-vl")
 
@@ -237,7 +237,7 @@ def test_writer_reader_round_trip_keeps_every_byte(sub_media, packs_per_shard):
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         src = d / "src.bin"
-        blobs, offset, subs = [], 0, []
+        offset, subs = 0, []
         with open(src, "wb") as f:
             for i, media in enumerate(sub_media):
                 refs = []

@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import tarfile
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 
-from .scan import split_key
+from .write import iter_pack_parts
 
 
 @dataclass
@@ -30,22 +30,6 @@ class AuditResult:
 
     def add(self, check: str, detail: str, **where) -> None:
         self.violations.append({"check": check, "detail": detail, **where})
-
-
-def _read_shard(path: Path):
-    """Yield (pack key, {part: bytes}) from an output shard, grouped by WebDataset key."""
-    with tarfile.open(path, "r:") as tf:
-        key, parts = None, {}
-        for ti in tf:
-            k, part = split_key(ti.name)
-            if k != key and parts:
-                yield key, parts
-                parts = {}
-            key = k
-            parts[part] = tf.extractfile(ti).read() if ti.isfile() else None
-            tf.members.clear()
-        if parts:
-            yield key, parts
 
 
 def _shard_expectations(con, name: str):
@@ -140,7 +124,7 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict) -> AuditR
             continue
         plan, samples, members = _shard_expectations(con, name)
         try:
-            for key, parts in _read_shard(path):
+            for key, parts in iter_pack_parts(path):
                 seen[key] += 1
                 c, b = _check_pack(res, name, key, parts, plan.get(key), samples, members, config)
                 media_checked += c

@@ -15,7 +15,7 @@ from .tokens import CountError, TokenCounter
 def iter_records(path: Path) -> Iterator[dict]:
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
-        for n, line in enumerate(text.splitlines(), 1):
+        for line in text.splitlines():
             if line.strip():
                 yield json.loads(line)
         return

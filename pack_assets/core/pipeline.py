@@ -169,6 +169,7 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         sweep["plots"] = plot_simulation(lengths, sweep, work / "plots",
                                          {mt: lengths[mtypes == mt] for mt in sorted(set(mtypes.tolist()))})
         store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl(plan))
+        # `packs` and `dropped` are read by the SQL below (DuckDB scans local Arrow tables by name)
         packs = pa.Table.from_pylist(
             [{"pack_id": p.pack_id, "media_type": p.media_type, "sample_ids": p.sample_ids,
               "sample_token_lens": p.sample_token_lens, "total_token_len": p.total_token_len,

@@ -19,7 +19,6 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
 
 BLOCK = 512
 RECORD = BLOCK * 20
@@ -189,6 +188,24 @@ def pack_document(job: PackJob, context: dict, sources: _Sources) -> tuple[dict,
         },
     }
     return doc, media_out
+
+
+def iter_pack_parts(path: str | Path):
+    """(pack key, {part name: bytes}) for each pack of an output shard, grouped by the WebDataset key."""
+    from .scan import split_key
+
+    with tarfile.open(path, "r:") as tf:
+        key, parts = None, {}
+        for ti in tf:
+            k, part = split_key(ti.name)
+            if k != key and parts:
+                yield key, parts
+                parts = {}
+            key = k
+            parts[part] = tf.extractfile(ti).read() if ti.isfile() else None
+            tf.members.clear()
+        if parts:
+            yield key, parts
 
 
 def first_pack_meta(path: Path) -> dict | None:
@@ -382,6 +399,3 @@ def write_wids_index(out_dir: Path, counts: dict[str, int]) -> None:
     index = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": out_dir.name,
              "shardlist": [{"url": n, "nsamples": counts[n]} for n in sorted(counts)]}
     atomic_write_text(out_dir / "wids-index.json", json.dumps(index, indent=2))
-
-
-__all__ = ["PackJob", "ShardJob", "SubSample", "write_all", "write_shard", "__version__"]

@@ -1,6 +1,7 @@
 """Run settings as one configurable resource (editable in the Launchpad, set by the CLI)."""
 
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -54,11 +55,8 @@ class PackSettings(dg.ConfigurableResource):
         return resolve_profile(self.profile, self.model_dir or None)
 
     def plan_config(self) -> PlanConfig:
-        return PlanConfig(max_len=self.max_len, algorithm=self.algorithm, seed=self.seed,
-                          max_samples_per_pack=self.max_samples_per_pack, max_media_per_pack=self.max_media_per_pack,
-                          max_vision_tokens_per_pack=self.max_vision_tokens_per_pack, pad_multiple=self.pad_multiple,
-                          keep_overlong=self.keep_overlong, world_size=self.world_size, incremental=self.incremental,
-                          target_shard_bytes=self.target_shard_bytes, max_packs_per_shard=self.max_packs_per_shard)
+        return PlanConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(PlanConfig)
+                             if f.name != "pack_per_media_type"})
 
     def scan_options(self) -> ScanOptions:
         return ScanOptions(hash_members=self.hash_members, max_member_bytes=self.max_member_bytes,
