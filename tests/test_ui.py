@@ -4,6 +4,7 @@ and a materialization's metadata. Skips (saying so) where Chromium is absent; CI
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -79,8 +80,10 @@ def ui(dataset, tmp_path):
 
 
 def test_assets_groups_and_materialization_metadata_in_the_browser(ui):
-    # the lineage view draws its graph on a canvas-like layer: read the catalog for the asset names and the
-    # lineage sidebar for the groups, then one asset's page for its latest materialization's metadata
+    # the global lineage collapses groups; audit_report's upstream lineage draws every asset as a graph node
+    graph = _dom(f"{ui}/assets/audit_report?view=lineage&lineageScope=upstream&lineageDepth=5")
+    nodes = set(re.findall(r'class="AssetNode_assetName[^"]*"[^>]*>([^<]+)<', graph))
+    assert nodes == {"manifest", "token_lengths", "pack_plan", "packed_shards", "audit_report"}, nodes
     catalog = _dom(f"{ui}/assets")
     for name in ("manifest", "token_lengths", "pack_plan", "packed_shards", "audit_report"):
         assert name in catalog, name

@@ -1,6 +1,8 @@
 """new_shard_sensor: registers new source shards as partitions and requests their runs."""
 
 
+import os
+
 import dagster as dg
 
 from ..core import store
@@ -9,9 +11,11 @@ from .partitions import source_shards
 from .resources import PackSettings
 
 BATCH = 5000  # partitions added per tick (Dagster advises small batches)
+# seconds between new-shard checks; replanning waits twice as long (small deployments and tests lower it)
+INTERVAL = int(os.environ.get("PACK_ASSETS_SENSOR_INTERVAL", "30"))
 
 
-@dg.sensor(job=shard_job, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
+@dg.sensor(job=shard_job, minimum_interval_seconds=INTERVAL, default_status=dg.DefaultSensorStatus.RUNNING)
 def new_shard_sensor(context: dg.SensorEvaluationContext, settings: PackSettings) -> dg.SensorResult | dg.SkipReason:
     """Finds new `*.tar` shards under the input directory, adds them to `source_shards` (sorted, in
     batches) and requests a `shard_job` run for each, keyed by shard, size and mtime."""
@@ -31,7 +35,7 @@ def new_shard_sensor(context: dg.SensorEvaluationContext, settings: PackSettings
     return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=[source_shards.build_add_request(new)])
 
 
-@dg.sensor(job=pack_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
+@dg.sensor(job=pack_job, minimum_interval_seconds=2 * INTERVAL, default_status=dg.DefaultSensorStatus.RUNNING)
 def replan_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
     """Requests plan → write → audit once new token counts exist and no shard run is still queued or
     running. A failed or missing shard does not hold the rest back: `pack_plan` plans the shards that have
