@@ -32,7 +32,7 @@ def _dom(url: str, budget_ms: int = 25000) -> str:
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
            f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", "--dump-dom", url]
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+        return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120).stdout
     finally:
         shutil.rmtree(profile, ignore_errors=True)
 
