@@ -263,3 +263,60 @@ def test_header_reader_agrees_with_tarfile_on_real_fixture_archives():
         if path.read_bytes()[:2] == b"\x1f\x8b":
             continue
         assert _our_view(path) == _tarfile_view(path), path
+
+
+def _image_variants():
+    """Encodings a crawl yields: baseline/progressive/grayscale/CMYK/EXIF-rotated JPEG, PNG (palette, 16-bit,
+    alpha), WebP lossy/lossless/alpha (VP8, VP8L, VP8X), GIF (animated), at odd and extreme sizes."""
+    import io
+
+    from PIL import Image
+
+    def enc(im, fmt, **kw):
+        buf = io.BytesIO()
+        im.save(buf, format=fmt, **kw)
+        return buf.getvalue()
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90°: the stored size is what the processor sees (no exif_transpose)
+    out = []
+    for w, h in [(1, 1), (7, 3), (640, 480), (333, 2001), (4000, 20), (16383, 2)]:
+        rgb = Image.new("RGB", (w, h), (w % 255, h % 255, 7))
+        out += [(f"{w}x{h}.jpg", enc(rgb, "JPEG")), (f"{w}x{h}p.jpg", enc(rgb, "JPEG", progressive=True)),
+                (f"{w}x{h}l.jpg", enc(rgb.convert("L"), "JPEG")), (f"{w}x{h}c.jpg", enc(rgb.convert("CMYK"), "JPEG")),
+                (f"{w}x{h}e.jpg", enc(rgb, "JPEG", exif=exif)),
+                (f"{w}x{h}.png", enc(rgb, "PNG")), (f"{w}x{h}p.png", enc(rgb.convert("P"), "PNG")),
+                (f"{w}x{h}i.png", enc(Image.new("I;16", (w, h)), "PNG")),
+                (f"{w}x{h}a.png", enc(rgb.convert("RGBA"), "PNG")), (f"{w}x{h}.gif", enc(rgb, "GIF")),
+                (f"{w}x{h}.webp", enc(rgb, "WEBP")), (f"{w}x{h}ll.webp", enc(rgb, "WEBP", lossless=True)),
+                (f"{w}x{h}a.webp", enc(rgb.convert("RGBA"), "WEBP")), (f"{w}x{h}.bmp", enc(rgb, "BMP"))]
+    frames = [Image.new("RGB", (90, 60), c) for c in ((255, 0, 0), (0, 255, 0))]
+    out.append(("anim.gif", enc(frames[0], "GIF", save_all=True, append_images=frames[1:])))
+    out.append(("anim.webp", enc(frames[0], "WEBP", save_all=True, append_images=frames[1:])))
+    out.append(("png_named.jpg", enc(Image.new("RGB", (31, 17)), "PNG")))  # the extension lies
+    return out
+
+
+def test_header_sizes_equal_pillows_for_every_encoding():
+    import io
+
+    from PIL import Image
+
+    from pack_assets.core.scan import _header_size, probe_image
+
+    for name, data in _image_variants():
+        with Image.open(io.BytesIO(data)) as im:
+            expected = im.size
+        if not name.endswith(".bmp"):  # the formats read by imagesize, not Pillow
+            assert _header_size(io.BytesIO(data)) == expected, name
+        assert probe_image(data, name.rsplit(".", 1)[1]) == expected, name
+        assert probe_image(io.BytesIO(data), name.rsplit(".", 1)[1]) == expected, name
+
+
+@pytest.mark.parametrize("data", [b"\xff\xd8\xff\xe0garbage", b"\x89PNG\r\n\x1a\n" + b"\0" * 8, b"RIFF\0\0\0\0WEBPVP8 ",
+                                  b"GIF89a", b"\xff\xd8" + b"\xff\xe1\xff\xff" + b"\0" * 100])
+def test_broken_headers_get_pillows_error(data):
+    from pack_assets.core.scan import probe_image
+
+    with pytest.raises(Exception):
+        probe_image(data, "jpg")
