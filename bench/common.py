@@ -75,3 +75,68 @@ def make_shards(root: Path, n_shards: int, per_shard: int, image_kb: int = 16, s
         tmp.replace(path)
         paths.append(path)
     return paths
+
+
+def _photo(w: int, h: int, amp: float, rng) -> Image.Image:
+    """Smooth colour fields plus sensor-like noise: JPEGs of realistic size for their resolution."""
+    low = rng.integers(0, 255, (h // 32 + 1, w // 32 + 1, 3), dtype=np.uint8)
+    arr = np.asarray(Image.fromarray(low).resize((w, h), Image.BICUBIC)).astype(np.int16)
+    arr += rng.normal(0, amp, (h, w, 3)).astype(np.int16)
+    return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+
+
+def make_heavy_shards(root: Path, target_bytes: int, shard_bytes: int = 1 << 30, seed: int = 0) -> list[Path]:
+    """A byte-heavy set: ~60 % one photo, 25 % 2–4 photos, 10 % text, 5 % one MPEG-4 video per sample; photos
+    are 100–300 KB JPEG/WebP at 640–1280 px (a pool, each copy made unique after its end marker), videos
+    0.1–0.7 MB. Shards of ~``shard_bytes`` until ``target_bytes``; existing shards are kept."""
+    from pack_assets.core.demo import video_bytes
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    photos: list[tuple[str, bytes]] = []
+    for w, h, amp in [(800, 600, 8), (800, 600, 16), (1024, 768, 4), (1024, 768, 8), (1024, 768, 12),
+                      (1280, 960, 4), (1280, 960, 6), (768, 1024, 8), (960, 1280, 4), (640, 480, 16)]:
+        for _ in range(4):
+            buf = io.BytesIO()
+            _photo(w, h, amp, rng).save(buf, format="JPEG", quality=88)
+            if 100 << 10 <= len(buf.getvalue()) <= 300 << 10:
+                photos.append(("jpg", buf.getvalue()))
+    for w, h in [(1024, 768), (1280, 960)]:
+        buf = io.BytesIO()
+        _photo(w, h, 12, rng).save(buf, format="WEBP", quality=85)
+        photos.append(("webp", buf.getvalue()))
+    videos = [video_bytes(frames, w, h, 8, seed=i) for i, (frames, w, h) in
+              enumerate([(48, 320, 240), (96, 480, 360), (64, 640, 480), (160, 480, 360)])]
+    paths, total, s = [], 0, 0
+    while total < target_bytes:
+        path = root / f"part-{s:05d}.tar"
+        if not path.exists():
+            tmp, n, rng = path.with_suffix(".tmp"), 0, np.random.default_rng([seed, s])
+            with tarfile.open(tmp, "w") as tf:
+                while tf.offset < shard_bytes:
+                    key, u = f"{s:05d}{n:07d}", rng.random()
+                    n += 1
+                    words = " ".join(["describe what you see and explain why"] * int(rng.integers(2, 80)))
+                    media: list[tuple[str, bytes]] = []
+                    if u < 0.05:
+                        media = [("mp4", videos[int(rng.integers(len(videos)))])]
+                        rec = {"conversations": [{"from": "human", "value": "<video>\n" + words},
+                                                 {"from": "gpt", "value": words}], "video": "mp4"}
+                    elif u < 0.15:
+                        rec = {"conversations": [{"from": "human", "value": words}, {"from": "gpt", "value": words}]}
+                    else:
+                        k = 1 if u < 0.75 else int(rng.integers(2, 5))
+                        for m in range(k):
+                            ext, img = photos[int(rng.integers(len(photos)))]
+                            media.append((f"{m}.{ext}", img + (s << 32 | n).to_bytes(8, "little") + m.to_bytes(2, "little")))
+                        rec = {"conversations": [{"from": "human", "value": "<image>\n" * k + words},
+                                                 {"from": "gpt", "value": words}], "images": [p for p, _ in media]}
+                    for name, data in [("json", json.dumps(rec).encode()), *media]:
+                        ti = tarfile.TarInfo(f"{key}.{name}")
+                        ti.size = len(data)
+                        tf.addfile(ti, io.BytesIO(data))
+            tmp.replace(path)
+        paths.append(path)
+        total += path.stat().st_size
+        s += 1
+    return paths

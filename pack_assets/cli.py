@@ -32,7 +32,8 @@ def _summary_text(s: dict) -> str:
         f"          {s['plan_file']}",
         f"          {s['audit_report']}",
         f"          {s['duckdb']}",
-        f"time      {s['seconds']} s",
+        f"time      {s['seconds']} s ("
+        + ", ".join(f"{k} {v} s" for k, v in s.get("stage_seconds", {}).items()) + ")",
     ])
 
 

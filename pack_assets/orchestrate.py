@@ -97,8 +97,10 @@ def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None,
                 fut.result()
                 log(f"[{i}/{len(todo)}] scanned and counted {futures[fut]}")
     ran = len(todo)
+    shard_seconds = time.perf_counter() - t0
     log(f"{ran} shard run(s), {len(shards) - ran} shard(s) unchanged; planning, writing and auditing")
     result = _materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=resources, run_config=QUIET)
+    stage_seconds = {"manifest+token_lengths": round(shard_seconds, 2), **_step_seconds(instance, result.run_id)}
     plan, written, audit = (_metadata(result, a) for a in ("pack_plan", "packed_shards", "audit_report"))
     return {
         "input_dir": str(root),
@@ -123,4 +125,16 @@ def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None,
         "duckdb": str(settings.work / store.DB_NAME),
         "dagster_home": os.environ["DAGSTER_HOME"],
         "seconds": round(time.perf_counter() - t0, 2),
+        "stage_seconds": stage_seconds,
     }
+
+
+def _step_seconds(instance: dg.DagsterInstance, run_id: str) -> dict[str, float]:
+    """Wall seconds of each step of a run, from its event log (start to success)."""
+    started, took = {}, {}
+    for entry in instance.all_logs(run_id, of_type={dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_SUCCESS}):
+        if entry.dagster_event.event_type == dg.DagsterEventType.STEP_START:
+            started[entry.step_key] = entry.timestamp
+        elif entry.step_key in started:
+            took[entry.step_key] = round(entry.timestamp - started[entry.step_key], 2)
+    return took
