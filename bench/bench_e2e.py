@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, make_shards, timed  # noqa: E402
+from common import machine, make_shards, require_free, timed  # noqa: E402
 
 
 _MEASURE = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
@@ -44,9 +44,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     need = 2.2 * args.samples * (args.image_kb * 1024 + 600)
-    free = shutil.disk_usage(out.parent if out.parent.exists() else Path(".")).free
-    if free < need:
-        raise SystemExit(f"need {need / 1e9:.1f} GB free, have {free / 1e9:.1f} GB")
+    require_free(out, need)
     n_shards = args.samples // args.per_shard
     inp = out / "shards"
     t0 = time.perf_counter()

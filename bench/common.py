@@ -6,6 +6,7 @@ import io
 import json
 import os
 import platform
+import shutil
 import subprocess
 import tarfile
 import time
@@ -25,6 +26,15 @@ def machine() -> str:
     except OSError:
         pass
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def require_free(path: Path, need_bytes: float) -> None:
+    """Stop before generating data that would fill the disk (bench sets run to tens of GB)."""
+    while not path.exists():
+        path = path.parent
+    free = shutil.disk_usage(path).free
+    if free < need_bytes:
+        raise SystemExit(f"need {need_bytes / 1e9:.1f} GB free under {path}, have {free / 1e9:.1f} GB")
 
 
 def timed(cmd: list[str] | str, shell: bool = False) -> float:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sqlite3
@@ -11,8 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
+from conftest import needs
 from test_packed_shards_and_audit import run_all
+
+needs_energon = needs(importlib.util.find_spec("megatron") is None
+                      or importlib.util.find_spec("megatron.energon") is None,
+                      reason="megatron-energon not installed (extra `energon`); .ci/run installs it")
 
 
 @pytest.fixture
@@ -40,8 +45,8 @@ def _rows(db: Path, table: str) -> list[tuple]:
         return sorted(c.execute(f"SELECT * FROM {table}").fetchall())
 
 
+@needs_energon
 def test_energon_prepare_would_write_exactly_our_metadata(out, tmp_path):
-    pytest.importorskip("megatron.energon", reason="megatron-energon not installed (pip install '.[energon]')")
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     shards = sorted(p.name for p in out.glob("*.tar"))
@@ -60,8 +65,8 @@ def test_energon_prepare_would_write_exactly_our_metadata(out, tmp_path):
         assert (out / f"{name}.idx").read_bytes() == (theirs / f"{name}.idx").read_bytes()
 
 
+@needs_energon
 def test_energon_loads_the_output_without_prepare(out):
-    pytest.importorskip("megatron.energon", reason="megatron-energon not installed (pip install '.[energon]')")
     from megatron.energon import (Cooker, DefaultTaskEncoder, WorkerConfig, basic_sample_keys, get_loader,
                                   get_train_dataset, stateless)
 

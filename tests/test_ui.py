@@ -14,10 +14,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import needs
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`); "
-                                                         ".ci/run installs it")
+pytestmark = needs(CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`); .ci/run installs it")
 
 
 def _free_port() -> int:

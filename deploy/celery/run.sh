@@ -31,8 +31,9 @@ LOGS=$DAGSTER_HOME/celery-logs
 mkdir -p "$LOGS"
 
 pids=()
-stop() { trap - EXIT INT TERM; kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
-trap stop EXIT INT TERM
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
+trap cleanup EXIT
+trap 'exit 0' INT TERM
 
 if [ "$PORT" != 0 ]; then
   command -v redis-server >/dev/null || { echo "run.sh: redis-server not found (Debian: apt-get install redis-server)" >&2; exit 2; }
