@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import shutil
 import sys
 import tarfile
@@ -21,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import run  # noqa: E402
-from common import machine, make_heavy_shards, require_free, timed  # noqa: E402
+from common import Results, machine, make_heavy_shards, require_free, timed  # noqa: E402
 
 
 def decode_baseline(shard: Path, n: int) -> dict:
@@ -73,13 +72,7 @@ def main() -> None:
     inp = out / "shards"
     have = sum(p.stat().st_size for p in inp.glob("*.tar")) if inp.exists() else 0
     require_free(out, 3 * target - have)
-    results: list[dict] = []
-
-    def emit(rec: dict) -> None:
-        results.append(rec)
-        print(json.dumps(rec), flush=True)
-        (out / "results.json").write_text(json.dumps(results, indent=1))
-
+    emit = Results(out)
     t0 = time.perf_counter()
     paths = make_heavy_shards(inp, target, args.shard_mb << 20)
     files = [str(p) for p in paths]

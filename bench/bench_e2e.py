@@ -2,7 +2,8 @@
 
     python bench/bench_e2e.py --samples 1000000 --per-shard 5000 --image-kb 15 --out bench/out/e2e
 
-Checks free disk first (input + output ≈ 2.1 × samples × image size). Prints JSON lines.
+Checks free disk first (input + output ≈ 2.1 × samples × image size). Prints JSON lines and writes them to
+<out>/results.json.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, make_shards, require_free, timed  # noqa: E402
+from common import Results, machine, make_shards, require_free, timed  # noqa: E402
 
 
 _MEASURE = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
@@ -49,21 +50,21 @@ def main() -> None:
     inp = out / "shards"
     t0 = time.perf_counter()
     paths = make_shards(inp, n_shards, args.per_shard, args.image_kb, seed=7)
-    print(json.dumps({"machine": machine(), "generate_s": round(time.perf_counter() - t0, 1),
-                      "bytes": sum(p.stat().st_size for p in paths), "shards": len(paths)}), flush=True)
+    emit = Results(out)
+    emit({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "generate_s": round(time.perf_counter() - t0, 1),
+          "bytes": sum(p.stat().st_size for p in paths), "shards": len(paths)})
     files = [str(p) for p in paths]
-    print(json.dumps({"cat_s": round(timed("cat " + " ".join(files) + " > /dev/null", shell=True), 1),
-                      "sha256sum_s": round(timed(["sha256sum", *files]), 1)}), flush=True)
+    emit({"cat_s": round(timed("cat " + " ".join(files) + " > /dev/null", shell=True), 1),
+          "sha256sum_s": round(timed(["sha256sum", *files]), 1)})
     for d in ("work", "packed", "dagster_home"):
         shutil.rmtree(out / d, ignore_errors=True)
     exe = str(Path(sys.executable).parent / "pack-assets")
     cmd = [exe, "run", "--input", str(inp), "--max-len", str(args.max_len), "--work", str(out / "work"),
            "--output", str(out / "packed"), "--dagster-home", str(out / "dagster_home"), "--json"]
     seconds, summary, peak = run(cmd)
-    print(json.dumps({"full_run_s": round(seconds, 1), "samples_per_s": round(summary["samples"] / seconds),
-                      "peak_rss_bytes": peak, **{k: summary[k] for k in ("samples", "packed", "dropped", "rejected",
-                                                                        "packs", "lower_bound", "fill", "violations")}}),
-          flush=True)
+    emit({"full_run_s": round(seconds, 1), "samples_per_s": round(summary["samples"] / seconds), "peak_rss_bytes": peak,
+          **{k: summary[k] for k in ("samples", "packed", "dropped", "rejected", "packs", "lower_bound", "fill",
+                                     "violations", "stage_seconds")}})
     extra = make_shards(out / "extra", 1, args.per_shard, args.image_kb, seed=99)[0]
     shutil.copy(extra, inp / f"part-{n_shards:05d}.tar")
     for mode in ("--incremental", "--force-replan"):
@@ -71,10 +72,10 @@ def main() -> None:
             shutil.copy(make_shards(out / "extra2", 1, args.per_shard, args.image_kb, seed=98)[0],
                         inp / f"part-{n_shards + 1:05d}.tar")
         seconds2, summary2, peak2 = run(cmd + ([mode] if mode == "--incremental" else []))
-        print(json.dumps({"rerun_after_one_new_shard": mode.strip("-"), "seconds": round(seconds2, 1),
-                          "shard_runs": summary2["shard_runs"], "samples": summary2["samples"],
-                          "packs": summary2["packs"], "fill": summary2["fill"], "peak_rss_bytes": peak2,
-                          "ratio_to_full": round(seconds2 / seconds, 3)}), flush=True)
+        emit({"rerun_after_one_new_shard": mode.strip("-"), "seconds": round(seconds2, 1),
+              "shard_runs": summary2["shard_runs"], "samples": summary2["samples"], "packs": summary2["packs"],
+              "fill": summary2["fill"], "stage_seconds": summary2["stage_seconds"], "peak_rss_bytes": peak2,
+              "ratio_to_full": round(seconds2 / seconds, 3)})
 
 
 if __name__ == "__main__":

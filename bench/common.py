@@ -28,6 +28,19 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
+class Results:
+    """Records printed as JSON lines and kept in <out>/results.json after each one, so a long run that dies
+    keeps what it measured; bench/plots.py reads the file."""
+
+    def __init__(self, out: Path) -> None:
+        self.path, self.records = out / "results.json", []
+
+    def __call__(self, rec: dict) -> None:
+        self.records.append(rec)
+        print(json.dumps(rec), flush=True)
+        self.path.write_text(json.dumps(self.records, indent=1))
+
+
 def require_free(path: Path, need_bytes: float) -> None:
     """Stop before generating data that would fill the disk (bench sets run to tens of GB)."""
     while not path.exists():
