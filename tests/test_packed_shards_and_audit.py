@@ -207,6 +207,18 @@ def test_audit_reports_a_duplicated_pack_and_a_deleted_shard(packed):
     assert {"duplicate_pack", "duplicate_sample", "missing_shard", "missing_pack", "lost_sample"} <= checks
 
 
+def test_audit_in_two_processes_reports_what_one_process_reports(packed):
+    _, work, out, _ = packed
+    shards = sorted(out.glob("*.tar"))
+    _rewrite(shards[0], lambda items: _flip_media(items) + items[:1])
+    shards[1].unlink()
+    one, _ = pipeline.run_audit(work, out, workers=1)
+    two, _ = pipeline.run_audit(work, out, workers=2, parallel_min_bytes=0)
+    assert {"media_hash_mismatch", "duplicate_pack", "missing_shard", "lost_sample"} <= {v["check"] for v in one.violations}
+    assert two.violations == one.violations
+    assert two.stats == one.stats
+
+
 def test_lookup_round_trips_sample_to_pack_and_back(packed):
     _, work, out, _ = packed
     with store.connect(work, read_only=True) as con:

@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
+import os
 import tarfile
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 
+from . import store
 from .write import iter_pack_parts
+
+# Below this much output a second process costs more (spawn + imports, ~2 s) than it saves.
+PARALLEL_MIN_BYTES = 512 << 20
 
 
 @dataclass
@@ -110,27 +117,68 @@ def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict
     return checked, nbytes
 
 
-def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict) -> AuditResult:
-    """Read every output shard back, one at a time (memory follows the output shard, not the dataset), and
-    check it against the plan and the manifest; the plan's own invariants are checked in SQL."""
+def _audit_shard(con, out_dir: Path, name: str, config: dict) -> tuple[list[dict], Counter, int, int]:
+    """One output shard read back: its violations, the pack keys seen, media members and bytes checked."""
+    res, seen = AuditResult(), Counter()
+    media_checked = media_bytes = 0
+    path = out_dir / name
+    if not path.exists():
+        res.add("missing_shard", f"{name} is in the plan but not in {out_dir}", shard=name)
+        return res.violations, seen, 0, 0
+    plan, samples, members = _shard_expectations(con, name)
+    try:
+        for key, parts in iter_pack_parts(path):
+            seen[key] += 1
+            c, b = _check_pack(res, name, key, parts, plan.get(key), samples, members, config)
+            media_checked += c
+            media_bytes += b
+    except (tarfile.TarError, OSError) as e:
+        res.add("unreadable_shard", f"{name}: {e}", shard=name)
+    return res.violations, seen, media_checked, media_bytes
+
+
+_worker_con: duckdb.DuckDBPyConnection | None = None
+
+
+def _worker_init(work: str) -> None:
+    global _worker_con
+    _worker_con = store.connect(Path(work), read_only=True)
+
+
+def _audit_shard_in_worker(out_dir: str, name: str, config: dict):
+    return _audit_shard(_worker_con, Path(out_dir), name, config)
+
+
+def _shard_results(con, out_dir: Path, shards: list[str], config: dict, work: Path | None, workers: int,
+                   min_bytes: int):
+    """Per-shard audit results in shard order; output shards are independent, so several processes (each
+    with its own read-only DuckDB connection) share them when there is enough to read."""
+    total = sum((out_dir / n).stat().st_size for n in shards if (out_dir / n).exists())
+    workers = min(workers or os.cpu_count() or 1, len(shards))
+    if work is None or workers <= 1 or total < min_bytes:
+        yield from (_audit_shard(con, out_dir, n, config) for n in shards)
+        return
+    # spawn, not fork: a forked child would inherit DuckDB's cached instance of this database without its threads
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                             initargs=(str(work),)) as pool:
+        yield from pool.map(_audit_shard_in_worker, [str(out_dir)] * len(shards), shards, [config] * len(shards))
+
+
+def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict, work: Path | None = None, workers: int = 0,
+          min_bytes: int = PARALLEL_MIN_BYTES) -> AuditResult:
+    """Read every output shard back, one at a time per process (memory follows the output shard, not the
+    dataset), and check it against the plan and the manifest; the plan's own invariants are checked in SQL.
+    Given the work directory, output shards are read by ``workers`` processes (0: one per core) once there
+    are ``min_bytes`` of them."""
     res = check_plan(con, config)
     shards = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
     seen: Counter = Counter()
     media_checked = media_bytes = 0
-    for name in shards:
-        path = out_dir / name
-        if not path.exists():
-            res.add("missing_shard", f"{name} is in the plan but not in {out_dir}", shard=name)
-            continue
-        plan, samples, members = _shard_expectations(con, name)
-        try:
-            for key, parts in iter_pack_parts(path):
-                seen[key] += 1
-                c, b = _check_pack(res, name, key, parts, plan.get(key), samples, members, config)
-                media_checked += c
-                media_bytes += b
-        except (tarfile.TarError, OSError) as e:
-            res.add("unreadable_shard", f"{name}: {e}", shard=name)
+    for violations, shard_seen, c, b in _shard_results(con, out_dir, shards, config, work, workers, min_bytes):
+        res.violations.extend(violations)
+        seen.update(shard_seen)
+        media_checked += c
+        media_bytes += b
     for p, n in sorted(seen.items()):
         if n > 1:
             res.add("duplicate_pack", f"pack {p} appears {n} times", pack_id=p)

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from .. import __version__
 from . import store
-from .audit import AuditResult, audit, check_plan
+from .audit import PARALLEL_MIN_BYTES, AuditResult, audit, check_plan
 from .lookup import LINEAGE_VIEW
 from .binpack import lower_bounds
 from .plan import Pack, PlanConfig, extend_plan, make_plan, plan_jsonl, simulate
@@ -308,11 +308,12 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, pro
             "fingerprint": info["fingerprint"]}
 
 
-def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02) -> tuple[AuditResult, dict]:
+def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers: int = 0,
+              parallel_min_bytes: int = PARALLEL_MIN_BYTES) -> tuple[AuditResult, dict]:
     """Read the outputs back and check every invariant; recount a deterministic sample of token lengths."""
     with store.connect(work, read_only=True) as con:
         info = plan_info(con)
-        result = audit(con, out_dir, info["config"])
+        result = audit(con, out_dir, info["config"], work=work, workers=workers, min_bytes=parallel_min_bytes)
         recount(con, info, result, recount_fraction)
         from .report import write_report
 
