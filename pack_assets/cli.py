@@ -27,8 +27,10 @@ def _summary_text(s: dict) -> str:
         f"packed    {s['packed']} into {s['packs']} packs of {s['max_len']} tokens ({s['profile']})",
         f"fill      {fill}; lower bound {s['lower_bound']} packs ({s['packs_over_bound']} over)",
         f"dropped   {s['dropped']} (over max length)   rejected {s['rejected']} (with reasons)",
-        f"audit     {verdict}",
-        f"outputs   {s['output_dir']} ({s['output_shards']} shards + .nv-meta)",
+        f"audit     {verdict}" + (f" ({s['output_shards_trusted']} unchanged output shard(s) not re-read)"
+                                     if s.get("output_shards_trusted") else ""),
+        f"outputs   {s['output_dir']} ({s['output_shards']} shards + .nv-meta, {s.get('output_shards_written')} "
+        "written this run)",
         f"          {s['plan_file']}",
         f"          {s['audit_report']}",
         f"          {s['duckdb']}",
@@ -42,7 +44,8 @@ def _settings(args, **extra):
 
     fields = {"input_dir": str(args.input), "work_dir": str(args.work), "output_dir": str(args.output),
               "max_len": args.max_len, "profile": args.profile, "model_dir": args.model_dir or "",
-              "algorithm": args.algorithm, "seed": args.seed, "incremental": args.incremental}
+              "algorithm": args.algorithm, "seed": args.seed, "incremental": args.incremental,
+              "audit_scope": args.audit_scope}
     if getattr(args, "config", None):
         fields.update(json.loads(Path(args.config).read_text()))
     fields.update(extra)
@@ -181,6 +184,9 @@ def _common_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="rescan and recount every shard even if unchanged")
     p.add_argument("--incremental", action="store_true",
                    help="keep the previous plan's packs and output shards; new samples go into new ones")
+    p.add_argument("--audit-scope", choices=["all", "changed"], default="all",
+                   help="changed: re-read only output shards new or changed since the last clean audit "
+                        "(the others are trusted by size, mtime and content fingerprint); default all")
     p.add_argument("--jobs", type=int, default=0, help="shard runs side by side (default: one per core)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -143,6 +144,38 @@ def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monke
     assert not list(out.glob(".*tmp*"))
 
 
+@pytest.mark.parametrize("hashed", [True, False])
+def test_unchanged_output_shards_are_found_without_loading_each_shard(dataset, tmp_path, monkeypatch, hashed):
+    from pack_assets.core.scan import ScanOptions
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    shards = list(store.find_shards(dataset))
+    for s in shards:
+        pipeline.run_manifest(dataset, work, s, ScanOptions(hash_members=hashed))
+        pipeline.run_token_lengths(work, s, PROFILE)
+    pipeline.run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
+    pipeline.run_write(work, dataset, out, workers=1)
+    names = sorted(p.name for p in out.glob("*.tar"))
+    with store.connect(work, read_only=True) as con:
+        context = pipeline.write_context(pipeline.plan_info(con))
+        found = pipeline.current_shards(con, out, context)
+        # one query over all shards gives each shard's fingerprint exactly as the writer computed it
+        for r in found:
+            job = pipeline.shard_job(con, dataset, r["shard"])
+            assert write_mod.shard_fingerprint(job, context) == write_mod.first_pack_meta(out / r["shard"])["shard_fingerprint"]
+            assert (r["packs"], r["samples"]) == (len(job.packs), sum(len(p.subs) for p in job.packs))
+    assert sorted(r["shard"] for r in found) == names and len(names) >= 2
+    before = {n: sha(out / n) for n in names}
+    (out / names[1]).unlink()
+    loaded = []
+    real = pipeline.load_shard_job
+    monkeypatch.setattr(pipeline, "load_shard_job", lambda *a: loaded.append(a[-1]) or real(*a))
+    res = pipeline.run_write(work, dataset, out, workers=1)
+    assert loaded == [names[1]] and (res["written"], res["skipped"]) == (1, len(names) - 1)
+    assert {n: sha(out / n) for n in names} == before
+    assert pipeline.run_audit(work, out)[0].ok
+
+
 def test_audit_passes_on_clean_output_and_counts_add_up(packed):
     _, work, out, _ = packed
     result, report = pipeline.run_audit(work, out)
@@ -217,6 +250,40 @@ def test_audit_in_two_processes_reports_what_one_process_reports(packed):
     assert {"media_hash_mismatch", "duplicate_pack", "missing_shard", "lost_sample"} <= {v["check"] for v in one.violations}
     assert two.violations == one.violations
     assert two.stats == one.stats
+
+
+def test_audit_scope_changed_rereads_only_what_changed_since_a_clean_audit(packed):
+    inp, work, out, _ = packed
+    shards = sorted(out.glob("*.tar"))
+    full, _ = pipeline.run_audit(work, out)
+    assert full.ok and full.stats["output_shards_trusted"] == 0
+    quick, _ = pipeline.run_audit(work, out, scope="changed")
+    assert quick.ok and quick.stats["output_shards_trusted"] == len(shards) and quick.stats["media_members_checked"] == 0
+    assert {k: quick.stats[k] for k in ("samples_read", "packed", "dropped", "rejected", "packs_read", "per_shard")} == \
+        {k: full.stats[k] for k in ("samples_read", "packed", "dropped", "rejected", "packs_read", "per_shard")}
+    # a rewritten shard (new mtime) is read again and its damage reported; the failed audit vouches for nothing
+    _rewrite(shards[0], _flip_media)
+    damaged, _ = pipeline.run_audit(work, out, scope="changed")
+    assert "media_hash_mismatch" in {v["check"] for v in damaged.violations}
+    assert damaged.stats["output_shards_trusted"] == len(shards) - 1
+    assert pipeline.run_audit(work, out, scope="changed")[0].stats["output_shards_trusted"] == 0
+    # the limit of the quick check: a same-size edit with the mtime put back is trusted; scope "all" finds it
+    shards[0].unlink()
+    pipeline.run_write(work, inp, out, workers=1)
+    assert pipeline.run_audit(work, out)[0].ok
+    with tarfile.open(shards[1]) as tf:
+        media = next(ti for ti in tf.getmembers() if not ti.name.endswith(".json"))
+    st = shards[1].stat()
+    with open(shards[1], "r+b") as f:
+        f.seek(media.offset_data)
+        byte = f.read(1)
+        f.seek(media.offset_data)
+        f.write(bytes([byte[0] ^ 1]))
+    os.utime(shards[1], ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert pipeline.run_audit(work, out, scope="changed")[0].ok
+    assert "media_hash_mismatch" in {v["check"] for v in pipeline.run_audit(work, out)[0].violations}
+    with pytest.raises(ValueError, match="audit scope"):
+        pipeline.run_audit(work, out, scope="some")
 
 
 def test_lookup_round_trips_sample_to_pack_and_back(packed):

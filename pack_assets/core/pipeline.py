@@ -26,7 +26,7 @@ from .profiles import ModelProfile
 from .records import ShardInfo
 from .scan import ScanOptions, scan_shard
 from .tokens import TokenCounter, count_shard_rows
-from .write import PackJob, ShardJob, SubSample, write_all
+from .write import PackJob, ShardFingerprint, ShardJob, SubSample, first_pack_meta, write_all
 
 
 def _manifest_summary(info: dict, cached: bool) -> dict:
@@ -259,6 +259,56 @@ def shard_job(con, input_root: Path, name: str) -> ShardJob:
     return ShardJob(name, [PackJob(pack_id, mt, total, subs[pack_id]) for pack_id, mt, total in packs])
 
 
+def write_context(info: dict) -> dict:
+    """What every output shard's `_meta` carries besides its packs."""
+    return {"profile": info["profile"], "profile_fingerprint": info["profile_fingerprint"],
+            "plan_fingerprint": info["fingerprint"], "max_len": info["config"]["max_len"],
+            "tool": "pack_assets", "tool_version": __version__}
+
+
+def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
+    """The output shards already on disk with exactly the planned content (their first pack's
+    ``shard_fingerprint``), found with one query over all shards instead of loading each shard's job."""
+    on_disk = {p.name for p in out_dir.glob("*.tar")} if out_dir.is_dir() else set()
+    if not on_disk:
+        return []
+    cur = con.execute(
+        """WITH packed AS (SELECT pm.sample_id, s.media_members FROM pack_members pm JOIN samples s USING (sample_id)),
+                media AS (
+                    SELECT x.sample_id, list(m.sha256 ORDER BY x.i) AS shas, list(m."offset" ORDER BY x.i) AS offs
+                    FROM (SELECT sample_id, unnest(media_members) AS name, generate_subscripts(media_members, 1) AS i
+                          FROM packed) x JOIN members m USING (sample_id, name)
+                    GROUP BY x.sample_id)
+           SELECT p.output_shard, p.pack_id, p.media_type, p.total_token_len, pm.sample_id, t.total_tokens, md.shas, md.offs
+           FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
+           JOIN token_lengths t USING (sample_id) LEFT JOIN media md USING (sample_id)
+           ORDER BY p.output_shard, p.pack_id, pm.position""")
+    found: list[dict] = []
+    shard = pack = fp = None
+    stats = {"packs": 0, "samples": 0}
+
+    def close() -> None:
+        if shard in on_disk and (first_pack_meta(out_dir / shard) or {}).get("shard_fingerprint") == fp.hexdigest():
+            found.append({"shard": shard, "skipped": True, "bytes": (out_dir / shard).stat().st_size, **stats,
+                          "seconds": 0.0, "fingerprint": fp.hexdigest()})
+
+    while rows := cur.fetchmany(65536):
+        for name, pack_id, media_type, total, sample_id, tokens, shas, offs in rows:
+            if name != shard:
+                if shard is not None:
+                    close()
+                shard, pack, fp, stats = name, None, ShardFingerprint(context), {"packs": 0, "samples": 0}
+            if pack_id != pack:
+                pack = pack_id
+                fp.pack(pack_id, media_type, total)
+                stats["packs"] += 1
+            fp.sub(sample_id, tokens, [sha or off for sha, off in zip(shas or [], offs or [])])
+            stats["samples"] += 1
+    if shard is not None:
+        close()
+    return found
+
+
 def load_shard_job(work: str, input_root: str, name: str) -> ShardJob:
     """Picklable loader: each writer process opens the catalog read-only and gathers its own shard."""
     with store.connect(Path(work), read_only=True) as con:
@@ -295,11 +345,12 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, pro
         check_sources(con, input_root, [s[0] for s in con.execute(
             "SELECT DISTINCT shard FROM pack_members JOIN manifest_samples USING (sample_id)").fetchall()])
         names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
-    context = {"profile": info["profile"], "profile_fingerprint": info["profile_fingerprint"],
-               "plan_fingerprint": info["fingerprint"], "max_len": info["config"]["max_len"],
-               "tool": "pack_assets", "tool_version": __version__}
+        context = write_context(info)
+        done = current_shards(con, out_dir, context)
     loader = functools.partial(load_shard_job, str(work), str(input_root))
-    results = write_all(out_dir, names, context, workers=workers, progress=progress, loader=loader)
+    skip = {r["shard"] for r in done}
+    results = write_all(out_dir, [n for n in names if n not in skip], context, workers=workers, progress=progress,
+                        loader=loader, done=done)
     seconds = time.perf_counter() - t0
     total = sum(r["bytes"] for r in results)
     return {"output_dir": str(out_dir), "shards": len(results), "written": sum(not r["skipped"] for r in results),
@@ -308,14 +359,38 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, pro
             "fingerprint": info["fingerprint"]}
 
 
+AUDITED = "audited_shards.json"
+AUDIT_SCOPES = ("all", "changed")
+
+
+def _audited(work: Path) -> dict:
+    try:
+        return json.loads((work / AUDITED).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers: int = 0,
-              parallel_min_bytes: int = PARALLEL_MIN_BYTES) -> tuple[AuditResult, dict]:
-    """Read the outputs back and check every invariant; recount a deterministic sample of token lengths."""
+              parallel_min_bytes: int = PARALLEL_MIN_BYTES, scope: str = "all") -> tuple[AuditResult, dict]:
+    """Read the outputs back and check every invariant; recount a deterministic sample of token lengths.
+    scope "changed" reads only the output shards that are new or changed since the last clean audit (same
+    size, mtime and content fingerprint as then: trusted, like rsync's quick check); "all" reads every one."""
+    if scope not in AUDIT_SCOPES:
+        raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
     with store.connect(work, read_only=True) as con:
         info = plan_info(con)
-        result = audit(con, out_dir, info["config"], work=work, workers=workers, min_bytes=parallel_min_bytes)
+        stamps = {}
+        for r in current_shards(con, out_dir, write_context(info)):
+            st = (out_dir / r["shard"]).stat()
+            stamps[r["shard"]] = [st.st_size, st.st_mtime_ns, r["fingerprint"]]
+        before = _audited(work) if scope == "changed" else {}
+        trusted = frozenset(n for n, stamp in stamps.items() if before.get(n) == stamp)
+        result = audit(con, out_dir, info["config"], work=work, workers=workers, min_bytes=parallel_min_bytes,
+                       trusted=trusted)
         recount(con, info, result, recount_fraction)
         from .report import write_report
 
         report = write_report(con, work, result, info)
+    # a clean audit vouches for every current shard; one with violations vouches for none
+    store.atomic_write_text(work / AUDITED, json.dumps(stamps if result.ok else {}, sort_keys=True))
     return result, report

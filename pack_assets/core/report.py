@@ -92,6 +92,9 @@ def write_report(con, work: Path, result: AuditResult, info: dict) -> dict:
         f"| {stats['samples_read']} | {stats['packed']} | {stats['dropped']} | {stats['rejected']} | "
         f"{stats['packs_read']} | {stats['output_shards']} | {stats['media_members_checked']} |",
         "",
+        *([f"{stats['output_shards_trusted']} output shard(s) unchanged since the last clean audit were not read "
+           "again (audit scope `changed`); their planned packs are counted as read.", ""]
+          if stats.get("output_shards_trusted") else []),
         "## Fill vs the lower bound",
         "",
         "| media type | samples | packs | lower bound (L2) | over bound | fill | dropped |",

@@ -220,14 +220,31 @@ def first_pack_meta(path: Path) -> dict | None:
         return None
 
 
+class ShardFingerprint:
+    """What decides a shard's bytes: its packs in order, their samples with token counts and media (sha256,
+    or offset when not hashed), the profile and max length. Fed pack by pack, so the writer (from a ShardJob)
+    and the skip check (from one catalog query over all shards) compute the same value."""
+
+    def __init__(self, context: dict) -> None:
+        self._h = hashlib.sha256(json.dumps([context["profile_fingerprint"], context["max_len"]]).encode())
+
+    def pack(self, pack_id: str, media_type: str, total_token_len: int) -> None:
+        self._h.update(f"{pack_id}|{media_type}|{total_token_len}\n".encode())
+
+    def sub(self, sample_id: str, token_len: int, media_keys: list) -> None:
+        self._h.update(f"{sample_id}|{token_len}|{media_keys}\n".encode())
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()[:16]
+
+
 def shard_fingerprint(job: ShardJob, context: dict) -> str:
-    """What decides a shard's bytes: its packs, their samples and sources, the profile and max length."""
-    h = hashlib.sha256(json.dumps([context["profile_fingerprint"], context["max_len"]]).encode())
+    fp = ShardFingerprint(context)
     for p in job.packs:
-        h.update(f"{p.pack_id}|{p.media_type}|{p.total_token_len}\n".encode())
+        fp.pack(p.pack_id, p.media_type, p.total_token_len)
         for sub in p.subs:
-            h.update(f"{sub.sample_id}|{sub.token_len}|{[m['sha256'] or m['offset'] for m in sub.media]}\n".encode())
-    return h.hexdigest()[:16]
+            fp.sub(sub.sample_id, sub.token_len, [m["sha256"] or m["offset"] for m in sub.media])
+    return fp.hexdigest()
 
 
 def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -> dict:
@@ -291,24 +308,29 @@ def _write_shard_star(args):
 
 
 def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, workers: int = 0, progress=None,
-              loader=None) -> list[dict]:
-    """Write every shard (a process pool when there are several), remove stale ones, write Energon metadata."""
+              loader=None, done: list[dict] | None = None) -> list[dict]:
+    """Write every shard (a process pool when there are several), remove stale ones, write Energon metadata.
+    ``done``: results of shards the caller already found current; they are kept, not rewritten."""
     out_dir.mkdir(parents=True, exist_ok=True)
     workers = workers or min(os.cpu_count() or 1, max(1, len(jobs)))
     args = [(str(out_dir), j, context, loader) for j in jobs]
-    results: list[dict] = []
+    results: list[dict] = list(done or [])
+    total = len(results) + len(jobs)
+    for i, r in enumerate(results, 1):
+        if progress:
+            progress(r, i, total)
     if workers <= 1 or len(jobs) <= 1:
         for a in args:
             results.append(write_shard(*a))
             if progress:
-                progress(results[-1], len(results), len(jobs))
+                progress(results[-1], len(results), total)
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             for r in pool.map(_write_shard_star, args):
                 results.append(r)
                 if progress:
-                    progress(r, len(results), len(jobs))
-    keep = {j if isinstance(j, str) else j.name for j in jobs}
+                    progress(r, len(results), total)
+    keep = {j if isinstance(j, str) else j.name for j in jobs} | {r["shard"] for r in done or []}
     for p in [*out_dir.glob("*.tar"), *out_dir.glob("*.tar.idx")]:
         if p.name.removesuffix(".idx") not in keep:
             p.unlink()  # a shard of an earlier, larger plan

@@ -185,7 +185,7 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
 def audit_report(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
     """Reads the packed shards back and proves nothing was lost: counts per shard, capacity, media types,
     sha256 of every media member against its source. Writes audit_report.md with plots."""
-    result, report = pipeline.run_audit(settings.work, settings.out)
+    result, report = pipeline.run_audit(settings.work, settings.out, scope=settings.audit_scope)
     st = result.stats
     plots = "\n\n".join(f"![{k}]({png_data_uri(Path(v))})" for k, v in report["plots"].items() if k != "reasons")
     return dg.MaterializeResult(
@@ -195,6 +195,7 @@ def audit_report(context: dg.AssetExecutionContext, settings: PackSettings) -> d
             "dropped": st["dropped"],
             "rejected": st["rejected"],
             "media_members_checked": st["media_members_checked"],
+            "output_shards_trusted": st["output_shards_trusted"],
             "violations": len(result.violations),
             "report": dg.MetadataValue.path(report["path"]),
             "plots": dg.MetadataValue.md(plots),

@@ -30,6 +30,7 @@ class PackSettings(dg.ConfigurableResource):
     keep_overlong: bool = False
     world_size: int = 1
     incremental: bool = False
+    audit_scope: str = "all"  # "changed": re-read only output shards new or changed since the last clean audit
     target_shard_bytes: int = 256 << 20
     max_packs_per_shard: int = 1000
     hash_members: bool = True
