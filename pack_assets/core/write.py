@@ -330,7 +330,7 @@ def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, wo
                 results.append(r)
                 if progress:
                     progress(r, len(results), total)
-    keep = {j if isinstance(j, str) else j.name for j in jobs} | {r["shard"] for r in done or []}
+    keep = {r["shard"] for r in results}
     for p in [*out_dir.glob("*.tar"), *out_dir.glob("*.tar.idx")]:
         if p.name.removesuffix(".idx") not in keep:
             p.unlink()  # a shard of an earlier, larger plan
