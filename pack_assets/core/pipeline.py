@@ -169,8 +169,7 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         sweep["plots"] = plot_simulation(lengths, sweep, work / "plots",
                                          {mt: lengths[mtypes == mt] for mt in sorted(set(mtypes.tolist()))})
         store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl(plan))
-        # `packs` and `dropped` are read by the SQL below (DuckDB scans local Arrow tables by name)
-        packs = pa.Table.from_pylist(
+        new_packs = pa.Table.from_pylist(
             [{"pack_id": p.pack_id, "media_type": p.media_type, "sample_ids": p.sample_ids,
               "sample_token_lens": p.sample_token_lens, "total_token_len": p.total_token_len,
               "output_shard": p.output_shard, "overlong": p.overlong} for p in plan.packs],
@@ -178,21 +177,28 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
                               ("sample_token_lens", pa.list_(pa.int64())), ("total_token_len", pa.int64()),
                               ("output_shard", pa.string()), ("overlong", pa.bool_())]),
         )
-        dropped = pa.Table.from_pylist(plan.dropped, schema=pa.schema(
+        new_dropped = pa.Table.from_pylist(plan.dropped, schema=pa.schema(
             [("sample_id", pa.string()), ("total_tokens", pa.int64()), ("reason", pa.string())]))
         meta = {"fingerprint": plan.fingerprint, "profile": profile.name, "profile_fingerprint": profile.fingerprint,
                 "model_dir": profile.model_dir,
                 "shards": shards, "config": config.__dict__, "stats": plan.stats, "simulation": sweep}
-        con.execute("BEGIN")
-        con.execute("CREATE OR REPLACE TABLE pack_plan AS SELECT * FROM packs")
-        con.execute(
-            "CREATE OR REPLACE TABLE pack_members AS SELECT pack_id, CAST(i AS INTEGER) - 1 AS position, sample_ids[i] AS sample_id "
-            "FROM pack_plan, range(1, len(sample_ids) + 1) AS r(i)"
-        )
-        con.execute("CREATE OR REPLACE TABLE dropped AS SELECT * FROM dropped")
-        con.execute("CREATE OR REPLACE TABLE plan_info AS SELECT ? AS info", [json.dumps(meta)])
-        con.execute(LINEAGE_VIEW)
-        con.execute("COMMIT")
+        # registered under names no table uses (store.connect turns Python replacement scans off)
+        con.register("_new_pack_plan", new_packs)
+        con.register("_new_dropped", new_dropped)
+        try:
+            con.execute("BEGIN")
+            con.execute("CREATE OR REPLACE TABLE pack_plan AS SELECT * FROM _new_pack_plan")
+            con.execute(
+                "CREATE OR REPLACE TABLE pack_members AS SELECT pack_id, CAST(i AS INTEGER) - 1 AS position, "
+                "sample_ids[i] AS sample_id FROM pack_plan, range(1, len(sample_ids) + 1) AS r(i)"
+            )
+            con.execute("CREATE OR REPLACE TABLE dropped AS SELECT * FROM _new_dropped")
+            con.execute("CREATE OR REPLACE TABLE plan_info AS SELECT ? AS info", [json.dumps(meta)])
+            con.execute(LINEAGE_VIEW)
+            con.execute("COMMIT")
+        finally:
+            con.unregister("_new_pack_plan")
+            con.unregister("_new_dropped")
         check = check_plan(con, meta["config"])
     return {**plan.stats, "fingerprint": plan.fingerprint, "plan_file": str(work / "pack_plan.jsonl"), "simulation": sweep,
             "plan_violations": check.violations}

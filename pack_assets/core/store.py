@@ -194,7 +194,11 @@ def _view_source(paths: list[Path], schema: pa.Schema) -> str:
 
 
 def connect(work: Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    return duckdb.connect(str(work / DB_NAME), read_only=read_only)
+    con = duckdb.connect(str(work / DB_NAME), read_only=read_only)
+    # SQL reads only catalog tables and what is registered by name: a Python local must never stand in for
+    # (or be shadowed by) a table of the same name, as `dropped` once was
+    con.execute("SET python_enable_replacements = false")
+    return con
 
 
 def build_catalog(con: duckdb.DuckDBPyConnection, work: Path, shards: list[str], profile: str) -> None:
