@@ -21,7 +21,12 @@ def _emit(args, payload: dict, human: str) -> None:
 
 def _summary_text(s: dict) -> str:
     fill = f"{s['fill']:.2%}" if isinstance(s.get("fill"), float) else s.get("fill")
-    verdict = "PASS" if s["violations"] == 0 else f"FAIL: {s['violations']} violation(s), see the report"
+    verdict = s.get("verdict") or ("PASS" if s["violations"] == 0 else "FAIL")
+    if verdict == "FAIL":
+        verdict += f": {s['violations']} violation(s), see the report"
+    elif verdict == "INCOMPLETE":
+        waiting = s.get("shards_waiting") or []
+        verdict += f": {len(waiting)} shard(s) waiting, not counted yet: {', '.join(waiting[:10])}"
     return "\n".join([
         f"samples   {s['samples']} read from {s['shards']} shard(s) ({s['shard_runs']} scanned this run)",
         f"packed    {s['packed']} into {s['packs']} packs of {s['max_len']} tokens ({s['profile']})",
@@ -58,7 +63,12 @@ def _run(args, **extra) -> int:
     instance = instance_for(Path(args.dagster_home))
     summary = run_pipeline(_settings(args, **extra), instance, force=args.force, jobs=args.jobs)
     _emit(args, summary, _summary_text(summary))
-    return 0 if summary["violations"] == 0 else 1
+    return verdict_exit(summary.get("verdict") or ("PASS" if summary["violations"] == 0 else "FAIL"))
+
+
+def verdict_exit(verdict: str) -> int:
+    """0 PASS, 1 FAIL (violations), 3 INCOMPLETE (shards still waiting: nothing is proven about them)."""
+    return {"PASS": 0, "FAIL": 1}.get(verdict, 3)
 
 
 def cmd_demo(args) -> int:
@@ -165,12 +175,16 @@ def cmd_verify(args) -> int:
     from .core.pipeline import run_audit
 
     result, report = run_audit(Path(args.work), Path(args.output))
-    payload = {"ok": result.ok, "violations": result.violations, "stats": result.stats, "report": report["path"]}
-    lines = [f"{'OK' if result.ok else 'FAIL'}: {result.stats['samples_read']} samples, {result.stats['packs_read']} packs, "
-             f"{result.stats['media_members_checked']} media members re-hashed; {len(result.violations)} violation(s)"]
+    payload = {"ok": result.verdict == "PASS", "verdict": result.verdict, "shards_waiting": result.waiting,
+               "violations": result.violations, "stats": result.stats, "report": report["path"]}
+    lines = [f"{'OK' if result.verdict == 'PASS' else result.verdict}: {result.stats['samples_read']} samples, "
+             f"{result.stats['packs_read']} packs, {result.stats['media_members_checked']} media members re-hashed; "
+             f"{len(result.violations)} violation(s)"]
+    if result.waiting:
+        lines.append(f"  {len(result.waiting)} registered shard(s) waiting, not in the plan: {', '.join(result.waiting[:20])}")
     lines += [f"  {v['check']}: {v['detail']}" for v in result.violations]
     _emit(args, payload, "\n".join(lines))
-    return 0 if result.ok else 1
+    return verdict_exit(result.verdict)
 
 
 def _common_run(p: argparse.ArgumentParser) -> None:

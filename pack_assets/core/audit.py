@@ -30,10 +30,17 @@ PARALLEL_MIN_BYTES = 512 << 20
 class AuditResult:
     violations: list[dict] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
+    waiting: list[str] = field(default_factory=list)  # registered shards the plan could not count yet
 
     @property
     def ok(self) -> bool:
+        """No violation in what was read (says nothing of shards still waiting: see ``verdict``)."""
         return not self.violations
+
+    @property
+    def verdict(self) -> str:
+        """PASS, FAIL (a violation) or INCOMPLETE (no violation, but shards wait outside the plan)."""
+        return "FAIL" if self.violations else "INCOMPLETE" if self.waiting else "PASS"
 
     def add(self, check: str, detail: str, **where) -> None:
         self.violations.append({"check": check, "detail": detail, **where})

@@ -394,6 +394,8 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
         result = audit(con, out_dir, info["config"], work=work, workers=workers, min_bytes=parallel_min_bytes,
                        trusted=trusted)
         recount(con, info, result, recount_fraction)
+        result.waiting = list(info["stats"].get("shards_waiting") or [])
+        result.stats.update(verdict=result.verdict, shards_waiting=result.waiting)
         from .report import write_report
 
         report = write_report(con, work, result, info)

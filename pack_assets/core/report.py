@@ -82,9 +82,12 @@ def write_report(con, work: Path, result: AuditResult, info: dict) -> dict:
     lines = [
         "# pack_assets audit report",
         "",
-        f"**Verdict: {'PASS' if result.ok else 'FAIL'}** ({len(result.violations)} violation(s)); "
+        f"**Verdict: {result.verdict}** ({len(result.violations)} violation(s)); "
         f"plan `{info['fingerprint']}`, profile `{info['profile']}`, max_len {max_len}, algorithm `{info['config']['algorithm']}`.",
         "",
+        *([f"**INCOMPLETE: {len(result.waiting)} registered shard(s) are waiting** (not counted yet, so not in this "
+           f"plan and not audited): {', '.join(result.waiting[:50])}{' ...' if len(result.waiting) > 50 else ''}. "
+           "Run them (or remove them), then plan and audit again.", ""] if result.waiting else []),
         "## Totals (read back from the output shards)",
         "",
         "| samples read | packed | dropped | rejected | packs | output shards | media members re-hashed |",

@@ -197,15 +197,19 @@ def audit_report(context: dg.AssetExecutionContext, settings: PackSettings) -> d
             "media_members_checked": st["media_members_checked"],
             "output_shards_trusted": st["output_shards_trusted"],
             "violations": len(result.violations),
+            "verdict": result.verdict,
+            "shards_waiting": dg.MetadataValue.json(result.waiting),
             "report": dg.MetadataValue.path(report["path"]),
             "plots": dg.MetadataValue.md(plots),
         },
         check_results=[
             dg.AssetCheckResult(
                 check_name="nothing_lost",
-                passed=result.ok,
+                # shards still waiting are not counted yet: nothing is proven about them
+                passed=result.verdict == "PASS",
                 severity=dg.AssetCheckSeverity.ERROR,
-                metadata={"violations": len(result.violations),
+                metadata={"verdict": result.verdict, "violations": len(result.violations),
+                          "shards_waiting": dg.MetadataValue.json(result.waiting),
                           "first_violations": dg.MetadataValue.json(json.loads(json.dumps(result.violations[:20])))},
             )
         ],
