@@ -84,6 +84,13 @@ def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None,
     new = [k for k in shards if k not in known]
     if new:
         instance.add_dynamic_partitions(source_shards.name, new)
+    # a shard whose tar is gone leaves the partitions, so the plan drops its samples and packs
+    removed = sorted(known - set(shards))
+    for key in removed:
+        instance.delete_dynamic_partition(source_shards.name, key)
+    if removed:
+        log(f"{len(removed)} shard(s) no longer in {root}, removed from the plan: {removed[:5]}"
+            f"{' ...' if len(removed) > 5 else ''}")
     profile = settings.model_profile()
     resources = {"settings": settings}
     todo = [k for k in shards if force or pipeline.manifest_is_current(root, settings.work, k) is None
@@ -114,6 +121,7 @@ def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None,
         "input_dir": str(root),
         "shards": len(shards),
         "shard_runs": ran,
+        "shards_removed": removed,
         "samples": audit.get("samples_read"),
         "packed": audit.get("packed"),
         "dropped": audit.get("dropped"),

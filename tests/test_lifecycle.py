@@ -132,3 +132,218 @@ def test_the_nothing_lost_check_fails_and_run_exits_non_zero_while_a_shard_waits
                 == "ASSET_CHECK_EVALUATION" and "nothing_lost" in str(e.event_log_entry.dagster_event.event_specific_data)]
     data = check.event_log_entry.dagster_event.event_specific_data
     assert not data.passed and data.metadata["shards_waiting"].value == ["part-001"]
+
+
+def _settings(inp: Path, tmp: Path, **kw) -> PackSettings:
+    return PackSettings(input_dir=str(inp), work_dir=str(tmp / "work"), output_dir=str(tmp / "out"), max_len=MAX_LEN,
+                        max_packs_per_shard=3, **kw)
+
+
+def _tick(instance, settings, cursor=None):
+    from pack_assets.defs.sensors import new_shard_sensor
+
+    ctx = dg.build_sensor_context(instance=instance, resources={"settings": settings}, cursor=cursor)
+    result = new_shard_sensor(ctx)
+    return result, (result.cursor if isinstance(result, dg.SensorResult) else ctx.cursor)
+
+
+def _apply(instance, result) -> None:
+    for req in result.dynamic_partitions_requests:
+        if isinstance(req, dg.AddDynamicPartitionsRequest):
+            instance.add_dynamic_partitions(source_shards.name, list(req.partition_keys))
+        else:
+            for key in req.partition_keys:
+                instance.delete_dynamic_partition(source_shards.name, key)
+
+
+def _shard_run(instance, settings, key):
+    assert dg.materialize([manifest, token_lengths], partition_key=key, instance=instance,
+                          resources={"settings": settings}).success
+
+
+def rewrite_shard(path: Path, text: str) -> None:
+    """The same keys, other content (and size): a shard replaced in place."""
+    write_tar(path, [("x0.json", json.dumps({"messages": [{"role": "user", "content": text},
+                                                          {"role": "assistant", "content": "ok"}]}))])
+
+
+def test_the_sensor_requests_a_shard_changed_in_place_and_the_plan_follows(dataset, tmp_path, monkeypatch):
+    from pack_assets.defs import sensors
+
+    instance, settings = dg.DagsterInstance.ephemeral(), _settings(dataset, tmp_path)
+    first, cursor = _tick(instance, settings)
+    _apply(instance, first)
+    for r in first.run_requests:
+        _shard_run(instance, settings, r.partition_key)
+    assert dg.materialize([pack_plan, packed_shards, audit_report], instance=instance,
+                          resources={"settings": settings}).success
+    skip, cursor = _tick(instance, settings, cursor)
+    assert isinstance(skip, dg.SkipReason)
+    assert isinstance(sensors.replan_sensor(dg.build_sensor_context(instance=instance)), dg.SkipReason)
+
+    rewrite_shard(dataset / "part-001.tar", "changed " * 30)
+    st = (dataset / "part-001.tar").stat()
+    result, cursor = _tick(instance, settings, cursor)
+    assert [(r.partition_key, r.run_key) for r in result.run_requests] == [
+        ("part-001", f"part-001:{st.st_size}:{st.st_mtime_ns}")]
+    assert result.dynamic_partitions_requests == []
+    # the same listing again: nothing requested twice, and no manifest read at all
+    monkeypatch.setattr(sensors.store, "recorded_stats", lambda *a: pytest.fail("read manifests on a quiet tick"))
+    again, cursor = _tick(instance, settings, cursor)
+    assert isinstance(again, dg.SkipReason)
+    monkeypatch.undo()
+
+    _shard_run(instance, settings, "part-001")
+    assert isinstance(sensors.replan_sensor(dg.build_sensor_context(instance=instance)), dg.RunRequest)
+    res = dg.materialize([pack_plan, packed_shards, audit_report], instance=instance, resources={"settings": settings})
+    assert res.success
+    with store.connect(tmp_path / "work", read_only=True) as con:
+        ids = {r[0] for r in con.execute("SELECT sample_id FROM pack_members").fetchall()}
+    assert "part-001/x0" in ids and not any(i.startswith("part-001/s1_") for i in ids)
+    assert isinstance(_tick(instance, settings, cursor)[0], dg.SkipReason)
+
+
+def test_the_sensor_requests_changed_shards_in_bounded_batches(tmp_path, monkeypatch):
+    from pack_assets.defs import sensors
+
+    inp = small_dataset(tmp_path / "in", n_shards=3, per_shard=3)
+    instance, settings = dg.DagsterInstance.ephemeral(), _settings(inp, tmp_path)
+    first, cursor = _tick(instance, settings)
+    _apply(instance, first)
+    for r in first.run_requests:
+        _shard_run(instance, settings, r.partition_key)
+    for s in ("part-000", "part-001", "part-002"):
+        rewrite_shard(inp / f"{s}.tar", f"{s} changed")
+    monkeypatch.setattr(sensors, "BATCH", 2)
+    got = []
+    for _ in range(3):
+        result, cursor = _tick(instance, settings, cursor)
+        got.append([r.partition_key for r in getattr(result, "run_requests", [])])
+    assert got == [["part-000", "part-001"], ["part-002"], []]
+
+
+def test_the_sensor_removes_a_deleted_shard_and_the_replan_drops_its_packs(dataset, tmp_path):
+    from pack_assets.defs.sensors import replan_sensor
+
+    instance, settings = dg.DagsterInstance.ephemeral(), _settings(dataset, tmp_path)
+    first, cursor = _tick(instance, settings)
+    _apply(instance, first)
+    for r in first.run_requests:
+        _shard_run(instance, settings, r.partition_key)
+    assert dg.materialize([pack_plan, packed_shards, audit_report], instance=instance,
+                          resources={"settings": settings}).success
+    assert isinstance(replan_sensor(dg.build_sensor_context(instance=instance)), dg.SkipReason)
+    (dataset / "part-000.tar").unlink()
+    result, cursor = _tick(instance, settings, cursor)
+    assert result.run_requests == []
+    (req,) = result.dynamic_partitions_requests
+    assert isinstance(req, dg.DeleteDynamicPartitionsRequest) and list(req.partition_keys) == ["part-000"]
+    _apply(instance, result)
+    assert isinstance(replan_sensor(dg.build_sensor_context(instance=instance)), dg.RunRequest)
+    res = dg.materialize([pack_plan, packed_shards, audit_report], instance=instance, resources={"settings": settings})
+    assert res.success
+    assert_no_trace_of(tmp_path / "work", tmp_path / "out", "part-000")
+    assert isinstance(replan_sensor(dg.build_sensor_context(instance=instance)), dg.SkipReason)
+
+
+def assert_no_trace_of(work: Path, out: Path, shard: str) -> None:
+    """No pack, drop or output member refers to the shard; the remaining counts add up."""
+    with store.connect(work, read_only=True) as con:
+        refs = con.execute("SELECT count(*) FROM pack_members WHERE starts_with(sample_id, ?)", [shard + "/"]).fetchone()[0]
+        refs += con.execute("SELECT count(*) FROM dropped WHERE starts_with(sample_id, ?)", [shard + "/"]).fetchone()[0]
+        ok = con.execute("SELECT count(*) FROM samples WHERE status = 'ok'").fetchone()[0]
+        planned = con.execute("SELECT (SELECT count(*) FROM pack_members) + (SELECT count(*) FROM dropped)").fetchone()[0]
+    assert refs == 0 and ok == planned
+    from pack_assets.reader import iter_packs
+
+    packs = list(iter_packs(sorted(out.glob("*.tar"))))
+    assert packs and not any(sid.startswith(shard + "/") for p in packs for sid in p["_meta"]["sample_ids"])
+    result, _ = pipeline.run_audit(work, out)
+    assert result.verdict == "PASS", result.violations
+    assert shard not in result.stats["per_shard"]
+
+
+def text_shard(path: Path, n: int = 4) -> Path:
+    return write_tar(path, [(f"t{i}.json", json.dumps({"messages": [{"role": "user", "content": "text " * (40 + 50 * i)},
+                                                                  {"role": "assistant", "content": "ok"}]}))
+                            for i in range(n)])
+
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
+def test_a_removed_shard_leaves_the_plan_and_outputs_on_the_next_run(tmp_path, monkeypatch, capsys, incremental):
+    from pack_assets.cli import main
+
+    inp = small_dataset(tmp_path / "in", n_shards=2, per_shard=9)
+    text_shard(inp / "part-002.tar")  # text only: the image packs hold none of its samples
+    work, out = tmp_path / "work", tmp_path / "out"
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    (tmp_path / "config.json").write_text(json.dumps({"max_packs_per_shard": 1}))
+    args = ["run", "--input", str(inp), "--max-len", str(MAX_LEN), "--work", str(work), "--output", str(out),
+            "--dagster-home", str(tmp_path / "dh"), "--jobs", "1", "--json", "--config", str(tmp_path / "config.json"),
+            *(["--incremental"] * incremental)]
+    assert main(args) == 0
+    before = json.loads(capsys.readouterr().out)
+    with store.connect(work, read_only=True) as con:
+        rows = con.execute("SELECT output_shard, sample_ids FROM pack_plan").fetchall()
+    touched = {shard for shard, ids in rows if any(i.startswith("part-002/") for i in ids)}
+    stamps = {n: (out / n).stat().st_mtime_ns for n in {shard for shard, _ in rows} - touched}
+    assert touched and stamps
+    (inp / "part-002.tar").unlink()
+    assert main(args) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["verdict"] == "PASS" and s["shards"] == 2 and s["shards_removed"] == ["part-002"]
+    assert s["samples"] == before["samples"] - 4 and s["packed"] + s["dropped"] + s["rejected"] == s["samples"]
+    assert_no_trace_of(work, out, "part-002")
+    with store.connect(work, read_only=True) as con:
+        stats = pipeline.plan_info(con)["stats"]
+    if incremental:
+        assert stats["planning"].startswith("incremental: kept") and "removed 4 gone and 0 recounted" in stats["planning"]
+        assert stats["samples_gone"] == 4 and stats["new_packs"] == 0
+        # output shards that held none of its samples are kept as they were
+        assert all((out / n).stat().st_mtime_ns == t for n, t in stamps.items())
+    else:
+        assert stats["planning"] == "full plan"
+        # a full run equals a from-scratch run on the current input
+        fresh = tmp_path / "fresh"
+        scan(inp, fresh / "work", ["part-000", "part-001"])
+        pipeline.run_plan(fresh / "work", ["part-000", "part-001"], PlanConfig(max_len=MAX_LEN, max_packs_per_shard=1),
+                          PROFILE)
+        assert (fresh / "work" / "pack_plan.jsonl").read_bytes() == (work / "pack_plan.jsonl").read_bytes()
+
+
+def test_an_incremental_plan_keeps_packs_minus_gone_and_recounted_samples(tmp_path):
+    inp = small_dataset(tmp_path / "in", n_shards=3, per_shard=9)
+    work, out = tmp_path / "work", tmp_path / "out"
+    shards = ["part-000", "part-001", "part-002"]
+    scan(inp, work, shards)
+    cfg = PlanConfig(max_len=MAX_LEN, max_packs_per_shard=2, incremental=True)
+    first = pipeline.run_plan(work, shards, cfg, PROFILE)
+    pipeline.run_write(work, inp, out, workers=1)
+    with store.connect(work, read_only=True) as con:
+        old = {r[0]: list(r[1]) for r in con.execute("SELECT pack_id, sample_ids FROM pack_plan").fetchall()}
+    # part-002 replaced: one sample gone, one longer, one new
+    small_dataset(tmp_path / "in2", n_shards=3, per_shard=9)
+    with __import__("tarfile").open(tmp_path / "in2" / "part-002.tar") as tf:
+        members = [(ti.name, tf.extractfile(ti).read()) for ti in tf.getmembers()]
+    members = [(n, d) for n, d in members if not n.startswith("s2_000.")]
+    members = [(n, json.dumps({"messages": [{"role": "user", "content": "longer " * 300},
+                                            {"role": "assistant", "content": "ok"}]}) if n == "s2_003.json" else d)
+               for n, d in members]
+    members.append(("s2_new.json", json.dumps({"messages": [{"role": "user", "content": "new"},
+                                                            {"role": "assistant", "content": "one"}]})))
+    write_tar(inp / "part-002.tar", members)
+    scan(inp, work, ["part-002"])
+    s = pipeline.run_plan(work, shards, cfg, PROFILE)
+    assert s["plan_violations"] == [] and s["samples_gone"] == 1 and s["samples_recounted"] == 1
+    assert s["planning"].startswith(f"incremental: kept {s['kept_packs']} packs, removed 1 gone and 1 recounted")
+    with store.connect(work, read_only=True) as con:
+        new = {r[0]: list(r[1]) for r in con.execute("SELECT pack_id, sample_ids FROM pack_plan").fetchall()}
+    assert len(new) == len(set(new))  # no id reused
+    for pid, ids in old.items():  # a kept pack keeps its id and the rest of its samples, in order
+        rest = [i for i in ids if i not in ("part-002/s2_000", "part-002/s2_003")]
+        assert new.get(pid, []) == rest
+    placed = [pid for pid, ids in new.items() if {"part-002/s2_003", "part-002/s2_new"} & set(ids)]
+    assert placed and all(pid not in old for pid in placed)
+    assert s["fingerprint"] != first["fingerprint"]
+    pipeline.run_write(work, inp, out, workers=1)
+    assert pipeline.run_audit(work, out)[0].verdict == "PASS"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from . import store
 from .audit import PARALLEL_MIN_BYTES, AuditResult, audit, check_plan
 from .lookup import LINEAGE_VIEW
 from .binpack import lower_bounds
-from .plan import Pack, PlanConfig, extend_plan, make_plan, plan_jsonl, simulate
+from .plan import Pack, PlanConfig, extend_plan, make_plan, plan_jsonl, prune_plan, simulate
 from .profiles import ModelProfile
 from .records import ShardInfo
 from .scan import ScanOptions, scan_shard
@@ -101,7 +102,8 @@ def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool
 def _previous_plan(con, config: PlanConfig, profile: ModelProfile, current: dict[str, int]):
     """The previous plan's packs, drops and fingerprint when an incremental plan may keep them, else
     (None, why not)."""
-    if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'plan_info'").fetchone()[0]:
+    # fetchall, not fetchone: a result left unfinished makes DuckDB refuse the register() of run_plan
+    if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'plan_info'").fetchall()[0][0]:
         return None, "full plan: no previous plan"
     info = plan_info(con)
     if PlanConfig(**info["config"]).packing_key() != config.packing_key():
@@ -113,18 +115,34 @@ def _previous_plan(con, config: PlanConfig, profile: ModelProfile, current: dict
     packs = [Pack(r[0], r[1], list(r[2]), list(r[3]), r[4], r[5], overlong=r[6]) for r in rows]
     dropped = [{"sample_id": r[0], "total_tokens": r[1], "reason": r[2]}
                for r in con.execute("SELECT sample_id, total_tokens, reason FROM dropped ORDER BY sample_id").fetchall()]
-    for p in packs:
-        if any(current.get(sid) != n for sid, n in zip(p.sample_ids, p.sample_token_lens)):
-            return None, "full plan: samples of the previous plan are gone or were recounted"
-    if any(current.get(d["sample_id"]) != d["total_tokens"] for d in dropped):
-        return None, "full plan: dropped samples of the previous plan are gone or were recounted"
-    return (packs, dropped, info["fingerprint"]), f"incremental: kept {len(packs)} packs"
+    packs, dropped, pruned = prune_plan(packs, dropped, current)
+    fp = info["fingerprint"]
+    why = f"incremental: kept {len(packs)} packs"
+    if pruned["packs_changed"] or pruned["samples_gone"] or pruned["samples_recounted"]:
+        h = hashlib.sha256(fp.encode())  # the kept part differs from the previous plan: so does its fingerprint
+        for p in packs:
+            h.update(f"{p.pack_id}|{','.join(p.sample_ids)}\n".encode())
+        for d in dropped:
+            h.update(f"{d['sample_id']}\n".encode())
+        fp = h.hexdigest()[:16]
+        why += (f", removed {pruned['samples_gone']} gone and {pruned['samples_recounted']} recounted sample(s) "
+                f"from {pruned['packs_changed']} pack(s) ({pruned['packs_emptied']} left empty and removed); "
+                "recounted samples are planned again as new")
+    return (packs, dropped, fp, pruned), why
 
 
-def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelProfile, allow_missing: bool = False) -> dict:
+def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelProfile, allow_missing: bool = False,
+             input_root: Path | None = None) -> dict:
     """Plan every given shard; with ``allow_missing``, plan the shards that have counts and report the
-    others as waiting (a failed or unfinished shard does not stall the plan of the rest)."""
-    missing = [s for s in shards if not token_lengths_are_current(work, s, profile)]
+    others as waiting (a failed or unfinished shard does not stall the plan of the rest). Given the input
+    root, a shard whose tar is gone is removed from the plan (``shards_removed``), and one whose tar changed
+    since its scan waits for its rescan (its old counts are stale)."""
+    removed: list[str] = []
+    if input_root is not None:
+        removed = [s for s in shards if not (input_root / f"{s}.tar").is_file()]
+        shards = [s for s in shards if s not in set(removed)]
+    missing = [s for s in shards if not token_lengths_are_current(work, s, profile)
+               or (input_root is not None and manifest_is_current(input_root, work, s) is None)]
     if missing and not allow_missing:
         raise FileNotFoundError(f"{len(missing)} shard(s) have no current token_lengths for profile {profile.name}: "
                                 f"{missing[:5]}")
@@ -146,7 +164,7 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
             plan = make_plan(ids, mts, lengths, col("media_bytes"), config, profile.name, n_media=col("n_media"),
                              vision_tokens=col("vision_tokens"))
         else:
-            old_packs, old_dropped, old_fp = previous
+            old_packs, old_dropped, old_fp, pruned = previous
             planned = {sid for p in old_packs for sid in p.sample_ids} | {d["sample_id"] for d in old_dropped}
             new = np.asarray([sid not in planned for sid in ids], dtype=bool)
             pick = lambda a: np.asarray(a)[new]  # noqa: E731
@@ -154,6 +172,7 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
                               pick(col("media_bytes")), config, profile.name, n_media=pick(col("n_media")),
                               vision_tokens=pick(col("vision_tokens")))
             plan = extend_plan(old_packs, old_dropped, fresh, config, old_fp)
+            plan.stats.update(pruned)
             kept = np.asarray([sid not in {d["sample_id"] for d in plan.dropped} for sid in ids], dtype=bool)
             bound = sum(lower_bounds(lengths[kept & (np.asarray(mts, dtype=object) == mt)], config.capacity)[1]
                         for mt in set(mts))
@@ -161,6 +180,7 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         plan.stats["planning"] = why
         plan.stats["shards_planned"] = len(shards)
         plan.stats["shards_waiting"] = missing
+        plan.stats["shards_removed"] = removed
         sweep = simulate(lengths, sorted({config.max_len // 4, config.max_len // 2, config.max_len, config.max_len * 2}),
                          sorted({config.algorithm, "bfd", "next_fit"}), config.caps, seed=config.seed)
         mtypes = np.asarray(t.column("media_type").to_pylist(), dtype=object)
@@ -238,7 +258,7 @@ def recount(con, info: dict, result: AuditResult, fraction: float) -> None:
 
 
 def plan_info(con) -> dict:
-    return json.loads(con.execute("SELECT info FROM plan_info").fetchone()[0])
+    return json.loads(con.execute("SELECT info FROM plan_info").fetchall()[0][0])
 
 
 def shard_job(con, input_root: Path, name: str) -> ShardJob:

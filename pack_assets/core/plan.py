@@ -251,11 +251,39 @@ def _assign_shards(packs: list[Pack], config: PlanConfig, first_shard: int = 0) 
         count += 1
 
 
+def prune_plan(old_packs: list[Pack], old_dropped: list[dict], current: dict[str, int]) -> tuple[list[Pack], list[dict], dict]:
+    """The previous packs and drops without the samples that are gone (their shard removed or the sample no
+    longer ok) or whose length changed (``current``: sample id -> length now). A pack keeps its id and output
+    shard, its totals recomputed; a pack left empty is removed. The caller plans the changed samples anew."""
+    packs: list[Pack] = []
+    gone = recounted = touched = emptied = 0
+    for p in old_packs:
+        keep = [current.get(sid) == n for sid, n in zip(p.sample_ids, p.sample_token_lens)]
+        if all(keep):
+            packs.append(p)
+            continue
+        touched += 1
+        gone += sum(not k and sid not in current for k, sid in zip(keep, p.sample_ids))
+        recounted += sum(not k and sid in current for k, sid in zip(keep, p.sample_ids))
+        ids = [sid for sid, k in zip(p.sample_ids, keep) if k]
+        lens = [n for n, k in zip(p.sample_token_lens, keep) if k]
+        if not ids:
+            emptied += 1
+            continue
+        packs.append(Pack(p.pack_id, p.media_type, ids, lens, int(sum(lens)), p.output_shard, overlong=p.overlong))
+    dropped = [d for d in old_dropped if current.get(d["sample_id"]) == d["total_tokens"]]
+    gone += sum(d["sample_id"] not in current for d in old_dropped)
+    recounted += len(old_dropped) - len(dropped) - sum(d["sample_id"] not in current for d in old_dropped)
+    return packs, dropped, {"samples_gone": gone, "samples_recounted": recounted, "packs_changed": touched,
+                            "packs_emptied": emptied}
+
+
 def extend_plan(old_packs: list[Pack], old_dropped: list[dict], new: PlanResult, config: PlanConfig,
                 old_fingerprint: str) -> PlanResult:
     """Incremental packing: the previous packs and output shards stay as they are; the new samples' packs
     (planned on their own by ``make_plan``) are numbered after them and go into new output shards."""
-    offset = len(old_packs)
+    # after a prune the kept ids may have gaps: number the new packs after the highest, never into a gap
+    offset = 1 + max((int(p.pack_id[1:]) for p in old_packs), default=-1)
     first_shard = 1 + max((int(p.output_shard[len("packed-"):-len(".tar")]) for p in old_packs), default=-1)
     for k, p in enumerate(new.packs):
         p.pack_id = f"p{offset + k:08d}"
@@ -269,7 +297,7 @@ def extend_plan(old_packs: list[Pack], old_dropped: list[dict], new: PlanResult,
         samples=sum(len(p.sample_ids) for p in packs) + len(dropped),
         packs=len(packs),
         new_packs=len(new.packs),
-        kept_packs=offset,
+        kept_packs=len(old_packs),
         dropped=len(dropped),
         fill=packed_tokens / (len(packs) * config.max_len) if packs else 0.0,
         packed_tokens=packed_tokens,

@@ -51,6 +51,30 @@ def find_shards(input_root: Path, recursive: bool = True) -> dict[str, Path]:
     return dict(sorted(found.items()))
 
 
+def stat_shards(input_root: Path, recursive: bool = True) -> dict[str, tuple[int, int]]:
+    """Shard key -> (size, mtime_ns) of every ``*.tar`` under the input root (a tar gone meanwhile is left out)."""
+    out = {}
+    for key, path in find_shards(input_root, recursive).items():
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        out[key] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def recorded_stats(work: Path, shards: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """Shard key -> (size, mtime_ns) its manifest recorded, for the given shards that have one: a single
+    read over all their ``shard.parquet`` files, on an in-memory connection (never the catalog, which a
+    plan may hold)."""
+    paths = [p for p in (manifest_dir(work, s) / "shard.parquet" for s in shards) if p.exists()]
+    if not paths:
+        return {}
+    with duckdb.connect() as con:
+        rows = con.execute(f"SELECT shard, size, mtime_ns FROM read_parquet({_files(paths)})").fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
 def manifest_dir(work: Path, shard: str) -> Path:
     return work / "manifest" / shard
 

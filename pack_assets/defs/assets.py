@@ -1,6 +1,7 @@
 """The five software-defined assets. Each calls one core stage and attaches metadata."""
 
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -14,6 +15,10 @@ from .resources import PackSettings
 
 INGEST, PACK = "ingest", "pack"
 BACKFILL_BATCH = 16  # shards per run when a backfill covers many partitions (fewer, longer runs)
+
+
+def shards_digest(keys: list[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:16]
 
 
 def _registered_shards(context: dg.AssetExecutionContext) -> list[str]:
@@ -106,7 +111,11 @@ def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.M
     """Bin packing per media type near the lower bound, over every registered shard; writes
     pack_plan.jsonl and the pack_plan / pack_members / dropped tables."""
     shards = _registered_shards(context)
-    s = pipeline.run_plan(settings.work, shards, settings.plan_config(), settings.model_profile(), allow_missing=True)
+    s = pipeline.run_plan(settings.work, shards, settings.plan_config(), settings.model_profile(), allow_missing=True,
+                          input_root=settings.input_root)
+    if s["shards_removed"]:
+        context.log.warning(f"{len(s['shards_removed'])} registered shard(s) no longer in {settings.input_root}, "
+                            f"not planned: {s['shards_removed'][:10]}")
     if s["shards_waiting"]:
         context.log.warning(f"{len(s['shards_waiting'])} registered shard(s) not counted yet, left for the next plan: "
                             f"{s['shards_waiting'][:10]}")
@@ -132,6 +141,9 @@ def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.M
             "drift": dg.MetadataValue.float(s["drift"]),
             "shards": s["shards_planned"],
             "shards_waiting": dg.MetadataValue.json(s["shards_waiting"]),
+            "shards_removed": dg.MetadataValue.json(s["shards_removed"]),
+            # replan_sensor compares it with the partitions now registered (a removed shard needs a replan)
+            "registered_shards_digest": shards_digest(shards),
             "planning": s["planning"],
             "fingerprint": s["fingerprint"],
             "per_media_type": dg.MetadataValue.md(table),
