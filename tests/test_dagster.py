@@ -156,7 +156,10 @@ def test_replan_sensor_fires_after_new_counts_and_plan_skips_a_failed_shard(data
     assert isinstance(replan_sensor(dg.build_sensor_context(instance=instance)), dg.SkipReason)
     for key in ("part-000", "part-001"):
         dg.materialize([manifest, token_lengths], partition_key=key, instance=instance, resources={"settings": settings})
-    # a shard whose counting never finished: scanned, not counted
+    # a shard whose counting never finished: scanned, not counted (its tar is there: a removed one is not waiting)
+    from conftest import write_tar
+
+    write_tar(dataset / "part-broken.tar", [("k.json", '{"messages": [{"role": "user", "content": "hi"}]}')])
     dg.materialize([manifest, token_lengths], selection=[manifest], partition_key="part-broken", instance=instance,
                    resources={"settings": settings})
     request = replan_sensor(dg.build_sensor_context(instance=instance))
