@@ -7,6 +7,7 @@ import json
 import os
 
 import dagster as dg
+import duckdb
 
 from ..core import store
 from .assets import shards_digest
@@ -49,7 +50,10 @@ def new_shard_sensor(context: dg.SensorEvaluationContext, settings: PackSettings
     changed: list[str] = []
     requested = {k: v for k, v in cursor.get("requested", {}).items() if k in found}
     if cursor.get("listing") != listing:
-        recorded = store.recorded_stats(settings.work, [k for k in found if k in known])
+        try:
+            recorded = store.recorded_stats(settings.work, [k for k in found if k in known])
+        except duckdb.Error as e:  # a shard run swapping its manifest directory in right now
+            return dg.SkipReason(f"manifests changing while read, trying again next tick: {e}")
         stamp = lambda k: f"{found[k][0]}:{found[k][1]}"  # noqa: E731
         requested = {k: v for k, v in requested.items() if k in recorded and recorded[k] != found[k]}
         changed = [k for k in sorted(recorded) if recorded[k] != found[k] and requested.get(k) != stamp(k)]
