@@ -94,7 +94,7 @@ def test_the_audit_is_incomplete_while_a_registered_shard_waits(tmp_path, capsys
     assert result.ok and result.verdict == "INCOMPLETE" and result.waiting == ["part-002"]
     assert "**Verdict: INCOMPLETE**" in report["markdown"] and "part-002" in report["markdown"].split("##")[0]
     assert main(["verify", "--work", str(work), "--output", str(out)]) == 3
-    assert capsys.readouterr().out.startswith("INCOMPLETE") 
+    assert capsys.readouterr().out.startswith("INCOMPLETE")
     # once it is counted and planned, the verdict is PASS
     scan(inp, work, ["part-002"])
     pipeline.run_plan(work, ["part-000", "part-001", "part-002"], PlanConfig(max_len=MAX_LEN), PROFILE)
