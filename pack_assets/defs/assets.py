@@ -2,6 +2,7 @@
 
 
 import json
+import warnings
 from pathlib import Path
 
 import dagster as dg
@@ -14,6 +15,10 @@ from .resources import PackSettings
 
 INGEST, PACK = "ingest", "pack"
 BACKFILL_BATCH = 16  # shards per run when a backfill covers many partitions (fewer, longer runs)
+# backfill_policy is relied on knowingly (tests/test_dagster.py); its beta notice, raised at every import in
+# every process, is noise to users. Only that notice is silenced.
+warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy` of function `asset` is currently in beta",
+                        category=dg.BetaWarning)
 
 
 def _registered_shards(context: dg.AssetExecutionContext) -> list[str]:
