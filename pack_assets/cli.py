@@ -197,8 +197,9 @@ def _common_run(p: argparse.ArgumentParser) -> None:
                    help="changed: re-read only output shards new or changed since the last clean audit "
                         "(the others are trusted by size, mtime and content fingerprint); default all")
     p.add_argument("--jobs", type=int, default=0,
-                   help=f"shard runs side by side, one process each (default: 1 when fewer than {JOBS_FROM_SHARDS} "
-                        f"shards need a run, else one per core ({os.cpu_count()} here); a worker costs seconds of imports)")
+                   help=f"shard runs side by side, one process each (default: 1 when fewer than "
+                        f"{JOBS_FROM_SHARDS} shards need a run, else one per core ({os.cpu_count()} here); "
+                        "a worker costs seconds of imports)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 
 
