@@ -53,17 +53,23 @@ def _settings(args, **extra):
 
 
 def _run(args, **extra) -> int:
+    from .core.safety import check_paths, work_lock
     from .orchestrate import instance_for, run_pipeline
 
-    instance = instance_for(Path(args.dagster_home))
-    summary = run_pipeline(_settings(args, **extra), instance, force=args.force, jobs=args.jobs)
+    settings = _settings(args, **extra)
+    check_paths(settings.input_root, settings.work, settings.out)  # before anything is written
+    with work_lock(settings.work, f"pack-assets {args.command}"):  # a second run on this work folder refuses
+        instance = instance_for(Path(args.dagster_home))
+        summary = run_pipeline(settings, instance, force=args.force, jobs=args.jobs)
     _emit(args, summary, _summary_text(summary))
     return 0 if summary["violations"] == 0 else 1
 
 
 def cmd_demo(args) -> int:
     from .core.demo import make_demo
+    from .core.safety import check_paths
 
+    check_paths(DEMO_INPUT, Path(args.work), Path(args.output))  # before the demo data is generated
     if not any(DEMO_INPUT.glob("*.tar")):
         print(f"generating the demo dataset in {DEMO_INPUT}/ ...", file=sys.stderr)
         make_demo(DEMO_INPUT)
