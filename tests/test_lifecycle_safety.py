@@ -96,7 +96,9 @@ def test_output_from_before_the_record_is_adopted_by_its_meta(tmp_path):
     pack(inp, work, out)
     files = {p: digest(p) for p in out.rglob("*") if p.is_file() and p.name != owned.RECORD}
     (out / owned.RECORD).unlink()  # as written by a version without the record
+    (out / ".nv-meta" / ".info.yaml").write_text("shard_counts:\n  packed-000000.tar: 1\n")  # an early version's
     pack(inp, work, out)
+    assert not (out / ".nv-meta" / ".info.yaml").exists()
     assert {p: digest(p) for p in files if p.name != "index.sqlite"} == \
         {p: h for p, h in files.items() if p.name != "index.sqlite"}
     assert set(owned.load(out)) == {p.relative_to(out).as_posix() for p in files}

@@ -25,6 +25,7 @@ RECORD = ".pack_assets-files.json"
 NV_META = ".nv-meta"
 META_FILES = ("dataset.yaml", "split.yaml", ".info.json", "index.sqlite", "index.uuid")
 WIDS = "wids-index.json"
+LEGACY_INFO = f"{NV_META}/.info.yaml"  # written by early versions; stale next to .info.json
 _UNHASHED = (".tar",)  # large, and the first pack's `_meta` says whose it is
 _UNHASHED_NAMES = (f"{NV_META}/index.sqlite",)  # not byte-stable (SQLite page layout)
 
@@ -80,6 +81,8 @@ def _listed_shards(out: Path, name: str) -> list[str] | None:
         if name == WIDS:
             doc = json.loads(p.read_text())
             return [s["url"] for s in doc["shardlist"]] if doc.get("__kind__") == "wids-shard-index-v1" else None
+        if name == LEGACY_INFO:
+            return re.findall(r"^  (\S+): \d+$", p.read_text(), re.M)
         split = (out / NV_META / "split.yaml").read_text()
         return re.findall(r"^  - (\S+)$", split, re.M)
     except (OSError, ValueError, KeyError, TypeError):
@@ -130,6 +133,8 @@ def claim(out: Path, planned: set[str]) -> dict[str, str | None]:
                 if any(n.startswith(NV_META) for n in foreign) else "")
         raise ForeignFiles(f"refusing to overwrite files in {out} that pack_assets did not write (or that were "
                            f"changed since): {what}{hint}. Move them away or choose another --output")
+    if before is None and (out / LEGACY_INFO).is_file() and _proves_ours(out, LEGACY_INFO):
+        recorded[LEGACY_INFO] = None  # an early version's file: removed with the other stale ones
     save(out, {**recorded, **{n: recorded.get(n) for n in planned}})
     return recorded
 

@@ -60,7 +60,7 @@ class PackSettings(dg.ConfigurableResource):
     def work_lock(self, context, step: str):
         """The work folder's lock for a single-writer step: waits (logged) up to PACK_ASSETS_LOCK_WAIT
         seconds for another run; re-entrant, so a CLI run that already holds it goes straight in."""
-        return work_lock(self.work, f"dagster run {context.run_id[:8]} ({step})", wait=lock_wait(),
+        return work_lock(self.work, f"dagster run {context.run.run_id[:8]} ({step})", wait=lock_wait(),
                          log=context.log.warning)
 
     def model_profile(self) -> ModelProfile:
