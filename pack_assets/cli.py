@@ -57,13 +57,18 @@ def _settings(args, **extra):
 
 
 def _run(args, **extra) -> int:
-    home, home_from = resolve_dagster_home(args.dagster_home)
-    if ensure_dagster_yaml(home):
-        print(f"new Dagster home {home}: wrote dagster.yaml (telemetry off, concurrency pools)", file=sys.stderr)
-    from .orchestrate import instance_for, run_pipeline
+    from .core.safety import check_paths, work_lock
 
-    instance = instance_for(home)
-    summary = run_pipeline(_settings(args, **extra), instance, force=args.force, jobs=args.jobs, started=args.started)
+    settings = _settings(args, **extra)
+    check_paths(settings.input_root, settings.work, settings.out)  # before anything is written
+    home, home_from = resolve_dagster_home(args.dagster_home)
+    with work_lock(settings.work, f"pack-assets {args.command}"):  # a second run on this work folder refuses
+        if ensure_dagster_yaml(home):
+            print(f"new Dagster home {home}: wrote dagster.yaml (telemetry off, concurrency pools)", file=sys.stderr)
+        from .orchestrate import instance_for, run_pipeline
+
+        instance = instance_for(home)
+        summary = run_pipeline(settings, instance, force=args.force, jobs=args.jobs, started=args.started)
     summary.update(dagster_home=str(home), dagster_home_from=home_from)
     _emit(args, summary, _summary_text(summary))
     return 0 if summary["violations"] == 0 else 1
@@ -71,7 +76,9 @@ def _run(args, **extra) -> int:
 
 def cmd_demo(args) -> int:
     from .core.demo import make_demo
+    from .core.safety import check_paths
 
+    check_paths(DEMO_INPUT, Path(args.work), Path(args.output))  # before the demo data is generated
     if not any(DEMO_INPUT.glob("*.tar")):
         print(f"generating the demo dataset in {DEMO_INPUT}/ ...", file=sys.stderr)
         make_demo(DEMO_INPUT)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import __version__
-from . import store
+from . import owned, safety, store
 from .audit import PARALLEL_MIN_BYTES, AuditResult, audit, check_plan
 from .lookup import LINEAGE_VIEW
 from .binpack import lower_bounds
@@ -49,6 +49,11 @@ def manifest_is_current(input_root: Path, work: Path, shard: str) -> dict | None
 
 def run_manifest(input_root: Path, work: Path, shard: str, options: ScanOptions = ScanOptions(), force: bool = False) -> dict:
     """Scan one shard into ``<work>/manifest/<shard>/``; an unchanged shard (size, mtime) is not rescanned."""
+    with store.shard_lock(work, shard):  # a concurrent run of this shard finishes first; then it is current
+        return _run_manifest(input_root, work, shard, options, force)
+
+
+def _run_manifest(input_root: Path, work: Path, shard: str, options: ScanOptions, force: bool) -> dict:
     current = None if force else manifest_is_current(input_root, work, shard)
     if current is not None:
         return _manifest_summary(current, cached=True)
@@ -70,6 +75,11 @@ def token_lengths_are_current(work: Path, shard: str, profile: ModelProfile) -> 
 
 def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool = False) -> dict:
     """Count one shard for the profile; counts made from the same manifest and profile are kept."""
+    with store.shard_lock(work, shard):  # the manifest read here and the stamp written last stay paired
+        return _run_token_lengths(work, shard, profile, force)
+
+
+def _run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool) -> dict:
     t0 = time.perf_counter()
     tdir = store.token_dir(work, profile.name, shard)
     if not force and token_lengths_are_current(work, shard, profile):
@@ -340,6 +350,7 @@ def check_sources(con, input_root: Path, shards: list[str]) -> None:
 
 def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, progress=None) -> dict:
     t0 = time.perf_counter()
+    safety.check_paths(input_root, work, out_dir)
     with store.connect(work, read_only=True) as con:
         info = plan_info(con)
         check_sources(con, input_root, [s[0] for s in con.execute(
@@ -353,7 +364,9 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, pro
                         loader=loader, done=done)
     seconds = time.perf_counter() - t0
     total = sum(r["bytes"] for r in results)
+    foreign = owned.foreign_files(out_dir, owned.planned_files(names))
     return {"output_dir": str(out_dir), "shards": len(results), "written": sum(not r["skipped"] for r in results),
+            "foreign_files": foreign,
             "skipped": sum(r["skipped"] for r in results), "bytes": total, "packs": sum(r["packs"] for r in results),
             "seconds": round(seconds, 3), "mb_per_second": round(total / seconds / 1e6, 1) if seconds else None,
             "fingerprint": info["fingerprint"]}

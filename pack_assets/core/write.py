@@ -13,12 +13,12 @@ import hashlib
 import json
 import os
 import tarfile
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from .safety import mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
 
 BLOCK = 512
 RECORD = BLOCK * 20
@@ -263,7 +263,7 @@ def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -
                     "samples": sum(len(p.subs) for p in job.packs), "seconds": time.perf_counter() - t0}
     sources = _Sources()
     _prefetch(job, sources)
-    fd, tmp = tempfile.mkstemp(prefix=f".{job.name}.tmp-", dir=out_dir)
+    fd, tmp = mkstemp(prefix=f".{job.name}.tmp-", dir=out_dir)
     written = 0
     try:
         with os.fdopen(fd, "wb") as out:
@@ -311,7 +311,13 @@ def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, wo
               loader=None, done: list[dict] | None = None) -> list[dict]:
     """Write every shard (a process pool when there are several), remove stale ones, write Energon metadata.
     ``done``: results of shards the caller already found current; they are kept, not rewritten."""
+    from . import owned
+
     out_dir.mkdir(parents=True, exist_ok=True)
+    names = sorted({r["shard"] for r in done or []} | {j if isinstance(j, str) else j.name for j in jobs})
+    planned = owned.planned_files(names)
+    before = owned.claim(out_dir, planned)  # refuses before the first write when a planned name is not ours
+    owned.remove_temp_leftovers(out_dir, planned | set(before))
     workers = workers or min(os.cpu_count() or 1, max(1, len(jobs)))
     args = [(str(out_dir), j, context, loader) for j in jobs]
     results: list[dict] = list(done or [])
@@ -331,13 +337,9 @@ def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, wo
                 if progress:
                     progress(r, len(results), total)
     keep = {r["shard"] for r in results}
-    for p in [*out_dir.glob("*.tar"), *out_dir.glob("*.tar.idx")]:
-        if p.name.removesuffix(".idx") not in keep:
-            p.unlink()  # a shard of an earlier, larger plan
-    for p in [*out_dir.glob(".*.tmp-*"), *(out_dir / NV_META).glob(".*.tmp-*")]:
-        p.unlink()  # leftovers of a killed run
     counts = write_energon_meta(out_dir, sorted(keep), context["plan_fingerprint"])
     write_wids_index(out_dir, counts)
+    owned.finish(out_dir, planned, before)  # only recorded files of an earlier plan are deleted
     for r in results:
         if counts[r["shard"]] != r["packs"]:
             raise RuntimeError(f"{r['shard']}: {counts[r['shard']]} samples on disk, {r['packs']} packs planned")
@@ -377,7 +379,7 @@ def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str) 
     meta.mkdir(parents=True, exist_ok=True)
     names = sorted(shard_names)
     counts: dict[str, int] = {}
-    fd, tmp_db = tempfile.mkstemp(prefix=".index.sqlite.tmp-", dir=meta)
+    fd, tmp_db = mkstemp(prefix=".index.sqlite.tmp-", dir=meta)
     os.close(fd)
     db = sqlite3.connect(tmp_db)
     db.execute("CREATE TABLE samples (tar_file_id INTEGER NOT NULL, sample_key TEXT NOT NULL UNIQUE, "
@@ -392,7 +394,7 @@ def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str) 
         db.executemany("INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)", [(tar_id, *p) for p in parts])
         idx = out_dir / f"{name}.idx"
         data = struct.pack(f"<{len(samples) + 1}Q", *[off for _, off, _ in samples], end)
-        fd, tmp = tempfile.mkstemp(prefix=f".{idx.name}.tmp-", dir=out_dir)
+        fd, tmp = mkstemp(prefix=f".{idx.name}.tmp-", dir=out_dir)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, idx)
@@ -409,8 +411,6 @@ def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str) 
     atomic_write_text(meta / "split.yaml", split)
     info = {"energon_version": ENERGON_FORMAT, "shard_counts": {n: counts[n] for n in names}}
     atomic_write_text(meta / ".info.json", json.dumps(info, indent=2))
-    for stale in (meta / ".info.yaml",):
-        stale.unlink(missing_ok=True)
     return counts
 
 
