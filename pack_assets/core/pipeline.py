@@ -244,21 +244,21 @@ def shard_job(con, input_root: Path, name: str) -> ShardJob:
     time, so memory follows the output shard size, not the dataset)."""
     subs_rows = con.execute(
         """SELECT pm.pack_id, s.sample_id, s.shard, s.key, s.json_member, s.media_members, s.conversation, t.total_tokens,
-                  s.extra_members, sha256(s.conversation)
+                  s.extra_members, sha256(s.conversation), sh.size || ':' || sh.mtime_ns
            FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
-           JOIN token_lengths t USING (sample_id)
+           JOIN token_lengths t USING (sample_id) LEFT JOIN shards sh ON sh.shard = s.shard
            WHERE p.output_shard = ? ORDER BY pm.pack_id, pm.position""", [name]).fetchall()
     member_rows = con.execute(
         """SELECT m.sample_id, m.name, m."offset", m.size, m.sha256 FROM pack_plan p JOIN pack_members pm USING (pack_id)
            JOIN members m USING (sample_id) WHERE p.output_shard = ?""", [name]).fetchall()
     members = {(r[0], r[1]): {"name": r[1], "offset": r[2], "size": r[3], "sha256": r[4]} for r in member_rows}
     subs: dict[str, list[SubSample]] = {}
-    for pack_id, sid, shard, key, json_member, media_members, conv, tokens, extra_members, conv_sha in subs_rows:
+    for pack_id, sid, shard, key, json_member, media_members, conv, tokens, extra_members, conv_sha, stamp in subs_rows:
         subs.setdefault(pack_id, []).append(SubSample(
             sample_id=sid, shard=shard, key=key, source_path=str(input_root / f"{shard}.tar"), token_len=tokens,
             messages=json.loads(conv), json_member=members.get((sid, json_member)) if json_member else None,
             media=[members[(sid, n)] for n in media_members or []],
-            extra=[members[(sid, n)] for n in extra_members or []], conversation_sha256=conv_sha,
+            extra=[members[(sid, n)] for n in extra_members or []], conversation_sha256=conv_sha, source_stamp=stamp,
         ))
     packs = con.execute("SELECT pack_id, media_type, total_token_len FROM pack_plan WHERE output_shard = ? ORDER BY pack_id",
                         [name]).fetchall()
@@ -280,20 +280,25 @@ def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
         return []
     # members as the structs shard_job builds, so both sides feed ShardFingerprint the same values
     member = """{'name': m.name, 'offset': m."offset", 'size': m.size, 'sha256': m.sha256}"""
-    listed = lambda col: f"""SELECT x.sample_id, list({member} ORDER BY x.i) AS {col}
+
+    def listed(col: str) -> str:
+        return f"""SELECT x.sample_id, list({member} ORDER BY x.i) AS {col}
                     FROM (SELECT sample_id, unnest({col}_members) AS name, generate_subscripts({col}_members, 1) AS i
                           FROM packed) x JOIN members m USING (sample_id, name)
-                    GROUP BY x.sample_id"""  # noqa: E731
+                    GROUP BY x.sample_id"""
+
     cur = con.execute(
         f"""WITH packed AS (SELECT pm.sample_id, s.media_members, s.extra_members
                             FROM pack_members pm JOIN samples s USING (sample_id)),
                 media AS ({listed("media")}),
                 extra AS ({listed("extra")})
            SELECT p.output_shard, p.pack_id, p.media_type, p.total_token_len, pm.sample_id, t.total_tokens,
-                  sha256(s.conversation), CASE WHEN m.name IS NOT NULL THEN {member} END, md.media, ex.extra
+                  sha256(s.conversation), CASE WHEN m.name IS NOT NULL THEN {member} END, md.media, ex.extra,
+                  sh.size || ':' || sh.mtime_ns
            FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
            JOIN token_lengths t USING (sample_id) LEFT JOIN media md USING (sample_id)
            LEFT JOIN extra ex USING (sample_id) LEFT JOIN members m ON m.sample_id = s.sample_id AND m.name = s.json_member
+           LEFT JOIN shards sh ON sh.shard = s.shard
            ORDER BY p.output_shard, p.pack_id, pm.position""")
     found: list[dict] = []
     shard = pack = fp = None
@@ -305,7 +310,7 @@ def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
                           "seconds": 0.0, "fingerprint": fp.hexdigest()})
 
     while rows := cur.fetchmany(65536):
-        for name, pack_id, media_type, total, sample_id, tokens, conv_sha, json_member, media, extra in rows:
+        for name, pack_id, media_type, total, sample_id, tokens, conv_sha, json_member, media, extra, stamp in rows:
             if name != shard:
                 if shard is not None:
                     close()
@@ -314,7 +319,7 @@ def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
                 pack = pack_id
                 fp.pack(pack_id, media_type, total)
                 stats["packs"] += 1
-            fp.sub(sample_id, tokens, conv_sha, json_member, media or [], extra or [])
+            fp.sub(sample_id, tokens, conv_sha, json_member, media or [], extra or [], stamp)
             stats["samples"] += 1
     if shard is not None:
         close()

@@ -607,13 +607,19 @@ def scan_shard(
 
 
 def _counting(entries: Iterator[Entry], info: ShardInfo) -> Iterator[Entry]:
-    for e in entries:
-        if e.kind == "break":
-            info.status = "truncated"
-        else:
-            info.n_members += 1
-            info.n_meta_members += is_meta_member(e.name)
-        yield e
+    try:
+        for e in entries:
+            if e.kind == "break":
+                info.status = "truncated"
+            else:
+                info.n_members += 1
+                info.n_meta_members += is_meta_member(e.name)
+            yield e
+    except ShardError:
+        raise
+    except Exception as ex:  # e.g. an I/O error mid-archive: a break, so the sample in progress gets the row
+        info.status = "truncated"
+        yield Entry("", -1, 0, "break", f"reading the archive: {type(ex).__name__}: {ex}", reason="scan_error")
 
 
 def _emit(shard, key, entries, reader, options, seen, info) -> Iterator[Sample | Rejection]:

@@ -88,6 +88,7 @@ class SubSample:
     media: list[dict]  # [{"name", "offset", "size", "sha256"}] in media order
     extra: list[dict] = field(default_factory=list)  # members neither the record nor media, same fields
     conversation_sha256: str | None = None  # of the manifest's normalized conversation text
+    source_stamp: str | None = None  # "size:mtime_ns" of the source shard as scanned
 
 
 @dataclass
@@ -250,7 +251,9 @@ class ShardFingerprint:
     conversation, record member, media and extra members (name, offset, size, sha256: the bytes copied, the
     output names and ``_meta``); the profile, max length and tool version. Fed pack by pack, so the writer
     (from a ShardJob) and the skip check (from one catalog query over all shards) compute the same value.
-    Not the plan fingerprint: an incremental plan keeps the untouched output shards of the one before."""
+    A member scanned without a hash is known by its place only, so then the source shard's size and mtime
+    stand in for its content. Not the plan fingerprint: an incremental plan keeps the untouched output
+    shards of the one before."""
 
     def __init__(self, context: dict) -> None:
         self._h = hashlib.sha256(json.dumps([context["profile_fingerprint"], context["max_len"], context.get("profile"),
@@ -260,9 +263,11 @@ class ShardFingerprint:
         self._h.update(f"{pack_id}|{media_type}|{total_token_len}\n".encode())
 
     def sub(self, sample_id: str, token_len: int, conversation_sha256: str | None, json_member: dict | None,
-            media: list[dict], extra: list[dict]) -> None:
+            media: list[dict], extra: list[dict], source_stamp: str | None = None) -> None:
         keys = [member_key(json_member), *map(member_key, media), "+", *map(member_key, extra)]
-        self._h.update(f"{sample_id}|{token_len}|{conversation_sha256}|{'|'.join(keys)}\n".encode())
+        unhashed = any(m is not None and m["sha256"] is None for m in [json_member, *media, *extra])
+        stamp = source_stamp if unhashed else ""
+        self._h.update(f"{sample_id}|{token_len}|{conversation_sha256}|{stamp}|{'|'.join(keys)}\n".encode())
 
     def hexdigest(self) -> str:
         return self._h.hexdigest()[:16]
@@ -275,7 +280,7 @@ def shard_fingerprint(job: ShardJob, context: dict) -> str:
         for sub in p.subs:
             conv = sub.conversation_sha256 or hashlib.sha256(
                 json.dumps(sub.messages, ensure_ascii=False).encode()).hexdigest()
-            fp.sub(sub.sample_id, sub.token_len, conv, sub.json_member, sub.media, sub.extra)
+            fp.sub(sub.sample_id, sub.token_len, conv, sub.json_member, sub.media, sub.extra, sub.source_stamp)
     return fp.hexdigest()
 
 
