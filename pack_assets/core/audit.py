@@ -2,7 +2,8 @@
 
 Reads every output shard (not the plan), hashes every media member, and checks it against the plan and
 the manifest: every source sample exactly once across packed / dropped / rejected (per shard and in total),
-no pack over capacity, no mixed media types, every media byte equal to its source, ``_meta`` consistent.
+no pack over capacity, no mixed media types, every media (and extra member) byte equal to its source,
+``_meta`` consistent, and every packed conversation equal to the current manifest's (nothing stale).
 """
 
 from __future__ import annotations
