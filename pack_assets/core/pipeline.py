@@ -6,6 +6,7 @@ stage before it wrote and returns a summary dict (counts, paths, timings) for me
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -23,7 +24,7 @@ from .lookup import LINEAGE_VIEW
 from .binpack import lower_bounds
 from .plan import Pack, PlanConfig, extend_plan, make_plan, plan_jsonl, simulate
 from .profiles import ModelProfile
-from .records import ShardInfo
+from .records import SAMPLES_SCHEMA, ShardInfo
 from .scan import ScanOptions, scan_shard
 from .tokens import TokenCounter, count_shard_rows
 from .write import PackJob, ShardFingerprint, ShardJob, SubSample, first_pack_meta, write_all
@@ -43,7 +44,10 @@ def manifest_is_current(input_root: Path, work: Path, shard: str) -> dict | None
     except OSError:
         return None
     if info and info["size"] == st.st_size and info["mtime_ns"] == st.st_mtime_ns:
-        return info
+        # a manifest written by an older version (e.g. without extra_members) is rescanned, not misread
+        with contextlib.suppress(OSError, ValueError):  # unreadable: rescan
+            if pq.read_schema(store.manifest_dir(work, shard) / "samples.parquet").names == SAMPLES_SCHEMA.names:
+                return info
     return None
 
 
@@ -249,20 +253,22 @@ def shard_job(con, input_root: Path, name: str) -> ShardJob:
     """Everything the writer needs for one output shard, from the plan and the manifest (one shard at a
     time, so memory follows the output shard size, not the dataset)."""
     subs_rows = con.execute(
-        """SELECT pm.pack_id, s.sample_id, s.shard, s.key, s.json_member, s.media_members, s.conversation, t.total_tokens
+        """SELECT pm.pack_id, s.sample_id, s.shard, s.key, s.json_member, s.media_members, s.conversation, t.total_tokens,
+                  s.extra_members, sha256(s.conversation), sh.size || ':' || sh.mtime_ns
            FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
-           JOIN token_lengths t USING (sample_id)
+           JOIN token_lengths t USING (sample_id) LEFT JOIN shards sh ON sh.shard = s.shard
            WHERE p.output_shard = ? ORDER BY pm.pack_id, pm.position""", [name]).fetchall()
     member_rows = con.execute(
         """SELECT m.sample_id, m.name, m."offset", m.size, m.sha256 FROM pack_plan p JOIN pack_members pm USING (pack_id)
            JOIN members m USING (sample_id) WHERE p.output_shard = ?""", [name]).fetchall()
     members = {(r[0], r[1]): {"name": r[1], "offset": r[2], "size": r[3], "sha256": r[4]} for r in member_rows}
     subs: dict[str, list[SubSample]] = {}
-    for pack_id, sid, shard, key, json_member, media_members, conv, tokens in subs_rows:
+    for pack_id, sid, shard, key, json_member, media_members, conv, tokens, extra_members, conv_sha, stamp in subs_rows:
         subs.setdefault(pack_id, []).append(SubSample(
             sample_id=sid, shard=shard, key=key, source_path=str(input_root / f"{shard}.tar"), token_len=tokens,
             messages=json.loads(conv), json_member=members.get((sid, json_member)) if json_member else None,
             media=[members[(sid, n)] for n in media_members or []],
+            extra=[members[(sid, n)] for n in extra_members or []], conversation_sha256=conv_sha, source_stamp=stamp,
         ))
     packs = con.execute("SELECT pack_id, media_type, total_token_len FROM pack_plan WHERE output_shard = ? ORDER BY pack_id",
                         [name]).fetchall()
@@ -282,16 +288,27 @@ def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
     on_disk = {p.name for p in out_dir.glob("*.tar")} if out_dir.is_dir() else set()
     if not on_disk:
         return []
-    cur = con.execute(
-        """WITH packed AS (SELECT pm.sample_id, s.media_members FROM pack_members pm JOIN samples s USING (sample_id)),
-                media AS (
-                    SELECT x.sample_id, list(m.sha256 ORDER BY x.i) AS shas, list(m."offset" ORDER BY x.i) AS offs
-                    FROM (SELECT sample_id, unnest(media_members) AS name, generate_subscripts(media_members, 1) AS i
+    # members as the structs shard_job builds, so both sides feed ShardFingerprint the same values
+    member = """{'name': m.name, 'offset': m."offset", 'size': m.size, 'sha256': m.sha256}"""
+
+    def listed(col: str) -> str:
+        return f"""SELECT x.sample_id, list({member} ORDER BY x.i) AS {col}
+                    FROM (SELECT sample_id, unnest({col}_members) AS name, generate_subscripts({col}_members, 1) AS i
                           FROM packed) x JOIN members m USING (sample_id, name)
-                    GROUP BY x.sample_id)
-           SELECT p.output_shard, p.pack_id, p.media_type, p.total_token_len, pm.sample_id, t.total_tokens, md.shas, md.offs
+                    GROUP BY x.sample_id"""
+
+    cur = con.execute(
+        f"""WITH packed AS (SELECT pm.sample_id, s.media_members, s.extra_members
+                            FROM pack_members pm JOIN samples s USING (sample_id)),
+                media AS ({listed("media")}),
+                extra AS ({listed("extra")})
+           SELECT p.output_shard, p.pack_id, p.media_type, p.total_token_len, pm.sample_id, t.total_tokens,
+                  sha256(s.conversation), CASE WHEN m.name IS NOT NULL THEN {member} END, md.media, ex.extra,
+                  sh.size || ':' || sh.mtime_ns
            FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
            JOIN token_lengths t USING (sample_id) LEFT JOIN media md USING (sample_id)
+           LEFT JOIN extra ex USING (sample_id) LEFT JOIN members m ON m.sample_id = s.sample_id AND m.name = s.json_member
+           LEFT JOIN shards sh ON sh.shard = s.shard
            ORDER BY p.output_shard, p.pack_id, pm.position""")
     found: list[dict] = []
     shard = pack = fp = None
@@ -303,7 +320,7 @@ def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
                           "seconds": 0.0, "fingerprint": fp.hexdigest()})
 
     while rows := cur.fetchmany(65536):
-        for name, pack_id, media_type, total, sample_id, tokens, shas, offs in rows:
+        for name, pack_id, media_type, total, sample_id, tokens, conv_sha, json_member, media, extra, stamp in rows:
             if name != shard:
                 if shard is not None:
                     close()
@@ -312,7 +329,7 @@ def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
                 pack = pack_id
                 fp.pack(pack_id, media_type, total)
                 stats["packs"] += 1
-            fp.sub(sample_id, tokens, [sha or off for sha, off in zip(shas or [], offs or [])])
+            fp.sub(sample_id, tokens, conv_sha, json_member, media or [], extra or [], stamp)
             stats["samples"] += 1
     if shard is not None:
         close()
