@@ -22,7 +22,7 @@ from . import owned, safety, store
 from .audit import PARALLEL_MIN_BYTES, AuditResult, audit, check_plan
 from .lookup import LINEAGE_VIEW
 from .binpack import lower_bounds
-from .plan import Pack, PlanConfig, extend_plan, make_plan, plan_jsonl, simulate
+from .plan import Pack, PlanConfig, config_fingerprint, extend_plan, make_plan, plan_jsonl, simulate
 from .profiles import ModelProfile
 from .records import SAMPLES_SCHEMA, ShardInfo
 from .scan import ScanOptions, scan_shard
@@ -278,7 +278,8 @@ def shard_job(con, input_root: Path, name: str) -> ShardJob:
 def write_context(info: dict) -> dict:
     """What every output shard's `_meta` carries besides its packs."""
     return {"profile": info["profile"], "profile_fingerprint": info["profile_fingerprint"],
-            "plan_fingerprint": info["fingerprint"], "max_len": info["config"]["max_len"],
+            "config_fingerprint": config_fingerprint(info["config"], info["profile_fingerprint"]),
+            "max_len": info["config"]["max_len"],
             "tool": "pack_assets", "tool_version": __version__}
 
 
@@ -378,7 +379,8 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, pro
     loader = functools.partial(load_shard_job, str(work), str(input_root))
     skip = {r["shard"] for r in done}
     results = write_all(out_dir, [n for n in names if n not in skip], context, workers=workers, progress=progress,
-                        loader=loader, done=done)
+                        loader=loader, done=done,
+                        plan_fingerprint=info["fingerprint"])
     seconds = time.perf_counter() - t0
     total = sum(r["bytes"] for r in results)
     foreign = owned.foreign_files(out_dir, owned.planned_files(names))

@@ -345,9 +345,10 @@ def _write_shard_star(args):
 
 
 def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, workers: int = 0, progress=None,
-              loader=None, done: list[dict] | None = None) -> list[dict]:
-    """Write every shard (a process pool when there are several), remove stale ones, write Energon metadata.
-    ``done``: results of shards the caller already found current; they are kept, not rewritten."""
+              loader=None, done: list[dict] | None = None, plan_fingerprint: str = "") -> list[dict]:
+    """Write every shard (a process pool when there are several), remove stale ones, write Energon metadata
+    (its index uuid named after ``plan_fingerprint``). ``done``: results of shards the caller already found
+    current; they are kept, not rewritten."""
     from . import owned
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -374,7 +375,7 @@ def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, wo
                 if progress:
                     progress(r, len(results), total)
     keep = {r["shard"] for r in results}
-    counts = write_energon_meta(out_dir, sorted(keep), context["plan_fingerprint"])
+    counts = write_energon_meta(out_dir, sorted(keep), plan_fingerprint or context["config_fingerprint"])
     write_wids_index(out_dir, counts)
     owned.finish(out_dir, planned, before)  # only recorded files of an earlier plan are deleted
     for r in results:
