@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 from .core.profiles import DEFAULT_PROFILE
+from .runenv import JOBS_FROM_SHARDS, ensure_dagster_yaml, process_start, resolve_dagster_home
 
 DEMO_INPUT = Path("demo_data/shards")
 
@@ -39,6 +42,7 @@ def _summary_text(s: dict) -> str:
         f"          {s['plan_file']}",
         f"          {s['audit_report']}",
         f"          {s['duckdb']}",
+        f"dagster    {s['dagster_home']} (from {s['dagster_home_from']})",
         f"time      {s['seconds']} s ("
         + ", ".join(f"{k} {v} s" for k, v in s.get("stage_seconds", {}).items()) + ")",
     ])
@@ -58,10 +62,19 @@ def _settings(args, **extra):
 
 
 def _run(args, **extra) -> int:
-    from .orchestrate import instance_for, run_pipeline
+    from .core.safety import check_paths, work_lock
 
-    instance = instance_for(Path(args.dagster_home))
-    summary = run_pipeline(_settings(args, **extra), instance, force=args.force, jobs=args.jobs)
+    settings = _settings(args, **extra)
+    check_paths(settings.input_root, settings.work, settings.out)  # before anything is written
+    home, home_from = resolve_dagster_home(args.dagster_home)
+    with work_lock(settings.work, f"pack-assets {args.command}"):  # a second run on this work folder refuses
+        if ensure_dagster_yaml(home):
+            print(f"new Dagster home {home}: wrote dagster.yaml (telemetry off, concurrency pools)", file=sys.stderr)
+        from .orchestrate import instance_for, run_pipeline
+
+        instance = instance_for(home)
+        summary = run_pipeline(settings, instance, force=args.force, jobs=args.jobs, started=args.started)
+    summary.update(dagster_home=str(home), dagster_home_from=home_from)
     _emit(args, summary, _summary_text(summary))
     return verdict_exit(summary.get("verdict") or ("PASS" if summary["violations"] == 0 else "FAIL"))
 
@@ -73,7 +86,9 @@ def verdict_exit(verdict: str) -> int:
 
 def cmd_demo(args) -> int:
     from .core.demo import make_demo
+    from .core.safety import check_paths
 
+    check_paths(DEMO_INPUT, Path(args.work), Path(args.output))  # before the demo data is generated
     if not any(DEMO_INPUT.glob("*.tar")):
         print(f"generating the demo dataset in {DEMO_INPUT}/ ...", file=sys.stderr)
         make_demo(DEMO_INPUT)
@@ -194,14 +209,18 @@ def _common_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-dir", help="a local HF checkpoint folder (overrides --profile)")
     p.add_argument("--algorithm", default="bfd", help="packing algorithm (bfd, next_fit)")
     p.add_argument("--seed", type=int, default=0, help="seed of the pack order shuffle")
-    p.add_argument("--dagster-home", default="dagster_home", help="Dagster instance directory (made absolute)")
+    p.add_argument("--dagster-home", help="Dagster instance directory (default: $DAGSTER_HOME if set, else "
+                   "./dagster_home); a dagster.yaml with the project's settings is written if it has none")
     p.add_argument("--force", action="store_true", help="rescan and recount every shard even if unchanged")
     p.add_argument("--incremental", action="store_true",
                    help="keep the previous plan's packs and output shards; new samples go into new ones")
     p.add_argument("--audit-scope", choices=["all", "changed"], default="all",
                    help="changed: re-read only output shards new or changed since the last clean audit "
                         "(the others are trusted by size, mtime and content fingerprint); default all")
-    p.add_argument("--jobs", type=int, default=0, help="shard runs side by side (default: one per core)")
+    p.add_argument("--jobs", type=int, default=0,
+                   help=f"shard runs side by side, one process each (default: 1 when fewer than "
+                        f"{JOBS_FROM_SHARDS} shards need a run, else one per core ({os.cpu_count()} here); "
+                        "a worker costs seconds of imports)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 
 
@@ -280,7 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # run as the command (argv from sys.argv): time counts from process start, interpreter and imports included
+    started = process_start() if argv is None else time.perf_counter()
     args = build_parser().parse_args(argv)
+    args.started = started
     try:
         return args.func(args)
     except (FileNotFoundError, ValueError, RuntimeError) as e:

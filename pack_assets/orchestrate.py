@@ -14,11 +14,13 @@ from .core import pipeline, store
 from .defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
 from .defs.partitions import source_shards
 from .defs.resources import PackSettings
+from .progress import ShardProgress
+from .runenv import default_jobs, ensure_dagster_yaml
 
 
 def instance_for(dagster_home: Path) -> dg.DagsterInstance:
     home = dagster_home.resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    ensure_dagster_yaml(home)  # without one Dagster warns on every instance load and shows its telemetry banner
     os.environ["DAGSTER_HOME"] = str(home)  # dagster requires an absolute DAGSTER_HOME
     return dg.DagsterInstance.get()
 
@@ -63,17 +65,21 @@ def _worker_init(dagster_home: str) -> None:
     os.environ["DAGSTER_HOME"] = dagster_home
 
 
-def _shard_run(key: str, fields: dict) -> None:
-    """One partition's `manifest` + `token_lengths` run, recorded in the instance under DAGSTER_HOME.
-    (Settings travel as plain fields: resource objects do not pickle across processes.)"""
-    _materialize([manifest, token_lengths], partition_key=key, instance=dg.DagsterInstance.get(),
-                 resources={"settings": PackSettings(**fields)}, run_config=QUIET)
+def _shard_run(key: str, fields: dict) -> int | None:
+    """One partition's `manifest` + `token_lengths` run, recorded in the instance under DAGSTER_HOME; returns
+    the shard's sample count. (Settings travel as plain fields: resource objects do not pickle across processes.)"""
+    result = _materialize([manifest, token_lengths], partition_key=key, instance=dg.DagsterInstance.get(),
+                          resources={"settings": PackSettings(**fields)}, run_config=QUIET)
+    return _metadata(result, "manifest").get("dagster/row_count")
 
 
 def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None, force: bool = False,
-                 jobs: int = 0) -> dict:
+                 jobs: int = 0, started: float | None = None) -> dict:
+    """`started`: the time.perf_counter() the caller's wall time counts from (the CLI: process start), so
+    the summary's stage seconds, with start-up and other, add up to the seconds the user waited."""
+    progress_log = log
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if started is None else started
     root = settings.input_root
     if not root.is_dir():
         raise FileNotFoundError(f"input directory {root} does not exist")
@@ -95,33 +101,36 @@ def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None,
     resources = {"settings": settings}
     todo = [k for k in shards if force or pipeline.manifest_is_current(root, settings.work, k) is None
             or not pipeline.token_lengths_are_current(settings.work, k, profile)]
-    if not jobs:  # a worker process costs ~3 s of imports: worth it from a handful of shards up
-        jobs = (os.cpu_count() or 1) if len(todo) >= 8 else 1
-    jobs = max(1, min(jobs, len(todo)))
+    jobs = max(1, min(jobs or default_jobs(len(todo)), len(todo)))
     fields = {k: getattr(settings, k) for k in PackSettings.model_fields}
-    if jobs == 1:
-        for i, key in enumerate(todo, 1):
-            _shard_run(key, fields)
-            log(f"[{i}/{len(todo)}] scanned and counted {key}")
-    elif todo:
-        # shard runs write only their own Parquet files, so they run side by side, one process each
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-                                 initargs=(os.environ["DAGSTER_HOME"],)) as pool:
-            futures = {pool.submit(_shard_run, key, fields): key for key in todo}
-            for i, fut in enumerate(as_completed(futures), 1):
-                fut.result()
-                log(f"[{i}/{len(todo)}] scanned and counted {futures[fut]}")
+    t_shards = time.perf_counter()
+    with ShardProgress(len(todo), log=progress_log) as progress:
+        if jobs == 1:
+            for key in todo:
+                progress.update(key, _shard_run(key, fields))
+        elif todo:
+            # shard runs write only their own Parquet files, so they run side by side, one process each
+            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                                     initargs=(os.environ["DAGSTER_HOME"],)) as pool:
+                futures = {pool.submit(_shard_run, key, fields): key for key in todo}
+                for fut in as_completed(futures):
+                    progress.update(futures[fut], fut.result())
     ran = len(todo)
-    shard_seconds = time.perf_counter() - t0
+    shard_seconds = time.perf_counter() - t_shards
     log(f"{ran} shard run(s), {len(shards) - ran} shard(s) unchanged; planning, writing and auditing")
     result = _materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=resources, run_config=QUIET)
-    stage_seconds = {"manifest+token_lengths": round(shard_seconds, 2), **_step_seconds(instance, result.run_id)}
+    stage_seconds = {"start-up": round(t_shards - t0, 2), "manifest+token_lengths": round(shard_seconds, 2),
+                     **_step_seconds(instance, result.run_id)}
     plan, written, audit = (_metadata(result, a) for a in ("pack_plan", "packed_shards", "audit_report"))
+    seconds = round(time.perf_counter() - t0, 2)
+    # the rest: Dagster's run set-up and event log around the steps, reading their metadata
+    stage_seconds["other"] = round(seconds - sum(stage_seconds.values()), 2)
     return {
         "input_dir": str(root),
         "shards": len(shards),
         "shard_runs": ran,
         "shards_removed": removed,
+        "jobs": jobs,
         "samples": audit.get("samples_read"),
         "packed": audit.get("packed"),
         "dropped": audit.get("dropped"),
@@ -144,7 +153,7 @@ def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None,
         "audit_report": str(settings.work / "audit_report.md"),
         "duckdb": str(settings.work / store.DB_NAME),
         "dagster_home": os.environ["DAGSTER_HOME"],
-        "seconds": round(time.perf_counter() - t0, 2),
+        "seconds": seconds,
         "stage_seconds": stage_seconds,
     }
 

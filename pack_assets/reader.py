@@ -1,6 +1,7 @@
 """Training-side reader for packed shards (no torch needed; arrays are numpy).
 
-``iter_packs(paths)`` yields each pack with its sub-samples (conversation, source record, media bytes).
+``iter_packs(paths)`` yields each pack with its sub-samples (conversation, source record, media bytes, and
+the bytes of ``extra`` members the record does not name).
 ``PackEncoder(profile).encode(pack)`` turns a pack into what a trainer feeds the model without letting
 sub-samples attend to each other:
 
@@ -49,6 +50,8 @@ def _pack(parts: dict[str, bytes]) -> dict:
     doc = json.loads(parts["json"])
     for s in doc["samples"]:
         s["media"] = [(name, parts[name]) for name in s["media"]]
+        # members the record does not name, carried byte for byte; never fed to the model
+        s["extra"] = [(name, parts[name]) for name in s.get("extra", [])]
     return doc
 
 

@@ -76,9 +76,10 @@ def test_packed_sample_holds_full_conversations_and_meta(packed):
         doc = json.loads(tf.extractfile(ti).read())
     meta = doc["_meta"]
     for k in ("pack_id", "media_type", "sample_ids", "sample_token_lens", "total_token_len", "sources", "profile",
-              "plan_fingerprint", "tool_version"):
+              "config_fingerprint", "tool_version"):
         assert k in meta
-    assert meta["plan_fingerprint"] == summary["fingerprint"]
+    with store.connect(work, read_only=True) as con:
+        assert meta["config_fingerprint"] == pipeline.write_context(pipeline.plan_info(con))["config_fingerprint"]
     assert sum(meta["sample_token_lens"]) == meta["total_token_len"] <= 1500
     assert len(doc["samples"]) == len(meta["sample_ids"])
     for s in doc["samples"]:

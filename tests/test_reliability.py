@@ -250,7 +250,7 @@ def test_writer_reader_round_trip_keeps_every_byte(sub_media, packs_per_shard):
                  for k in range(len(subs))]
         jobs = [ShardJob(f"packed-{n:06d}.tar", packs[i:i + packs_per_shard])
                 for n, i in enumerate(range(0, len(packs), packs_per_shard))]
-        context = {"profile": "x", "profile_fingerprint": "x", "plan_fingerprint": "x", "max_len": 100}
+        context = {"profile": "x", "profile_fingerprint": "x", "config_fingerprint": "x", "max_len": 100}
         write_all(d / "out", jobs, context, workers=1)
         got = list(iter_packs(sorted((d / "out").glob("*.tar"))))
         assert [p["pack_id"] for p in got] == [p.pack_id for p in packs]

@@ -2,7 +2,8 @@
 
 Reads every output shard (not the plan), hashes every media member, and checks it against the plan and
 the manifest: every source sample exactly once across packed / dropped / rejected (per shard and in total),
-no pack over capacity, no mixed media types, every media byte equal to its source, ``_meta`` consistent.
+no pack over capacity, no mixed media types, every media (and extra member) byte equal to its source,
+``_meta`` consistent, and every packed conversation equal to the current manifest's (nothing stale).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def _shard_expectations(con, name: str):
                              "FROM pack_plan WHERE output_shard = ?", [name]).fetchall()
     }
     samples = {r[0]: r[1:] for r in con.execute(
-        """SELECT s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos, t.vision_tokens
+        """SELECT s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos, t.vision_tokens,
+                  s.json_member, s.conversation, s.media_members, s.extra_members
            FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
            LEFT JOIN token_lengths t USING (sample_id) WHERE p.output_shard = ?""", [name]).fetchall()}
     members = {(r[0], r[1]): (r[2], r[3]) for r in con.execute(
@@ -63,21 +65,49 @@ def _shard_expectations(con, name: str):
     return plan, samples, members
 
 
+def _check_current(res: AuditResult, name: str, key: str, doc: dict, meta: dict, samples: dict,
+                   members: dict) -> None:
+    """Each packed sub-sample against the current manifest: its record member (sha256), normalized
+    conversation and member lists; an output older than its source fails here even when the bytes it
+    copied are intact."""
+    packed = {s.get("sample_id"): s for s in doc.get("samples", []) if isinstance(s, dict)}
+    for src in meta.get("sources", []):
+        sid = src.get("sample_id")
+        row = samples.get(sid)
+        if row is None or len(row) < 8:
+            continue  # a sample the plan does not hold: meta_mismatch says so
+        json_name, conversation, media_names, extra_names = row[4:8]
+        jm = src.get("json_member") or {}
+        current_sha = members.get((sid, json_name), (None, None))[0] if json_name else None
+        if jm.get("name") != json_name or (current_sha is not None and jm.get("sha256") != current_sha):
+            res.add("stale_conversation", f"{sid}: the packed record {jm.get('name')} ({jm.get('sha256')}) is not "
+                    f"the current {json_name} ({current_sha})", shard=name, pack_id=key, sample_id=sid)
+        elif packed.get(sid, {}).get("messages") != json.loads(conversation or "null"):
+            res.add("stale_conversation", f"{sid}: the packed messages differ from the manifest's conversation",
+                    shard=name, pack_id=key, sample_id=sid)
+        for kind, current in (("media", media_names), ("extra", extra_names)):
+            if [m.get("name") for m in src.get(kind, [])] != list(current or []):
+                res.add(f"stale_{kind}", f"{sid}: packed {kind} members {[m.get('name') for m in src.get(kind, [])][:5]}"
+                        f" are not the current {list(current or [])[:5]}", shard=name, pack_id=key, sample_id=sid)
+
+
 def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict | None, samples: dict,
-                members: dict, config: dict) -> tuple[int, int]:
-    """One pack read back against its plan row; returns (media members checked, their bytes)."""
+                members: dict, config: dict) -> Counter:
+    """One pack read back against its plan row; returns the media and extra members checked and their bytes."""
     max_len, pad = config["max_len"], config.get("pad_multiple", 1)
+    counts: Counter = Counter()
     if "json" not in parts:
         res.add("missing_json", f"pack {key} has no json member", shard=name, pack_id=key)
-        return 0, 0
+        return counts
     try:
-        meta = json.loads(parts["json"])["_meta"]
-    except (ValueError, KeyError) as e:
+        doc = json.loads(parts["json"])
+        meta = doc["_meta"]
+    except (ValueError, KeyError, TypeError) as e:
         res.add("bad_json", f"pack {key}: {e}", shard=name, pack_id=key)
-        return 0, 0
+        return counts
     if expect is None:
         res.add("unknown_pack", f"pack {key} is not planned for {name}", shard=name, pack_id=key)
-        return 0, 0
+        return counts
     if (meta.get("sample_ids"), meta.get("sample_token_lens"), meta.get("total_token_len"), meta.get("media_type"),
             meta.get("pack_id")) != (expect["sample_ids"], expect["lens"], expect["total"], expect["media_type"], key):
         res.add("meta_mismatch", f"pack {key}: _meta differs from pack_plan", shard=name, pack_id=key)
@@ -97,10 +127,11 @@ def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict
             res.add("length_mismatch", f"{sid}: plan {n}, token_lengths {row[0]}", pack_id=key)
         if row[1] != expect["media_type"]:
             res.add("mixed_media", f"{sid} is {row[1]} in a {expect['media_type']} pack", pack_id=key)
-    checked = nbytes = 0
+    _check_current(res, name, key, doc, meta, samples, members)
     expected_media = set()
     for src in meta.get("sources", []):
-        for m in src.get("media", []):
+        # extra members (neither record nor media) are source bytes too: hashed and counted alike
+        for kind, m in [("media", m) for m in src.get("media", [])] + [("extra", m) for m in src.get("extra", [])]:
             part = m["output_name"].split(".", 1)[1]
             expected_media.add(part)
             data = parts.get(part)
@@ -109,8 +140,8 @@ def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict
                 continue
             source_sha, source_size = members.get((src["sample_id"], m["name"]), (None, None))
             digest = hashlib.sha256(data).hexdigest()
-            checked += 1
-            nbytes += len(data)
+            counts[kind] += 1
+            counts[f"{kind}_bytes"] += len(data)
             if source_size is None:
                 res.add("unknown_media", f"{m['name']} of {src['sample_id']} not in members", pack_id=key)
             elif (source_sha is not None and digest != source_sha) or len(data) != source_size:
@@ -121,27 +152,24 @@ def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict
     extra = set(parts) - expected_media - {"json"}
     if extra:
         res.add("extra_member", f"pack {key} has members not in _meta: {sorted(extra)[:5]}", pack_id=key)
-    return checked, nbytes
+    return counts
 
 
-def _audit_shard(con, out_dir: Path, name: str, config: dict) -> tuple[list[dict], Counter, int, int]:
-    """One output shard read back: its violations, the pack keys seen, media members and bytes checked."""
-    res, seen = AuditResult(), Counter()
-    media_checked = media_bytes = 0
+def _audit_shard(con, out_dir: Path, name: str, config: dict) -> tuple[list[dict], Counter, Counter]:
+    """One output shard read back: its violations, the pack keys seen, media/extra members and bytes checked."""
+    res, seen, counts = AuditResult(), Counter(), Counter()
     path = out_dir / name
     if not path.exists():
         res.add("missing_shard", f"{name} is in the plan but not in {out_dir}", shard=name)
-        return res.violations, seen, 0, 0
+        return res.violations, seen, counts
     plan, samples, members = _shard_expectations(con, name)
     try:
         for key, parts in iter_pack_parts(path):
             seen[key] += 1
-            c, b = _check_pack(res, name, key, parts, plan.get(key), samples, members, config)
-            media_checked += c
-            media_bytes += b
+            counts.update(_check_pack(res, name, key, parts, plan.get(key), samples, members, config))
     except (tarfile.TarError, OSError) as e:
         res.add("unreadable_shard", f"{name}: {e}", shard=name)
-    return res.violations, seen, media_checked, media_bytes
+    return res.violations, seen, counts
 
 
 _worker_con: duckdb.DuckDBPyConnection | None = None
@@ -185,12 +213,11 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict, work: Pat
         seen.update(p for p, shard in con.execute("SELECT pack_id, output_shard FROM pack_plan").fetchall()
                     if shard in trusted)
     to_read = [n for n in shards if n not in trusted]
-    media_checked = media_bytes = 0
-    for violations, shard_seen, c, b in _shard_results(con, out_dir, to_read, config, work, workers, min_bytes):
+    counts: Counter = Counter()
+    for violations, shard_seen, c in _shard_results(con, out_dir, to_read, config, work, workers, min_bytes):
         res.violations.extend(violations)
         seen.update(shard_seen)
-        media_checked += c
-        media_bytes += b
+        counts.update(c)
     for p, n in sorted(seen.items()):
         if n > 1:
             res.add("duplicate_pack", f"pack {p} appears {n} times", pack_id=p)
@@ -226,8 +253,10 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict, work: Pat
         "packs_read": sum(seen.values()),
         "output_shards": len(shards),
         "output_shards_trusted": len(shards) - len(to_read),
-        "media_members_checked": media_checked,
-        "media_bytes_checked": media_bytes,
+        "media_members_checked": counts["media"],
+        "media_bytes_checked": counts["media_bytes"],
+        "extra_members_checked": counts["extra"],
+        "extra_bytes_checked": counts["extra_bytes"],
         "violations": len(res.violations),
         "per_shard": per_shard,
     }

@@ -14,12 +14,12 @@ import io
 import json
 import os
 import tarfile
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from .ingest import iter_records
+from .safety import mkstemp
 from .scan import IMAGE_EXTS, VIDEO_EXTS
 
 _IMAGE_KEYS = ("image", "image_url", "image_path")
@@ -166,7 +166,7 @@ def convert(inputs: list[Path], out_dir: Path, media_roots: list[Path] | None = 
             if state["tf"] is not None and (state["n"] >= samples_per_shard or state["bytes"] + size > max_shard_bytes):
                 close()
             if state["tf"] is None:
-                fd, tmp = tempfile.mkstemp(prefix=".convert.tmp-", dir=out_dir)
+                fd, tmp = mkstemp(prefix=".convert.tmp-", dir=out_dir)  # ends 0644 under umask 022, not 0600
                 os.close(fd)
                 state.update(tf=tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT), tmp=tmp)
             for name, data in blobs:

@@ -6,6 +6,7 @@ stage before it wrote and returns a summary dict (counts, paths, timings) for me
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -18,13 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import __version__
-from . import store
+from . import owned, safety, store
 from .audit import PARALLEL_MIN_BYTES, AuditResult, audit, check_plan
 from .lookup import LINEAGE_VIEW
 from .binpack import lower_bounds
-from .plan import Pack, PlanConfig, extend_plan, make_plan, plan_jsonl, prune_plan, simulate
+from .plan import Pack, PlanConfig, config_fingerprint, extend_plan, make_plan, plan_jsonl, prune_plan, simulate
 from .profiles import ModelProfile
-from .records import ShardInfo
+from .records import SAMPLES_SCHEMA, ShardInfo
 from .scan import ScanOptions, scan_shard
 from .tokens import TokenCounter, count_shard_rows
 from .write import PackJob, ShardFingerprint, ShardJob, SubSample, first_pack_meta, write_all
@@ -44,12 +45,20 @@ def manifest_is_current(input_root: Path, work: Path, shard: str) -> dict | None
     except OSError:
         return None
     if info and info["size"] == st.st_size and info["mtime_ns"] == st.st_mtime_ns:
-        return info
+        # a manifest written by an older version (e.g. without extra_members) is rescanned, not misread
+        with contextlib.suppress(OSError, ValueError):  # unreadable: rescan
+            if pq.read_schema(store.manifest_dir(work, shard) / "samples.parquet").names == SAMPLES_SCHEMA.names:
+                return info
     return None
 
 
 def run_manifest(input_root: Path, work: Path, shard: str, options: ScanOptions = ScanOptions(), force: bool = False) -> dict:
     """Scan one shard into ``<work>/manifest/<shard>/``; an unchanged shard (size, mtime) is not rescanned."""
+    with store.shard_lock(work, shard):  # a concurrent run of this shard finishes first; then it is current
+        return _run_manifest(input_root, work, shard, options, force)
+
+
+def _run_manifest(input_root: Path, work: Path, shard: str, options: ScanOptions, force: bool) -> dict:
     current = None if force else manifest_is_current(input_root, work, shard)
     if current is not None:
         return _manifest_summary(current, cached=True)
@@ -71,6 +80,11 @@ def token_lengths_are_current(work: Path, shard: str, profile: ModelProfile) -> 
 
 def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool = False) -> dict:
     """Count one shard for the profile; counts made from the same manifest and profile are kept."""
+    with store.shard_lock(work, shard):  # the manifest read here and the stamp written last stay paired
+        return _run_token_lengths(work, shard, profile, force)
+
+
+def _run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool) -> dict:
     t0 = time.perf_counter()
     tdir = store.token_dir(work, profile.name, shard)
     if not force and token_lengths_are_current(work, shard, profile):
@@ -265,20 +279,22 @@ def shard_job(con, input_root: Path, name: str) -> ShardJob:
     """Everything the writer needs for one output shard, from the plan and the manifest (one shard at a
     time, so memory follows the output shard size, not the dataset)."""
     subs_rows = con.execute(
-        """SELECT pm.pack_id, s.sample_id, s.shard, s.key, s.json_member, s.media_members, s.conversation, t.total_tokens
+        """SELECT pm.pack_id, s.sample_id, s.shard, s.key, s.json_member, s.media_members, s.conversation, t.total_tokens,
+                  s.extra_members, sha256(s.conversation), sh.size || ':' || sh.mtime_ns
            FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
-           JOIN token_lengths t USING (sample_id)
+           JOIN token_lengths t USING (sample_id) LEFT JOIN shards sh ON sh.shard = s.shard
            WHERE p.output_shard = ? ORDER BY pm.pack_id, pm.position""", [name]).fetchall()
     member_rows = con.execute(
         """SELECT m.sample_id, m.name, m."offset", m.size, m.sha256 FROM pack_plan p JOIN pack_members pm USING (pack_id)
            JOIN members m USING (sample_id) WHERE p.output_shard = ?""", [name]).fetchall()
     members = {(r[0], r[1]): {"name": r[1], "offset": r[2], "size": r[3], "sha256": r[4]} for r in member_rows}
     subs: dict[str, list[SubSample]] = {}
-    for pack_id, sid, shard, key, json_member, media_members, conv, tokens in subs_rows:
+    for pack_id, sid, shard, key, json_member, media_members, conv, tokens, extra_members, conv_sha, stamp in subs_rows:
         subs.setdefault(pack_id, []).append(SubSample(
             sample_id=sid, shard=shard, key=key, source_path=str(input_root / f"{shard}.tar"), token_len=tokens,
             messages=json.loads(conv), json_member=members.get((sid, json_member)) if json_member else None,
             media=[members[(sid, n)] for n in media_members or []],
+            extra=[members[(sid, n)] for n in extra_members or []], conversation_sha256=conv_sha, source_stamp=stamp,
         ))
     packs = con.execute("SELECT pack_id, media_type, total_token_len FROM pack_plan WHERE output_shard = ? ORDER BY pack_id",
                         [name]).fetchall()
@@ -288,7 +304,8 @@ def shard_job(con, input_root: Path, name: str) -> ShardJob:
 def write_context(info: dict) -> dict:
     """What every output shard's `_meta` carries besides its packs."""
     return {"profile": info["profile"], "profile_fingerprint": info["profile_fingerprint"],
-            "plan_fingerprint": info["fingerprint"], "max_len": info["config"]["max_len"],
+            "config_fingerprint": config_fingerprint(info["config"], info["profile_fingerprint"]),
+            "max_len": info["config"]["max_len"],
             "tool": "pack_assets", "tool_version": __version__}
 
 
@@ -298,16 +315,27 @@ def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
     on_disk = {p.name for p in out_dir.glob("*.tar")} if out_dir.is_dir() else set()
     if not on_disk:
         return []
-    cur = con.execute(
-        """WITH packed AS (SELECT pm.sample_id, s.media_members FROM pack_members pm JOIN samples s USING (sample_id)),
-                media AS (
-                    SELECT x.sample_id, list(m.sha256 ORDER BY x.i) AS shas, list(m."offset" ORDER BY x.i) AS offs
-                    FROM (SELECT sample_id, unnest(media_members) AS name, generate_subscripts(media_members, 1) AS i
+    # members as the structs shard_job builds, so both sides feed ShardFingerprint the same values
+    member = """{'name': m.name, 'offset': m."offset", 'size': m.size, 'sha256': m.sha256}"""
+
+    def listed(col: str) -> str:
+        return f"""SELECT x.sample_id, list({member} ORDER BY x.i) AS {col}
+                    FROM (SELECT sample_id, unnest({col}_members) AS name, generate_subscripts({col}_members, 1) AS i
                           FROM packed) x JOIN members m USING (sample_id, name)
-                    GROUP BY x.sample_id)
-           SELECT p.output_shard, p.pack_id, p.media_type, p.total_token_len, pm.sample_id, t.total_tokens, md.shas, md.offs
+                    GROUP BY x.sample_id"""
+
+    cur = con.execute(
+        f"""WITH packed AS (SELECT pm.sample_id, s.media_members, s.extra_members
+                            FROM pack_members pm JOIN samples s USING (sample_id)),
+                media AS ({listed("media")}),
+                extra AS ({listed("extra")})
+           SELECT p.output_shard, p.pack_id, p.media_type, p.total_token_len, pm.sample_id, t.total_tokens,
+                  sha256(s.conversation), CASE WHEN m.name IS NOT NULL THEN {member} END, md.media, ex.extra,
+                  sh.size || ':' || sh.mtime_ns
            FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
            JOIN token_lengths t USING (sample_id) LEFT JOIN media md USING (sample_id)
+           LEFT JOIN extra ex USING (sample_id) LEFT JOIN members m ON m.sample_id = s.sample_id AND m.name = s.json_member
+           LEFT JOIN shards sh ON sh.shard = s.shard
            ORDER BY p.output_shard, p.pack_id, pm.position""")
     found: list[dict] = []
     shard = pack = fp = None
@@ -319,7 +347,7 @@ def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
                           "seconds": 0.0, "fingerprint": fp.hexdigest()})
 
     while rows := cur.fetchmany(65536):
-        for name, pack_id, media_type, total, sample_id, tokens, shas, offs in rows:
+        for name, pack_id, media_type, total, sample_id, tokens, conv_sha, json_member, media, extra, stamp in rows:
             if name != shard:
                 if shard is not None:
                     close()
@@ -328,7 +356,7 @@ def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
                 pack = pack_id
                 fp.pack(pack_id, media_type, total)
                 stats["packs"] += 1
-            fp.sub(sample_id, tokens, [sha or off for sha, off in zip(shas or [], offs or [])])
+            fp.sub(sample_id, tokens, conv_sha, json_member, media or [], extra or [], stamp)
             stats["samples"] += 1
     if shard is not None:
         close()
@@ -366,6 +394,7 @@ def check_sources(con, input_root: Path, shards: list[str]) -> None:
 
 def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, progress=None) -> dict:
     t0 = time.perf_counter()
+    safety.check_paths(input_root, work, out_dir)
     with store.connect(work, read_only=True) as con:
         info = plan_info(con)
         check_sources(con, input_root, [s[0] for s in con.execute(
@@ -376,10 +405,13 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, pro
     loader = functools.partial(load_shard_job, str(work), str(input_root))
     skip = {r["shard"] for r in done}
     results = write_all(out_dir, [n for n in names if n not in skip], context, workers=workers, progress=progress,
-                        loader=loader, done=done)
+                        loader=loader, done=done,
+                        plan_fingerprint=info["fingerprint"])
     seconds = time.perf_counter() - t0
     total = sum(r["bytes"] for r in results)
+    foreign = owned.foreign_files(out_dir, owned.planned_files(names))
     return {"output_dir": str(out_dir), "shards": len(results), "written": sum(not r["skipped"] for r in results),
+            "foreign_files": foreign,
             "skipped": sum(r["skipped"] for r in results), "bytes": total, "packs": sum(r["packs"] for r in results),
             "seconds": round(seconds, 3), "mb_per_second": round(total / seconds / 1e6, 1) if seconds else None,
             "fingerprint": info["fingerprint"]}

@@ -102,6 +102,13 @@ def fingerprint(config: PlanConfig, profile: str, ids: Iterable[str], lengths: I
     return h.hexdigest()[:16]
 
 
+def config_fingerprint(config: dict, profile_fingerprint: str) -> str:
+    """The packing settings and the model profile, without the data: what a pack's ``_meta`` names, so an
+    output shard whose packs did not change stays byte-identical when other shards' samples change the plan."""
+    settings = {k: v for k, v in config.items() if k != "incremental"}
+    return hashlib.sha256(json.dumps([settings, profile_fingerprint], sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _split_to_multiple(groups: list[np.ndarray], lengths: np.ndarray, w: int) -> list[np.ndarray]:
     """Split the packs with the most samples until the count is a multiple of w (nothing is dropped)."""
     while len(groups) % w:

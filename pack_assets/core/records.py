@@ -41,6 +41,8 @@ class Sample:
     # [{"frames", "fps", "width", "height", "duration"}, ...] in media order (JSON text)
     videos: str = "[]"
     members: list[Member] = field(default_factory=list)
+    # members that are neither the record nor its media, in tar order: copied into the pack as they are
+    extra_members: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,7 @@ SAMPLES_SCHEMA = pa.schema(
         ("conversation", pa.string()),
         ("image_sizes", pa.list_(pa.list_(pa.int64()))),
         ("videos", pa.string()),
+        ("extra_members", pa.list_(pa.string())),
     ]
 )
 

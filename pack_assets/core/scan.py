@@ -61,6 +61,8 @@ REASONS = {
     "member_too_large": "a member is over the configured size limit",
     "too_many_media": "the sample has more media than the configured limit",
     "shard_changed": "the shard changed while it was scanned (it is rescanned on the next run)",
+    "bad_tar_header": "a tar header or PAX record is malformed (bad number or length field); samples before it are kept",
+    "scan_error": "an unexpected error while scanning (the detail names it); the rest of the shard and run go on",
 }
 
 
@@ -91,6 +93,7 @@ class Entry:
     kind: str  # file | dir | link | special | break
     detail: str = ""
     header: int = -1  # where this member's header blocks begin (extended headers included)
+    reason: str = "truncated_tar"  # for a break: the code its sample (or the shard) is rejected with
 
 
 def split_key(name: str) -> tuple[str, str]:
@@ -163,14 +166,41 @@ def _signed_checksum(buf: bytes) -> int:
 
 
 def _pax(data: bytes) -> dict[str, str]:
+    """PAX records ``"LEN key=value\n"``; a malformed record raises ValueError (a length that does not fit
+    could otherwise loop forever or read past the header)."""
     out, pos = {}, 0
     while pos < len(data):
-        sp = data.index(b" ", pos)
-        length = int(data[pos:sp])
-        key, _, value = data[sp + 1 : pos + length - 1].partition(b"=")
-        out[key.decode()] = value.decode("utf-8", "surrogateescape")
-        pos += length
+        if data[pos] == 0 and not data[pos:].strip(b"\0"):
+            break  # NUL padding after the last record
+        sp = data.find(b" ", pos)
+        if sp < 0 or not data[pos:sp].isdigit():
+            raise ValueError(f"PAX record at byte {pos}: no decimal length field")
+        end = pos + int(data[pos:sp])
+        if end <= sp + 1 or end > len(data) or data[end - 1] != 0x0A:
+            raise ValueError(f"PAX record at byte {pos}: length {int(data[pos:sp])} does not match the record")
+        key, eq, value = data[sp + 1 : end - 1].partition(b"=")
+        if not eq or not key:
+            raise ValueError(f"PAX record at byte {pos}: no key=value")
+        out[key.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
+        pos = end
     return out
+
+
+def _next_name(fd, pos: int) -> str:
+    """The name in the plain header at ``pos`` when it is one (what a broken extended header described), so
+    the break is charged to that member's sample rather than to the complete sample before it."""
+    buf = os.pread(fd, _BLOCK, pos)
+    if len(buf) < _BLOCK or buf[156:157] in (b"x", b"g", b"L", b"K"):
+        return ""
+    try:
+        if _number(buf[148:156]) not in (sum(buf) - sum(buf[148:156]) + 256, _signed_checksum(buf)):
+            return ""
+    except ValueError:
+        return ""
+    name = _text(buf[0:100])
+    if buf[257:262] == b"ustar" and buf[345] != 0:
+        name = _text(buf[345:500]) + "/" + name
+    return name
 
 
 def iter_entries(f, file_size: int, trailer: list[int] | None = None) -> Iterator[Entry]:
@@ -215,17 +245,34 @@ def iter_entries(f, file_size: int, trailer: list[int] | None = None) -> Iterato
                 raise ShardError("not_a_tar", "no valid tar header at offset 0")
             yield Entry("", pos, 0, "break", f"invalid tar header at offset {pos}")
             return
-        size = _number(buf[124:136])
         typeflag = buf[156:157]
         data_at = pos + _BLOCK
+        extended = typeflag in (b"x", b"g", b"L", b"K")
+        try:
+            size = _number(buf[124:136])
+            if size < 0:
+                raise ValueError(f"negative size {size}")
+        except ValueError as e:
+            name = "" if extended else (long_name or pax.get("path") or _text(buf[0:100]))
+            yield Entry(name, data_at, 0, "break", f"bad size field in the tar header at offset {pos}: {e}",
+                        reason="bad_tar_header")
+            return
         pos = data_at + -(-size // _BLOCK) * _BLOCK
-        if typeflag in (b"x", b"g", b"L", b"K"):  # extended headers describe the next member
+        if extended:  # extended headers describe the next member
+            if data_at + size > file_size:
+                yield Entry("", data_at, size, "break", f"extended header at offset {data_at - _BLOCK} is cut short")
+                return
             data = os.pread(fd, size, data_at)
             if len(data) < size:
                 yield Entry("", data_at, size, "break", f"extended header at offset {data_at - _BLOCK} is cut short")
                 return
             if typeflag == b"x":
-                pax = _pax(data)
+                try:
+                    pax = _pax(data)
+                except ValueError as e:
+                    yield Entry(_next_name(fd, pos), data_at, size, "break",
+                                f"malformed PAX header at offset {data_at - _BLOCK}: {e}", reason="bad_tar_header")
+                    return
             elif typeflag == b"L":
                 long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             continue
@@ -237,6 +284,10 @@ def iter_entries(f, file_size: int, trailer: list[int] | None = None) -> Iterato
         if "path" in pax:
             name = pax["path"]
         if "size" in pax:
+            if not (pax["size"].isascii() and pax["size"].isdigit()):
+                yield Entry(name, data_at, 0, "break", f"PAX size {pax['size'][:40]!r} of member {name!r} is not a "
+                            f"number", reason="bad_tar_header")
+                return
             size = int(pax["size"])
             pos = data_at + -(-size // _BLOCK) * _BLOCK
         long_name, pax, header, start = None, {}, start, None
@@ -403,7 +454,7 @@ def classify(
 
     broken = next((e for e in entries if e.kind == "break"), None)
     if broken is not None:
-        return reject("truncated_tar", broken.detail)
+        return reject(broken.reason, broken.detail)
 
     for e in entries:
         if is_unsafe_name(e.name):
@@ -437,7 +488,8 @@ def classify(
         if wants_bytes and e.size <= options.max_json_bytes:
             data = reader.read(e)
             small[e.name] = data
-            sha = hashlib.sha256(data).hexdigest() if options.hash_members else None
+            # text members are read anyway: always hashed, so an in-place edit shows (fingerprint, audit)
+            sha = hashlib.sha256(data).hexdigest() if options.hash_members or text_part else None
         else:
             sha = reader.hash(e) if options.hash_members else None
         sample.members.append(Member(sample.sample_id, e.name, e.offset, e.size, sha))
@@ -504,6 +556,9 @@ def classify(
     sample.n_images, sample.n_videos = len(images), len(videos)
     sample.media_type = "video" if videos else ("image" if images else "text")
     sample.media_members = [e.name for e, _ in images] + [e.name for e, _ in videos]
+    # every other member (a .cls, a second JSON, an image the record does not name) travels with the sample
+    used = {sample.json_member, *sample.media_members}
+    sample.extra_members = [e.name for e in entries if e.name not in used]
     sample.conversation = json.dumps(messages, ensure_ascii=False)
     sample.videos = json.dumps(video_meta) if video_meta else "[]"
     return sample, None
@@ -534,6 +589,9 @@ def scan_shard(
         except ShardError as e:
             info.status = "empty" if e.reason == "empty_shard" else "rejected"
             yield Rejection(shard, None, e.reason, e.detail)
+        except Exception as e:  # unforeseen: the samples yielded so far stand, the run goes on without the rest
+            info.status = "truncated"
+            yield Rejection(shard, None, "scan_error", f"{type(e).__name__}: {e} (samples before it are kept)")
     if info.status == "ok" and info.n_samples == 0:
         info.status = "empty"
         yield Rejection(shard, None, "empty_shard", "the archive holds no samples")
@@ -549,18 +607,24 @@ def scan_shard(
 
 
 def _counting(entries: Iterator[Entry], info: ShardInfo) -> Iterator[Entry]:
-    for e in entries:
-        if e.kind == "break":
-            info.status = "truncated"
-        else:
-            info.n_members += 1
-            info.n_meta_members += is_meta_member(e.name)
-        yield e
+    try:
+        for e in entries:
+            if e.kind == "break":
+                info.status = "truncated"
+            else:
+                info.n_members += 1
+                info.n_meta_members += is_meta_member(e.name)
+            yield e
+    except ShardError:
+        raise
+    except Exception as ex:  # e.g. an I/O error mid-archive: a break, so the sample in progress gets the row
+        info.status = "truncated"
+        yield Entry("", -1, 0, "break", f"reading the archive: {type(ex).__name__}: {ex}", reason="scan_error")
 
 
 def _emit(shard, key, entries, reader, options, seen, info) -> Iterator[Sample | Rejection]:
     if key is None:  # a break before any sample began: nothing to attribute it to but the shard
-        yield Rejection(shard, None, "truncated_tar", entries[0].detail)
+        yield Rejection(shard, None, entries[0].reason, entries[0].detail)
         return
     info.n_samples += 1
     if key in seen:
@@ -568,9 +632,16 @@ def _emit(shard, key, entries, reader, options, seen, info) -> Iterator[Sample |
         sid = f"{shard}/{key}#dup{info.n_samples}"
         yield Sample(sid, shard, key, status="rejected", reason="duplicate_key")
         yield Rejection(shard, key, "duplicate_key", f"key {key!r} seen earlier in this shard (members {[e.name for e in entries][:4]})")
+        broken = next((e for e in entries if e.kind == "break"), None)
+        if broken is not None:  # the archive also breaks here: say so, not only that the key repeats
+            yield Rejection(shard, None, broken.reason, broken.detail)
         return
     seen.add(key)
-    sample, rejection = classify(shard, key, entries, reader, options)
+    try:
+        sample, rejection = classify(shard, key, entries, reader, options)
+    except Exception as e:  # unforeseen input: this sample gets a reason row, its neighbours go on
+        sample = Sample(f"{shard}/{key}", shard, key, status="rejected", reason="scan_error")
+        rejection = Rejection(shard, key, "scan_error", f"{type(e).__name__}: {e}")
     if rejection is None:
         info.n_ok += 1
     else:

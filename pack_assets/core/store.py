@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import safety
 from .records import (
     MEMBERS_SCHEMA,
     REJECTED_SCHEMA,
@@ -83,40 +83,39 @@ def token_dir(work: Path, profile: str, shard: str) -> Path:
     return work / "token_lengths" / profile / shard
 
 
+def shard_lock(work: Path, shard: str):
+    """Held while a shard is scanned or counted (the lock its manifest directory swap takes too), so two
+    runs of one shard take turns and counts never pair with a manifest swapped in under them."""
+    d = manifest_dir(work, shard)
+    return safety.path_lock(d.parent / f".{d.name}.lock", f"shard {shard}", wait=safety.lock_wait())
+
+
 @contextlib.contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
-    """Fill a temporary sibling directory, then swap it in; a crash leaves the old one or none."""
+    """Fill a temporary sibling directory, then swap it in; a crash leaves the old one or none. A lock per
+    directory (``.{name}.lock`` beside it) makes a concurrent run of the same shard wait, so the temporary
+    directories removed here can only be a dead run's."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    for stale in [*final.parent.glob(f".{final.name}.tmp-*"), *final.parent.glob(f".{final.name}.old-*")]:
-        shutil.rmtree(stale, ignore_errors=True)  # left by a killed run of this same shard
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
-        yield tmp
-        if final.exists():
-            old = final.with_name(f".{final.name}.old-{os.getpid()}")
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    with safety.path_lock(final.parent / f".{final.name}.lock", f"writing {final.name}", wait=safety.lock_wait()):
+        for stale in [*final.parent.glob(f".{final.name}.tmp-*"), *final.parent.glob(f".{final.name}.old-*")]:
+            shutil.rmtree(stale, ignore_errors=True)  # left by a killed run of this same shard
+        tmp = Path(safety.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        try:
+            yield tmp
+            if final.exists():
+                old = final.with_name(f".{final.name}.old-{os.getpid()}")
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    safety.atomic_write_bytes(path, text.encode("utf-8"))
 
 
 class BatchedParquet:

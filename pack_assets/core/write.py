@@ -13,12 +13,12 @@ import hashlib
 import json
 import os
 import tarfile
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from .safety import mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
 
 BLOCK = 512
 RECORD = BLOCK * 20
@@ -69,6 +69,13 @@ def media_name(pack_id: str, sub: int, item: int, source_name: str) -> str:
     return f"{pack_id}.s{sub:03d}_{item:02d}.{ext}"
 
 
+def extra_name(pack_id: str, sub: int, item: int, source_name: str) -> str:
+    """An extra member (not the record, not its media): ``{pack}.sIII_xJJ.EXT``, the source's last extension."""
+    base = source_name.rsplit("/", 1)[-1]
+    ext = base.rsplit(".", 1)[-1].lower() if "." in base else ""
+    return f"{pack_id}.s{sub:03d}_x{item:02d}" + (f".{ext}" if ext else "")
+
+
 @dataclass
 class SubSample:
     sample_id: str
@@ -79,6 +86,9 @@ class SubSample:
     messages: list
     json_member: dict | None  # {"name", "offset", "size", "sha256"}
     media: list[dict]  # [{"name", "offset", "size", "sha256"}] in media order
+    extra: list[dict] = field(default_factory=list)  # members neither the record nor media, same fields
+    conversation_sha256: str | None = None  # of the manifest's normalized conversation text
+    source_stamp: str | None = None  # "size:mtime_ns" of the source shard as scanned
 
 
 @dataclass
@@ -123,7 +133,7 @@ def _prefetch(job: ShardJob, sources: _Sources) -> None:
     if not hasattr(os, "posix_fadvise"):
         return
     ranges = sorted({(sub.source_path, m["offset"], m["size"]) for p in job.packs for sub in p.subs
-                     for m in ([sub.json_member] if sub.json_member else []) + sub.media})
+                     for m in ([sub.json_member] if sub.json_member else []) + sub.media + sub.extra})
     for path, offset, size in ranges:
         try:
             os.posix_fadvise(sources.get(path).fileno(), offset, size, os.POSIX_FADV_WILLNEED)
@@ -164,15 +174,25 @@ def pack_document(job: PackJob, context: dict, sources: _Sources) -> tuple[dict,
             names.append(out_name.split(".", 1)[1])
             media_out.append((out_name, sub, m))
             src_media.append({**m, "output_name": out_name})
+        extra_names, src_extra = [], []
+        for j, m in enumerate(sub.extra):  # copied like media; they add no tokens (not in the conversation)
+            out_name = extra_name(job.pack_id, i, j, m["name"])
+            extra_names.append(out_name.split(".", 1)[1])
+            media_out.append((out_name, sub, m))
+            src_extra.append({**m, "output_name": out_name})
         source = None
         if sub.json_member is not None:
             raw = _read(sources.get(sub.source_path), sub.json_member["offset"], sub.json_member["size"])
             text = raw.decode("utf-8")
             source = json.loads(text) if sub.json_member["name"].endswith(".json") else text
-        samples.append({"sample_id": sub.sample_id, "token_len": sub.token_len, "messages": sub.messages,
-                        "media": names, "source": source})
-        metas.append({"sample_id": sub.sample_id, "shard": sub.shard, "key": sub.key,
-                      "json_member": sub.json_member, "media": src_media})
+        entry = {"sample_id": sub.sample_id, "token_len": sub.token_len, "messages": sub.messages,
+                 "media": names, "source": source}
+        meta = {"sample_id": sub.sample_id, "shard": sub.shard, "key": sub.key,
+                "json_member": sub.json_member, "media": src_media}
+        if sub.extra:  # only when present, so packs without extras keep their bytes
+            entry["extra"], meta["extra"] = extra_names, src_extra
+        samples.append(entry)
+        metas.append(meta)
     doc = {
         "pack_id": job.pack_id,
         "media_type": job.media_type,
@@ -220,19 +240,34 @@ def first_pack_meta(path: Path) -> dict | None:
         return None
 
 
+def member_key(m: dict | None) -> str:
+    """A source member as the fingerprint sees it: name (the output name's extension), place and content
+    (sha256; None when not hashed, then the place stands in for it)."""
+    return "-" if m is None else json.dumps([m["name"], m["offset"], m["size"], m["sha256"]], ensure_ascii=False)
+
+
 class ShardFingerprint:
-    """What decides a shard's bytes: its packs in order, their samples with token counts and media (sha256,
-    or offset when not hashed), the profile and max length. Fed pack by pack, so the writer (from a ShardJob)
-    and the skip check (from one catalog query over all shards) compute the same value."""
+    """What decides a shard's bytes: its packs in order; per sample its id, token count, normalized
+    conversation, record member, media and extra members (name, offset, size, sha256: the bytes copied, the
+    output names and ``_meta``); the profile, max length and tool version. Fed pack by pack, so the writer
+    (from a ShardJob) and the skip check (from one catalog query over all shards) compute the same value.
+    A member scanned without a hash is known by its place only, so then the source shard's size and mtime
+    stand in for its content. Not the plan fingerprint: an incremental plan keeps the untouched output
+    shards of the one before."""
 
     def __init__(self, context: dict) -> None:
-        self._h = hashlib.sha256(json.dumps([context["profile_fingerprint"], context["max_len"]]).encode())
+        self._h = hashlib.sha256(json.dumps([context["profile_fingerprint"], context["max_len"], context.get("profile"),
+                                             context.get("tool"), context.get("tool_version")]).encode())
 
     def pack(self, pack_id: str, media_type: str, total_token_len: int) -> None:
         self._h.update(f"{pack_id}|{media_type}|{total_token_len}\n".encode())
 
-    def sub(self, sample_id: str, token_len: int, media_keys: list) -> None:
-        self._h.update(f"{sample_id}|{token_len}|{media_keys}\n".encode())
+    def sub(self, sample_id: str, token_len: int, conversation_sha256: str | None, json_member: dict | None,
+            media: list[dict], extra: list[dict], source_stamp: str | None = None) -> None:
+        keys = [member_key(json_member), *map(member_key, media), "+", *map(member_key, extra)]
+        unhashed = any(m is not None and m["sha256"] is None for m in [json_member, *media, *extra])
+        stamp = source_stamp if unhashed else ""
+        self._h.update(f"{sample_id}|{token_len}|{conversation_sha256}|{stamp}|{'|'.join(keys)}\n".encode())
 
     def hexdigest(self) -> str:
         return self._h.hexdigest()[:16]
@@ -243,7 +278,9 @@ def shard_fingerprint(job: ShardJob, context: dict) -> str:
     for p in job.packs:
         fp.pack(p.pack_id, p.media_type, p.total_token_len)
         for sub in p.subs:
-            fp.sub(sub.sample_id, sub.token_len, [m["sha256"] or m["offset"] for m in sub.media])
+            conv = sub.conversation_sha256 or hashlib.sha256(
+                json.dumps(sub.messages, ensure_ascii=False).encode()).hexdigest()
+            fp.sub(sub.sample_id, sub.token_len, conv, sub.json_member, sub.media, sub.extra, sub.source_stamp)
     return fp.hexdigest()
 
 
@@ -263,7 +300,7 @@ def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -
                     "samples": sum(len(p.subs) for p in job.packs), "seconds": time.perf_counter() - t0}
     sources = _Sources()
     _prefetch(job, sources)
-    fd, tmp = tempfile.mkstemp(prefix=f".{job.name}.tmp-", dir=out_dir)
+    fd, tmp = mkstemp(prefix=f".{job.name}.tmp-", dir=out_dir)
     written = 0
     try:
         with os.fdopen(fd, "wb") as out:
@@ -308,10 +345,17 @@ def _write_shard_star(args):
 
 
 def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, workers: int = 0, progress=None,
-              loader=None, done: list[dict] | None = None) -> list[dict]:
-    """Write every shard (a process pool when there are several), remove stale ones, write Energon metadata.
-    ``done``: results of shards the caller already found current; they are kept, not rewritten."""
+              loader=None, done: list[dict] | None = None, plan_fingerprint: str = "") -> list[dict]:
+    """Write every shard (a process pool when there are several), remove stale ones, write Energon metadata
+    (its index uuid named after ``plan_fingerprint``). ``done``: results of shards the caller already found
+    current; they are kept, not rewritten."""
+    from . import owned
+
     out_dir.mkdir(parents=True, exist_ok=True)
+    names = sorted({r["shard"] for r in done or []} | {j if isinstance(j, str) else j.name for j in jobs})
+    planned = owned.planned_files(names)
+    before = owned.claim(out_dir, planned)  # refuses before the first write when a planned name is not ours
+    owned.remove_temp_leftovers(out_dir, planned | set(before))
     workers = workers or min(os.cpu_count() or 1, max(1, len(jobs)))
     args = [(str(out_dir), j, context, loader) for j in jobs]
     results: list[dict] = list(done or [])
@@ -331,13 +375,9 @@ def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, wo
                 if progress:
                     progress(r, len(results), total)
     keep = {r["shard"] for r in results}
-    for p in [*out_dir.glob("*.tar"), *out_dir.glob("*.tar.idx")]:
-        if p.name.removesuffix(".idx") not in keep:
-            p.unlink()  # a shard of an earlier, larger plan
-    for p in [*out_dir.glob(".*.tmp-*"), *(out_dir / NV_META).glob(".*.tmp-*")]:
-        p.unlink()  # leftovers of a killed run
-    counts = write_energon_meta(out_dir, sorted(keep), context["plan_fingerprint"])
+    counts = write_energon_meta(out_dir, sorted(keep), plan_fingerprint or context["config_fingerprint"])
     write_wids_index(out_dir, counts)
+    owned.finish(out_dir, planned, before)  # only recorded files of an earlier plan are deleted
     for r in results:
         if counts[r["shard"]] != r["packs"]:
             raise RuntimeError(f"{r['shard']}: {counts[r['shard']]} samples on disk, {r['packs']} packs planned")
@@ -377,7 +417,7 @@ def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str) 
     meta.mkdir(parents=True, exist_ok=True)
     names = sorted(shard_names)
     counts: dict[str, int] = {}
-    fd, tmp_db = tempfile.mkstemp(prefix=".index.sqlite.tmp-", dir=meta)
+    fd, tmp_db = mkstemp(prefix=".index.sqlite.tmp-", dir=meta)
     os.close(fd)
     db = sqlite3.connect(tmp_db)
     db.execute("CREATE TABLE samples (tar_file_id INTEGER NOT NULL, sample_key TEXT NOT NULL UNIQUE, "
@@ -392,7 +432,7 @@ def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str) 
         db.executemany("INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)", [(tar_id, *p) for p in parts])
         idx = out_dir / f"{name}.idx"
         data = struct.pack(f"<{len(samples) + 1}Q", *[off for _, off, _ in samples], end)
-        fd, tmp = tempfile.mkstemp(prefix=f".{idx.name}.tmp-", dir=out_dir)
+        fd, tmp = mkstemp(prefix=f".{idx.name}.tmp-", dir=out_dir)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, idx)
@@ -409,8 +449,6 @@ def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str) 
     atomic_write_text(meta / "split.yaml", split)
     info = {"energon_version": ENERGON_FORMAT, "shard_counts": {n: counts[n] for n in names}}
     atomic_write_text(meta / ".info.json", json.dumps(info, indent=2))
-    for stale in (meta / ".info.yaml",):
-        stale.unlink(missing_ok=True)
     return counts
 
 

@@ -3,6 +3,7 @@
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 
 import dagster as dg
@@ -15,6 +16,10 @@ from .resources import PackSettings
 
 INGEST, PACK = "ingest", "pack"
 BACKFILL_BATCH = 16  # shards per run when a backfill covers many partitions (fewer, longer runs)
+# backfill_policy is relied on knowingly (tests/test_dagster.py); its beta notice, raised at every import in
+# every process, is noise to users. Only that notice is silenced.
+warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy` of function `asset` is currently in beta",
+                        category=dg.BetaWarning)
 
 
 def shards_digest(keys: list[str]) -> str:
@@ -39,6 +44,7 @@ def manifest(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.Ma
     """Scan source shards in place: every member's payload offset, size and sha256; every sample's
     conversation and media metadata; a reason row for everything rejected. One partition per shard;
     a backfill run may carry several (BackfillPolicy.multi_run)."""
+    settings.check_paths()
     rows, accounted, bad = [], True, []
     for key in context.partition_keys:
         s = pipeline.run_manifest(settings.input_root, settings.work, key, settings.scan_options())
@@ -79,6 +85,7 @@ def manifest(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.Ma
 )
 def token_lengths(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
     """Exact token counts of a shard's samples for the target model (chat template + vision rules)."""
+    settings.check_paths()
     profile = settings.model_profile()
     rows = [pipeline.run_token_lengths(settings.work, key, profile) for key in context.partition_keys]
     seconds = sum(r["seconds"] for r in rows)
@@ -110,9 +117,11 @@ def token_lengths(context: dg.AssetExecutionContext, settings: PackSettings) -> 
 def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
     """Bin packing per media type near the lower bound, over every registered shard; writes
     pack_plan.jsonl and the pack_plan / pack_members / dropped tables."""
+    settings.check_paths()
     shards = _registered_shards(context)
-    s = pipeline.run_plan(settings.work, shards, settings.plan_config(), settings.model_profile(), allow_missing=True,
-                          input_root=settings.input_root)
+    with settings.work_lock(context, "pack_plan"):
+        s = pipeline.run_plan(settings.work, shards, settings.plan_config(), settings.model_profile(), allow_missing=True,
+                              input_root=settings.input_root)
     if s["shards_removed"]:
         context.log.warning(f"{len(s['shards_removed'])} registered shard(s) no longer in {settings.input_root}, "
                             f"not planned: {s['shards_removed'][:10]}")
@@ -165,7 +174,12 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
         context.log.info(f"[{done}/{total}] {r['shard']}: {r['packs']} packs, {r['bytes']} bytes"
                          f"{' (already there)' if r['skipped'] else ''}")
 
-    s = pipeline.run_write(settings.work, settings.input_root, settings.out, settings.write_workers, progress)
+    settings.check_paths()
+    with settings.work_lock(context, "packed_shards"):
+        s = pipeline.run_write(settings.work, settings.input_root, settings.out, settings.write_workers, progress)
+    if s["foreign_files"]:
+        context.log.info(f"{len(s['foreign_files'])} file(s) in {settings.out} not written by pack_assets, left "
+                         f"alone: {s['foreign_files'][:10]}")
     example = None
     first = next(iter(sorted(settings.out.glob("*.tar"))), None)
     if first is not None:
@@ -181,6 +195,7 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
             "bytes": s["bytes"],
             "mb_per_second": s["mb_per_second"],
             "dagster/uri": dg.MetadataValue.path(s["output_dir"]),
+            "foreign_files_left_alone": dg.MetadataValue.json(s["foreign_files"]),
             "example_meta": dg.MetadataValue.json(example or {}),
         }
     )
@@ -197,7 +212,8 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
 def audit_report(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
     """Reads the packed shards back and proves nothing was lost: counts per shard, capacity, media types,
     sha256 of every media member against its source. Writes audit_report.md with plots."""
-    result, report = pipeline.run_audit(settings.work, settings.out, scope=settings.audit_scope)
+    with settings.work_lock(context, "audit_report"):
+        result, report = pipeline.run_audit(settings.work, settings.out, scope=settings.audit_scope)
     st = result.stats
     plots = "\n\n".join(f"![{k}]({png_data_uri(Path(v))})" for k, v in report["plots"].items() if k != "reasons")
     return dg.MaterializeResult(

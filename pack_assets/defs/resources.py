@@ -9,6 +9,7 @@ import dagster as dg
 
 from ..core.plan import PlanConfig
 from ..core.profiles import DEFAULT_PROFILE, ModelProfile, resolve_profile
+from ..core.safety import check_paths, lock_wait, work_lock
 from ..core.scan import ScanOptions
 
 
@@ -51,6 +52,16 @@ class PackSettings(dg.ConfigurableResource):
     @property
     def out(self) -> Path:
         return Path(self.output_dir).resolve()
+
+    def check_paths(self) -> None:
+        """Refuse overlapping input/work/output folders before anything is written (core.safety)."""
+        check_paths(self.input_root, self.work, self.out)
+
+    def work_lock(self, context, step: str):
+        """The work folder's lock for a single-writer step: waits (logged) up to PACK_ASSETS_LOCK_WAIT
+        seconds for another run; re-entrant, so a CLI run that already holds it goes straight in."""
+        return work_lock(self.work, f"dagster run {context.run.run_id[:8]} ({step})", wait=lock_wait(),
+                         log=context.log.warning)
 
     def model_profile(self) -> ModelProfile:
         return resolve_profile(self.profile, self.model_dir or None)

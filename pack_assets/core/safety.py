@@ -1,0 +1,193 @@
+"""File-system safety shared by every stage: file modes, folder checks, locks.
+
+Kept free of heavy imports (the reader imports the writer, which uses these).
+
+- Modes: ``tempfile.mkstemp`` makes 0600 files and ``mkdtemp`` 0700 folders whatever the umask, so a
+  temp-then-rename output would be unreadable to a training job running as another uid. ``mkstemp`` and
+  ``mkdtemp`` here give what a plain ``open``/``mkdir`` would (0644/0755 under umask 022).
+- Folders: ``check_paths`` refuses an output folder that overlaps the input, or a work folder inside the
+  output, before anything is written.
+- Locks: ``work_lock`` (one pipeline per work folder) and ``path_lock`` (one writer per shard folder),
+  advisory ``flock`` locks that the kernel drops when their process dies, re-entrant within a process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+LOCK_NAME = ".pack_assets.lock"
+LOCK_WAIT_ENV = "PACK_ASSETS_LOCK_WAIT"  # seconds a single-writer step waits for the work lock (default 600)
+
+
+# --- modes ------------------------------------------------------------------------------------------------
+
+def current_umask() -> int:
+    """The process umask, read without changing it where /proc allows (os.umask() is the only setter and
+    setting it, even briefly, races with other threads creating files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    return 0o666 & ~current_umask()
+
+
+def dir_mode() -> int:
+    return 0o777 & ~current_umask()
+
+
+def mkstemp(prefix: str, dir: Path | str, suffix: str = "") -> tuple[int, str]:
+    """``tempfile.mkstemp`` whose file ends with the mode a normal file would get (it keeps it through the
+    rename that publishes it)."""
+    fd, path = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=dir)
+    try:
+        os.fchmod(fd, file_mode())
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    return fd, path
+
+
+def mkdtemp(prefix: str, dir: Path | str) -> str:
+    path = tempfile.mkdtemp(prefix=prefix, dir=dir)
+    os.chmod(path, dir_mode())
+    return path
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write under a temporary sibling name, fsync, rename: readers see the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+# --- folders ----------------------------------------------------------------------------------------------
+
+class UnsafePaths(ValueError):
+    """The folders overlap so that a run could delete or overwrite its own input or work files."""
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    return child == parent or parent in child.parents
+
+
+def check_paths(input_root: Path, work: Path, output: Path) -> None:
+    """Refuse, before any write, an output folder that equals, contains or lies inside the input folder
+    (the writer replaces and prunes its own shards there), and a work folder that equals or lies inside the
+    output folder. Symlinks are resolved, so a link cannot hide the overlap."""
+    inp, wrk, out = (Path(p).expanduser().resolve() for p in (input_root, work, output))
+    if out == inp:
+        raise UnsafePaths(f"the output folder {out} is the input folder: packed shards would be written among "
+                          "the source shards; choose another --output")
+    if _inside(out, inp):
+        raise UnsafePaths(f"the output folder {out} lies inside the input folder {inp}: its shards would be read "
+                          "back as input on the next run; choose an --output outside the input")
+    if _inside(inp, out):
+        raise UnsafePaths(f"the output folder {out} contains the input folder {inp}; choose an --output that "
+                          "does not hold the source shards")
+    if _inside(wrk, out):
+        raise UnsafePaths(f"the work folder {wrk} {'is' if wrk == out else 'lies inside'} the output folder "
+                          f"{out}; choose a --work outside the output")
+
+
+# --- locks ------------------------------------------------------------------------------------------------
+
+class WorkLocked(RuntimeError):
+    """Another process holds the lock."""
+
+
+_held: dict[str, list] = {}  # resolved lock path -> [fd, depth]: re-entrant within this process
+
+
+def _holder(path: Path) -> str:
+    try:
+        h = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        h = {}
+    if not h:
+        return "another process (no details recorded yet)"
+    return f"pid {h.get('pid')} ({h.get('command')}, since {h.get('since')})"
+
+
+@contextlib.contextmanager
+def path_lock(path: Path, command: str = "", wait: float | None = None,
+              log: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if absent, never deleted: deleting a lock file
+    races with its next user). ``wait``: 0 refuses at once, None waits for ever, else seconds, then
+    ``WorkLocked`` naming the holder. Re-entrant: a process that holds it enters again at once."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = str(path.resolve())
+    entry = _held.get(key)
+    if entry is not None and entry[2] == os.getpid():
+        entry[1] += 1
+        try:
+            yield
+        finally:
+            entry[1] -= 1
+        return
+    fd = os.open(key, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        deadline = None if wait is None else time.monotonic() + wait
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WorkLocked(f"{path.parent} is in use by {_holder(path)}"
+                                     + (f"; gave up after {wait:g} s" if wait else "")
+                                     + f". Wait for it to finish (or, if that process is gone, rerun: the lock "
+                                       f"dies with its process)") from None
+                if not told and log is not None:
+                    log(f"{path.parent} is in use by {_holder(path)}; waiting"
+                        + (f" up to {wait:g} s" if wait is not None else ""))
+                    told = True
+                time.sleep(0.2)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": command,
+                                  "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}).encode(), 0)
+        _held[key] = [fd, 1, os.getpid()]
+        try:
+            yield
+        finally:
+            del _held[key]
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # closing the last descriptor releases the flock
+
+
+def lock_wait() -> float:
+    return float(os.environ.get(LOCK_WAIT_ENV, "600"))
+
+
+def work_lock(work: Path, command: str, wait: float | None = 0, log: Callable[[str], None] | None = None):
+    """One pipeline at a time per work folder: ``<work>/.pack_assets.lock``."""
+    return path_lock(Path(work) / LOCK_NAME, command, wait, log)

@@ -1,0 +1,65 @@
+"""What a `pack-assets run` needs around Dagster, kept free of the dagster import so `--help` stays fast:
+which Dagster home and its dagster.yaml, how many shard processes by default, when the process started."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+DEFAULT_HOME = Path("dagster_home")
+# The project's instance settings (telemetry off, concurrency pools), shipped in the package so a home
+# made from any folder gets them; the repository's dagster_home/dagster.yaml is the same file.
+DAGSTER_YAML = Path(__file__).with_name("dagster.yaml")
+
+# Shard runs go to worker processes (one per core) only when at least this many shards need a run: a
+# spawned worker pays ~3 s of imports, which fewer shards do not win back. Set from bench/bench_jobs.py.
+JOBS_FROM_SHARDS = 8
+
+
+def default_jobs(shards_to_run: int, cores: int | None = None) -> int:
+    """What `--jobs 0` (the default) means: 1 below JOBS_FROM_SHARDS shards to run, else one per core."""
+    return (cores or os.cpu_count() or 1) if shards_to_run >= JOBS_FROM_SHARDS else 1
+
+
+def resolve_dagster_home(arg: str | None, environ=os.environ) -> tuple[Path, str]:
+    """The Dagster home and where it came from: `--dagster-home`, then DAGSTER_HOME, then ./dagster_home.
+    Absolute, since Dagster requires an absolute DAGSTER_HOME."""
+    if arg:
+        return Path(arg).resolve(), "--dagster-home"
+    if environ.get("DAGSTER_HOME"):
+        return Path(environ["DAGSTER_HOME"]).resolve(), "DAGSTER_HOME"
+    return DEFAULT_HOME.resolve(), "default ./dagster_home"
+
+
+def ensure_dagster_yaml(home: Path) -> bool:
+    """Give a home without dagster.yaml the project's settings; an existing one is never touched.
+    Returns whether it was written. Atomic: a temp file linked into place, which fails if one appeared."""
+    home.mkdir(parents=True, exist_ok=True)
+    target = home / "dagster.yaml"
+    if target.exists():
+        return False
+    tmp = home / f".dagster.yaml.{os.getpid()}.tmp"
+    with open(tmp, "x") as f:  # plain open: the umask's usual mode, unlike mkstemp's 0600
+        f.write(DAGSTER_YAML.read_text())
+    try:
+        os.link(tmp, target)
+        return True
+    except FileExistsError:  # another run made it first: keep theirs
+        return False
+    finally:
+        tmp.unlink()
+
+
+def process_start() -> float:
+    """time.perf_counter() at the moment this process started (Linux /proc: interpreter start-up and every
+    import included); elsewhere, now."""
+    now = time.perf_counter()
+    try:
+        since_boot = float(Path("/proc/uptime").read_text().split()[0])
+        # field 22, starttime, in clock ticks since boot; the command name before it may hold spaces
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        age = since_boot - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return now
+    return now - max(age, 0.0)

@@ -1,0 +1,141 @@
+"""What a new user meets around `pack-assets run`: which Dagster home, a quiet stderr, a true `--jobs`
+help, a time line that adds up, progress that stays readable on many shards (issue 22)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pack_assets
+from pack_assets.cli import main
+from pack_assets.progress import MAX_LINES, ShardProgress
+from pack_assets.runenv import DAGSTER_YAML, JOBS_FROM_SHARDS, default_jobs, ensure_dagster_yaml, resolve_dagster_home
+
+REPO = Path(pack_assets.__file__).resolve().parent.parent
+
+
+def test_dagster_home_order_flag_then_env_then_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    env = {"DAGSTER_HOME": "from_env"}  # relative: made absolute, as Dagster requires
+    assert resolve_dagster_home("flag", env) == (tmp_path / "flag", "--dagster-home")
+    assert resolve_dagster_home(None, env) == (tmp_path / "from_env", "DAGSTER_HOME")
+    assert resolve_dagster_home(None, {"DAGSTER_HOME": ""}) == (tmp_path / "dagster_home", "default ./dagster_home")
+    assert resolve_dagster_home(None, {}) == (tmp_path / "dagster_home", "default ./dagster_home")
+
+
+def test_new_home_gets_the_project_dagster_yaml_and_an_existing_one_is_kept(tmp_path):
+    # the shipped copy is the repository's dagster_home/dagster.yaml
+    assert DAGSTER_YAML.read_text() == (REPO / "dagster_home" / "dagster.yaml").read_text()
+    assert "enabled: false" in DAGSTER_YAML.read_text()
+    home = tmp_path / "new" / "home"
+    assert ensure_dagster_yaml(home) is True
+    assert (home / "dagster.yaml").read_text() == DAGSTER_YAML.read_text()
+    assert os.listdir(home) == ["dagster.yaml"]  # no temp file left
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "dagster.yaml").write_text("telemetry:\n  enabled: true\n")
+    assert ensure_dagster_yaml(mine) is False
+    assert (mine / "dagster.yaml").read_text() == "telemetry:\n  enabled: true\n"
+
+
+def test_help_says_what_the_defaults_do(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"1 when fewer than {JOBS_FROM_SHARDS} shards need a run, else one per core" in text
+    assert "$DAGSTER_HOME if set, else ./dagster_home" in text
+    assert default_jobs(JOBS_FROM_SHARDS - 1, cores=4) == 1
+    assert default_jobs(JOBS_FROM_SHARDS, cores=4) == 4
+    assert default_jobs(1, cores=4) == 1
+
+
+def _parts_add_up(total: float, parts: dict) -> None:
+    assert {"start-up", "manifest+token_lengths", "pack_plan", "packed_shards", "audit_report", "other"} <= set(parts)
+    assert abs(sum(parts.values()) - total) <= 0.01 * len(parts)  # each figure is rounded to 0.01 s
+    assert all(v >= 0 for v in parts.values())
+
+
+def test_flag_beats_env_and_the_time_line_adds_up(dataset, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "env_home"))
+    assert main(["run", "--input", str(dataset), "--max-len", "1500", "--work", str(tmp_path / "work"),
+                 "--output", str(tmp_path / "out"), "--dagster-home", str(tmp_path / "flag_home")]) == 0
+    out = capsys.readouterr().out
+    assert f"dagster    {tmp_path / 'flag_home'} (from --dagster-home)" in out
+    assert (tmp_path / "flag_home" / "dagster.yaml").exists() and not (tmp_path / "env_home").exists()
+    total, parts = re.search(r"^time\s+([\d.]+) s \((.*)\)$", out, re.M).groups()
+    _parts_add_up(float(total), {k: float(v) for k, v in re.findall(r"(\S+) ([\d.]+) s", parts)})
+
+
+def test_clean_run_from_dagster_home_env_in_a_fresh_home_is_quiet(dataset, tmp_path):
+    """As a user runs it: the command in its own process, DAGSTER_HOME exported, a home that does not exist."""
+    home = tmp_path / "env_home"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    env.update(DAGSTER_HOME=str(home), PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "pack_assets.cli", "run", "--input", str(dataset), "--max-len", "1500",
+                           "--work", "work", "--output", "out", "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(proc.stdout)
+    assert (s["dagster_home"], s["dagster_home_from"]) == (str(home), "DAGSTER_HOME")
+    assert not (tmp_path / "dagster_home").exists()
+    assert (home / "dagster.yaml").read_text() == DAGSTER_YAML.read_text() and (home / "history").is_dir()
+    lines = proc.stderr.splitlines()
+    noise = r"warn|telemetry:|usage statistics|no dagster instance configuration|traceback|error"
+    assert not [ln for ln in lines if re.search(noise, ln, re.I)], proc.stderr
+    # nothing but what the user needs: the new home, per-shard progress, the hand-over to planning
+    expected = (rf"new Dagster home {re.escape(str(home))}: wrote dagster.yaml .*",
+                r"\[\d/2\] scanned and counted part-00\d", r"2 shard run\(s\), 0 shard\(s\) unchanged; .*")
+    assert all(any(re.fullmatch(p, ln) for p in expected) for ln in lines), proc.stderr
+    assert len(lines) == 4
+    assert s["jobs"] == default_jobs(2) == 1
+    _parts_add_up(s["seconds"], s["stage_seconds"])
+    assert s["stage_seconds"]["start-up"] > 0  # imports and the instance, counted from process start
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_progress_on_many_shards_is_a_bounded_number_of_plain_lines():
+    stream = _Stream(tty=False)
+    with ShardProgress(10_000, stream=stream) as p:
+        assert p.bar is None
+        for i in range(10_000):
+            p.update(f"part-{i:05d}", 100)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == MAX_LINES
+    assert lines[-1].startswith("[10000/10000] shards scanned and counted (100%), 1000000 samples")
+    assert all("samples/s" in ln and "ETA" in ln for ln in lines)
+    few = _Stream(tty=False)
+    with ShardProgress(3, stream=few) as p:
+        for i in range(3):
+            p.update(f"part-{i}", 5)
+    assert few.getvalue().splitlines() == [f"[{i + 1}/3] scanned and counted part-{i}" for i in range(3)]
+
+
+def test_progress_bar_only_on_a_terminal():
+    tty = _Stream(tty=True)
+    with ShardProgress(50, stream=tty) as p:
+        assert p.bar is not None
+        for i in range(50):
+            p.update(f"part-{i}", 10)
+    text = tty.getvalue()
+    assert "\r" in text and "50/50" in text and "500 samples" in text and "samples/s" in text
+    logged = []
+    with ShardProgress(50, log=logged.append, stream=_Stream(tty=True)) as p:  # a caller's log: plain lines
+        assert p.bar is None
+        for i in range(50):
+            p.update(f"part-{i}", 10)
+    assert len(logged) == MAX_LINES
