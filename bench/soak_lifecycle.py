@@ -63,7 +63,7 @@ def main() -> int:
         run_state_machine_as_test(m, settings=settings(
             max_examples=args.examples, stateful_step_count=args.steps, deadline=None, database=None,
             derandomize=args.derandomize, suppress_health_check=list(HealthCheck),
-            phases=None if args.minimize else [p for p in settings.default.phases if p.name != "shrink"]))
+            phases=settings.default.phases if args.minimize else [p for p in settings.default.phases if p.name != "shrink"]))
     except SystemExit:
         pass
     except AssertionError as e:

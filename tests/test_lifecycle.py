@@ -8,8 +8,8 @@ DESIGN.md against the source tars read with Python's `tarfile` (never the tool's
 - the audit verdict is true: PASS only when the oracle finds nothing wrong, and PASS after every run;
 - every current source sample is packed, dropped or rejected exactly once (catalog and output agree), and no
   sample of a removed or older shard is anywhere in the output;
-- every output byte equals the current source: media members, each packed conversation's `source` JSON, and
-  every other member of a packed sample is carried or has a reason row;
+- every output byte equals the current source: media members and each packed conversation's `source` JSON;
+- every other member of a packed sample (an unnamed `.txt`, say) is carried in the pack or has a reason row;
 - files the tool did not write (user files in the output folder, the source shards) are untouched;
 - a full (non-incremental) run is byte-identical to a from-scratch run on the same input and settings.
 
@@ -638,7 +638,9 @@ class Lifecycle(RuleBasedStateMachine):
             refusal = self.removed and "incremental" in outcome.mode and "full" in outcome.error.lower()
             if not refusal:  # item 8 allows an incremental run to refuse a removed shard with what to run
                 bad("run_finishes", outcome.error[:600])
-            return v
+            if outcome.verdict is None:
+                return v
+            # a sensor tick whose shard run failed may still have planned, written and audited the rest
 
         source = {name: group(read_tar(self.inp / f"{name}.tar")) for name in self.shards}
         required = {f"{n}/{k}" for n, sh in self.shards.items() for k in sh.required_keys()}
@@ -684,10 +686,11 @@ class Lifecycle(RuleBasedStateMachine):
                 bad("no_stale_sample", f"{sid} ({count.get(sid) or 'in the output'}) is from {what}")
 
         # the audit verdict must be true, and a run must leave a state that passes it
-        clean = not [x for x in v if x["invariant"] in ("every_sample_once", "no_stale_sample", "bytes_equal_source")]
+        clean = not [x for x in v if x["invariant"] in ("every_sample_once", "no_stale_sample", "bytes_equal_source",
+                                                        "member_carried")]
         if outcome.verdict == "PASS" and not clean:
             bad("audit_truthful", "the audit says PASS, yet the oracle found the violations above")
-        if outcome.verdict != "PASS":
+        if outcome.verdict != "PASS" and outcome.error is None:
             bad("audit_passes", f"the run's audit verdict is {outcome.verdict}: {outcome.audit_detail}")
 
         # a full run equals a from-scratch run on the same input and settings
@@ -736,7 +739,7 @@ class Lifecycle(RuleBasedStateMachine):
                             continue
                         shard, key = sid.rsplit("/", 1)
                         if not any(r[0] == shard and r[1] == key and name in (r[3] or "") for r in reason_rows):
-                            problems.append(("bytes_equal_source", f"{sid}: member {name} is neither in the output nor "
+                            problems.append(("member_carried", f"{sid}: member {name} is neither in the output nor "
                                              "in a reason row"))
         return packed, problems
 
