@@ -3,6 +3,7 @@ stopping at the first.
 
     PYTHONPATH=. python bench/soak_lifecycle.py [--examples 60] [--steps 40] [--minutes 30]
     PYTHONPATH=. python bench/soak_lifecycle.py --minimize audit_truthful   # hypothesis shrinks to a minimal sequence
+    PYTHONPATH=. python bench/soak_lifecycle.py --known    # replay the short sequences of issue 16's items 1-8
 
 Prints steps, runs per mode and violations per invariant, and writes bench/results/soak_lifecycle.json (every
 violation with the step sequence that led to it). Not run by CI.
@@ -22,11 +23,93 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
 from hypothesis import HealthCheck, settings  # noqa: E402
-from hypothesis.errors import DeadlineExceeded  # noqa: E402,F401
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
 import test_lifecycle as tl  # noqa: E402
 from common import machine  # noqa: E402
+
+
+def _spec(tag: str, kinds: list[str], extra: bool = False) -> "tl.ShardSpec":
+    return tl.ShardSpec([tl.SampleSpec(key=f"{tag}{j:02d}", kind=k, style=("messages", "sharegpt")[j % 2], words=30,
+                                       number="1234", extra=extra and j == 0) for j, k in enumerate(kinds)])
+
+
+def _machine(n: int = 2, extra: bool = False) -> "tl.Lifecycle":
+    m = tl.Lifecycle()
+    for i, name in enumerate(tl.SHARD_NAMES[:n]):
+        m.shards[name] = _spec(f"g{i}k", ["text", "image1", "image2", "overlong"], extra)
+        m._write(name)
+    m._step(f"start with {n} shards")
+    return m
+
+
+def _edit(m, name: str, what: str) -> None:
+    s = m.shards[name].samples[0]
+    if what == "same tokens":
+        s.number = s.number[:-1] + str((int(s.number[-1]) + 1) % 10)
+    else:
+        s.more += 7
+    m._write(name)
+    m._step(f"edit {name}/{s.key}: json {what}")
+
+
+def _remove(m, name: str) -> None:
+    (m.inp / f"{name}.tar").unlink()
+    del m.shards[name]
+    m.removed.add(name)
+    m._step(f"remove shard {name}")
+
+
+def _corrupt_pax(m, name: str) -> None:
+    m.shards[name].corrupt = ("pax", 2)
+    m._write(name)
+    m._step(f"corrupt shard {name}: malformed PAX record before its third sample")
+
+
+def _add_overlong(m) -> None:
+    m.shards["c"] = _spec("g9k", ["text", "overlong", "overlong"])
+    m._write("c")
+    m._step("add shard c (two overlong samples)")
+
+
+def _orchestrated(m, via: str) -> None:
+    m.orchestrated_left = 1
+    m.run_orchestrated(via=via, n=0)
+
+
+KNOWN = {  # issue 16 item -> the shortest step sequence that shows it (each from a fresh folder)
+    "1 core": lambda m: (m.run_full(), _add_overlong(m), m.run_full()),
+    "1 pack-assets run": lambda m: (_orchestrated(m, "pipeline"), _add_overlong(m), _orchestrated(m, "pipeline")),
+    "2": lambda m: (m.user_file(which="my-notes.tar"), m.run_full()),
+    "3": lambda m: (m.run_full(), _edit(m, "a", "same tokens"), m.run_full()),
+    "4": lambda m: (_corrupt_pax(m, "b"), m.run_full()),
+    "5": lambda m: m.run_full(),  # with a `.txt` member in the first sample of each shard
+    "6": lambda m: (_corrupt_pax(m, "b"), _orchestrated(m, "sensor")),
+    "7": lambda m: (_orchestrated(m, "sensor"), _edit(m, "a", "more tokens"), _orchestrated(m, "sensor")),
+    "8 pack-assets run": lambda m: (_orchestrated(m, "pipeline"), _remove(m, "c"), _orchestrated(m, "pipeline")),
+    "8 core": lambda m: (m.run_full(), _remove(m, "c"), m.run_incremental(), m.run_full()),
+}
+
+
+def replay_known() -> list[dict]:
+    tl.Lifecycle.raise_on_violation = False
+    out = []
+    for item, steps in KNOWN.items():
+        tl.Lifecycle.log = []
+        m = _machine(3 if item.startswith("8") else 2, extra=item == "5")
+        try:
+            with tl.no_plots():
+                steps(m)
+        finally:
+            m.teardown()
+        found = sorted({v["invariant"] for rec in tl.Lifecycle.log for v in rec["violations"]})
+        print(f"item {item}: {' -> '.join(m.trace)}\n    violations: {found or 'none'}")
+        for rec in tl.Lifecycle.log:
+            for inv in sorted({v["invariant"] for v in rec["violations"]}):
+                first = next(v["detail"] for v in rec["violations"] if v["invariant"] == inv)
+                print(f"    after `{rec['trace'][-1]}`: [{inv}] {first[:200]}")
+        out.append({"item": item, "trace": m.trace, "violations": tl.Lifecycle.log})
+    return out
 
 
 def main() -> int:
@@ -41,7 +124,13 @@ def main() -> int:
     ap.add_argument("--minimize", metavar="INVARIANT", help="stop at the first violation of INVARIANT and let "
                     "hypothesis shrink it to a minimal step sequence")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "soak_lifecycle.json")
+    ap.add_argument("--known", action="store_true", help="replay the known sequences of issue 16 and stop")
     args = ap.parse_args()
+    if args.known:
+        known = replay_known()
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_name("soak_lifecycle_known.json").write_text(json.dumps(known, indent=1))
+        return 1 if any(k["violations"] for k in known) else 0
 
     m = tl.Lifecycle
     m.steps, m.runs, m.log = 0, {}, []
