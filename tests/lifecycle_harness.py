@@ -1,0 +1,37 @@
+"""The core pipeline in a subprocess with settings, SIGKILLed at the n-th call of one function (test_lifecycle_property).
+
+    python lifecycle_harness.py INPUT WORK OUT SETTINGS_JSON [module:function n]
+
+SETTINGS_JSON holds PlanConfig fields (max_len, algorithm, max_packs_per_shard, incremental).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fault_harness import arm  # noqa: E402
+
+
+def main() -> None:
+    inp, work, out = (Path(a) for a in sys.argv[1:4])
+    config = json.loads(sys.argv[4])
+    if len(sys.argv) > 5:
+        arm(sys.argv[5], int(sys.argv[6]))
+    from pack_assets.core import pipeline, store
+    from pack_assets.core.plan import PlanConfig
+    from pack_assets.core.profiles import load_profile
+
+    profile = load_profile("qwen3-vl")
+    shards = list(store.find_shards(inp))
+    for s in shards:
+        pipeline.run_manifest(inp, work, s)
+        pipeline.run_token_lengths(work, s, profile)
+    pipeline.run_plan(work, shards, PlanConfig(**config), profile)
+    pipeline.run_write(work, inp, out, workers=1)
+    result, _ = pipeline.run_audit(work, out)
+    sys.exit(0 if result.ok else 3)
+
+
+if __name__ == "__main__":
+    main()
