@@ -188,8 +188,14 @@ def cmd_lookup(args) -> int:
 
 def cmd_verify(args) -> int:
     from .core.pipeline import run_audit
+    from .core.safety import lock_wait, work_lock
 
-    result, report = run_audit(Path(args.work), Path(args.output))
+    if not (Path(args.work) / "pack_assets.duckdb").is_file():
+        raise FileNotFoundError(f"no pack_assets catalog in {args.work}: run `pack-assets run` first (or pass --work)")
+    # it writes the report: wait for a run on this work folder to finish rather than read it half-written
+    with work_lock(Path(args.work), "pack-assets verify", wait=lock_wait(),
+                   log=lambda m: print(m, file=sys.stderr, flush=True)):
+        result, report = run_audit(Path(args.work), Path(args.output))
     payload = {"ok": result.verdict == "PASS", "verdict": result.verdict, "shards_waiting": result.waiting,
                "violations": result.violations, "stats": result.stats, "report": report["path"]}
     lines = [f"{'OK' if result.verdict == 'PASS' else result.verdict}: {result.stats['samples_read']} samples, "

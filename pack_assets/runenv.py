@@ -39,16 +39,18 @@ def ensure_dagster_yaml(home: Path) -> bool:
     target = home / "dagster.yaml"
     if target.exists():
         return False
-    tmp = home / f".dagster.yaml.{os.getpid()}.tmp"
-    with open(tmp, "x") as f:  # plain open: the umask's usual mode, unlike mkstemp's 0600
-        f.write(DAGSTER_YAML.read_text())
+    from .core.safety import mkstemp
+
+    fd, tmp = mkstemp(".dagster.yaml.tmp-", home)  # a unique name: a killed run's leftover never blocks the next
     try:
+        with os.fdopen(fd, "w") as f:
+            f.write(DAGSTER_YAML.read_text())
         os.link(tmp, target)
         return True
     except FileExistsError:  # another run made it first: keep theirs
         return False
     finally:
-        tmp.unlink()
+        os.unlink(tmp)
 
 
 def process_start() -> float:

@@ -639,9 +639,7 @@ class Lifecycle(RuleBasedStateMachine):
         if tree(self.inp) != inputs_before:
             bad("user_file_untouched", "a source shard changed during the run")
         if outcome.error is not None:
-            refusal = self.removed and "incremental" in outcome.mode and "full" in outcome.error.lower()
-            if not refusal:  # item 8 allows an incremental run to refuse a removed shard with what to run
-                bad("run_finishes", outcome.error[:600])
+            bad("run_finishes", outcome.error[:600])
             if outcome.verdict is None:
                 return v
             # a sensor tick whose shard run failed may still have planned, written and audited the rest

@@ -135,7 +135,9 @@ def claim(out: Path, planned: set[str]) -> dict[str, str | None]:
                            f"changed since): {what}{hint}. Move them away or choose another --output")
     if before is None and (out / LEGACY_INFO).is_file() and _proves_ours(out, LEGACY_INFO):
         recorded[LEGACY_INFO] = None  # an early version's file: removed with the other stale ones
-    save(out, {**recorded, **{n: recorded.get(n) for n in planned}})
+    # planned names are recorded without a hash until finish(): a crash in between leaves files that are ours
+    # but rewritten, which a stale hash would refuse on the next run (their content was checked just above)
+    save(out, {**recorded, **{n: None for n in planned}})
     return recorded
 
 

@@ -6,7 +6,6 @@ stage before it wrote and returns a summary dict (counts, paths, timings) for me
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -25,7 +24,7 @@ from .lookup import LINEAGE_VIEW
 from .binpack import lower_bounds
 from .plan import Pack, PlanConfig, config_fingerprint, extend_plan, make_plan, plan_jsonl, prune_plan, simulate
 from .profiles import ModelProfile
-from .records import SAMPLES_SCHEMA, ShardInfo
+from .records import MANIFEST_FORMAT, ShardInfo
 from .scan import ScanOptions, scan_shard
 from .tokens import TokenCounter, count_shard_rows
 from .write import PackJob, ShardFingerprint, ShardJob, SubSample, first_pack_meta, write_all
@@ -44,11 +43,9 @@ def manifest_is_current(input_root: Path, work: Path, shard: str) -> dict | None
         st = (input_root / f"{shard}.tar").stat()
     except OSError:
         return None
-    if info and info["size"] == st.st_size and info["mtime_ns"] == st.st_mtime_ns:
-        # a manifest written by an older version (e.g. without extra_members) is rescanned, not misread
-        with contextlib.suppress(OSError, ValueError):  # unreadable: rescan
-            if pq.read_schema(store.manifest_dir(work, shard) / "samples.parquet").names == SAMPLES_SCHEMA.names:
-                return info
+    if info and (info["size"], info["mtime_ns"]) == (st.st_size, st.st_mtime_ns) \
+            and info.get("manifest_format") == MANIFEST_FORMAT:  # an older version's manifest is rescanned
+        return info
     return None
 
 

@@ -54,6 +54,11 @@ class Rejection:
     stage: str = "manifest"
 
 
+# Bump when what the manifest records changes (columns or their meaning): an older manifest is then rescanned
+# by the CLI and by new_shard_sensor alike, never misread.
+MANIFEST_FORMAT = 2
+
+
 @dataclass(slots=True)
 class ShardInfo:
     shard: str
@@ -67,6 +72,7 @@ class ShardInfo:
     n_members: int = 0
     n_meta_members: int = 0
     seconds: float = 0.0
+    manifest_format: int = MANIFEST_FORMAT
 
 
 SAMPLES_SCHEMA = pa.schema(
@@ -121,6 +127,7 @@ SHARDS_SCHEMA = pa.schema(
         ("n_members", pa.int64()),
         ("n_meta_members", pa.int64()),
         ("seconds", pa.float64()),
+        ("manifest_format", pa.int32()),
     ]
 )
 

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from . import safety
 from .records import (
+    MANIFEST_FORMAT,
     MEMBERS_SCHEMA,
     REJECTED_SCHEMA,
     SAMPLES_SCHEMA,
@@ -70,9 +71,12 @@ def recorded_stats(work: Path, shards: Iterable[str]) -> dict[str, tuple[int, in
     paths = [p for p in (manifest_dir(work, s) / "shard.parquet" for s in shards) if p.exists()]
     if not paths:
         return {}
+    source = f"read_parquet({_files(paths)}, union_by_name = true)"
     with duckdb.connect() as con:
-        rows = con.execute(f"SELECT shard, size, mtime_ns FROM read_parquet({_files(paths)})").fetchall()
-    return {r[0]: (r[1], r[2]) for r in rows}
+        fmt = "manifest_format" if "manifest_format" in con.sql(f"SELECT * FROM {source} LIMIT 0").columns else "NULL"
+        rows = con.execute(f"SELECT shard, size, mtime_ns, {fmt} FROM {source}").fetchall()
+    # an older version's manifest counts as changed, so the sensor requests its rescan as the CLI does
+    return {r[0]: (r[1], r[2]) if r[3] == MANIFEST_FORMAT else (-1, -1) for r in rows}
 
 
 def manifest_dir(work: Path, shard: str) -> Path:

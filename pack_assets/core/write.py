@@ -252,12 +252,13 @@ class ShardFingerprint:
     output names and ``_meta``); the profile, max length and tool version. Fed pack by pack, so the writer
     (from a ShardJob) and the skip check (from one catalog query over all shards) compute the same value.
     A member scanned without a hash is known by its place only, so then the source shard's size and mtime
-    stand in for its content. Not the plan fingerprint: an incremental plan keeps the untouched output
+    stand in for its content. The whole context that ``_meta`` carries (profile, settings, tool version) is
+    covered; the plan's data fingerprint is not in it, so an incremental plan keeps the untouched output
     shards of the one before."""
 
     def __init__(self, context: dict) -> None:
-        self._h = hashlib.sha256(json.dumps([context["profile_fingerprint"], context["max_len"], context.get("profile"),
-                                             context.get("tool"), context.get("tool_version")]).encode())
+        covered = {k: v for k, v in context.items() if k != "shard_fingerprint"}
+        self._h = hashlib.sha256(json.dumps(covered, sort_keys=True).encode())
 
     def pack(self, pack_id: str, media_type: str, total_token_len: int) -> None:
         self._h.update(f"{pack_id}|{media_type}|{total_token_len}\n".encode())
