@@ -34,7 +34,11 @@ def main() -> None:
     inp, work, out = (Path(a) for a in sys.argv[1:4])
     if len(sys.argv) > 4:
         arm(sys.argv[4], int(sys.argv[5]))
-    workers = int(sys.argv[6]) if len(sys.argv) > 6 else 2
+    sys.exit(run_pipeline(inp, work, out, int(sys.argv[6]) if len(sys.argv) > 6 else 2))
+
+
+def run_pipeline(inp: Path, work: Path, out: Path, workers: int) -> int:
+    """The whole pipeline; 0 when the audit passes (the tests' rerun calls it in their own process)."""
     from pack_assets.core import pipeline, store
     from pack_assets.core.plan import PlanConfig
     from pack_assets.core.profiles import load_profile
@@ -47,7 +51,7 @@ def main() -> None:
     pipeline.run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), profile)
     pipeline.run_write(work, inp, out, workers=workers)
     result, _ = pipeline.run_audit(work, out)
-    sys.exit(0 if result.ok else 3)
+    return 0 if result.ok else 3
 
 
 if __name__ == "__main__":
