@@ -14,14 +14,22 @@ import sys
 import time
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, make_shards, timed  # noqa: E402
 
-from pack_assets.core import pipeline, store  # noqa: E402
-from pack_assets.core.plan import PlanConfig  # noqa: E402
+from pack_assets.core import store  # noqa: E402
+from pack_assets.core.audit import run_audit
+from pack_assets.core.plan import (
+    PlanConfig,  # noqa: E402
+    run_plan,
+)
 from pack_assets.core.profiles import load_profile  # noqa: E402
-from pack_assets.core.scan import ScanOptions  # noqa: E402
+from pack_assets.core.scan import (
+    ScanOptions,  # noqa: E402
+    run_manifest,
+)
+from pack_assets.core.tokens import run_token_lengths
+from pack_assets.core.write import run_write
 
 
 def main() -> None:
@@ -50,43 +58,43 @@ def main() -> None:
     shards = list(store.find_shards(inp))
     t0 = time.perf_counter()
     for s in shards:
-        pipeline.run_manifest(inp, work, s, ScanOptions(hash_members=True), force=True)
+        run_manifest(inp, work, s, ScanOptions(hash_members=True), force=True)
     res["manifest_hash_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for s in shards:
-        pipeline.run_manifest(inp, out / "work-nohash", s, ScanOptions(hash_members=False), force=True)
+        run_manifest(inp, out / "work-nohash", s, ScanOptions(hash_members=False), force=True)
     res["manifest_nohash_s"] = time.perf_counter() - t0
     res["manifest_hash_vs_sha256sum"] = res["sha256sum_s"] / res["manifest_hash_s"]
     res["manifest_nohash_members_per_s"] = members / res["manifest_nohash_s"]
 
     profile = load_profile("qwen3-vl")
-    pipeline.run_token_lengths(work, shards[0], profile, force=True)  # load the tokenizer once
+    run_token_lengths(work, shards[0], profile, force=True)  # load the tokenizer once
     t0 = time.perf_counter()
     for s in shards:
-        pipeline.run_token_lengths(work, s, profile, force=True)
+        run_token_lengths(work, s, profile, force=True)
     res["token_lengths_s"] = time.perf_counter() - t0
     res["token_lengths_samples_per_s"] = samples / res["token_lengths_s"]
 
     t0 = time.perf_counter()
-    plan = pipeline.run_plan(work, shards, PlanConfig(max_len=args.max_len), profile)
+    plan = run_plan(work, shards, PlanConfig(max_len=args.max_len), profile)
     res["plan_s"] = time.perf_counter() - t0
-    res["plan_fill"] = plan["fill"]
-    res["plan_packs_over_bound"] = plan["packs_over_bound"]
+    res["plan_fill"] = plan.fill
+    res["plan_packs_over_bound"] = plan.packs_over_bound
 
     dest = out / "packed"
     shutil.rmtree(dest, ignore_errors=True)
-    w = pipeline.run_write(work, inp, dest)
-    res["write_s"] = w["seconds"]
-    res["write_bytes"] = w["bytes"]
+    w = run_write(work, inp, dest)
+    res["write_s"] = w.seconds
+    res["write_bytes"] = w.bytes
     cp_dest = out / "cp"
     shutil.rmtree(cp_dest, ignore_errors=True)
     cp_dest.mkdir()
     res["cp_s"] = timed(["cp", *files, str(cp_dest)])
-    res["write_vs_cp"] = (w["bytes"] / res["write_s"]) / (total_bytes / res["cp_s"])
+    res["write_vs_cp"] = (w.bytes / res["write_s"]) / (total_bytes / res["cp_s"])
     shutil.rmtree(cp_dest, ignore_errors=True)
 
     t0 = time.perf_counter()
-    result, _ = pipeline.run_audit(work, dest)
+    result = run_audit(work, dest)
     res["audit_s"] = time.perf_counter() - t0
     res["audit_ok"] = result.ok
     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}, indent=1))

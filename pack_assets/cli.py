@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .core.profiles import DEFAULT_PROFILE
+from .core.settings import AUDIT_SCOPES, DEFAULTS, Settings
 from .runenv import JOBS_FROM_SHARDS, ensure_dagster_yaml, process_start, resolve_dagster_home
 
 DEMO_INPUT = Path("demo_data/shards")
@@ -48,9 +48,8 @@ def _summary_text(s: dict) -> str:
     ])
 
 
-def _settings(args, **extra):
-    from .defs.resources import PackSettings
-
+def _settings(args, **extra) -> Settings:
+    """The run's settings, built once: flags, then the ``--config`` file's keys over them, then ``extra``."""
     fields = {"input_dir": str(args.input), "work_dir": str(args.work), "output_dir": str(args.output),
               "max_len": args.max_len, "profile": args.profile, "model_dir": args.model_dir or "",
               "algorithm": args.algorithm, "seed": args.seed, "incremental": args.incremental,
@@ -58,14 +57,14 @@ def _settings(args, **extra):
     if getattr(args, "config", None):
         fields.update(json.loads(Path(args.config).read_text()))
     fields.update(extra)
-    return PackSettings(**fields)
+    return Settings.from_flat(fields)
 
 
 def _run(args, **extra) -> int:
-    from .core.safety import check_paths, work_lock
+    from .core.safety import work_lock
 
     settings = _settings(args, **extra)
-    check_paths(settings.input_root, settings.work, settings.out)  # before anything is written
+    settings.check_paths()  # before anything is written
     home, home_from = resolve_dagster_home(args.dagster_home)
     with work_lock(settings.work, f"pack-assets {args.command}"):  # a second run on this work folder refuses
         if ensure_dagster_yaml(home):
@@ -187,7 +186,7 @@ def cmd_lookup(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .core.pipeline import run_audit
+    from .core.audit import run_audit
     from .core.safety import lock_wait, work_lock
 
     if not (Path(args.work) / "pack_assets.duckdb").is_file():
@@ -195,9 +194,9 @@ def cmd_verify(args) -> int:
     # it writes the report: wait for a run on this work folder to finish rather than read it half-written
     with work_lock(Path(args.work), "pack-assets verify", wait=lock_wait(),
                    log=lambda m: print(m, file=sys.stderr, flush=True)):
-        result, report = run_audit(Path(args.work), Path(args.output))
+        result = run_audit(Path(args.work), Path(args.output))
     payload = {"ok": result.verdict == "PASS", "verdict": result.verdict, "shards_waiting": result.waiting,
-               "violations": result.violations, "stats": result.stats, "report": report["path"]}
+               "violations": result.violations, "stats": result.stats, "report": str(result.report)}
     lines = [f"{'OK' if result.verdict == 'PASS' else result.verdict}: {result.stats['samples_read']} samples, "
              f"{result.stats['packs_read']} packs, {result.stats['media_members_checked']} media members re-hashed; "
              f"{len(result.violations)} violation(s)"]
@@ -209,18 +208,18 @@ def cmd_verify(args) -> int:
 
 
 def _common_run(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--work", default="work", help="work directory (manifest, token lengths, DuckDB, plan, report)")
-    p.add_argument("--output", default="packed", help="output directory for packed shards")
-    p.add_argument("--profile", default=DEFAULT_PROFILE, help="model profile: qwen2-vl, qwen2.5-vl, qwen3-vl")
+    p.add_argument("--work", default=DEFAULTS["work_dir"], help="work directory (manifest, token lengths, DuckDB, plan, report)")
+    p.add_argument("--output", default=DEFAULTS["output_dir"], help="output directory for packed shards")
+    p.add_argument("--profile", default=DEFAULTS["profile"], help="model profile: qwen2-vl, qwen2.5-vl, qwen3-vl")
     p.add_argument("--model-dir", help="a local HF checkpoint folder (overrides --profile)")
-    p.add_argument("--algorithm", default="bfd", help="packing algorithm (bfd, next_fit)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the pack order shuffle")
+    p.add_argument("--algorithm", default=DEFAULTS["algorithm"], help="packing algorithm (bfd, next_fit)")
+    p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seed of the pack order shuffle")
     p.add_argument("--dagster-home", help="Dagster instance directory (default: $DAGSTER_HOME if set, else "
                    "./dagster_home); a dagster.yaml with the project's settings is written if it has none")
     p.add_argument("--force", action="store_true", help="rescan and recount every shard even if unchanged")
     p.add_argument("--incremental", action="store_true",
                    help="keep the previous plan's packs and output shards; new samples go into new ones")
-    p.add_argument("--audit-scope", choices=["all", "changed"], default="all",
+    p.add_argument("--audit-scope", choices=AUDIT_SCOPES, default=DEFAULTS["audit_scope"],
                    help="changed: re-read only output shards new or changed since the last clean audit "
                         "(the others are trusted by size, mtime and content fingerprint); default all")
     p.add_argument("--jobs", type=int, default=0,
@@ -242,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="generate the demo dataset if absent and run the whole pipeline through Dagster")
     _common_run(p)
-    p.add_argument("--max-len", type=int, default=8192, help="tokens per pack")
+    p.add_argument("--max-len", type=int, default=DEFAULTS["max_len"], help="tokens per pack")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("run", help="the whole pipeline on a directory of WebDataset shards, through Dagster")
@@ -255,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("count", help="token counts of ShareGPT/LLaVA/messages records, one JSON line each")
     p.add_argument("--input", required=True, help=".json (a list) or .jsonl file of records")
     p.add_argument("--media-root", help="folder that relative media paths are resolved against")
-    p.add_argument("--profile", default=DEFAULT_PROFILE)
+    p.add_argument("--profile", default=DEFAULTS["profile"])
     p.add_argument("--model-dir")
     p.set_defaults(func=cmd_count, json=True)
 
@@ -292,13 +291,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("lookup", help="a sample id -> its pack and output shard; a pack id -> its sources")
     p.add_argument("id")
-    p.add_argument("--work", default="work")
+    p.add_argument("--work", default=DEFAULTS["work_dir"])
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_lookup)
 
     p = sub.add_parser("verify", help="re-read the outputs and check every invariant (non-zero exit on a violation)")
-    p.add_argument("--work", default="work")
-    p.add_argument("--output", default="packed")
+    p.add_argument("--work", default=DEFAULTS["work_dir"])
+    p.add_argument("--output", default=DEFAULTS["output_dir"])
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_verify)
     return ap

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import dagster as dg
 
-from .core import pipeline, store
+from .core import store
+from .core.scan import manifest_is_current
+from .core.settings import Settings
+from .core.tokens import token_lengths_are_current
 from .defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
 from .defs.partitions import source_shards
-from .defs.resources import PackSettings
+from .defs.resources import PackSettings, summary_io_manager
 from .progress import ShardProgress
 from .runenv import default_jobs, ensure_dagster_yaml
 
@@ -50,14 +53,6 @@ def _materialize(assets, **kwargs) -> dg.ExecuteInProcessResult:
     return result
 
 
-def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict:
-    for ev in result.get_asset_materialization_events():
-        mat = ev.event_specific_data.materialization
-        if mat.asset_key.to_user_string() == asset:
-            return {k: v.value for k, v in mat.metadata.items()}
-    return {}
-
-
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
@@ -65,15 +60,19 @@ def _worker_init(dagster_home: str) -> None:
     os.environ["DAGSTER_HOME"] = dagster_home
 
 
-def _shard_run(key: str, fields: dict) -> int | None:
+def _resources(settings: Settings) -> dict:
+    return {"settings": PackSettings.of(settings), "io_manager": summary_io_manager}
+
+
+def _shard_run(key: str, flat: dict) -> int:
     """One partition's `manifest` + `token_lengths` run, recorded in the instance under DAGSTER_HOME; returns
-    the shard's sample count. (Settings travel as plain fields: resource objects do not pickle across processes.)"""
+    the shard's sample count. (Settings travel flat: resource objects do not pickle across processes.)"""
     result = _materialize([manifest, token_lengths], partition_key=key, instance=dg.DagsterInstance.get(),
-                          resources={"settings": PackSettings(**fields)}, run_config=QUIET)
-    return _metadata(result, "manifest").get("dagster/row_count")
+                          resources=_resources(Settings.from_flat(flat)), run_config=QUIET)
+    return result.asset_value("manifest").total("samples")
 
 
-def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None, force: bool = False,
+def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, force: bool = False,
                  jobs: int = 0, started: float | None = None) -> dict:
     """`started`: the time.perf_counter() the caller's wall time counts from (the CLI: process start), so
     the summary's stage seconds, with start-up and other, add up to the seconds the user waited."""
@@ -98,30 +97,30 @@ def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None,
         log(f"{len(removed)} shard(s) no longer in {root}, removed from the plan: {removed[:5]}"
             f"{' ...' if len(removed) > 5 else ''}")
     profile = settings.model_profile()
-    resources = {"settings": settings}
-    todo = [k for k in shards if force or pipeline.manifest_is_current(root, settings.work, k) is None
-            or not pipeline.token_lengths_are_current(settings.work, k, profile)]
+    todo = [k for k in shards if force or manifest_is_current(root, settings.work, k) is None
+            or not token_lengths_are_current(settings.work, k, profile)]
     jobs = max(1, min(jobs or default_jobs(len(todo)), len(todo)))
-    fields = {k: getattr(settings, k) for k in PackSettings.model_fields}
+    flat = settings.flat()
     t_shards = time.perf_counter()
     with ShardProgress(len(todo), log=progress_log) as progress:
         if jobs == 1:
             for key in todo:
-                progress.update(key, _shard_run(key, fields))
+                progress.update(key, _shard_run(key, flat))
         elif todo:
             # shard runs write only their own Parquet files, so they run side by side, one process each
             with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
                                      initargs=(os.environ["DAGSTER_HOME"],)) as pool:
-                futures = {pool.submit(_shard_run, key, fields): key for key in todo}
+                futures = {pool.submit(_shard_run, key, flat): key for key in todo}
                 for fut in as_completed(futures):
                     progress.update(futures[fut], fut.result())
     ran = len(todo)
     shard_seconds = time.perf_counter() - t_shards
     log(f"{ran} shard run(s), {len(shards) - ran} shard(s) unchanged; planning, writing and auditing")
-    result = _materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=resources, run_config=QUIET)
+    result = _materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=_resources(settings),
+                          run_config=QUIET)
     stage_seconds = {"start-up": round(t_shards - t0, 2), "manifest+token_lengths": round(shard_seconds, 2),
                      **_step_seconds(instance, result.run_id)}
-    plan, written, audit = (_metadata(result, a) for a in ("pack_plan", "packed_shards", "audit_report"))
+    plan, written, audit = (result.asset_value(a) for a in ("pack_plan", "packed_shards", "audit_report"))
     seconds = round(time.perf_counter() - t0, 2)
     # the rest: Dagster's run set-up and event log around the steps, reading their metadata
     stage_seconds["other"] = round(seconds - sum(stage_seconds.values()), 2)
@@ -131,26 +130,26 @@ def run_pipeline(settings: PackSettings, instance: dg.DagsterInstance, log=None,
         "shard_runs": ran,
         "shards_removed": removed,
         "jobs": jobs,
-        "samples": audit.get("samples_read"),
-        "packed": audit.get("packed"),
-        "dropped": audit.get("dropped"),
-        "rejected": audit.get("rejected"),
-        "packs": plan.get("packs"),
-        "lower_bound": plan.get("lower_bound"),
-        "packs_over_bound": plan.get("packs_over_bound"),
-        "fill": plan.get("fill"),
-        "max_len": settings.max_len,
+        "samples": audit.stats["samples_read"],
+        "packed": audit.stats["packed"],
+        "dropped": audit.stats["dropped"],
+        "rejected": audit.stats["rejected"],
+        "packs": plan.packs,
+        "lower_bound": plan.lower_bound,
+        "packs_over_bound": plan.packs_over_bound,
+        "fill": plan.fill,
+        "max_len": settings.plan.max_len,
         "profile": profile.name,
-        "violations": audit.get("violations"),
-        "verdict": audit.get("verdict"),
-        "shards_waiting": audit.get("shards_waiting") or [],
+        "violations": len(audit.violations),
+        "verdict": audit.verdict,
+        "shards_waiting": audit.waiting,
         "output_dir": str(settings.out),
-        "output_shards": written.get("output_shards"),
-        "output_shards_written": written.get("written"),
-        "output_shards_trusted": audit.get("output_shards_trusted"),
+        "output_shards": written.shards,
+        "output_shards_written": written.written,
+        "output_shards_trusted": audit.stats["output_shards_trusted"],
         "work_dir": str(settings.work),
-        "plan_file": str(settings.work / "pack_plan.jsonl"),
-        "audit_report": str(settings.work / "audit_report.md"),
+        "plan_file": str(plan.plan_file),
+        "audit_report": str(audit.report),
         "duckdb": str(settings.work / store.DB_NAME),
         "dagster_home": os.environ["DAGSTER_HOME"],
         "seconds": seconds,

@@ -39,18 +39,24 @@ def main() -> None:
 
 def run_pipeline(inp: Path, work: Path, out: Path, workers: int) -> int:
     """The whole pipeline; 0 when the audit passes (the tests' rerun calls it in their own process)."""
-    from pack_assets.core import pipeline, store
-    from pack_assets.core.plan import PlanConfig
+    from pack_assets.core import store
+    from pack_assets.core.audit import run_audit
+    from pack_assets.core.plan import PlanConfig, run_plan
     from pack_assets.core.profiles import load_profile
+    from pack_assets.core.report import run_what_if
+    from pack_assets.core.scan import run_manifest
+    from pack_assets.core.tokens import run_token_lengths
+    from pack_assets.core.write import run_write
 
     profile = load_profile("qwen3-vl")
     shards = list(store.find_shards(inp))
     for s in shards:
-        pipeline.run_manifest(inp, work, s)
-        pipeline.run_token_lengths(work, s, profile)
-    pipeline.run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), profile)
-    pipeline.run_write(work, inp, out, workers=workers)
-    result, _ = pipeline.run_audit(work, out)
+        run_manifest(inp, work, s)
+        run_token_lengths(work, s, profile)
+    config = PlanConfig(max_len=1500, max_packs_per_shard=2)
+    run_what_if(work, config, run_plan(work, shards, config, profile).fingerprint)  # as the pack_plan asset does
+    run_write(work, inp, out, workers=workers)
+    result = run_audit(work, out)
     return 0 if result.ok else 3
 
 

@@ -18,18 +18,24 @@ def main() -> None:
     config = json.loads(sys.argv[4])
     if len(sys.argv) > 5:
         arm(sys.argv[5], int(sys.argv[6]))
-    from pack_assets.core import pipeline, store
-    from pack_assets.core.plan import PlanConfig
+    from pack_assets.core import store
+    from pack_assets.core.audit import run_audit
+    from pack_assets.core.plan import PlanConfig, run_plan
     from pack_assets.core.profiles import load_profile
+    from pack_assets.core.report import run_what_if
+    from pack_assets.core.scan import run_manifest
+    from pack_assets.core.tokens import run_token_lengths
+    from pack_assets.core.write import run_write
 
     profile = load_profile("qwen3-vl")
     shards = list(store.find_shards(inp))
     for s in shards:
-        pipeline.run_manifest(inp, work, s)
-        pipeline.run_token_lengths(work, s, profile)
-    pipeline.run_plan(work, shards, PlanConfig(**config), profile)
-    pipeline.run_write(work, inp, out, workers=1)
-    result, _ = pipeline.run_audit(work, out)
+        run_manifest(inp, work, s)
+        run_token_lengths(work, s, profile)
+    config = PlanConfig(**config)
+    run_what_if(work, config, run_plan(work, shards, config, profile).fingerprint)  # as the pack_plan asset does
+    run_write(work, inp, out, workers=1)
+    result = run_audit(work, out)
     sys.exit(0 if result.ok else 3)
 
 

@@ -11,10 +11,14 @@ import numpy as np
 import pytest
 
 from pack_assets.cli import main
-from pack_assets.core import pipeline, store
+from pack_assets.core import store
+from pack_assets.core.audit import run_audit
 from pack_assets.core.convert import convert
-from pack_assets.core.plan import PlanConfig
+from pack_assets.core.plan import PlanConfig, run_plan
 from pack_assets.core.profiles import load_profile
+from pack_assets.core.scan import run_manifest
+from pack_assets.core.tokens import run_token_lengths
+from pack_assets.core.write import run_write
 from pack_assets.reader import PackEncoder, iter_encoded, iter_packs
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "datasets"
@@ -67,11 +71,11 @@ def test_round_trip_convert_pack_read_lengths_equal_the_plan(tmp_path, profile):
     prof = load_profile(profile)
     keys = list(store.find_shards(shards))
     for k in keys:
-        pipeline.run_manifest(shards, work, k)
-        pipeline.run_token_lengths(work, k, prof)
-    plan = pipeline.run_plan(work, keys, PlanConfig(max_len=32768), prof)
-    pipeline.run_write(work, shards, out, workers=1)
-    assert pipeline.run_audit(work, out)[0].ok
+        run_manifest(shards, work, k)
+        run_token_lengths(work, k, prof)
+    plan = run_plan(work, keys, PlanConfig(max_len=32768), prof)
+    run_write(work, shards, out, workers=1)
+    assert run_audit(work, out).ok
     with store.connect(work, read_only=True) as con:
         counts = dict(con.execute("SELECT sample_id, total_tokens FROM token_lengths WHERE status='ok'").fetchall())
         media_types = {r[0] for r in con.execute("SELECT DISTINCT media_type FROM samples WHERE status='ok'").fetchall()}
@@ -85,7 +89,7 @@ def test_round_trip_convert_pack_read_lengths_equal_the_plan(tmp_path, profile):
             assert (enc["position_ids"][a:b] == np.arange(b - a)).all()
             assert enc["labels"][a] == -100
         n += len(enc["sample_ids"])
-    assert n == plan["samples"] - plan["dropped"]
+    assert n == plan.samples - plan.dropped
 
 
 def test_labels_cover_assistant_turns_only_and_weights(tmp_path, dataset):
@@ -93,10 +97,10 @@ def test_labels_cover_assistant_turns_only_and_weights(tmp_path, dataset):
     prof = load_profile("qwen3-vl")
     keys = list(store.find_shards(dataset))
     for k in keys:
-        pipeline.run_manifest(dataset, work, k)
-        pipeline.run_token_lengths(work, k, prof)
-    pipeline.run_plan(work, keys, PlanConfig(max_len=1500), prof)
-    pipeline.run_write(work, dataset, out, workers=1)
+        run_manifest(dataset, work, k)
+        run_token_lengths(work, k, prof)
+    run_plan(work, keys, PlanConfig(max_len=1500), prof)
+    run_write(work, dataset, out, workers=1)
     pack = next(iter_packs(sorted(out.glob("*.tar"))))
     enc = PackEncoder("qwen3-vl")
     res = enc.encode(pack)

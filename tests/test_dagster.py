@@ -95,7 +95,7 @@ def test_four_shard_runs_side_by_side_no_lock_error_no_lost_rows(tmp_path, monke
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     inp = small_dataset(tmp_path / "in", n_shards=4, per_shard=9)
     instance = instance_for(tmp_path / "dh")
-    summary = run_pipeline(_settings(inp, tmp_path), instance, log=lambda m: None, jobs=4)
+    summary = run_pipeline(_settings(inp, tmp_path).to_settings(), instance, log=lambda m: None, jobs=4)
     assert summary["shard_runs"] == 4 and summary["violations"] == 0
     assert summary["samples"] == 4 * 10 and summary["rejected"] == 4
     runs = instance.get_runs()

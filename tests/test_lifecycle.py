@@ -9,9 +9,13 @@ import dagster as dg
 import pytest
 from conftest import small_dataset, write_tar
 
-from pack_assets.core import pipeline, store
-from pack_assets.core.plan import PlanConfig
+from pack_assets.core import store
+from pack_assets.core.audit import run_audit
+from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
 from pack_assets.core.profiles import load_profile
+from pack_assets.core.scan import run_manifest
+from pack_assets.core.tokens import run_token_lengths
+from pack_assets.core.write import run_write
 from pack_assets.defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
 from pack_assets.defs.partitions import source_shards
 from pack_assets.defs.resources import PackSettings
@@ -31,8 +35,8 @@ def overlong_shard(path: Path, n: int = 3) -> Path:
 
 def scan(inp: Path, work: Path, shards: list[str]) -> None:
     for s in shards:
-        pipeline.run_manifest(inp, work, s)
-        pipeline.run_token_lengths(work, s, PROFILE)
+        run_manifest(inp, work, s)
+        run_token_lengths(work, s, PROFILE)
 
 
 def dropped_ids(work: Path) -> set[str]:
@@ -44,18 +48,18 @@ def test_a_plain_rerun_after_adding_a_shard_with_overlong_samples_replaces_dropp
     inp = small_dataset(tmp_path / "in", n_shards=2)
     work, out = tmp_path / "work", tmp_path / "out"
     scan(inp, work, ["part-000", "part-001"])
-    first = pipeline.run_plan(work, ["part-000", "part-001"], PlanConfig(max_len=MAX_LEN), PROFILE)
-    assert first["plan_violations"] == []
+    first = run_plan(work, ["part-000", "part-001"], PlanConfig(max_len=MAX_LEN), PROFILE)
+    assert first.violations == []
     before = dropped_ids(work)
     overlong_shard(inp / "part-002.tar")
     scan(inp, work, ["part-002"])
-    s = pipeline.run_plan(work, ["part-000", "part-001", "part-002"], PlanConfig(max_len=MAX_LEN), PROFILE)
-    assert s["plan_violations"] == []
+    s = run_plan(work, ["part-000", "part-001", "part-002"], PlanConfig(max_len=MAX_LEN), PROFILE)
+    assert s.violations == []
     after = dropped_ids(work)
     assert after - before == {"part-002/long0", "part-002/long1", "part-002/long2"}
-    assert len(after) == s["dropped"]
-    pipeline.run_write(work, inp, out, workers=1)
-    assert pipeline.run_audit(work, out)[0].verdict == "PASS"
+    assert len(after) == s.dropped
+    run_write(work, inp, out, workers=1)
+    assert run_audit(work, out).verdict == "PASS"
 
 
 def test_the_pack_plan_asset_reruns_after_a_shard_with_overlong_samples_is_added(tmp_path):
@@ -85,21 +89,22 @@ def test_the_audit_is_incomplete_while_a_registered_shard_waits(tmp_path, capsys
     inp = small_dataset(tmp_path / "in", n_shards=3)
     work, out = tmp_path / "work", tmp_path / "out"
     scan(inp, work, ["part-000", "part-001"])
-    pipeline.run_manifest(inp, work, "part-002")  # scanned, never counted
-    s = pipeline.run_plan(work, ["part-000", "part-001", "part-002"], PlanConfig(max_len=MAX_LEN), PROFILE,
+    run_manifest(inp, work, "part-002")  # scanned, never counted
+    s = run_plan(work, ["part-000", "part-001", "part-002"], PlanConfig(max_len=MAX_LEN), PROFILE,
                           allow_missing=True)
-    assert s["shards_waiting"] == ["part-002"]
-    pipeline.run_write(work, inp, out, workers=1)
-    result, report = pipeline.run_audit(work, out)
+    assert s.shards_waiting == ["part-002"]
+    run_write(work, inp, out, workers=1)
+    result = run_audit(work, out)
     assert result.ok and result.verdict == "INCOMPLETE" and result.waiting == ["part-002"]
-    assert "**Verdict: INCOMPLETE**" in report["markdown"] and "part-002" in report["markdown"].split("##")[0]
+    report = result.report.read_text()
+    assert "**Verdict: INCOMPLETE**" in report and "part-002" in report.split("##")[0]
     assert main(["verify", "--work", str(work), "--output", str(out)]) == 3
     assert capsys.readouterr().out.startswith("INCOMPLETE")
     # once it is counted and planned, the verdict is PASS
     scan(inp, work, ["part-002"])
-    pipeline.run_plan(work, ["part-000", "part-001", "part-002"], PlanConfig(max_len=MAX_LEN), PROFILE)
-    pipeline.run_write(work, inp, out, workers=1)
-    assert pipeline.run_audit(work, out)[0].verdict == "PASS"
+    run_plan(work, ["part-000", "part-001", "part-002"], PlanConfig(max_len=MAX_LEN), PROFILE)
+    run_write(work, inp, out, workers=1)
+    assert run_audit(work, out).verdict == "PASS"
     assert main(["verify", "--work", str(work), "--output", str(out)]) == 0
 
 
@@ -258,7 +263,7 @@ def assert_no_trace_of(work: Path, out: Path, shard: str) -> None:
 
     packs = list(iter_packs(sorted(out.glob("*.tar"))))
     assert packs and not any(sid.startswith(shard + "/") for p in packs for sid in p["_meta"]["sample_ids"])
-    result, _ = pipeline.run_audit(work, out)
+    result = run_audit(work, out)
     assert result.verdict == "PASS", result.violations
     assert shard not in result.stats["per_shard"]
 
@@ -295,7 +300,7 @@ def test_a_removed_shard_leaves_the_plan_and_outputs_on_the_next_run(tmp_path, m
     assert s["samples"] == before["samples"] - 4 and s["packed"] + s["dropped"] + s["rejected"] == s["samples"]
     assert_no_trace_of(work, out, "part-002")
     with store.connect(work, read_only=True) as con:
-        stats = pipeline.plan_info(con)["stats"]
+        stats = PlanInfo.load(con).stats
     if incremental:
         assert stats["planning"].startswith("incremental: kept") and "removed 4 gone and 0 recounted" in stats["planning"]
         assert stats["samples_gone"] == 4 and stats["new_packs"] == 0
@@ -306,7 +311,7 @@ def test_a_removed_shard_leaves_the_plan_and_outputs_on_the_next_run(tmp_path, m
         # a full run equals a from-scratch run on the current input
         fresh = tmp_path / "fresh"
         scan(inp, fresh / "work", ["part-000", "part-001"])
-        pipeline.run_plan(fresh / "work", ["part-000", "part-001"], PlanConfig(max_len=MAX_LEN, max_packs_per_shard=1),
+        run_plan(fresh / "work", ["part-000", "part-001"], PlanConfig(max_len=MAX_LEN, max_packs_per_shard=1),
                           PROFILE)
         assert (fresh / "work" / "pack_plan.jsonl").read_bytes() == (work / "pack_plan.jsonl").read_bytes()
 
@@ -317,8 +322,8 @@ def test_an_incremental_plan_keeps_packs_minus_gone_and_recounted_samples(tmp_pa
     shards = ["part-000", "part-001", "part-002"]
     scan(inp, work, shards)
     cfg = PlanConfig(max_len=MAX_LEN, max_packs_per_shard=2, incremental=True)
-    first = pipeline.run_plan(work, shards, cfg, PROFILE)
-    pipeline.run_write(work, inp, out, workers=1)
+    first = run_plan(work, shards, cfg, PROFILE)
+    run_write(work, inp, out, workers=1)
     with store.connect(work, read_only=True) as con:
         old = {r[0]: list(r[1]) for r in con.execute("SELECT pack_id, sample_ids FROM pack_plan").fetchall()}
     # part-002 replaced: one sample gone, one longer, one new
@@ -333,9 +338,9 @@ def test_an_incremental_plan_keeps_packs_minus_gone_and_recounted_samples(tmp_pa
                                                             {"role": "assistant", "content": "one"}]})))
     write_tar(inp / "part-002.tar", members)
     scan(inp, work, ["part-002"])
-    s = pipeline.run_plan(work, shards, cfg, PROFILE)
-    assert s["plan_violations"] == [] and s["samples_gone"] == 1 and s["samples_recounted"] == 1
-    assert s["planning"].startswith(f"incremental: kept {s['kept_packs']} packs, removed 1 gone and 1 recounted")
+    s = run_plan(work, shards, cfg, PROFILE)
+    assert s.violations == [] and s.samples_gone == 1 and s.samples_recounted == 1
+    assert s.planning.startswith(f"incremental: kept {s.kept_packs} packs, removed 1 gone and 1 recounted")
     with store.connect(work, read_only=True) as con:
         new = {r[0]: list(r[1]) for r in con.execute("SELECT pack_id, sample_ids FROM pack_plan").fetchall()}
     assert len(new) == len(set(new))  # no id reused
@@ -344,6 +349,6 @@ def test_an_incremental_plan_keeps_packs_minus_gone_and_recounted_samples(tmp_pa
         assert new.get(pid, []) == rest
     placed = [pid for pid, ids in new.items() if {"part-002/s2_003", "part-002/s2_new"} & set(ids)]
     assert placed and all(pid not in old for pid in placed)
-    assert s["fingerprint"] != first["fingerprint"]
-    pipeline.run_write(work, inp, out, workers=1)
-    assert pipeline.run_audit(work, out)[0].verdict == "PASS"
+    assert s.fingerprint != first.fingerprint
+    run_write(work, inp, out, workers=1)
+    assert run_audit(work, out).verdict == "PASS"

@@ -12,15 +12,20 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from pack_assets.core import pipeline, scan as scan_mod, store
-from pack_assets.core import write as write_mod
-from pack_assets.core.records import Rejection, Sample
-from pack_assets.core.scan import ScanOptions, scan_shard
-from pack_assets.reader import PackEncoder, iter_packs
 from conftest import chat, image_bytes, write_tar
 from test_packed_shards_and_audit import PROFILE, run_all
-from pack_assets.core.plan import PlanConfig
+
+from pack_assets.core import scan as scan_mod
+from pack_assets.core import store
+from pack_assets.core import write as write_mod
+from pack_assets.core import write as write_stage
+from pack_assets.core.audit import run_audit
+from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
+from pack_assets.core.records import Rejection, Sample
+from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard
+from pack_assets.core.tokens import run_token_lengths
+from pack_assets.core.write import current_shards, run_write, shard_job, write_context
+from pack_assets.reader import PackEncoder, iter_packs
 
 ANSWER = "The code is 12345, noted."
 
@@ -54,10 +59,10 @@ def _tokens(work: Path) -> dict[str, int]:
 def _run(inp: Path, work: Path, out: Path, options: ScanOptions = ScanOptions()) -> None:
     shards = list(store.find_shards(inp))
     for s in shards:
-        pipeline.run_manifest(inp, work, s, options)
-        pipeline.run_token_lengths(work, s, PROFILE)
-    pipeline.run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
-    pipeline.run_write(work, inp, out, workers=1)
+        run_manifest(inp, work, s, options)
+        run_token_lengths(work, s, PROFILE)
+    run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
+    run_write(work, inp, out, workers=1)
 
 
 @pytest.mark.parametrize("hashed", [True, False])  # the record is hashed even when members are not
@@ -67,7 +72,7 @@ def test_a_record_edited_in_place_with_the_same_token_count_reaches_the_output(t
     write_tar(inp / "a.tar", _records(6))
     write_tar(inp / "b.tar", _records(4))
     _run(inp, work, out, options)
-    assert pipeline.run_audit(work, out)[0].ok
+    assert run_audit(work, out).ok
     before_tokens = _tokens(work)
     old_outputs = {p.name: p.read_bytes() for p in out.glob("*.tar")}
     _rewrite_in_place(inp / "a.tar", _records(6, edited=2))
@@ -77,19 +82,19 @@ def test_a_record_edited_in_place_with_the_same_token_count_reaches_the_output(t
     texts = _packed_text(out)
     assert "54321" in texts["a/k002"] and "12345" not in texts["a/k002"]
     assert all("12345" in t for sid, t in texts.items() if sid != "a/k002")
-    result, _ = pipeline.run_audit(work, out)
+    result = run_audit(work, out)
     assert result.ok, result.violations
 
     # the output left stale: the shard of before put back
     for name, data in old_outputs.items():
         if b"a/k002" in data:
             (out / name).write_bytes(data)
-    result, _ = pipeline.run_audit(work, out)
+    result = run_audit(work, out)
     stale = [v for v in result.violations if v["check"] == "stale_conversation"]
     assert [v["sample_id"] for v in stale] == ["a/k002"], result.violations
     # and a rerun repairs it
-    pipeline.run_write(work, inp, out, workers=1)
-    assert pipeline.run_audit(work, out)[0].ok
+    run_write(work, inp, out, workers=1)
+    assert run_audit(work, out).ok
 
 
 def test_stale_messages_with_a_current_record_hash_fail_the_audit(tmp_path):
@@ -103,7 +108,7 @@ def test_stale_messages_with_a_current_record_hash_fail_the_audit(tmp_path):
     doc["samples"][0]["messages"][-1]["content"] = "The code is 99999, noted."
     items[0] = (items[0][0], json.dumps(doc).encode())
     write_tar(shard, items)
-    checks = [(v["check"], v.get("sample_id")) for v in pipeline.run_audit(work, out)[0].violations]
+    checks = [(v["check"], v.get("sample_id")) for v in run_audit(work, out).violations]
     assert ("stale_conversation", doc["samples"][0]["sample_id"]) in checks
 
 
@@ -111,11 +116,11 @@ def test_a_new_tool_version_rewrites_every_output_shard(tmp_path, monkeypatch):
     inp, work, out = tmp_path / "in", tmp_path / "work", tmp_path / "out"
     write_tar(inp / "a.tar", _records(6))
     run_all(inp, work, out)
-    again = pipeline.run_write(work, inp, out, workers=1)
-    assert again["written"] == 0 and again["skipped"] > 0
-    monkeypatch.setattr(pipeline, "__version__", "999.0")
-    res = pipeline.run_write(work, inp, out, workers=1)
-    assert res["skipped"] == 0 and res["written"] == again["skipped"]
+    again = run_write(work, inp, out, workers=1)
+    assert again.written == 0 and again.skipped > 0
+    monkeypatch.setattr(write_stage, "__version__", "999.0")
+    res = run_write(work, inp, out, workers=1)
+    assert res.skipped == 0 and res.written == again.skipped
     assert {p["_meta"]["tool_version"] for p in iter_packs(sorted(out.glob("*.tar")))} == {"999.0"}
 
 
@@ -168,7 +173,7 @@ def test_a_shard_with_a_malformed_pax_header_does_not_stop_the_run(tmp_path):
     _good_then_bad(inp / "bad.tar", "pax_record")
     write_tar(inp / "good.tar", _records(5))
     run_all(inp, work, out)
-    result, _ = pipeline.run_audit(work, out)
+    result = run_audit(work, out)
     assert result.ok, result.violations
     assert result.stats["packed"] == 3 + 5 and result.stats["rejected"] == 1
     with store.connect(work, read_only=True) as con:
@@ -263,19 +268,19 @@ def test_members_the_record_does_not_name_travel_with_their_sample(tmp_path):
     for pack in packs:
         enc.encode(pack)
 
-    result, _ = pipeline.run_audit(work, out)
+    result = run_audit(work, out)
     assert result.ok, result.violations
     assert result.stats["extra_members_checked"] == len(extras) and result.stats["media_members_checked"] == 2
 
     # the catalog query and the writer agree on fingerprints that include extras: a rerun rewrites nothing
     with store.connect(work, read_only=True) as con:
-        context = pipeline.write_context(pipeline.plan_info(con))
-        found = pipeline.current_shards(con, out, context)
+        context = write_context(PlanInfo.load(con))
+        found = current_shards(con, out, context)
         assert sorted(r["shard"] for r in found) == sorted(p.name for p in out.glob("*.tar"))
         for r in found:
-            job = pipeline.shard_job(con, inp, r["shard"])
+            job = shard_job(con, inp, r["shard"])
             assert write_mod.shard_fingerprint(job, context) == r["fingerprint"]
-    assert pipeline.run_write(work, inp, out, workers=1)["written"] == 0
+    assert run_write(work, inp, out, workers=1).written == 0
 
     # an extra damaged in the output, or dropped from it, fails the audit
     shard = next(p for p in out.glob("*.tar") if b".s000_x01.cls" in p.read_bytes())
@@ -283,9 +288,9 @@ def test_members_the_record_does_not_name_travel_with_their_sample(tmp_path):
         items = [(ti.name, tf.extractfile(ti).read()) for ti in tf.getmembers()]
     damaged = [(n, d + b"!" if n.endswith("_x01.cls") else d) for n, d in items]
     write_tar(shard, damaged)
-    assert "media_hash_mismatch" in {v["check"] for v in pipeline.run_audit(work, out)[0].violations}
+    assert "media_hash_mismatch" in {v["check"] for v in run_audit(work, out).violations}
     write_tar(shard, [(n, d) for n, d in items if not n.endswith("_x01.cls")])
-    assert "missing_media" in {v["check"] for v in pipeline.run_audit(work, out)[0].violations}
+    assert "missing_media" in {v["check"] for v in run_audit(work, out).violations}
 
 
 def test_an_extra_added_to_a_sample_is_not_served_stale(tmp_path):
@@ -296,10 +301,10 @@ def test_an_extra_added_to_a_sample_is_not_served_stale(tmp_path):
     old = {p.name: p.read_bytes() for p in out.glob("*.tar")}
     _rewrite_in_place(inp / "a.tar", members[:2] + [("k001.cls", b"1\n")] + members[2:])
     run_all(inp, work, out)
-    assert pipeline.run_audit(work, out)[0].ok
+    assert run_audit(work, out).ok
     for name, data in old.items():
         (out / name).write_bytes(data)
-    checks = {(v["check"], v.get("sample_id")) for v in pipeline.run_audit(work, out)[0].violations}
+    checks = {(v["check"], v.get("sample_id")) for v in run_audit(work, out).violations}
     assert ("stale_extra", "a/k001") in checks
 
 
@@ -313,5 +318,5 @@ def test_without_hashing_a_same_size_member_replaced_in_place_is_rewritten(tmp_p
     _run(inp, work, out, ScanOptions(hash_members=False))
     got = [data for p in iter_packs(sorted(out.glob("*.tar"))) for s in p["samples"] for _, data in s.get("extra", [])]
     assert got == [b"8\n"]
-    assert pipeline.run_audit(work, out)[0].ok
-    assert pipeline.run_write(work, inp, out, workers=1)["written"] == 0  # and unchanged, it is kept
+    assert run_audit(work, out).ok
+    assert run_write(work, inp, out, workers=1).written == 0  # and unchanged, it is kept

@@ -43,9 +43,17 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import image_bytes  # noqa: E402
 
-from pack_assets.core import pipeline, report, store  # noqa: E402
-from pack_assets.core.plan import PlanConfig  # noqa: E402
+from pack_assets.core import report, store  # noqa: E402
+from pack_assets.core.audit import run_audit
+from pack_assets.core.plan import (
+    PlanConfig,  # noqa: E402
+    PlanInfo,
+    run_plan,
+)
 from pack_assets.core.profiles import load_profile  # noqa: E402
+from pack_assets.core.scan import manifest_is_current, run_manifest
+from pack_assets.core.tokens import run_token_lengths, token_lengths_are_current
+from pack_assets.core.write import run_write
 
 PROFILE = load_profile("qwen3-vl")
 HERE = Path(__file__).parent
@@ -55,7 +63,7 @@ MAX_LENS = (700, 1100, 1600)
 ALGORITHMS = ("bfd", "ffd", "next_fit")
 PACKS_PER_SHARD = 2  # several output shards even on tiny data, so rewrites and skips both happen
 KILL_POINTS = [("pack_assets.core.write:_header", 3), ("pack_assets.core.write:os.replace", 1),
-               ("pack_assets.core.store:os.replace", 2), ("pack_assets.core.pipeline:make_plan", 1),
+               ("pack_assets.core.store:os.replace", 2), ("pack_assets.core.plan:make_plan", 1),
                ("pack_assets.core.store:atomic_write_text", 2)]
 
 
@@ -504,7 +512,7 @@ class Lifecycle(RuleBasedStateMachine):
 
         try:
             with self._dagster_home() as instance:
-                s = run_pipeline(self.pack_settings(), instance, log=lambda m: None, jobs=1)
+                s = run_pipeline(self.pack_settings().to_settings(), instance, log=lambda m: None, jobs=1)
         except Exception as e:  # noqa: BLE001 - the oracle reports it
             return Outcome("", error=f"{type(e).__name__}: {e}", plan_config=self.config())
         verdict = str(s.get("verdict") or ("PASS" if s.get("violations") == 0 else "FAIL")).upper()
@@ -513,9 +521,6 @@ class Lifecycle(RuleBasedStateMachine):
     def _sensor_tick(self) -> Outcome:
         """What the daemon does: evaluate new_shard_sensor, apply its partition requests, launch each run
         request whose run key is new; then evaluate replan_sensor and launch the pack run it asks for."""
-        from pack_assets.defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
-        from pack_assets.defs.sensors import new_shard_sensor, replan_sensor
-        from pack_assets.orchestrate import QUIET
 
         res = {"settings": self.pack_settings()}
         with self._dagster_home() as inst:
@@ -576,7 +581,7 @@ class Lifecycle(RuleBasedStateMachine):
                 verdict, detail = "INCOMPLETE", ["nothing planned yet"]
             else:
               try:
-                verdict, detail = verdict_of(pipeline.run_audit(self.work, self.out)[0])
+                verdict, detail = verdict_of(run_audit(self.work, self.out))
               except Exception as e:  # noqa: BLE001
                 errors.append(f"audit after the tick: {type(e).__name__}: {e}")
         return Outcome("", error="; ".join(errors) or None, verdict=verdict, audit_detail=detail,
@@ -585,7 +590,7 @@ class Lifecycle(RuleBasedStateMachine):
     def _last_plan_config(self) -> PlanConfig | None:
         try:
             with store.connect(self.work, read_only=True) as con:
-                cfg = pipeline.plan_info(con)["config"]
+                cfg = PlanInfo.load(con).config
             return PlanConfig(**cfg)
         except Exception:  # noqa: BLE001
             return None
@@ -606,8 +611,8 @@ class Lifecycle(RuleBasedStateMachine):
             inst.add_dynamic_partitions("source_shards", [k for k in current if k not in known])
             env = _env(DAGSTER_HOME=os.environ["DAGSTER_HOME"])
         base = [dagster, "asset", "materialize", "-m", "pack_assets.definitions", "--config-json", run_config]
-        todo = [k for k in current if pipeline.manifest_is_current(self.inp, self.work, k) is None
-                or not pipeline.token_lengths_are_current(self.work, k, PROFILE)]
+        todo = [k for k in current if manifest_is_current(self.inp, self.work, k) is None
+                or not token_lengths_are_current(self.work, k, PROFILE)]
         for k in todo:
             p = subprocess.run(base + ["--select", "manifest,token_lengths", "--partition", k], env=env,
                                capture_output=True, text=True, timeout=600)
@@ -619,7 +624,7 @@ class Lifecycle(RuleBasedStateMachine):
         if p.returncode:
             return Outcome("", error=f"pack_plan,packed_shards,audit_report: exit {p.returncode}: {p.stderr[-600:]}",
                            plan_config=self.config())
-        verdict, detail = verdict_of(pipeline.run_audit(self.work, self.out)[0])
+        verdict, detail = verdict_of(run_audit(self.work, self.out))
         return Outcome("", verdict=verdict, audit_detail=detail, plan_config=self.config())
 
     # ---- the oracle ----
@@ -781,16 +786,16 @@ def core_run(inp: Path, work: Path, out: Path, config: PlanConfig, audit: bool =
     try:
         shards = list(store.find_shards(inp))
         for s in shards:
-            pipeline.run_manifest(inp, work, s)
-            pipeline.run_token_lengths(work, s, PROFILE)
-        summary = pipeline.run_plan(work, shards, config, PROFILE)
-        pipeline.run_write(work, inp, out, workers=1)
+            run_manifest(inp, work, s)
+            run_token_lengths(work, s, PROFILE)
+        summary = run_plan(work, shards, config, PROFILE)
+        run_write(work, inp, out, workers=1)
         # no token recount: it re-tokenizes a sample (0.2 s a run here) and day two does not change counting
-        verdict, detail = verdict_of(pipeline.run_audit(work, out, recount_fraction=0)[0]) if audit else (None, [])
+        verdict, detail = verdict_of(run_audit(work, out, recount_fraction=0)) if audit else (None, [])
     except Exception as e:  # noqa: BLE001 - the oracle reports it
         return Outcome("", error=f"{type(e).__name__}: {e}", plan_config=config, full=not config.incremental)
-    if summary["plan_violations"]:
-        detail = [f"plan check: {summary['plan_violations']}"] + detail
+    if summary.violations:
+        detail = [f"plan check: {summary.violations}"] + detail
     return Outcome("", verdict=verdict, audit_detail=detail, plan_config=config, full=not config.incremental)
 
 

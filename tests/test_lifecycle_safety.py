@@ -14,12 +14,16 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import chat, image_bytes, small_dataset, write_tar
+
 from pack_assets.cli import main
-from pack_assets.core import owned, pipeline, safety, store
-from pack_assets.core.plan import PlanConfig
+from pack_assets.core import owned, safety, store
+from pack_assets.core.audit import run_audit
+from pack_assets.core.plan import PlanConfig, run_plan
 from pack_assets.core.profiles import load_profile
+from pack_assets.core.scan import run_manifest
+from pack_assets.core.tokens import run_token_lengths, token_lengths_are_current
+from pack_assets.core.write import run_write
 
 PROFILE = load_profile("qwen3-vl")
 
@@ -28,11 +32,11 @@ def pack(inp: Path, work: Path, out: Path, packs_per_shard: int = 2, workers: in
     """The whole pipeline in this process (the stages the assets call)."""
     shards = list(store.find_shards(inp))
     for s in shards:
-        pipeline.run_manifest(inp, work, s)
-        pipeline.run_token_lengths(work, s, PROFILE)
-    pipeline.run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=packs_per_shard), PROFILE)
-    w = pipeline.run_write(work, inp, out, workers=workers)
-    result, _ = pipeline.run_audit(work, out)
+        run_manifest(inp, work, s)
+        run_token_lengths(work, s, PROFILE)
+    run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=packs_per_shard), PROFILE)
+    w = run_write(work, inp, out, workers=workers)
+    result = run_audit(work, out)
     assert result.ok, result.violations
     return w
 
@@ -57,13 +61,13 @@ def test_user_files_survive_a_rerun_that_shrinks_the_plan(tmp_path):
     kept = {p: digest(p) for p in (user_tar, notes, out / shards[-1], out / ".nv-meta" / "my-config.yaml")}
 
     again = pack(inp, work, out, packs_per_shard=1000)  # one output shard: the others are stale
-    assert again["shards"] == 1 and first["shards"] == len(shards)
+    assert again.shards == 1 and first.shards == len(shards)
     assert {p: digest(p) for p in kept} == kept
     record = owned.load(out)
     assert set(p.name for p in out.glob("*.tar")) == {"packed-000000.tar", "my-notes.tar", shards[-1]}
     assert "my-notes.tar" not in record and shards[-1] not in record and "packed-000000.tar" in record
     assert not [s for s in shards[1:-1] if (out / s).exists() or (out / f"{s}.idx").exists()]  # stale: deleted
-    assert {"my-notes.tar", "notes.txt", shards[-1], ".nv-meta/my-config.yaml"} <= set(again["foreign_files"])
+    assert {"my-notes.tar", "notes.txt", shards[-1], ".nv-meta/my-config.yaml"} <= set(again.foreign_files)
 
 
 def test_a_file_the_tool_did_not_write_is_never_overwritten(tmp_path):
@@ -232,8 +236,8 @@ def test_the_work_lock_is_reentrant_within_a_process(tmp_path):
 
 
 def _scan_and_count(inp: str, work: str, shard: str) -> None:
-    pipeline.run_manifest(Path(inp), Path(work), shard, force=True)
-    pipeline.run_token_lengths(Path(work), shard, PROFILE, force=True)
+    run_manifest(Path(inp), Path(work), shard, force=True)
+    run_token_lengths(Path(work), shard, PROFILE, force=True)
 
 
 def test_two_concurrent_runs_of_one_shard_both_finish_with_a_correct_manifest(tmp_path):
@@ -260,7 +264,7 @@ def test_two_concurrent_runs_of_one_shard_both_finish_with_a_correct_manifest(tm
         for f in ("samples.parquet", "members.parquet", "token_lengths.parquet"):
             if (d_ref / f).exists():
                 assert pq.read_table(d / f).to_pylist() == pq.read_table(d_ref / f).to_pylist()
-    assert pipeline.token_lengths_are_current(work, "big", PROFILE)
+    assert token_lengths_are_current(work, "big", PROFILE)
     assert not [p for p in work.rglob(".*.tmp-*")] and not [p for p in work.rglob(".*.old-*")]
 
 

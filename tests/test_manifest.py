@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
-from pack_assets.core import pipeline, store
-from pack_assets.core.records import Rejection, Sample
-from pack_assets.core.scan import ScanOptions, scan_shard, split_key
-from pack_assets.core.demo import video_bytes
 from conftest import add, chat, image_bytes, write_tar
+
+from pack_assets.core import store
+from pack_assets.core.demo import video_bytes
+from pack_assets.core.records import Rejection, Sample
+from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard, split_key
 
 
 def scan(path: Path, **opts) -> tuple[list[Sample], list[Rejection]]:
@@ -216,14 +216,14 @@ def test_without_hashing_offsets_still_recorded(dataset):
 
 def test_manifest_files_and_rerun_skips_unchanged_shard(dataset, tmp_path):
     work = tmp_path / "work"
-    first = pipeline.run_manifest(dataset, work, "part-000")
-    assert first["cached"] is False and first["samples"] == 13 and first["rejected"] == 1
+    first = run_manifest(dataset, work, "part-000")
+    assert first.cached is False and first.samples == 13 and first.rejected == 1
     d = store.manifest_dir(work, "part-000")
     assert pq.read_table(d / "samples.parquet").num_rows == 13
     assert pq.read_table(d / "rejected.parquet").to_pylist()[0]["reason"] == "invalid_json"
-    assert pipeline.run_manifest(dataset, work, "part-000")["cached"] is True
+    assert run_manifest(dataset, work, "part-000").cached is True
     os.utime(dataset / "part-000.tar", ns=(1, 1))  # a changed shard is rescanned
-    assert pipeline.run_manifest(dataset, work, "part-000")["cached"] is False
+    assert run_manifest(dataset, work, "part-000").cached is False
 
 
 def test_every_reason_code_is_documented():

@@ -13,11 +13,16 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
-from pack_assets.core import pipeline, store
-from pack_assets.core.lookup import lookup
-from pack_assets.core.plan import PlanConfig
-from pack_assets.core.profiles import load_profile
+from pack_assets.core import store
 from pack_assets.core import write as write_mod
+from pack_assets.core import write as write_stage
+from pack_assets.core.audit import run_audit
+from pack_assets.core.lookup import lookup
+from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
+from pack_assets.core.profiles import load_profile
+from pack_assets.core.scan import run_manifest
+from pack_assets.core.tokens import run_token_lengths
+from pack_assets.core.write import current_shards, load_shard_job, run_write, shard_job, write_context
 
 PROFILE = load_profile("qwen3-vl")
 
@@ -25,10 +30,10 @@ PROFILE = load_profile("qwen3-vl")
 def run_all(inp: Path, work: Path, out: Path, max_len: int = 1500, **plan) -> dict:
     shards = list(store.find_shards(inp))
     for s in shards:
-        pipeline.run_manifest(inp, work, s)
-        pipeline.run_token_lengths(work, s, PROFILE)
-    summary = pipeline.run_plan(work, shards, PlanConfig(max_len=max_len, max_packs_per_shard=2, **plan), PROFILE)
-    pipeline.run_write(work, inp, out, workers=1)
+        run_manifest(inp, work, s)
+        run_token_lengths(work, s, PROFILE)
+    summary = run_plan(work, shards, PlanConfig(max_len=max_len, max_packs_per_shard=2, **plan), PROFILE)
+    run_write(work, inp, out, workers=1)
     return summary
 
 
@@ -79,7 +84,7 @@ def test_packed_sample_holds_full_conversations_and_meta(packed):
               "config_fingerprint", "tool_version"):
         assert k in meta
     with store.connect(work, read_only=True) as con:
-        assert meta["config_fingerprint"] == pipeline.write_context(pipeline.plan_info(con))["config_fingerprint"]
+        assert meta["config_fingerprint"] == write_context(PlanInfo.load(con))["config_fingerprint"]
     assert sum(meta["sample_token_lens"]) == meta["total_token_len"] <= 1500
     assert len(doc["samples"]) == len(meta["sample_ids"])
     for s in doc["samples"]:
@@ -101,7 +106,7 @@ def test_output_reads_with_plain_webdataset_and_names_follow_the_key_rule(packed
         assert len(images) == sum(len(s["media"]) for s in doc["samples"])
         for k in images:
             assert hasattr(sample[k], "size")  # decoded to a PIL image by the extension after the last dot
-    assert n == summary["packs"]
+    assert n == summary.packs
     meta = out / ".nv-meta"
     assert "CrudeWebdataset" in (meta / "dataset.yaml").read_text()
     counts = json.loads((meta / ".info.json").read_text())["shard_counts"]
@@ -134,13 +139,13 @@ def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monke
 
     monkeypatch.setattr(write_mod, "_header", dying_header)
     with pytest.raises(KeyboardInterrupt):
-        pipeline.run_write(work, inp, out, workers=1)
+        run_write(work, inp, out, workers=1)
     partial = {p.name for p in out.glob("*.tar")}
     assert partial < set(clean)  # some shards done, never a partial file under a final name
     assert all(sha(out / n) == clean[n] for n in partial)
     monkeypatch.setattr(write_mod, "_header", real)
-    res = pipeline.run_write(work, inp, out, workers=1)
-    assert res["skipped"] == len(partial) and res["written"] == len(clean) - len(partial)
+    res = run_write(work, inp, out, workers=1)
+    assert res.skipped == len(partial) and res.written == len(clean) - len(partial)
     assert {p.name: sha(p) for p in out.glob("*.tar")} == clean
     assert not list(out.glob(".*tmp*"))
 
@@ -152,40 +157,40 @@ def test_unchanged_output_shards_are_found_without_loading_each_shard(dataset, t
     work, out = tmp_path / "work", tmp_path / "out"
     shards = list(store.find_shards(dataset))
     for s in shards:
-        pipeline.run_manifest(dataset, work, s, ScanOptions(hash_members=hashed))
-        pipeline.run_token_lengths(work, s, PROFILE)
-    pipeline.run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
-    pipeline.run_write(work, dataset, out, workers=1)
+        run_manifest(dataset, work, s, ScanOptions(hash_members=hashed))
+        run_token_lengths(work, s, PROFILE)
+    run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
+    run_write(work, dataset, out, workers=1)
     names = sorted(p.name for p in out.glob("*.tar"))
     with store.connect(work, read_only=True) as con:
-        context = pipeline.write_context(pipeline.plan_info(con))
-        found = pipeline.current_shards(con, out, context)
+        context = write_context(PlanInfo.load(con))
+        found = current_shards(con, out, context)
         # one query over all shards gives each shard's fingerprint exactly as the writer computed it
         for r in found:
-            job = pipeline.shard_job(con, dataset, r["shard"])
+            job = shard_job(con, dataset, r["shard"])
             assert write_mod.shard_fingerprint(job, context) == write_mod.first_pack_meta(out / r["shard"])["shard_fingerprint"]
             assert (r["packs"], r["samples"]) == (len(job.packs), sum(len(p.subs) for p in job.packs))
     assert sorted(r["shard"] for r in found) == names and len(names) >= 2
     before = {n: sha(out / n) for n in names}
     (out / names[1]).unlink()
     loaded = []
-    real = pipeline.load_shard_job
-    monkeypatch.setattr(pipeline, "load_shard_job", lambda *a: loaded.append(a[-1]) or real(*a))
-    res = pipeline.run_write(work, dataset, out, workers=1)
-    assert loaded == [names[1]] and (res["written"], res["skipped"]) == (1, len(names) - 1)
+    real = load_shard_job
+    monkeypatch.setattr(write_stage, "load_shard_job", lambda *a: loaded.append(a[-1]) or real(*a))
+    res = run_write(work, dataset, out, workers=1)
+    assert loaded == [names[1]] and (res.written, res.skipped) == (1, len(names) - 1)
     assert {n: sha(out / n) for n in names} == before
-    assert pipeline.run_audit(work, out)[0].ok
+    assert run_audit(work, out).ok
 
 
 def test_audit_passes_on_clean_output_and_counts_add_up(packed):
     _, work, out, _ = packed
-    result, report = pipeline.run_audit(work, out)
+    result = run_audit(work, out)
     assert result.ok, result.violations
     st = result.stats
     assert st["samples_read"] == 26 and st["rejected"] == 2
     assert st["samples_read"] == st["packed"] + st["dropped"] + st["rejected"]
-    assert Path(report["path"]).read_text().startswith("# pack_assets audit report")
-    assert all(Path(p).stat().st_size > 0 for p in report["plots"].values())
+    assert result.report.read_text().startswith("# pack_assets audit report")
+    assert all(Path(p).stat().st_size > 0 for p in result.plots.values())
 
 
 def _rewrite(shard: Path, edit) -> None:
@@ -228,7 +233,7 @@ def test_audit_reports_each_kind_of_damage(packed, damage, check):
     _, work, out, _ = packed
     shard = next(p for p in sorted(out.glob("*.tar")) if any(not n.endswith(".json") for n in tarfile.open(p).getnames()))
     _rewrite(shard, damage)
-    result, _ = pipeline.run_audit(work, out)
+    result = run_audit(work, out)
     assert check in {v["check"] for v in result.violations}
 
 
@@ -237,7 +242,7 @@ def test_audit_reports_a_duplicated_pack_and_a_deleted_shard(packed):
     shards = sorted(out.glob("*.tar"))
     _rewrite(shards[0], lambda items: items + [(n, d) for n, d in items if n.startswith(items[0][0].split(".")[0])])
     shards[1].unlink()
-    checks = {v["check"] for v in pipeline.run_audit(work, out)[0].violations}
+    checks = {v["check"] for v in run_audit(work, out).violations}
     assert {"duplicate_pack", "duplicate_sample", "missing_shard", "missing_pack", "lost_sample"} <= checks
 
 
@@ -246,8 +251,8 @@ def test_audit_in_two_processes_reports_what_one_process_reports(packed):
     shards = sorted(out.glob("*.tar"))
     _rewrite(shards[0], lambda items: _flip_media(items) + items[:1])
     shards[1].unlink()
-    one, _ = pipeline.run_audit(work, out, workers=1)
-    two, _ = pipeline.run_audit(work, out, workers=2, parallel_min_bytes=0)
+    one = run_audit(work, out, workers=1)
+    two = run_audit(work, out, workers=2, parallel_min_bytes=0)
     assert {"media_hash_mismatch", "duplicate_pack", "missing_shard", "lost_sample"} <= {v["check"] for v in one.violations}
     assert two.violations == one.violations
     assert two.stats == one.stats
@@ -256,22 +261,22 @@ def test_audit_in_two_processes_reports_what_one_process_reports(packed):
 def test_audit_scope_changed_rereads_only_what_changed_since_a_clean_audit(packed):
     inp, work, out, _ = packed
     shards = sorted(out.glob("*.tar"))
-    full, _ = pipeline.run_audit(work, out)
+    full = run_audit(work, out)
     assert full.ok and full.stats["output_shards_trusted"] == 0
-    quick, _ = pipeline.run_audit(work, out, scope="changed")
+    quick = run_audit(work, out, scope="changed")
     assert quick.ok and quick.stats["output_shards_trusted"] == len(shards) and quick.stats["media_members_checked"] == 0
     assert {k: quick.stats[k] for k in ("samples_read", "packed", "dropped", "rejected", "packs_read", "per_shard")} == \
         {k: full.stats[k] for k in ("samples_read", "packed", "dropped", "rejected", "packs_read", "per_shard")}
     # a rewritten shard (new mtime) is read again and its damage reported; the failed audit vouches for nothing
     _rewrite(shards[0], _flip_media)
-    damaged, _ = pipeline.run_audit(work, out, scope="changed")
+    damaged = run_audit(work, out, scope="changed")
     assert "media_hash_mismatch" in {v["check"] for v in damaged.violations}
     assert damaged.stats["output_shards_trusted"] == len(shards) - 1
-    assert pipeline.run_audit(work, out, scope="changed")[0].stats["output_shards_trusted"] == 0
+    assert run_audit(work, out, scope="changed").stats["output_shards_trusted"] == 0
     # the limit of the quick check: a same-size edit with the mtime put back is trusted; scope "all" finds it
     shards[0].unlink()
-    pipeline.run_write(work, inp, out, workers=1)
-    assert pipeline.run_audit(work, out)[0].ok
+    run_write(work, inp, out, workers=1)
+    assert run_audit(work, out).ok
     with tarfile.open(shards[1]) as tf:
         media = next(ti for ti in tf.getmembers() if not ti.name.endswith(".json"))
     st = shards[1].stat()
@@ -281,10 +286,10 @@ def test_audit_scope_changed_rereads_only_what_changed_since_a_clean_audit(packe
         f.seek(media.offset_data)
         f.write(bytes([byte[0] ^ 1]))
     os.utime(shards[1], ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert pipeline.run_audit(work, out, scope="changed")[0].ok
-    assert "media_hash_mismatch" in {v["check"] for v in pipeline.run_audit(work, out)[0].violations}
+    assert run_audit(work, out, scope="changed").ok
+    assert "media_hash_mismatch" in {v["check"] for v in run_audit(work, out).violations}
     with pytest.raises(ValueError, match="audit scope"):
-        pipeline.run_audit(work, out, scope="some")
+        run_audit(work, out, scope="some")
 
 
 def test_lookup_round_trips_sample_to_pack_and_back(packed):
@@ -313,12 +318,12 @@ def test_overlong_samples_are_dropped_with_their_length(dataset, tmp_path):
                               "JOIN token_lengths t USING (sample_id)").fetchall()
         assert dropped and all(a == b > 200 and r == "overlong" for a, b, r in dropped)
         assert con.execute("SELECT max(total_token_len) FROM pack_plan").fetchone()[0] <= 200
-    assert pipeline.run_audit(work, tmp_path / "o")[0].ok
+    assert run_audit(work, tmp_path / "o").ok
 
 
 def test_sampled_recount_catches_a_tampered_token_length(packed):
     _, work, out, _ = packed
-    result, _ = pipeline.run_audit(work, out, recount_fraction=1.0)
+    result = run_audit(work, out, recount_fraction=1.0)
     assert result.ok and result.stats["recounted"] == 24
     # tamper with one shard's stored counts (as a stale or buggy count would look)
     import pyarrow as pa
@@ -329,7 +334,7 @@ def test_sampled_recount_catches_a_tampered_token_length(packed):
     col = t.column("total_tokens").to_pylist()
     col[1] += 1
     pq.write_table(t.set_column(t.schema.get_field_index("total_tokens"), "total_tokens", pa.array(col, pa.int64())), path)
-    checks = {v["check"] for v in pipeline.run_audit(work, out, recount_fraction=1.0)[0].violations}
+    checks = {v["check"] for v in run_audit(work, out, recount_fraction=1.0).violations}
     assert "recount_mismatch" in checks and "length_mismatch" in checks
 
 
@@ -343,13 +348,13 @@ def test_plan_check_catches_a_lost_and_a_duplicated_sample(packed):
     from pack_assets.core.audit import check_plan
 
     _, work, _, summary = packed
-    assert summary["plan_violations"] == []
+    assert summary.violations == []
     with store.connect(work) as con:
-        cfg = pipeline.plan_info(con)["config"]
+        cfg = PlanInfo.load(con).config
         first = con.execute("SELECT pack_id, sample_id FROM pack_members ORDER BY pack_id, position LIMIT 1").fetchone()
         con.execute("DELETE FROM pack_members WHERE pack_id = ? AND sample_id = ?", list(first))
         con.execute("INSERT INTO pack_members SELECT pack_id, 99, sample_id FROM pack_members LIMIT 1")
-        checks = {v["check"] for v in check_plan(con, cfg).violations}
+        checks = {v["check"] for v in check_plan(con, cfg)}
     assert {"lost_sample", "duplicate_sample"} <= checks
 
 
@@ -360,21 +365,21 @@ def test_incremental_run_keeps_existing_output_shards_and_adds_new_ones(tmp_path
     work, out = tmp_path / "work", tmp_path / "out"
     first = ["part-000", "part-001"]
     for s in first:
-        pipeline.run_manifest(inp, work, s)
-        pipeline.run_token_lengths(work, s, PROFILE)
+        run_manifest(inp, work, s)
+        run_token_lengths(work, s, PROFILE)
     cfg = PlanConfig(max_len=1500, max_packs_per_shard=2, incremental=True)
-    assert pipeline.run_plan(work, first, cfg, PROFILE)["planning"] == "full plan: no previous plan"
-    pipeline.run_write(work, inp, out, workers=1)
+    assert run_plan(work, first, cfg, PROFILE).planning == "full plan: no previous plan"
+    run_write(work, inp, out, workers=1)
     before = {p.name: (sha(p), p.stat().st_mtime_ns) for p in out.glob("*.tar")}
-    pipeline.run_manifest(inp, work, "part-002")
-    pipeline.run_token_lengths(work, "part-002", PROFILE)
-    s = pipeline.run_plan(work, first + ["part-002"], cfg, PROFILE)
-    assert s["planning"].startswith("incremental") and s["new_packs"] > 0
-    res = pipeline.run_write(work, inp, out, workers=1)
-    assert res["skipped"] == len(before)
+    run_manifest(inp, work, "part-002")
+    run_token_lengths(work, "part-002", PROFILE)
+    s = run_plan(work, first + ["part-002"], cfg, PROFILE)
+    assert s.planning.startswith("incremental") and s.new_packs > 0
+    res = run_write(work, inp, out, workers=1)
+    assert res.skipped == len(before)
     after = {p.name: (sha(p), p.stat().st_mtime_ns) for p in out.glob("*.tar")}
     assert all(after[k] == v for k, v in before.items()) and len(after) > len(before)
-    assert pipeline.run_audit(work, out)[0].ok
+    assert run_audit(work, out).ok
     # a changed packing setting falls back to a full replan
-    s = pipeline.run_plan(work, first + ["part-002"], PlanConfig(max_len=1400, incremental=True), PROFILE)
-    assert s["planning"].startswith("full plan: packing settings changed")
+    s = run_plan(work, first + ["part-002"], PlanConfig(max_len=1400, incremental=True), PROFILE)
+    assert s.planning.startswith("full plan: packing settings changed")

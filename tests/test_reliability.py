@@ -15,6 +15,7 @@ from pack_assets.core import store
 HARNESS = Path(__file__).with_name("fault_harness.py")
 sys.path.insert(0, str(HARNESS.parent))
 from fault_harness import run_pipeline as rerun  # noqa: E402
+
 KILL_POINTS = [
     ("pack_assets.core.scan:iter_entries", 2),
     ("pack_assets.core.scan:classify", 7),
@@ -25,15 +26,15 @@ KILL_POINTS = [
     ("pack_assets.core.store:os.replace", 1),
     ("pack_assets.core.store:os.replace", 2),
     ("pack_assets.core.store:pq.write_table", 2),
-    ("pack_assets.core.pipeline:run_token_lengths", 2),
+    ("pack_assets.core.tokens:run_token_lengths", 2),
     ("pack_assets.core.tokens:TokenCounter.lengths", 1),
     ("pack_assets.core.store:write_token_lengths", 1),
     ("pack_assets.core.store:atomic_write_text", 2),
-    ("pack_assets.core.pipeline:make_plan", 1),
-    ("pack_assets.core.pipeline:simulate", 1),
-    ("pack_assets.core.pipeline:plan_jsonl", 1),
-    ("pack_assets.core.pipeline:check_plan", 1),
-    ("pack_assets.core.pipeline:shard_job", 1, 1),
+    ("pack_assets.core.plan:make_plan", 1),
+    ("pack_assets.core.report:simulate", 1),
+    ("pack_assets.core.plan:plan_jsonl", 1),
+    ("pack_assets.core.plan:check_plan", 1),
+    ("pack_assets.core.write:shard_job", 1, 1),
     ("pack_assets.core.write:_header", 9, 1),
     ("pack_assets.core.write:_header", 25, 1),
     ("pack_assets.core.write:_header", 5, 2),  # a writer process of the pool dies
@@ -94,17 +95,27 @@ import json  # noqa: E402
 import os  # noqa: E402
 import tarfile  # noqa: E402
 
+from conftest import chat, image_bytes, small_dataset, write_tar  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pack_assets.core import pipeline  # noqa: E402
 from pack_assets.core import scan as scan_mod  # noqa: E402
 from pack_assets.core import write as write_mod  # noqa: E402
-from pack_assets.core.plan import PlanConfig  # noqa: E402
-from pack_assets.core.records import ShardInfo  # noqa: E402
+from pack_assets.core.audit import run_audit  # noqa: E402
+from pack_assets.core.plan import (
+    PlanConfig,  # noqa: E402
+    run_plan,  # noqa: E402
+)
 from pack_assets.core.profiles import load_profile  # noqa: E402
-from pack_assets.core.scan import ScanOptions, scan_shard, split_key  # noqa: E402
-from conftest import chat, image_bytes, small_dataset, write_tar  # noqa: E402
+from pack_assets.core.records import ShardInfo  # noqa: E402
+from pack_assets.core.scan import (  # noqa: E402
+    ScanOptions,
+    run_manifest,  # noqa: E402
+    scan_shard,
+    split_key,
+)
+from pack_assets.core.tokens import run_token_lengths  # noqa: E402
+from pack_assets.core.write import SourceChanged, run_write  # noqa: E402
 
 PROFILE = load_profile("qwen3-vl")
 
@@ -112,9 +123,9 @@ PROFILE = load_profile("qwen3-vl")
 def _prepare(inp: Path, work: Path) -> list[str]:
     shards = list(store.find_shards(inp))
     for s in shards:
-        pipeline.run_manifest(inp, work, s)
-        pipeline.run_token_lengths(work, s, PROFILE)
-    pipeline.run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
+        run_manifest(inp, work, s)
+        run_token_lengths(work, s, PROFILE)
+    run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
     return shards
 
 
@@ -124,11 +135,11 @@ def test_a_shard_changed_or_deleted_after_the_scan_is_never_copied_from(tmp_path
     _prepare(inp, work)
     with open(inp / "part-000.tar", "ab") as f:
         f.write(b"\0" * 512)  # appended to after the scan
-    with pytest.raises(pipeline.SourceChanged, match="part-000: changed"):
-        pipeline.run_write(work, inp, out)
+    with pytest.raises(SourceChanged, match="part-000: changed"):
+        run_write(work, inp, out)
     (inp / "part-001.tar").unlink()
-    with pytest.raises(pipeline.SourceChanged, match="part-001: FileNotFoundError"):
-        pipeline.run_write(work, inp, out)
+    with pytest.raises(SourceChanged, match="part-001: FileNotFoundError"):
+        run_write(work, inp, out)
     assert not list(out.glob("*.tar")) if out.exists() else True
 
 
@@ -157,11 +168,11 @@ def test_full_disk_on_output_leaves_no_partial_file_and_a_rerun_finishes(tmp_pat
 
     monkeypatch.setattr(write_mod, "_pad", full)
     with pytest.raises(OSError, match="No space"):
-        pipeline.run_write(work, inp, out, workers=1)
+        run_write(work, inp, out, workers=1)
     assert not list(out.glob(".*tmp*"))
     monkeypatch.setattr(write_mod, "_pad", real)
-    pipeline.run_write(work, inp, out, workers=1)
-    assert pipeline.run_audit(work, out)[0].ok
+    run_write(work, inp, out, workers=1)
+    assert run_audit(work, out).ok
 
 
 def test_permission_denied_is_a_reason_row(tmp_path, monkeypatch):
@@ -234,8 +245,8 @@ def test_key_grouping_agrees_with_webdataset(pairs):
 def test_writer_reader_round_trip_keeps_every_byte(sub_media, packs_per_shard):
     import tempfile
 
-    from pack_assets.reader import iter_packs
     from pack_assets.core.write import PackJob, ShardJob, SubSample, write_all
+    from pack_assets.reader import iter_packs
 
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)

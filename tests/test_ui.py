@@ -47,7 +47,7 @@ def ui(dataset, tmp_path):
     instance = instance_for(home)
     settings = PackSettings(input_dir=str(dataset), work_dir=str(tmp_path / "work"), output_dir=str(tmp_path / "out"),
                             max_len=1500)
-    run_pipeline(settings, instance, log=lambda m: None, jobs=1)
+    run_pipeline(settings.to_settings(), instance, log=lambda m: None, jobs=1)
     port = _free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "PACK_ASSETS_INPUT": str(dataset),
            "PACK_ASSETS_WORK": str(tmp_path / "work"), "PACK_ASSETS_OUTPUT": str(tmp_path / "out"),

@@ -21,7 +21,12 @@ from pathlib import Path
 import duckdb
 
 from . import store
-from .write import iter_pack_parts
+from .plan import PlanConfig, PlanInfo, check_plan
+from .profiles import ProfileError, resolve_profile
+from .results import FilePath, Markdown, png_data_uri
+from .settings import AUDIT_SCOPES
+from .tokens import TokenCounter
+from .write import current_shards, iter_pack_parts, write_context
 
 # Below this much output a second process costs more (spawn + imports, ~2 s) than it saves.
 PARALLEL_MIN_BYTES = 512 << 20
@@ -32,6 +37,8 @@ class AuditResult:
     violations: list[dict] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
     waiting: list[str] = field(default_factory=list)  # registered shards the plan could not count yet
+    report: Path | None = None  # audit_report.md, once written
+    plots: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -45,6 +52,15 @@ class AuditResult:
 
     def add(self, check: str, detail: str, **where) -> None:
         self.violations.append({"check": check, "detail": detail, **where})
+
+    def as_metadata(self) -> dict:
+        st = self.stats
+        plots = "\n\n".join(f"![{k}]({png_data_uri(Path(v))})" for k, v in self.plots.items() if k != "reasons")
+        return {**{k: st[k] for k in ("samples_read", "packed", "dropped", "rejected", "media_members_checked",
+                                      "output_shards_trusted")},
+                "violations": len(self.violations), "verdict": self.verdict, "shards_waiting": self.waiting,
+                "report": FilePath(self.report), "report_markdown": Markdown(self.report.read_text()),
+                "plots": Markdown(plots)}
 
 
 def _shard_expectations(con, name: str):
@@ -92,9 +108,9 @@ def _check_current(res: AuditResult, name: str, key: str, doc: dict, meta: dict,
 
 
 def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict | None, samples: dict,
-                members: dict, config: dict) -> Counter:
+                members: dict, config: PlanConfig) -> Counter:
     """One pack read back against its plan row; returns the media and extra members checked and their bytes."""
-    max_len, pad = config["max_len"], config.get("pad_multiple", 1)
+    max_len, pad = config.max_len, config.pad_multiple
     counts: Counter = Counter()
     if "json" not in parts:
         res.add("missing_json", f"pack {key} has no json member", shard=name, pack_id=key)
@@ -120,8 +136,8 @@ def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict
     for cap, value, what in (("max_samples_per_pack", len(rows), "samples"),
                              ("max_media_per_pack", sum(r[2] or 0 for r in rows), "media items"),
                              ("max_vision_tokens_per_pack", sum(r[3] or 0 for r in rows), "vision tokens")):
-        if config.get(cap) and value > config[cap]:
-            res.add("over_cap", f"pack {key}: {value} {what} > {cap} {config[cap]}", pack_id=key)
+        if getattr(config, cap) and value > getattr(config, cap):
+            res.add("over_cap", f"pack {key}: {value} {what} > {cap} {getattr(config, cap)}", pack_id=key)
     for sid, n, row in zip(expect["sample_ids"], expect["lens"], rows):
         if row[0] != n:
             res.add("length_mismatch", f"{sid}: plan {n}, token_lengths {row[0]}", pack_id=key)
@@ -155,7 +171,7 @@ def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict
     return counts
 
 
-def _audit_shard(con, out_dir: Path, name: str, config: dict) -> tuple[list[dict], Counter, Counter]:
+def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig) -> tuple[list[dict], Counter, Counter]:
     """One output shard read back: its violations, the pack keys seen, media/extra members and bytes checked."""
     res, seen, counts = AuditResult(), Counter(), Counter()
     path = out_dir / name
@@ -180,11 +196,11 @@ def _worker_init(work: str) -> None:
     _worker_con = store.connect(Path(work), read_only=True)
 
 
-def _audit_shard_in_worker(out_dir: str, name: str, config: dict):
+def _audit_shard_in_worker(out_dir: str, name: str, config: PlanConfig):
     return _audit_shard(_worker_con, Path(out_dir), name, config)
 
 
-def _shard_results(con, out_dir: Path, shards: list[str], config: dict, work: Path | None, workers: int,
+def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, work: Path | None, workers: int,
                    min_bytes: int):
     """Per-shard audit results in shard order; output shards are independent, so several processes (each
     with its own read-only DuckDB connection) share them when there is enough to read."""
@@ -199,14 +215,14 @@ def _shard_results(con, out_dir: Path, shards: list[str], config: dict, work: Pa
         yield from pool.map(_audit_shard_in_worker, [str(out_dir)] * len(shards), shards, [config] * len(shards))
 
 
-def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict, work: Path | None = None, workers: int = 0,
+def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, work: Path | None = None, workers: int = 0,
           min_bytes: int = PARALLEL_MIN_BYTES, trusted: frozenset[str] = frozenset()) -> AuditResult:
     """Read every output shard back, one at a time per process (memory follows the output shard, not the
     dataset), and check it against the plan and the manifest; the plan's own invariants are checked in SQL.
     Given the work directory, output shards are read by ``workers`` processes (0: one per core) once there
     are ``min_bytes`` of them. ``trusted`` shards (unchanged since a clean audit) are not read: their
     planned packs count as seen."""
-    res = check_plan(con, config)
+    res = AuditResult(violations=check_plan(con, config))
     shards = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
     seen: Counter = Counter()
     if trusted:
@@ -222,8 +238,7 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict, work: Pat
         if n > 1:
             res.add("duplicate_pack", f"pack {p} appears {n} times", pack_id=p)
             res.add("duplicate_sample", f"the samples of pack {p} appear {n} times", pack_id=p)
-    con.execute("CREATE OR REPLACE TEMP TABLE audit_seen (pack_id VARCHAR)")
-    con.executemany("INSERT INTO audit_seen VALUES (?)", [(p,) for p in seen]) if seen else None
+    store.mark_audit_seen(con, seen)
     missing = con.execute("SELECT pack_id, output_shard FROM pack_plan WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen) "
                           "ORDER BY pack_id").fetchall()
     for p, shard in missing[:100]:
@@ -263,38 +278,74 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: dict, work: Pat
     return res
 
 
-def check_plan(con: duckdb.DuckDBPyConnection, config: dict) -> AuditResult:
-    """Invariants of the plan itself, before anything is written: every ok sample in exactly one pack or
-    in ``dropped``, one media type per pack, capacity (after padding) and caps held."""
-    res = AuditResult()
-    pad = config.get("pad_multiple", 1)
+# -- the stage: audit the outputs, recount a sample of lengths, write the report ----------------------------
+
+AUDITED = "audited_shards.json"
+
+
+def _audited(work: Path) -> dict:
+    try:
+        return json.loads((work / AUDITED).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def recount(con, info: PlanInfo, result: AuditResult, fraction: float) -> None:
+    """Count again, from the manifest rows, the samples whose id hashes below ``fraction``."""
+    if fraction <= 0:
+        return
+    try:
+        profile = resolve_profile(info.profile.split("@")[0], info.model_dir or None)
+    except ProfileError as e:
+        result.add("recount_unavailable", str(e))
+        return
+    if profile.fingerprint != info.profile_fingerprint:
+        result.add("profile_changed", f"profile {profile.name} files changed since the plan: recount the shards")
+        return
     rows = con.execute(
-        """SELECT
-             (SELECT count(*) FROM samples WHERE status = 'ok'),
-             (SELECT count(*) FROM pack_members),
-             (SELECT count(DISTINCT sample_id) FROM pack_members),
-             (SELECT count(*) FROM dropped),
-             (SELECT count(*) FROM (SELECT sample_id FROM pack_members INTERSECT SELECT sample_id FROM dropped)),
-             (SELECT count(*) FROM samples s WHERE status = 'ok' AND sample_id NOT IN (SELECT sample_id FROM pack_members)
-                AND sample_id NOT IN (SELECT sample_id FROM dropped)),
-             (SELECT count(*) FROM pack_plan WHERE ceil(total_token_len / ?) * ? > ? AND NOT (overlong AND len(sample_ids) = 1)),
-             (SELECT count(*) FROM (SELECT pm.pack_id FROM pack_members pm JOIN samples s USING (sample_id)
-                GROUP BY pm.pack_id HAVING count(DISTINCT s.media_type) > 1))""",
-        [pad, pad, config["max_len"]],
-    ).fetchone()
-    ok, members, distinct, dropped, both, lost, over, mixed = rows
-    if members != distinct:
-        res.add("duplicate_sample", f"{members - distinct} sample(s) in more than one pack")
-    if both:
-        res.add("packed_and_dropped", f"{both} sample(s) both packed and dropped")
-    if lost:
-        res.add("lost_sample", f"{lost} ok sample(s) neither packed nor dropped")
-    if over:
-        res.add("over_capacity", f"{over} pack(s) over {config['max_len']} tokens")
-    if mixed:
-        res.add("mixed_media", f"{mixed} pack(s) mix media types")
-    cap = config.get("max_samples_per_pack") or 0
-    if cap and con.execute("SELECT count(*) FROM pack_plan WHERE len(sample_ids) > ?", [cap]).fetchone()[0]:
-        res.add("over_cap", f"packs over {cap} samples")
-    res.stats = {"ok_samples": ok, "packed": distinct, "dropped": dropped}
-    return res
+        "SELECT s.sample_id, s.conversation, s.image_sizes, s.videos, t.total_tokens FROM samples s "
+        "JOIN token_lengths t USING (sample_id) WHERE t.status = 'ok' AND (hash(s.sample_id) % 4294967296) < ?",
+        [int(fraction * 2**32)],
+    ).fetchall()
+    counts = TokenCounter(profile).count_many(
+        (json.loads(r[1]), r[2] or [], json.loads(r[3] or "[]")) for r in rows)
+    bad = 0
+    for r, c in zip(rows, counts):
+        got = None if isinstance(c, Exception) else c["total_tokens"]
+        if got != r[4]:
+            bad += 1
+            if bad <= 100:
+                result.add("recount_mismatch", f"{r[0]}: stored {r[4]} tokens, recounted {got}", sample_id=r[0])
+    result.stats["recounted"] = len(rows)
+    result.stats["recount_fraction"] = fraction
+
+
+def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers: int = 0,
+              parallel_min_bytes: int = PARALLEL_MIN_BYTES, scope: str = "all") -> AuditResult:
+    """Read the outputs back and check every invariant; recount a deterministic sample of token lengths;
+    write audit_report.md. scope "changed" reads only the output shards that are new or changed since the
+    last clean audit (same size, mtime and content fingerprint as then: trusted, like rsync's quick check);
+    "all" reads every one."""
+    from .report import write_report  # the report renders this stage's result (and imports it)
+
+    if scope not in AUDIT_SCOPES:
+        raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
+    with store.connect(work, read_only=True) as con:
+        info = PlanInfo.load(con)
+        stamps = {}
+        for r in current_shards(con, out_dir, write_context(info)):
+            st = (out_dir / r["shard"]).stat()
+            stamps[r["shard"]] = [st.st_size, st.st_mtime_ns, r["fingerprint"]]
+        before = _audited(work) if scope == "changed" else {}
+        trusted = frozenset(n for n, stamp in stamps.items() if before.get(n) == stamp)
+        result = audit(con, out_dir, info.config, work=work, workers=workers, min_bytes=parallel_min_bytes,
+                       trusted=trusted)
+        recount(con, info, result, recount_fraction)
+        result.waiting = list(info.stats.get("shards_waiting") or [])
+        result.stats.update(verdict=result.verdict, shards_waiting=result.waiting)
+        report = write_report(con, work, result, info)
+    result.report = Path(report["path"])
+    result.plots = report["plots"]
+    # a clean audit vouches for every current shard; one with violations vouches for none
+    store.atomic_write_text(work / AUDITED, json.dumps(stamps if result.ok else {}, sort_keys=True))
+    return result

@@ -4,11 +4,6 @@ from __future__ import annotations
 
 from .write import media_name
 
-LINEAGE_VIEW = """CREATE OR REPLACE VIEW lineage AS
-SELECT pm.pack_id, pm.position, p.output_shard, p.media_type, p.total_token_len,
-       s.sample_id, s.shard, s.key, s.json_member, s.media_members
-FROM pack_members pm JOIN pack_plan p USING (pack_id) JOIN manifest_samples s USING (sample_id)"""
-
 
 def _members(con, sample_id: str) -> list[dict]:
     rows = con.execute('SELECT name, "offset", size, sha256 FROM members WHERE sample_id = ? ORDER BY "offset"', [sample_id]).fetchall()

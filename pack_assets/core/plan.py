@@ -13,17 +13,21 @@ import json
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from . import store
 from .binpack import ALGORITHMS, Caps, assign, check_algorithm, lower_bounds
+from .profiles import ModelProfile
+from .results import FilePath, Markdown
 
 __all__ = ["ALGORITHMS", "Pack", "PlanConfig", "PlanResult", "assign", "lower_bounds", "make_plan"]
 
 
 @dataclass(frozen=True)
 class PlanConfig:
-    max_len: int
+    max_len: int = 8192
     algorithm: str = "bfd"
     seed: int = 0
     pack_per_media_type: bool = True
@@ -102,10 +106,10 @@ def fingerprint(config: PlanConfig, profile: str, ids: Iterable[str], lengths: I
     return h.hexdigest()[:16]
 
 
-def config_fingerprint(config: dict, profile_fingerprint: str) -> str:
+def config_fingerprint(config: PlanConfig, profile_fingerprint: str) -> str:
     """The packing settings and the model profile, without the data: what a pack's ``_meta`` names, so an
     output shard whose packs did not change stays byte-identical when other shards' samples change the plan."""
-    settings = {k: v for k, v in config.items() if k != "incremental"}
+    settings = {k: v for k, v in asdict(config).items() if k != "incremental"}
     return hashlib.sha256(json.dumps([settings, profile_fingerprint], sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -382,3 +386,189 @@ def simulate(lengths: np.ndarray, max_lens: list[int], algorithms: list[str], ca
     good = [m for m in sorted(max_lens) if best[m]["efficiency"] >= 0.98 and best[m]["dropped_fraction"] <= 0.001]
     rec = good[0] if good else max(max_lens, key=lambda m: best[m]["efficiency"] * (1 - best[m]["dropped_fraction"]))
     return {"results": rows, "recommended_max_len": rec}
+
+
+# -- the stage: plan every counted shard into the catalog and pack_plan.jsonl -------------------------------
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    """The catalog's plan_info row, typed: which plan, for which profile and shards, with which settings."""
+
+    fingerprint: str
+    profile: str
+    profile_fingerprint: str
+    model_dir: str | None
+    shards: list[str]
+    config: PlanConfig
+    stats: dict
+
+    @classmethod
+    def load(cls, con) -> PlanInfo:
+        d = store.read_plan_info(con)
+        return cls(d["fingerprint"], d["profile"], d["profile_fingerprint"], d.get("model_dir"), d["shards"],
+                   PlanConfig(**d["config"]), d["stats"])
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "config": asdict(self.config)}
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    fingerprint: str
+    plan_file: Path
+    planning: str  # full, or incremental and what was kept
+    stats: dict  # the planner's figures (make_plan / extend_plan)
+    shards_planned: int
+    shards_waiting: list[str]  # registered but not counted (yet): left for the next plan
+    shards_removed: list[str]  # registered but their tar is gone: not planned
+    violations: list[dict]  # check_plan on the stored plan
+
+    def __getattr__(self, name: str):  # the planner's figures by name: summary.packs, summary.fill, ...
+        try:
+            return self.__dict__["stats"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def as_metadata(self) -> dict:
+        rows = [f"| {mt} | {v['samples']} | {v['packs']} | {v['l2']} | {v['fill']:.2%} | {v['dropped']} |"
+                for mt, v in sorted(self.stats["per_media_type"].items())]
+        return {"dagster/row_count": self.packs, "packs": self.packs, "lower_bound": self.lower_bound,
+                "packs_over_bound": self.packs_over_bound, "fill": float(self.fill), "dropped": self.dropped,
+                "mean_samples_per_pack": float(self.mean_samples_per_pack), "drift": float(self.drift),
+                "shards": self.shards_planned, "shards_waiting": self.shards_waiting,
+                "shards_removed": self.shards_removed, "planning": self.planning, "fingerprint": self.fingerprint,
+                "per_media_type": Markdown("| media type | samples | packs | lower bound | fill | dropped |\n"
+                                           "|---|---:|---:|---:|---:|---:|\n" + "\n".join(rows)),
+                "plan_file": FilePath(self.plan_file)}
+
+
+def check_plan(con, config: PlanConfig) -> list[dict]:
+    """Invariants of the stored plan itself, before anything is written: every ok sample in exactly one pack
+    or in ``dropped``, one media type per pack, capacity (after padding) and caps held."""
+    pad = config.pad_multiple
+    ok, members, distinct, dropped, both, lost, over, mixed = con.execute(
+        """SELECT
+             (SELECT count(*) FROM samples WHERE status = 'ok'),
+             (SELECT count(*) FROM pack_members),
+             (SELECT count(DISTINCT sample_id) FROM pack_members),
+             (SELECT count(*) FROM dropped),
+             (SELECT count(*) FROM (SELECT sample_id FROM pack_members INTERSECT SELECT sample_id FROM dropped)),
+             (SELECT count(*) FROM samples s WHERE status = 'ok' AND sample_id NOT IN (SELECT sample_id FROM pack_members)
+                AND sample_id NOT IN (SELECT sample_id FROM dropped)),
+             (SELECT count(*) FROM pack_plan WHERE ceil(total_token_len / ?) * ? > ? AND NOT (overlong AND len(sample_ids) = 1)),
+             (SELECT count(*) FROM (SELECT pm.pack_id FROM pack_members pm JOIN samples s USING (sample_id)
+                GROUP BY pm.pack_id HAVING count(DISTINCT s.media_type) > 1))""",
+        [pad, pad, config.max_len],
+    ).fetchone()
+    found = [("duplicate_sample", members != distinct, f"{members - distinct} sample(s) in more than one pack"),
+             ("packed_and_dropped", both, f"{both} sample(s) both packed and dropped"),
+             ("lost_sample", lost, f"{lost} ok sample(s) neither packed nor dropped"),
+             ("over_capacity", over, f"{over} pack(s) over {config.max_len} tokens"),
+             ("mixed_media", mixed, f"{mixed} pack(s) mix media types")]
+    cap = config.max_samples_per_pack
+    if cap:
+        over_cap = con.execute("SELECT count(*) FROM pack_plan WHERE len(sample_ids) > ?", [cap]).fetchone()[0]
+        found.append(("over_cap", over_cap, f"packs over {cap} samples"))
+    return [{"check": check, "detail": detail} for check, bad, detail in found if bad]
+
+
+def plannable(work: Path, shards: list[str], profile: ModelProfile, input_root: Path | None,
+              allow_missing: bool) -> tuple[list[str], list[str], list[str]]:
+    """(shards to plan, shards waiting for current counts, shards whose tar is gone)."""
+    from .scan import manifest_is_current
+    from .tokens import token_lengths_are_current
+
+    removed: list[str] = []
+    if input_root is not None:
+        removed = [s for s in shards if not (input_root / f"{s}.tar").is_file()]
+        shards = [s for s in shards if s not in set(removed)]
+    missing = [s for s in shards if not token_lengths_are_current(work, s, profile)
+               or (input_root is not None and manifest_is_current(input_root, work, s) is None)]
+    if missing and not allow_missing:
+        raise FileNotFoundError(f"{len(missing)} shard(s) have no current token_lengths for profile {profile.name}: "
+                                f"{missing[:5]}")
+    shards = [s for s in shards if s not in set(missing)]
+    if not shards:
+        raise FileNotFoundError("no shard has token lengths yet: materialize manifest and token_lengths first")
+    return shards, missing, removed
+
+
+def _previous_plan(con, config: PlanConfig, profile: ModelProfile, current: dict[str, int]):
+    """The previous plan's packs, drops and fingerprint when an incremental plan may keep them, else
+    (None, why not)."""
+    if not store.has_plan(con):
+        return None, "full plan: no previous plan"
+    info = PlanInfo.load(con)
+    if info.config.packing_key() != config.packing_key():
+        return None, "full plan: packing settings changed since the previous plan"
+    if info.profile_fingerprint != profile.fingerprint:
+        return None, "full plan: the model profile changed since the previous plan"
+    rows, dropped = store.read_plan(con)
+    packs = [Pack(r[0], r[1], list(r[2]), list(r[3]), r[4], r[5], overlong=r[6]) for r in rows]
+    packs, dropped, pruned = prune_plan(packs, dropped, current)
+    fp = info.fingerprint
+    why = f"incremental: kept {len(packs)} packs"
+    if pruned["packs_changed"] or pruned["samples_gone"] or pruned["samples_recounted"]:
+        h = hashlib.sha256(fp.encode())  # the kept part differs from the previous plan: so does its fingerprint
+        for p in packs:
+            h.update(f"{p.pack_id}|{','.join(p.sample_ids)}\n".encode())
+        for d in dropped:
+            h.update(f"{d['sample_id']}\n".encode())
+        fp = h.hexdigest()[:16]
+        why += (f", removed {pruned['samples_gone']} gone and {pruned['samples_recounted']} recounted sample(s) "
+                f"from {pruned['packs_changed']} pack(s) ({pruned['packs_emptied']} left empty and removed); "
+                "recounted samples are planned again as new")
+    return (packs, dropped, fp, pruned), why
+
+
+def _incremental(rows: dict[str, np.ndarray], previous, config: PlanConfig, profile: str) -> PlanResult:
+    """The kept packs, plus the samples they do not hold planned on their own after them."""
+    old_packs, old_dropped, old_fp, pruned = previous
+    planned = {sid for p in old_packs for sid in p.sample_ids} | {d["sample_id"] for d in old_dropped}
+    new = np.asarray([sid not in planned for sid in rows["sample_ids"]], dtype=bool)
+    fresh = make_plan(**{k: v[new] for k, v in rows.items()}, config=config, profile=profile)
+    plan = extend_plan(old_packs, old_dropped, fresh, config, old_fp)
+    plan.stats.update(pruned)
+    gone = {d["sample_id"] for d in plan.dropped}
+    kept = np.asarray([sid not in gone for sid in rows["sample_ids"]], dtype=bool)
+    mts, lengths = rows["media_types"], rows["lengths"]
+    bound = sum(lower_bounds(lengths[kept & (mts == mt)], config.capacity)[1] for mt in set(mts.tolist()))
+    plan.stats.update(lower_bound=bound, packs_over_bound=plan.stats["packs"] - bound)
+    return plan
+
+
+def ok_lengths(con) -> dict[str, np.ndarray]:
+    """make_plan's inputs, one entry per ok sample in sample id order, from the catalog."""
+    t = con.sql("SELECT sample_id, media_type, total_tokens, media_bytes, n_images + n_videos AS n_media, vision_tokens "
+                "FROM token_lengths WHERE status = 'ok' ORDER BY sample_id").to_arrow_table()
+    col = lambda name: t.column(name).to_numpy(zero_copy_only=False)  # noqa: E731
+    return {"sample_ids": np.asarray(t.column("sample_id").to_pylist(), dtype=object),
+            "media_types": np.asarray(t.column("media_type").to_pylist(), dtype=object),
+            "lengths": col("total_tokens"), "media_bytes": col("media_bytes"), "n_media": col("n_media"),
+            "vision_tokens": col("vision_tokens")}
+
+
+def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelProfile, allow_missing: bool = False,
+             input_root: Path | None = None) -> PlanSummary:
+    """Plan every given shard; with ``allow_missing``, plan the shards that have counts and report the
+    others as waiting (a failed or unfinished shard does not stall the plan of the rest). Given the input
+    root, a shard whose tar is gone is removed from the plan (``shards_removed``), and one whose tar changed
+    since its scan waits for its rescan (its old counts are stale)."""
+    shards, missing, removed = plannable(work, shards, profile, input_root, allow_missing)
+    work.mkdir(parents=True, exist_ok=True)
+    with store.connect(work) as con:
+        store.build_catalog(con, work, shards, profile.name)
+        rows = ok_lengths(con)
+        current = dict(zip(rows["sample_ids"].tolist(), rows["lengths"].tolist()))
+        previous, why = _previous_plan(con, config, profile, current) if config.incremental else (None, "full plan")
+        plan = make_plan(**rows, config=config, profile=profile.name) if previous is None \
+            else _incremental(rows, previous, config, profile.name)
+        plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed)
+        store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl(plan))
+        info = PlanInfo(plan.fingerprint, profile.name, profile.fingerprint, profile.model_dir, shards, config,
+                        plan.stats)
+        store.save_plan(con, [asdict(p) for p in plan.packs], plan.dropped, info.as_dict())
+        violations = check_plan(con, config)
+    return PlanSummary(plan.fingerprint, work / "pack_plan.jsonl", why, plan.stats, len(shards), missing, removed,
+                       violations)

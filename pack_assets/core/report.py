@@ -1,8 +1,10 @@
-"""audit_report.md and its PNG plots (matplotlib, Agg backend: no display needed)."""
+"""What the user reads: the plan's what-if sweep and audit_report.md, with their PNG plots (matplotlib, Agg
+backend: no display needed)."""
 
 from __future__ import annotations
 
-import base64
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import matplotlib
@@ -11,8 +13,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from . import store  # noqa: E402
 from .audit import AuditResult  # noqa: E402
+from .plan import PlanConfig, PlanInfo, ok_lengths, simulate  # noqa: E402
+from .results import Markdown, png_data_uri  # noqa: E402
 from .store import atomic_write_text  # noqa: E402
+
+WHAT_IF = "what_if.json"
 
 
 def _save(fig, path: Path) -> None:
@@ -62,32 +69,37 @@ def plot_reasons(con, path: Path) -> list[tuple]:
     return rows
 
 
-def png_data_uri(path: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
-
-
-def write_report(con, work: Path, result: AuditResult, info: dict) -> dict:
-    stats, plan_stats = result.stats, info["stats"]
-    max_len = info["config"]["max_len"]
+def write_report(con, work: Path, result: AuditResult, info: PlanInfo) -> dict:
     plots = {"lengths": work / "plots" / "lengths.png", "fill": work / "plots" / "fill.png",
              "reasons": work / "plots" / "reasons.png"}
-    plot_lengths(con, plots["lengths"], max_len)
-    plot_fill(con, plots["fill"], max_len)
-    reasons = plot_reasons(con, plots["reasons"])
-    examples = con.execute(
-        "SELECT reason, any_value(shard), any_value(key), any_value(detail) FROM rejected GROUP BY 1 ORDER BY 1"
-    ).fetchall()
-    dropped = con.execute("SELECT sample_id, total_tokens FROM dropped ORDER BY total_tokens DESC LIMIT 20").fetchall()
-    n_dropped = con.execute("SELECT count(*) FROM dropped").fetchone()[0]
-    lines = [
+    plot_lengths(con, plots["lengths"], info.config.max_len)
+    plot_fill(con, plots["fill"], info.config.max_len)
+    lines = [*_verdict(result, info), *_totals(result.stats), *_fill(info.stats), *_per_shard(result.stats),
+             *_what_if(read_what_if(work, info.fingerprint)), *_waiting(info.stats),
+             *_rejections(con, plot_reasons(con, plots["reasons"])), *_dropped(con), "", "## Violations", ""]
+    lines += [f"- **{v['check']}**: {v['detail']}" for v in result.violations[:200]] or ["None: every check passed."]
+    text = "\n".join(lines) + "\n"
+    atomic_write_text(work / "audit_report.md", text)
+    return {"path": str(work / "audit_report.md"), "markdown": text, "plots": {k: str(v) for k, v in plots.items()}}
+
+
+def _verdict(result: AuditResult, info: PlanInfo) -> list[str]:
+    waiting = result.waiting
+    return [
         "# pack_assets audit report",
         "",
         f"**Verdict: {result.verdict}** ({len(result.violations)} violation(s)); "
-        f"plan `{info['fingerprint']}`, profile `{info['profile']}`, max_len {max_len}, algorithm `{info['config']['algorithm']}`.",
+        f"plan `{info.fingerprint}`, profile `{info.profile}`, max_len {info.config.max_len}, "
+        f"algorithm `{info.config.algorithm}`.",
         "",
-        *([f"**INCOMPLETE: {len(result.waiting)} registered shard(s) are waiting** (not counted yet, so not in this "
-           f"plan and not audited): {', '.join(result.waiting[:50])}{' ...' if len(result.waiting) > 50 else ''}. "
-           "Run them (or remove them), then plan and audit again.", ""] if result.waiting else []),
+        *([f"**INCOMPLETE: {len(waiting)} registered shard(s) are waiting** (not counted yet, so not in this "
+           f"plan and not audited): {', '.join(waiting[:50])}{' ...' if len(waiting) > 50 else ''}. "
+           "Run them (or remove them), then plan and audit again.", ""] if waiting else []),
+    ]
+
+
+def _totals(stats: dict) -> list[str]:
+    return [
         "## Totals (read back from the output shards)",
         "",
         "| samples read | packed | dropped | rejected | packs | output shards | media members re-hashed |",
@@ -98,63 +110,78 @@ def write_report(con, work: Path, result: AuditResult, info: dict) -> dict:
         *([f"{stats['output_shards_trusted']} output shard(s) unchanged since the last clean audit were not read "
            "again (audit scope `changed`); their planned packs are counted as read.", ""]
           if stats.get("output_shards_trusted") else []),
-        "## Fill vs the lower bound",
-        "",
-        "| media type | samples | packs | lower bound (L2) | over bound | fill | dropped |",
-        "|---|---:|---:|---:|---:|---:|---:|",
     ]
+
+
+def _fill(plan_stats: dict) -> list[str]:
+    lines = ["## Fill vs the lower bound", "",
+             "| media type | samples | packs | lower bound (L2) | over bound | fill | dropped |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for mt, v in sorted(plan_stats["per_media_type"].items()):
         lines.append(f"| {mt} | {v['samples']} | {v['packs']} | {v['l2']} | {v['over_bound']} | {v['fill']:.2%} | {v['dropped']} |")
-    lines += [
+    balance = plan_stats.get("balance")
+    return lines + [
         f"| **all** | {plan_stats['samples']} | {plan_stats['packs']} | {plan_stats['lower_bound']} | "
         f"{plan_stats['packs_over_bound']} | {plan_stats['fill']:.2%} | {plan_stats['dropped']} |",
         "",
         f"Samples per pack: mean {plan_stats['mean_samples_per_pack']:.2f}, max {plan_stats['max_samples_per_pack']}; "
         f"drift (max/min of windowed means) {plan_stats['drift']:.3f}."
-        + (f" World size {plan_stats['balance']['world_size']}: Σℓ² max/mean per group {plan_stats['balance']['cost_imbalance_mean']:.3f} "
-           f"(worst {plan_stats['balance']['cost_imbalance_max']:.3f})." if plan_stats.get("balance") else ""),
+        + (f" World size {balance['world_size']}: Σℓ² max/mean per group {balance['cost_imbalance_mean']:.3f} "
+           f"(worst {balance['cost_imbalance_max']:.3f})." if balance else ""),
         "",
         "![lengths](plots/lengths.png)",
         "",
         "![fill](plots/fill.png)",
-        "",
-        "## Per source shard",
-        "",
-        "| shard | read | packed | dropped | rejected |",
-        "|---|---:|---:|---:|---:|",
     ]
+
+
+def _per_shard(stats: dict) -> list[str]:
+    lines = ["", "## Per source shard", "", "| shard | read | packed | dropped | rejected |", "|---|---:|---:|---:|---:|"]
     for shard, c in stats["per_shard"].items():
         lines.append(f"| {shard} | {c.get('read', 0)} | {c.get('packed', 0)} | {c.get('dropped', 0)} | {c.get('rejected', 0)} |")
-    sim = info.get("simulation")
-    if sim:
-        lines += ["", "## What if (other max lengths and algorithms, same samples)", "",
-                  "| max length | algorithm | packs | lower bound | fill | dropped | mean / max samples per pack |",
-                  "|---:|---|---:|---:|---:|---:|---|"]
-        lines += [f"| {r['max_len']} | {r['algorithm']} | {r['packs']} | {r['lower_bound']} | {r['efficiency']:.2%} | "
-                  f"{r['dropped']} | {r['mean_samples_per_pack']:.1f} / {r['max_samples_per_pack']} |" for r in sim["results"]]
-        lines += ["", f"Recommended max length: **{sim['recommended_max_len']}** (the smallest with ≥ 98 % fill and "
-                  "≤ 0.1 % dropped).", "", "![lengths](plots/length_distribution.png)", "",
-                  "![fill vs max length](plots/fill_vs_max_len.png)"]
-    if plan_stats.get("shards_waiting"):
-        lines += ["", f"**{len(plan_stats['shards_waiting'])} registered shard(s) were not counted yet and are not in "
-                  f"this plan** (they join the next one): {', '.join(plan_stats['shards_waiting'][:20])}"]
-    lines += ["", "## Rejections", ""]
-    if reasons:
-        lines += ["| reason | rows | example (shard / key) | detail |", "|---|---:|---|---|"]
-        ex = {r[0]: r[1:] for r in examples}
-        for reason, n in reasons:
-            shard, key, detail = ex.get(reason, ("", "", ""))
-            lines.append(f"| `{reason}` | {n} | {shard} / {key} | {str(detail)[:120].replace('|', '/')} |")
-        lines += ["", "![reasons](plots/reasons.png)"]
-    else:
-        lines.append("None.")
-    lines += ["", f"## Dropped ({n_dropped}, longest first)", ""]
-    lines += [f"- `{sid}`: {n} tokens" for sid, n in dropped] or ["None."]
-    lines += ["", "## Violations", ""]
-    lines += [f"- **{v['check']}**: {v['detail']}" for v in result.violations[:200]] or ["None: every check passed."]
-    text = "\n".join(lines) + "\n"
-    atomic_write_text(work / "audit_report.md", text)
-    return {"path": str(work / "audit_report.md"), "markdown": text, "plots": {k: str(v) for k, v in plots.items()}}
+    return lines
+
+
+def _what_if(sim: WhatIf | None) -> list[str]:
+    if sim is None:
+        return []
+    return ["", "## What if (other max lengths and algorithms, same samples)", "",
+            "| max length | algorithm | packs | lower bound | fill | dropped | mean / max samples per pack |",
+            "|---:|---|---:|---:|---:|---:|---|",
+            *(f"| {r['max_len']} | {r['algorithm']} | {r['packs']} | {r['lower_bound']} | {r['efficiency']:.2%} | "
+              f"{r['dropped']} | {r['mean_samples_per_pack']:.1f} / {r['max_samples_per_pack']} |" for r in sim.results),
+            "", f"Recommended max length: **{sim.recommended_max_len}** (the smallest with ≥ 98 % fill and "
+            "≤ 0.1 % dropped).", "", "![lengths](plots/length_distribution.png)", "",
+            "![fill vs max length](plots/fill_vs_max_len.png)"]
+
+
+def _waiting(plan_stats: dict) -> list[str]:
+    waiting = plan_stats.get("shards_waiting")
+    if not waiting:
+        return []
+    return ["", f"**{len(waiting)} registered shard(s) were not counted yet and are not in this plan** (they join "
+            f"the next one): {', '.join(waiting[:20])}"]
+
+
+def _rejections(con, reasons: list[tuple]) -> list[str]:
+    lines = ["", "## Rejections", ""]
+    if not reasons:
+        return lines + ["None."]
+    examples = {r[0]: r[1:] for r in con.execute(
+        "SELECT reason, any_value(shard), any_value(key), any_value(detail) FROM rejected GROUP BY 1 ORDER BY 1"
+    ).fetchall()}
+    lines += ["| reason | rows | example (shard / key) | detail |", "|---|---:|---|---|"]
+    for reason, n in reasons:
+        shard, key, detail = examples.get(reason, ("", "", ""))
+        lines.append(f"| `{reason}` | {n} | {shard} / {key} | {str(detail)[:120].replace('|', '/')} |")
+    return lines + ["", "![reasons](plots/reasons.png)"]
+
+
+def _dropped(con) -> list[str]:
+    dropped = con.execute("SELECT sample_id, total_tokens FROM dropped ORDER BY total_tokens DESC LIMIT 20").fetchall()
+    n_dropped = con.execute("SELECT count(*) FROM dropped").fetchone()[0]
+    return ["", f"## Dropped ({n_dropped}, longest first)", "", *([f"- `{sid}`: {n} tokens" for sid, n in dropped]
+                                                                  or ["None."])]
 
 
 def plot_simulation(lengths: np.ndarray, sim: dict, folder: Path, media_lengths: dict | None = None) -> dict:
@@ -187,3 +214,46 @@ def plot_simulation(lengths: np.ndarray, sim: dict, folder: Path, media_lengths:
     ax.legend(fontsize=7)
     _save(fig, folder / "fill_vs_max_len.png")
     return {"length_distribution": str(folder / "length_distribution.png"), "fill_vs_max_len": str(folder / "fill_vs_max_len.png")}
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The current samples planned at other max lengths and with other algorithms."""
+
+    plan_fingerprint: str  # the plan it was made beside: the report shows it only with that plan
+    results: list[dict]
+    recommended_max_len: int
+    plots: dict[str, str]
+
+    def table(self) -> str:
+        return ("| max length | algorithm | packs | bound | fill | dropped |\n|---:|---|---:|---:|---:|---:|\n"
+                + "\n".join(f"| {r['max_len']} | {r['algorithm']} | {r['packs']} | {r['lower_bound']} | "
+                            f"{r['efficiency']:.2%} | {r['dropped']} |" for r in self.results))
+
+    def as_metadata(self) -> dict:
+        plots = "\n\n".join(f"![{k}]({png_data_uri(Path(v))})" for k, v in self.plots.items())
+        return {"what_if": Markdown(f"{self.table()}\n\nRecommended max length: {self.recommended_max_len}\n\n{plots}"),
+                "recommended_max_len": self.recommended_max_len}
+
+
+def run_what_if(work: Path, config: PlanConfig, plan_fingerprint: str) -> WhatIf:
+    """Sweep max lengths around the configured one (¼×–2×) and the configured algorithm against bfd and
+    next_fit over the planned samples; plots and ``what_if.json`` go to the work folder."""
+    with store.connect(work, read_only=True) as con:
+        rows = ok_lengths(con)
+    lengths, mtypes = rows["lengths"], rows["media_types"]
+    sweep = simulate(lengths, sorted({config.max_len // 4, config.max_len // 2, config.max_len, config.max_len * 2}),
+                     sorted({config.algorithm, "bfd", "next_fit"}), config.caps, seed=config.seed)
+    plots = plot_simulation(lengths, sweep, work / "plots",
+                            {mt: lengths[mtypes == mt] for mt in sorted(set(mtypes.tolist()))})
+    what_if = WhatIf(plan_fingerprint, sweep["results"], sweep["recommended_max_len"], plots)
+    atomic_write_text(work / WHAT_IF, json.dumps(asdict(what_if)))
+    return what_if
+
+
+def read_what_if(work: Path, plan_fingerprint: str) -> WhatIf | None:
+    try:
+        what_if = WhatIf(**json.loads((work / WHAT_IF).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return what_if if what_if.plan_fingerprint == plan_fingerprint else None

@@ -8,6 +8,7 @@ shard, except for the set of keys seen (to catch duplicate keys).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -15,14 +16,18 @@ import os
 import posixpath
 import struct
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import imagesize
+import pyarrow.parquet as pq
 from PIL import Image
 
+from . import store
 from .conversation import ConversationError, media_refs, normalize, place_media
-from .records import Member, Rejection, Sample, ShardInfo
+from .records import MANIFEST_FORMAT, Member, Rejection, Sample, ShardInfo
+from .results import FilePath
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"})
 VIDEO_EXTS = frozenset({"mp4", "avi", "mov", "mkv", "webm", "m4v"})
@@ -649,3 +654,91 @@ def _emit(shard, key, entries, reader, options, seen, info) -> Iterator[Sample |
     yield sample
     if rejection is not None:
         yield rejection
+
+
+# -- the stage: one shard's scan into <work>/manifest/<shard>/, kept while the tar is unchanged --------------
+
+
+@dataclass(frozen=True)
+class ShardManifest:
+    """One shard's scan: counts, and whether every rejected sample has its reason row."""
+
+    shard: str
+    status: str
+    samples: int
+    ok: int
+    rejected: int
+    members: int
+    bytes: int
+    seconds: float
+    cached: bool  # the stored scan was current: not rescanned
+    reason_rows: int  # sample-level rows in rejected.parquet
+
+    @property
+    def accounted(self) -> bool:
+        return self.samples == self.ok + self.rejected and self.reason_rows == self.rejected
+
+
+@dataclass(frozen=True)
+class ManifestSummary:
+    """The scans of one run's shards (one partition, or a backfill's batch)."""
+
+    shards: list[ShardManifest]
+    folder: Path
+
+    @property
+    def accounted(self) -> bool:
+        return all(s.accounted for s in self.shards)
+
+    def total(self, name: str) -> int:
+        return sum(getattr(s, name) for s in self.shards)
+
+    def as_metadata(self) -> dict:
+        return {"dagster/row_count": self.total("samples"),
+                "status": ", ".join(sorted({s.status for s in self.shards})),
+                "ok": self.total("ok"), "rejected": self.total("rejected"), "members": self.total("members"),
+                "shard_bytes": self.total("bytes"), "seconds": round(sum(s.seconds for s in self.shards), 3),
+                "dagster/uri": FilePath(self.folder)}
+
+
+def manifest_is_current(input_root: Path, work: Path, shard: str) -> dict | None:
+    """The stored scan of a shard whose size and mtime have not changed since, else None."""
+    info = store.read_shard_info(work, shard)
+    try:
+        st = (input_root / f"{shard}.tar").stat()
+    except OSError:
+        return None
+    if info and (info["size"], info["mtime_ns"]) == (st.st_size, st.st_mtime_ns) \
+            and info.get("manifest_format") == MANIFEST_FORMAT:  # an older version's manifest is rescanned
+        return info
+    return None
+
+
+def run_manifest(input_root: Path, work: Path, shard: str, options: ScanOptions = ScanOptions(),
+                 force: bool = False) -> ShardManifest:
+    """Scan one shard into ``<work>/manifest/<shard>/``; an unchanged shard (size, mtime) is not rescanned."""
+    with store.shard_lock(work, shard):  # a concurrent run of this shard finishes first; then it is current
+        info = None if force else manifest_is_current(input_root, work, shard)
+        cached = info is not None
+        if not cached:
+            path = input_root / f"{shard}.tar"
+            scanned = ShardInfo(shard=shard, path=str(path), size=0, mtime_ns=0)
+            store.write_manifest(work, shard, scan_shard(path, shard, options, scanned), scanned)
+            info = dataclasses.asdict(scanned)
+        reasons = pq.read_table(store.manifest_dir(work, shard) / "rejected.parquet", columns=["key"]).column("key")
+    return ShardManifest(shard=shard, status=info["status"], samples=info["n_samples"], ok=info["n_ok"],
+                         rejected=info["n_rejected"], members=info["n_members"], bytes=info["size"],
+                         seconds=round(info["seconds"], 3), cached=cached,
+                         reason_rows=len(reasons) - reasons.null_count)
+
+
+def run_manifests(input_root: Path, work: Path, shards: list[str], options: ScanOptions = ScanOptions(),
+                  log: Callable[[str], None] | None = None) -> ManifestSummary:
+    out = []
+    for shard in shards:
+        s = run_manifest(input_root, work, shard, options)
+        if log:
+            log(f"{shard}: {s.ok} ok, {s.rejected} rejected of {s.samples} samples in {s.seconds} s"
+                f"{' (unchanged, kept)' if s.cached else ''}")
+        out.append(s)
+    return ManifestSummary(out, store.manifest_dir(work, shards[0]))

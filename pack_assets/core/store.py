@@ -1,18 +1,23 @@
-"""On-disk layout of the work directory.
+"""The work directory's layout and the catalog's table contract: every table, view and their DDL.
 
 Per-shard stages write their own Parquet files (one directory per shard, replaced atomically), so
 concurrent shard runs never contend for one DuckDB file. The single-writer steps (plan, write, audit)
-gather them into ``<work>/pack_assets.duckdb`` as views, next to the tables they own.
+gather them into ``<work>/pack_assets.duckdb`` as views, next to the tables the plan owns.
 
     <work>/manifest/<shard>/{samples,members,rejected,shard}.parquet
-    <work>/token_lengths/<profile>/<shard>/{token_lengths,rejected}.parquet
-    <work>/pack_plan.jsonl, <work>/pack_plan.parquet, <work>/pack_assets.duckdb
+    <work>/token_lengths/<profile>/<shard>/{token_lengths,rejected,stamp}.parquet|json
+    <work>/pack_plan.jsonl, <work>/what_if.json, <work>/audit_report.md, <work>/pack_assets.duckdb
+
+Views over the Parquet files: manifest_samples, members, shards, token_lengths, rejected, samples (status
+and reason after both scan and count). Tables the plan writes in one transaction: pack_plan, pack_members,
+dropped, plan_info (one JSON row), and the view lineage. The audit's temporary table: audit_seen.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 from collections.abc import Iterable, Iterator
@@ -220,6 +225,18 @@ def _view_source(paths: list[Path], schema: pa.Schema) -> str:
     return f"SELECT * FROM read_parquet({_files(existing)})"
 
 
+PACK_PLAN_SCHEMA = pa.schema([
+    ("pack_id", pa.string()), ("media_type", pa.string()), ("sample_ids", pa.list_(pa.string())),
+    ("sample_token_lens", pa.list_(pa.int64())), ("total_token_len", pa.int64()), ("output_shard", pa.string()),
+    ("overlong", pa.bool_())])
+DROPPED_SCHEMA = pa.schema([("sample_id", pa.string()), ("total_tokens", pa.int64()), ("reason", pa.string())])
+
+LINEAGE_VIEW = """CREATE OR REPLACE VIEW lineage AS
+SELECT pm.pack_id, pm.position, p.output_shard, p.media_type, p.total_token_len,
+       s.sample_id, s.shard, s.key, s.json_member, s.media_members
+FROM pack_members pm JOIN pack_plan p USING (pack_id) JOIN manifest_samples s USING (sample_id)"""
+
+
 def connect(work: Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(str(work / DB_NAME), read_only=read_only)
     # SQL reads only catalog tables and what is registered by name: a Python local must never stand in for
@@ -248,3 +265,50 @@ def build_catalog(con: duckdb.DuckDBPyConnection, work: Path, shards: list[str],
             COALESCE(s.reason, CASE WHEN t.status = 'rejected' THEN t.reason END) AS reason)
         FROM manifest_samples s LEFT JOIN token_lengths t USING (sample_id)"""
     )
+
+
+def has_plan(con: duckdb.DuckDBPyConnection) -> bool:
+    # fetchall, not fetchone: a result left unfinished makes DuckDB refuse a later register()
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'plan_info'").fetchall()[0][0])
+
+
+def read_plan_info(con: duckdb.DuckDBPyConnection) -> dict:
+    return json.loads(con.execute("SELECT info FROM plan_info").fetchall()[0][0])
+
+
+def read_plan(con: duckdb.DuckDBPyConnection) -> tuple[list[tuple], list[dict]]:
+    """The stored plan's pack rows (in PACK_PLAN_SCHEMA order) and dropped rows."""
+    packs = con.execute(f"SELECT {', '.join(PACK_PLAN_SCHEMA.names)} FROM pack_plan ORDER BY pack_id").fetchall()
+    dropped = [dict(zip(DROPPED_SCHEMA.names, r)) for r in con.execute(
+        f"SELECT {', '.join(DROPPED_SCHEMA.names)} FROM dropped ORDER BY sample_id").fetchall()]
+    return packs, dropped
+
+
+def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict], dropped: list[dict], info: dict) -> None:
+    """Replace pack_plan, pack_members, dropped and plan_info in one transaction (a reader sees the old
+    plan or the new one), and the lineage view over them."""
+    # registered under names no table uses (connect() turns Python replacement scans off)
+    con.register("_new_pack_plan", pa.Table.from_pylist(packs, schema=PACK_PLAN_SCHEMA))
+    con.register("_new_dropped", pa.Table.from_pylist(dropped, schema=DROPPED_SCHEMA))
+    try:
+        con.execute("BEGIN")
+        con.execute("CREATE OR REPLACE TABLE pack_plan AS SELECT * FROM _new_pack_plan")
+        con.execute(
+            "CREATE OR REPLACE TABLE pack_members AS SELECT pack_id, CAST(i AS INTEGER) - 1 AS position, "
+            "sample_ids[i] AS sample_id FROM pack_plan, range(1, len(sample_ids) + 1) AS r(i)"
+        )
+        con.execute("CREATE OR REPLACE TABLE dropped AS SELECT * FROM _new_dropped")
+        con.execute("CREATE OR REPLACE TABLE plan_info AS SELECT ? AS info", [json.dumps(info)])
+        con.execute(LINEAGE_VIEW)
+        con.execute("COMMIT")
+    finally:
+        con.unregister("_new_pack_plan")
+        con.unregister("_new_dropped")
+
+
+def mark_audit_seen(con: duckdb.DuckDBPyConnection, pack_ids) -> None:
+    """The packs an audit found in the outputs, as a temporary table its SQL checks join against."""
+    con.execute("CREATE OR REPLACE TEMP TABLE audit_seen (pack_id VARCHAR)")
+    rows = [(p,) for p in pack_ids]
+    if rows:
+        con.executemany("INSERT INTO audit_seen VALUES (?)", rows)

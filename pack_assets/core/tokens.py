@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 import jinja2
 import numpy as np
+import pyarrow.parquet as pq
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from . import store
 from .profiles import ImageRule, ModelProfile, VideoRule, fast_counter_for, tokenizer_for
 from .records import Rejection
+from .results import FilePath
 
 _BATCH = 512
 
@@ -268,3 +273,82 @@ def count_shard_rows(counter: TokenCounter, samples: Iterable[dict], media_bytes
             row.update(res, vision_tokens=res["image_tokens"] + res["video_tokens"], status="ok", reason=None)
         rows.append(row)
     return rows, rejections
+
+
+# -- the stage: one shard's counts into <work>/token_lengths/<profile>/<shard>/, kept while current --------
+
+
+@dataclass(frozen=True)
+class ShardCounts:
+    shard: str
+    profile: str
+    counted: int
+    rejected: int
+    total_tokens: int
+    seconds: float
+    cached: bool  # counted earlier from the same manifest and profile: kept
+
+
+@dataclass(frozen=True)
+class TokenLengthsSummary:
+    shards: list[ShardCounts]
+    profile: str
+    profile_fingerprint: str
+    folder: Path
+
+    def as_metadata(self) -> dict:
+        counted = sum(s.counted for s in self.shards)
+        rejected = sum(s.rejected for s in self.shards)
+        seconds = sum(s.seconds for s in self.shards)
+        return {"dagster/row_count": counted + rejected, "profile": self.profile,
+                "profile_fingerprint": self.profile_fingerprint, "counted": counted, "rejected": rejected,
+                "total_tokens": sum(s.total_tokens for s in self.shards),
+                "samples_per_second": round(counted / seconds, 1) if seconds else None,
+                "dagster/uri": FilePath(self.folder)}
+
+
+def _token_stamp(work: Path, shard: str, profile: ModelProfile) -> str:
+    info = store.read_shard_info(work, shard) or {}
+    return json.dumps({"profile": profile.fingerprint, "size": info.get("size"), "mtime_ns": info.get("mtime_ns")})
+
+
+def token_lengths_are_current(work: Path, shard: str, profile: ModelProfile) -> bool:
+    stamp = store.token_dir(work, profile.name, shard) / "stamp.json"
+    return stamp.exists() and stamp.read_text() == _token_stamp(work, shard, profile)
+
+
+def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool = False) -> ShardCounts:
+    """Count one shard for the profile; counts made from the same manifest and profile are kept."""
+    with store.shard_lock(work, shard):  # the manifest read here and the stamp written last stay paired
+        tdir = store.token_dir(work, profile.name, shard)
+        if not force and token_lengths_are_current(work, shard, profile):
+            t = pq.read_table(tdir / "token_lengths.parquet", columns=["status", "total_tokens"]).to_pylist()
+            ok = [r["total_tokens"] for r in t if r["status"] == "ok"]
+            return ShardCounts(shard, profile.name, len(ok), len(t) - len(ok), int(sum(ok)), 0.0, cached=True)
+        t0 = time.perf_counter()
+        rows, rejections = count_shard_rows(TokenCounter(profile), *_manifest_rows(work, shard))
+        store.write_token_lengths(work, profile.name, shard, rows, rejections)
+        store.atomic_write_text(tdir / "stamp.json", _token_stamp(work, shard, profile))
+    ok = [r["total_tokens"] for r in rows if r["status"] == "ok"]
+    return ShardCounts(shard, profile.name, len(ok), len(rejections), int(sum(ok)),
+                       round(time.perf_counter() - t0, 3), cached=False)
+
+
+def _manifest_rows(work: Path, shard: str) -> tuple[list[dict], dict[str, int]]:
+    """A shard's manifest rows and each sample's media bytes (what the planner fills output shards by)."""
+    mdir = store.manifest_dir(work, shard)
+    if not (mdir / "samples.parquet").exists():
+        raise FileNotFoundError(f"no manifest for shard {shard!r} under {mdir}: materialize `manifest` first")
+    samples = pq.read_table(mdir / "samples.parquet").to_pylist()
+    members = pq.read_table(mdir / "members.parquet", columns=["sample_id", "name", "size"]).to_pylist()
+    media_names = {s["sample_id"]: set(s["media_members"] or []) for s in samples}
+    media_bytes: dict[str, int] = {}
+    for m in members:
+        if m["name"] in media_names.get(m["sample_id"], ()):
+            media_bytes[m["sample_id"]] = media_bytes.get(m["sample_id"], 0) + m["size"]
+    return samples, media_bytes
+
+
+def run_token_counts(work: Path, shards: list[str], profile: ModelProfile) -> TokenLengthsSummary:
+    return TokenLengthsSummary([run_token_lengths(work, s, profile) for s in shards], profile.name,
+                               profile.fingerprint, store.token_dir(work, profile.name, shards[0]))

@@ -9,6 +9,7 @@ whose first pack already carries the plan's fingerprint.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -18,7 +19,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .safety import mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
+from .. import __version__
+from . import owned, store
+from .plan import PlanInfo, config_fingerprint
+from .results import FilePath
+from .safety import check_paths, mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
 
 BLOCK = 512
 RECORD = BLOCK * 20
@@ -460,3 +465,173 @@ def write_wids_index(out_dir: Path, counts: dict[str, int]) -> None:
     index = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": out_dir.name,
              "shardlist": [{"url": n, "nsamples": counts[n]} for n in sorted(counts)]}
     atomic_write_text(out_dir / "wids-index.json", json.dumps(index, indent=2))
+
+
+# -- the stage: every planned output shard, written or found current ----------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteSummary:
+    output_dir: Path
+    shards: int
+    written: int  # rewritten this run; the rest already held exactly their planned content
+    skipped: int
+    bytes: int
+    packs: int
+    seconds: float
+    fingerprint: str
+    foreign_files: list[str]  # files in the output folder this tool did not write: left alone
+    example_meta: dict  # the first output shard's first `_meta`, for the UI
+
+    @property
+    def mb_per_second(self) -> float | None:
+        return round(self.bytes / self.seconds / 1e6, 1) if self.seconds else None
+
+    def as_metadata(self) -> dict:
+        return {"dagster/row_count": self.packs, "output_shards": self.shards, "written": self.written,
+                "skipped": self.skipped, "bytes": self.bytes, "mb_per_second": self.mb_per_second,
+                "dagster/uri": FilePath(self.output_dir), "foreign_files_left_alone": self.foreign_files,
+                "example_meta": self.example_meta}
+
+
+class SourceChanged(RuntimeError):
+    pass
+
+
+def write_context(info: PlanInfo) -> dict:
+    """What every output shard's `_meta` carries besides its packs."""
+    return {"profile": info.profile, "profile_fingerprint": info.profile_fingerprint,
+            "config_fingerprint": config_fingerprint(info.config, info.profile_fingerprint),
+            "max_len": info.config.max_len, "tool": "pack_assets", "tool_version": __version__}
+
+
+def shard_job(con, input_root: Path, name: str) -> ShardJob:
+    """Everything the writer needs for one output shard, from the plan and the manifest (one shard at a
+    time, so memory follows the output shard size, not the dataset)."""
+    subs_rows = con.execute(
+        """SELECT pm.pack_id, s.sample_id, s.shard, s.key, s.json_member, s.media_members, s.conversation, t.total_tokens,
+                  s.extra_members, sha256(s.conversation), sh.size || ':' || sh.mtime_ns
+           FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
+           JOIN token_lengths t USING (sample_id) LEFT JOIN shards sh ON sh.shard = s.shard
+           WHERE p.output_shard = ? ORDER BY pm.pack_id, pm.position""", [name]).fetchall()
+    member_rows = con.execute(
+        """SELECT m.sample_id, m.name, m."offset", m.size, m.sha256 FROM pack_plan p JOIN pack_members pm USING (pack_id)
+           JOIN members m USING (sample_id) WHERE p.output_shard = ?""", [name]).fetchall()
+    members = {(r[0], r[1]): {"name": r[1], "offset": r[2], "size": r[3], "sha256": r[4]} for r in member_rows}
+    subs: dict[str, list[SubSample]] = {}
+    for pack_id, sid, shard, key, json_member, media_members, conv, tokens, extra_members, conv_sha, stamp in subs_rows:
+        subs.setdefault(pack_id, []).append(SubSample(
+            sample_id=sid, shard=shard, key=key, source_path=str(input_root / f"{shard}.tar"), token_len=tokens,
+            messages=json.loads(conv), json_member=members.get((sid, json_member)) if json_member else None,
+            media=[members[(sid, n)] for n in media_members or []],
+            extra=[members[(sid, n)] for n in extra_members or []], conversation_sha256=conv_sha, source_stamp=stamp,
+        ))
+    packs = con.execute("SELECT pack_id, media_type, total_token_len FROM pack_plan WHERE output_shard = ? ORDER BY pack_id",
+                        [name]).fetchall()
+    return ShardJob(name, [PackJob(pack_id, mt, total, subs[pack_id]) for pack_id, mt, total in packs])
+
+
+def load_shard_job(work: str, input_root: str, name: str) -> ShardJob:
+    """Picklable loader: each writer process opens the catalog read-only and gathers its own shard."""
+    with store.connect(Path(work), read_only=True) as con:
+        return shard_job(con, Path(input_root), name)
+
+
+# members as the structs shard_job builds, so both sides feed ShardFingerprint the same values
+_MEMBER = """{'name': m.name, 'offset': m."offset", 'size': m.size, 'sha256': m.sha256}"""
+
+
+def _listed(col: str) -> str:
+    return f"""SELECT x.sample_id, list({_MEMBER} ORDER BY x.i) AS {col}
+                FROM (SELECT sample_id, unnest({col}_members) AS name, generate_subscripts({col}_members, 1) AS i
+                      FROM packed) x JOIN members m USING (sample_id, name)
+                GROUP BY x.sample_id"""
+
+
+_FINGERPRINT_ROWS = f"""WITH packed AS (SELECT pm.sample_id, s.media_members, s.extra_members
+                            FROM pack_members pm JOIN samples s USING (sample_id)),
+                media AS ({_listed("media")}),
+                extra AS ({_listed("extra")})
+           SELECT p.output_shard, p.pack_id, p.media_type, p.total_token_len, pm.sample_id, t.total_tokens,
+                  sha256(s.conversation), CASE WHEN m.name IS NOT NULL THEN {_MEMBER} END, md.media, ex.extra,
+                  sh.size || ':' || sh.mtime_ns
+           FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
+           JOIN token_lengths t USING (sample_id) LEFT JOIN media md USING (sample_id)
+           LEFT JOIN extra ex USING (sample_id) LEFT JOIN members m ON m.sample_id = s.sample_id AND m.name = s.json_member
+           LEFT JOIN shards sh ON sh.shard = s.shard
+           ORDER BY p.output_shard, p.pack_id, pm.position"""
+
+
+def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
+    """The output shards already on disk with exactly the planned content (their first pack's
+    ``shard_fingerprint``), found with one query over all shards instead of loading each shard's job."""
+    on_disk = {p.name for p in out_dir.glob("*.tar")} if out_dir.is_dir() else set()
+    if not on_disk:
+        return []
+    found: list[dict] = []
+    shard = pack = fp = None
+    stats = {"packs": 0, "samples": 0}
+
+    def close() -> None:
+        if shard in on_disk and (first_pack_meta(out_dir / shard) or {}).get("shard_fingerprint") == fp.hexdigest():
+            found.append({"shard": shard, "skipped": True, "bytes": (out_dir / shard).stat().st_size, **stats,
+                          "seconds": 0.0, "fingerprint": fp.hexdigest()})
+
+    cur = con.execute(_FINGERPRINT_ROWS)
+    while rows := cur.fetchmany(65536):
+        for name, pack_id, media_type, total, sample_id, tokens, conv_sha, json_member, media, extra, stamp in rows:
+            if name != shard:
+                if shard is not None:
+                    close()
+                shard, pack, fp, stats = name, None, ShardFingerprint(context), {"packs": 0, "samples": 0}
+            if pack_id != pack:
+                pack = pack_id
+                fp.pack(pack_id, media_type, total)
+                stats["packs"] += 1
+            fp.sub(sample_id, tokens, conv_sha, json_member, media or [], extra or [], stamp)
+            stats["samples"] += 1
+    if shard is not None:
+        close()
+    return found
+
+
+def check_sources(con, input_root: Path, shards: list[str]) -> None:
+    """Refuse to copy byte ranges out of a shard that is not the one the manifest scanned."""
+    recorded = {r[0]: (r[1], r[2], r[3]) for r in con.execute("SELECT shard, size, mtime_ns, status FROM shards").fetchall()}
+    problems = []
+    for shard in shards:
+        path = input_root / f"{shard}.tar"
+        try:
+            st = path.stat()
+        except OSError as e:
+            problems.append(f"{shard}: {type(e).__name__}: {e}")
+            continue
+        size, mtime, status = recorded.get(shard, (None, None, None))
+        if (st.st_size, st.st_mtime_ns) != (size, mtime) or status == "changed":
+            problems.append(f"{shard}: changed since it was scanned")
+    if problems:
+        raise SourceChanged("source shards differ from the manifest; rerun manifest/token_lengths/pack_plan for them "
+                            "before writing: " + "; ".join(problems[:10]))
+
+
+def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, progress=None) -> WriteSummary:
+    t0 = time.perf_counter()
+    check_paths(input_root, work, out_dir)
+    with store.connect(work, read_only=True) as con:
+        info = PlanInfo.load(con)
+        check_sources(con, input_root, [s[0] for s in con.execute(
+            "SELECT DISTINCT shard FROM pack_members JOIN manifest_samples USING (sample_id)").fetchall()])
+        names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
+        context = write_context(info)
+        done = current_shards(con, out_dir, context)
+    skip = {r["shard"] for r in done}
+    results = write_all(out_dir, [n for n in names if n not in skip], context, workers=workers, progress=progress,
+                        loader=functools.partial(load_shard_job, str(work), str(input_root)), done=done,
+                        plan_fingerprint=info.fingerprint)
+    first = out_dir / names[0] if names else None
+    return WriteSummary(
+        output_dir=out_dir, shards=len(results), written=sum(not r["skipped"] for r in results),
+        skipped=sum(r["skipped"] for r in results), bytes=sum(r["bytes"] for r in results),
+        packs=sum(r["packs"] for r in results), seconds=round(time.perf_counter() - t0, 3), fingerprint=info.fingerprint,
+        foreign_files=owned.foreign_files(out_dir, owned.planned_files(names)),
+        example_meta=(first_pack_meta(first) or {}) if first is not None else {})

@@ -17,7 +17,7 @@ class LookupConfig(dg.Config):
 @dg.op(out=dg.Out(dg.Nothing))
 def lookup_provenance(context: dg.OpExecutionContext, config: LookupConfig, settings: PackSettings):
     """Where a sample went, or where a pack came from."""
-    with store.connect(settings.work, read_only=True) as con:
+    with store.connect(settings.to_settings().work, read_only=True) as con:
         try:
             found = lookup(con, config.id)
         except KeyError as e:

@@ -1,88 +1,74 @@
-"""Run settings as one configurable resource (editable in the Launchpad, set by the CLI)."""
-
-
-import dataclasses
-import os
-from pathlib import Path
+"""Run settings as one configurable resource (editable in the Launchpad, set by the CLI), and the IO manager
+of the stages' summaries."""
 
 import dagster as dg
 
-from ..core.plan import PlanConfig
-from ..core.profiles import DEFAULT_PROFILE, ModelProfile, resolve_profile
-from ..core.safety import check_paths, lock_wait, work_lock
-from ..core.scan import ScanOptions
+from ..core.safety import lock_wait, work_lock
+from ..core.settings import DEFAULTS, Settings, env_overrides
+
+_D = DEFAULTS  # the values live in core.settings (and its ScanOptions / PlanConfig); here only their names
 
 
 class PackSettings(dg.ConfigurableResource):
-    """Where data lives and how to pack it. Defaults come from ``PACK_ASSETS_*`` variables when set."""
+    """Where data lives and how to pack it: the flat fields of `core.settings.Settings`. Under `dagster dev`
+    the ``PACK_ASSETS_*`` variables set the defaults (see `core/settings.py`)."""
 
-    input_dir: str = "demo_data/shards"
-    work_dir: str = "work"
-    output_dir: str = "packed"
-    max_len: int = 8192
-    profile: str = DEFAULT_PROFILE
-    model_dir: str = ""
-    algorithm: str = "bfd"
-    seed: int = 0
-    max_samples_per_pack: int = 0
-    max_media_per_pack: int = 0
-    max_vision_tokens_per_pack: int = 0
-    pad_multiple: int = 1
-    keep_overlong: bool = False
-    world_size: int = 1
-    incremental: bool = False
-    audit_scope: str = "all"  # "changed": re-read only output shards new or changed since the last clean audit
-    target_shard_bytes: int = 256 << 20
-    max_packs_per_shard: int = 1000
-    hash_members: bool = True
-    max_member_bytes: int = 4 << 30
-    max_json_bytes: int = 64 << 20
-    max_media_per_sample: int = 1024
-    write_workers: int = 0
-    recursive: bool = True
+    input_dir: str = _D["input_dir"]
+    work_dir: str = _D["work_dir"]
+    output_dir: str = _D["output_dir"]
+    profile: str = _D["profile"]
+    model_dir: str = _D["model_dir"]
+    recursive: bool = _D["recursive"]
+    audit_scope: str = _D["audit_scope"]
+    write_workers: int = _D["write_workers"]
+    hash_members: bool = _D["hash_members"]
+    max_member_bytes: int = _D["max_member_bytes"]
+    max_json_bytes: int = _D["max_json_bytes"]
+    max_media_per_sample: int = _D["max_media_per_sample"]
+    max_len: int = _D["max_len"]
+    algorithm: str = _D["algorithm"]
+    seed: int = _D["seed"]
+    pack_per_media_type: bool = _D["pack_per_media_type"]
+    max_samples_per_pack: int = _D["max_samples_per_pack"]
+    max_media_per_pack: int = _D["max_media_per_pack"]
+    max_vision_tokens_per_pack: int = _D["max_vision_tokens_per_pack"]
+    pad_multiple: int = _D["pad_multiple"]
+    keep_overlong: bool = _D["keep_overlong"]
+    world_size: int = _D["world_size"]
+    target_shard_bytes: int = _D["target_shard_bytes"]
+    max_packs_per_shard: int = _D["max_packs_per_shard"]
+    incremental: bool = _D["incremental"]
 
-    @property
-    def input_root(self) -> Path:
-        return Path(self.input_dir).resolve()
+    @classmethod
+    def of(cls, settings: Settings) -> "PackSettings":
+        return cls(**settings.flat())
 
-    @property
-    def work(self) -> Path:
-        return Path(self.work_dir).resolve()
-
-    @property
-    def out(self) -> Path:
-        return Path(self.output_dir).resolve()
-
-    def check_paths(self) -> None:
-        """Refuse overlapping input/work/output folders before anything is written (core.safety)."""
-        check_paths(self.input_root, self.work, self.out)
+    def to_settings(self) -> Settings:
+        return Settings.from_flat({name: getattr(self, name) for name in type(self).model_fields})
 
     def work_lock(self, context, step: str):
         """The work folder's lock for a single-writer step: waits (logged) up to PACK_ASSETS_LOCK_WAIT
         seconds for another run; re-entrant, so a CLI run that already holds it goes straight in."""
-        return work_lock(self.work, f"dagster run {context.run.run_id[:8]} ({step})", wait=lock_wait(),
+        return work_lock(self.to_settings().work, f"dagster run {context.run.run_id[:8]} ({step})", wait=lock_wait(),
                          log=context.log.warning)
-
-    def model_profile(self) -> ModelProfile:
-        return resolve_profile(self.profile, self.model_dir or None)
-
-    def plan_config(self) -> PlanConfig:
-        return PlanConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(PlanConfig)
-                             if f.name != "pack_per_media_type"})
-
-    def scan_options(self) -> ScanOptions:
-        return ScanOptions(hash_members=self.hash_members, max_member_bytes=self.max_member_bytes,
-                           max_json_bytes=self.max_json_bytes, max_media_per_sample=self.max_media_per_sample)
 
 
 def settings_from_env() -> PackSettings:
-    env = os.environ
-    fields = {
-        "input_dir": env.get("PACK_ASSETS_INPUT"),
-        "work_dir": env.get("PACK_ASSETS_WORK"),
-        "output_dir": env.get("PACK_ASSETS_OUTPUT"),
-        "max_len": int(env["PACK_ASSETS_MAX_LEN"]) if env.get("PACK_ASSETS_MAX_LEN") else None,
-        "profile": env.get("PACK_ASSETS_PROFILE"),
-        "model_dir": env.get("PACK_ASSETS_MODEL_DIR"),
-    }
-    return PackSettings(**{k: v for k, v in fields.items() if v is not None})
+    return PackSettings.of(Settings.from_flat(env_overrides()))
+
+
+class SummaryIOManager(dg.IOManager):
+    """An asset's data is its files (Parquet, DuckDB, tar), written by the stage itself; its return value is
+    the stage's typed summary, shown as metadata and read from the run result by in-process runs (the CLI).
+    Nothing is stored, so no asset loads another's summary: they depend on each other's files."""
+
+    def handle_output(self, context: dg.OutputContext, obj) -> None:
+        pass
+
+    def load_input(self, context: dg.InputContext):
+        raise NotImplementedError("pack_assets assets depend on files, not on each other's summaries")
+
+
+@dg.io_manager(description="Keeps nothing: the assets' data are their files; their values are summaries.")
+def summary_io_manager() -> SummaryIOManager:
+    return SummaryIOManager()

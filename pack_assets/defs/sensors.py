@@ -38,10 +38,11 @@ def new_shard_sensor(context: dg.SensorEvaluationContext, settings: PackSettings
     manifest. When it changed, the recorded stats of all known shards are read in one query. The cursor
     also keeps the changed shards already requested (until their manifest catches up), so a batch limit
     never requests the same ones again instead of the rest."""
-    root = settings.input_root
+    s = settings.to_settings()
+    root = s.input_root
     if not root.is_dir():
         return dg.SkipReason(f"input directory {root} does not exist")
-    found = store.stat_shards(root, settings.recursive)
+    found = store.stat_shards(root, s.recursive)
     known = set(context.instance.get_dynamic_partitions(source_shards.name))
     cursor = json.loads(context.cursor) if context.cursor else {}
     listing = _listing_digest(found)
@@ -51,7 +52,7 @@ def new_shard_sensor(context: dg.SensorEvaluationContext, settings: PackSettings
     requested = {k: v for k, v in cursor.get("requested", {}).items() if k in found}
     if cursor.get("listing") != listing:
         try:
-            recorded = store.recorded_stats(settings.work, [k for k in found if k in known])
+            recorded = store.recorded_stats(s.work, [k for k in found if k in known])
         except duckdb.Error as e:  # a shard run swapping its manifest directory in right now
             return dg.SkipReason(f"manifests changing while read, trying again next tick: {e}")
         stamp = lambda k: f"{found[k][0]}:{found[k][1]}"  # noqa: E731

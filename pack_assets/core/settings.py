@@ -1,0 +1,113 @@
+"""One settings type for a run: where data lives, how shards are scanned, how samples are packed.
+
+Built once, by the CLI (flags and ``--config``) or by the Dagster resource (`defs/resources.py`), and passed
+down typed. Defaults live here and in the two option types it holds (`ScanOptions`, `PlanConfig`), nowhere
+else. Settings travel as one flat dict of plain values (the resource's fields, a ``--config`` file, a worker
+process's arguments); `Settings.from_flat` routes each name to where it belongs and refuses unknown names.
+
+Environment variables exist only for what a Dagster deployment cannot pass as run config:
+
+| variable | read by | meaning |
+|---|---|---|
+| `PACK_ASSETS_INPUT`, `PACK_ASSETS_WORK`, `PACK_ASSETS_OUTPUT` | `definitions.py` | the resource's folders under `dagster dev` |
+| `PACK_ASSETS_MAX_LEN`, `PACK_ASSETS_PROFILE`, `PACK_ASSETS_MODEL_DIR` | `definitions.py` | the resource's packing defaults under `dagster dev` |
+| `PACK_ASSETS_SENSOR_INTERVAL` | `defs/sensors.py` | seconds between new-shard checks (default 30; replanning 2×) |
+| `PACK_ASSETS_LOCK_WAIT` | `core/safety.py` | seconds a single-writer step waits for the work folder's lock (default 600) |
+| `DAGSTER_HOME` | `runenv.py` | the Dagster instance (`--dagster-home` overrides it) |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .plan import PlanConfig
+from .profiles import DEFAULT_PROFILE, ModelProfile, resolve_profile
+from .safety import check_paths
+from .scan import ScanOptions
+
+AUDIT_SCOPES = ("all", "changed")
+
+# PACK_ASSETS_* variable -> flat setting, for the resource under `dagster dev`
+ENV = {
+    "PACK_ASSETS_INPUT": "input_dir",
+    "PACK_ASSETS_WORK": "work_dir",
+    "PACK_ASSETS_OUTPUT": "output_dir",
+    "PACK_ASSETS_MAX_LEN": "max_len",
+    "PACK_ASSETS_PROFILE": "profile",
+    "PACK_ASSETS_MODEL_DIR": "model_dir",
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    input_dir: str = "demo_data/shards"
+    work_dir: str = "work"
+    output_dir: str = "packed"
+    profile: str = DEFAULT_PROFILE
+    model_dir: str = ""  # a local HF checkpoint folder; overrides `profile`
+    recursive: bool = True  # shards in subfolders of the input too
+    audit_scope: str = "all"  # "changed": re-read only output shards new or changed since the last clean audit
+    write_workers: int = 0  # 0: one per core, when the output is large enough to pay for the processes
+    scan: ScanOptions = field(default_factory=ScanOptions)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+
+    def __post_init__(self):
+        if self.audit_scope not in AUDIT_SCOPES:
+            raise ValueError(f"audit scope {self.audit_scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
+
+    @property
+    def input_root(self) -> Path:
+        return Path(self.input_dir).resolve()
+
+    @property
+    def work(self) -> Path:
+        return Path(self.work_dir).resolve()
+
+    @property
+    def out(self) -> Path:
+        return Path(self.output_dir).resolve()
+
+    def check_paths(self) -> None:
+        """Refuse overlapping input/work/output folders before anything is written."""
+        check_paths(self.input_root, self.work, self.out)
+
+    def model_profile(self) -> ModelProfile:
+        return resolve_profile(self.profile, self.model_dir or None)
+
+    def flat(self) -> dict:
+        """Every setting by name, plain values: the resource's fields, a ``--config`` file's keys."""
+        top = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NESTED}
+        return {**top, **dataclasses.asdict(self.scan), **dataclasses.asdict(self.plan)}
+
+    @classmethod
+    def from_flat(cls, values: dict) -> Settings:
+        """Settings from flat names (unknown names refused, the rest defaulted)."""
+        parts: dict[str, dict] = {"": {}, "scan": {}, "plan": {}}
+        for name, value in values.items():
+            home = _HOME.get(name)
+            if home is None:
+                raise ValueError(f"unknown setting {name!r}; known: {', '.join(sorted(_HOME))}")
+            parts[home][name] = value
+        return cls(**parts[""], scan=ScanOptions(**parts["scan"]), plan=PlanConfig(**parts["plan"]))
+
+
+def env_overrides(env: dict[str, str] | None = None) -> dict:
+    """The flat settings the ``PACK_ASSETS_*`` variables set."""
+    env = os.environ if env is None else env
+    out: dict = {}
+    for var, name in ENV.items():
+        if env.get(var):
+            out[name] = int(env[var]) if name == "max_len" else env[var]
+    return out
+
+
+_NESTED = ("scan", "plan")
+_HOME = {
+    **{f.name: "" for f in dataclasses.fields(Settings) if f.name not in _NESTED},
+    **{f.name: "scan" for f in dataclasses.fields(ScanOptions)},
+    **{f.name: "plan" for f in dataclasses.fields(PlanConfig)},
+}
+DEFAULTS = Settings().flat()
