@@ -1,8 +1,13 @@
+"""The code location: `pack_assets.definitions:defs` (dagster dev -m, workspace.yaml, [tool.dagster], [tool.dg]).
+
+An explicit list, not `dg.load_from_defs_folder`: that one finds the defs folder through pyproject.toml's
+[tool.dg], which an installed (non-editable) package has no copy of, and it would pick up whatever a defs
+module happens to import at module level."""
+
 import dagster as dg
 
 from .defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
-from .defs.jobs import pack_job, shard_job
-from .defs.lookup import lookup_job
+from .defs.jobs import lookup_job, pack_job, shard_job
 from .defs.resources import settings_from_env, summary_io_manager
 from .defs.sensors import new_shard_sensor, replan_sensor
 

@@ -12,6 +12,11 @@ import pytest
 from PIL import Image
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-snapshot", action="store_true", default=False,
+                     help="rewrite tests/snapshots/asset_graph.json from the current definitions")
+
+
 def needs(missing: bool, reason: str) -> pytest.MarkDecorator:
     """skipif for a test that needs an optional package. `.ci/run` sets PACK_ASSETS_CI=1 once it has installed
     them all, and there a missing one is a collection error: a test CI must run never skips unseen."""

@@ -107,7 +107,7 @@ def test_four_shard_runs_side_by_side_no_lock_error_no_lost_rows(tmp_path, monke
 def test_lookup_job_answers_like_the_cli(dataset, tmp_path):
     from pack_assets.core import store
     from pack_assets.core.lookup import lookup
-    from pack_assets.defs.lookup import lookup_job
+    from pack_assets.defs.jobs import lookup_job
 
     instance = dg.DagsterInstance.ephemeral()
     settings = _settings(dataset, tmp_path)

@@ -1,7 +1,6 @@
 """new_shard_sensor: registers new source shards as partitions, requests the runs of new and changed ones
 and removes the partitions of shards that are gone; replan_sensor: plan → write → audit after them."""
 
-
 import hashlib
 import json
 import os
@@ -18,6 +17,15 @@ from .resources import PackSettings
 BATCH = 5000  # partitions added, and shard runs requested, per tick (Dagster advises small batches)
 # seconds between new-shard checks; replanning waits twice as long (small deployments and tests lower it)
 INTERVAL = int(os.environ.get("PACK_ASSETS_SENSOR_INTERVAL", "30"))
+
+
+def _stamp(found: dict[str, tuple[int, int]], key: str) -> str:
+    """size:mtime of a shard, the part of its run key that changes when the tar is rewritten in place."""
+    return f"{found[key][0]}:{found[key][1]}"
+
+
+def _few(keys: list[str]) -> str:
+    return f"{keys[:5]}{' ...' if len(keys) > 5 else ''}"
 
 
 def _listing_digest(stats: dict[str, tuple[int, int]]) -> str:
@@ -55,26 +63,24 @@ def new_shard_sensor(context: dg.SensorEvaluationContext, settings: PackSettings
             recorded = store.recorded_stats(s.work, [k for k in found if k in known])
         except duckdb.Error as e:  # a shard run swapping its manifest directory in right now
             return dg.SkipReason(f"manifests changing while read, trying again next tick: {e}")
-        stamp = lambda k: f"{found[k][0]}:{found[k][1]}"  # noqa: E731
         requested = {k: v for k, v in requested.items() if k in recorded and recorded[k] != found[k]}
-        changed = [k for k in sorted(recorded) if recorded[k] != found[k] and requested.get(k) != stamp(k)]
+        changed = [k for k in sorted(recorded) if recorded[k] != found[k] and requested.get(k) != _stamp(found, k)]
     add, rerun = new[:BATCH], changed[:max(0, BATCH - len(new))]
     complete = len(add) == len(new) and len(rerun) == len(changed)
     if not (add or rerun or removed):
         context.update_cursor(json.dumps({"listing": listing, "requested": requested}))
         return dg.SkipReason(f"no new, changed or removed shards among {len(found)} under {root}")
-    requests = [dg.RunRequest(partition_key=k, run_key=f"{k}:{found[k][0]}:{found[k][1]}") for k in add + rerun]
-    requested.update({k: f"{found[k][0]}:{found[k][1]}" for k in rerun})
+    requests = [dg.RunRequest(partition_key=k, run_key=f"{k}:{_stamp(found, k)}") for k in add + rerun]
+    requested.update({k: _stamp(found, k) for k in rerun})
     partitions = []
     if add:
         partitions.append(source_shards.build_add_request(add))
-        context.log.info(f"adding {len(add)} new shard(s): {add[:5]}{' ...' if len(add) > 5 else ''}")
+        context.log.info(f"adding {len(add)} new shard(s): {_few(add)}")
     if rerun:
-        context.log.info(f"rescanning {len(rerun)} shard(s) changed in place: {rerun[:5]}{' ...' if len(rerun) > 5 else ''}")
+        context.log.info(f"rescanning {len(rerun)} shard(s) changed in place: {_few(rerun)}")
     if removed:
         partitions.append(source_shards.build_delete_request(removed))
-        context.log.info(f"removing {len(removed)} shard(s) no longer under {root}: {removed[:5]}"
-                         f"{' ...' if len(removed) > 5 else ''}")
+        context.log.info(f"removing {len(removed)} shard(s) no longer under {root}: {_few(removed)}")
     # a truncated batch leaves the listing unrecorded, so the next tick looks again
     return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=partitions,
                            cursor=json.dumps({"listing": listing if complete else None, "requested": requested}))
