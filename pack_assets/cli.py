@@ -257,7 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=DEFAULTS["profile"])
     p.add_argument("--model-dir")
     p.set_defaults(func=cmd_count, json=True)
+    _planner_commands(sub)
+    _tool_commands(sub)
+    return ap
 
+
+def _planner_commands(sub) -> None:
     p = sub.add_parser("plan", help="the planner on a list of lengths (.npy, or text with one integer a line)")
     p.add_argument("--lengths", required=True)
     p.add_argument("--max-len", type=int, required=True)
@@ -279,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_simulate)
 
+
+def _tool_commands(sub) -> None:
     p = sub.add_parser("convert", help="ShareGPT/LLaVA/messages JSON(L) + media folders -> WebDataset shards")
     p.add_argument("--input", required=True, nargs="+", help=".json (a list) or .jsonl files")
     p.add_argument("--media-root", action="append", help="folder relative media paths resolve against (repeatable; "
@@ -300,7 +307,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=DEFAULTS["output_dir"])
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_verify)
-    return ap
 
 
 def main(argv: list[str] | None = None) -> int:

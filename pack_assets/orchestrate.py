@@ -11,9 +11,12 @@ from pathlib import Path
 import dagster as dg
 
 from .core import store
+from .core.audit import AuditResult
+from .core.plan import PlanSummary
 from .core.scan import manifest_is_current
 from .core.settings import Settings
 from .core.tokens import token_lengths_are_current
+from .core.write import WriteSummary
 from .defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
 from .defs.partitions import source_shards
 from .defs.resources import PackSettings, summary_io_manager
@@ -72,36 +75,23 @@ def _shard_run(key: str, flat: dict) -> int:
     return result.asset_value("manifest").total("samples")
 
 
-def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, force: bool = False,
-                 jobs: int = 0, started: float | None = None) -> dict:
-    """`started`: the time.perf_counter() the caller's wall time counts from (the CLI: process start), so
-    the summary's stage seconds, with start-up and other, add up to the seconds the user waited."""
-    progress_log = log
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    t0 = time.perf_counter() if started is None else started
-    root = settings.input_root
-    if not root.is_dir():
-        raise FileNotFoundError(f"input directory {root} does not exist")
-    shards = store.find_shards(root, settings.recursive)
-    if not shards:
-        raise FileNotFoundError(f"no *.tar shards under {root}")
+def _sync_partitions(instance: dg.DagsterInstance, root: Path, shards: list[str], log) -> list[str]:
+    """Register new shards as partitions and delete those whose tar is gone (so the plan drops their
+    samples and packs); returns the removed ones."""
     known = set(instance.get_dynamic_partitions(source_shards.name))
     new = [k for k in shards if k not in known]
     if new:
         instance.add_dynamic_partitions(source_shards.name, new)
-    # a shard whose tar is gone leaves the partitions, so the plan drops its samples and packs
     removed = sorted(known - set(shards))
     for key in removed:
         instance.delete_dynamic_partition(source_shards.name, key)
     if removed:
         log(f"{len(removed)} shard(s) no longer in {root}, removed from the plan: {removed[:5]}"
             f"{' ...' if len(removed) > 5 else ''}")
-    profile = settings.model_profile()
-    todo = [k for k in shards if force or manifest_is_current(root, settings.work, k) is None
-            or not token_lengths_are_current(settings.work, k, profile)]
-    jobs = max(1, min(jobs or default_jobs(len(todo)), len(todo)))
-    flat = settings.flat()
-    t_shards = time.perf_counter()
+    return removed
+
+
+def _shard_runs(todo: list[str], jobs: int, flat: dict, progress_log) -> None:
     with ShardProgress(len(todo), log=progress_log) as progress:
         if jobs == 1:
             for key in todo:
@@ -113,23 +103,47 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
                 futures = {pool.submit(_shard_run, key, flat): key for key in todo}
                 for fut in as_completed(futures):
                     progress.update(futures[fut], fut.result())
-    ran = len(todo)
+
+
+def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, force: bool = False,
+                 jobs: int = 0, started: float | None = None) -> dict:
+    """Register the shards, run each that needs it, then plan → write → audit; the summary comes from the
+    stages' own results. `started`: the time.perf_counter() the caller's wall time counts from (the CLI:
+    process start), so the stage seconds, with start-up and other, add up to the seconds the user waited."""
+    progress_log = log
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    t0 = time.perf_counter() if started is None else started
+    root = settings.input_root
+    if not root.is_dir():
+        raise FileNotFoundError(f"input directory {root} does not exist")
+    shards = list(store.find_shards(root, settings.recursive))
+    if not shards:
+        raise FileNotFoundError(f"no *.tar shards under {root}")
+    removed = _sync_partitions(instance, root, shards, log)
+    profile = settings.model_profile()
+    todo = [k for k in shards if force or manifest_is_current(root, settings.work, k) is None
+            or not token_lengths_are_current(settings.work, k, profile)]
+    jobs = max(1, min(jobs or default_jobs(len(todo)), len(todo)))
+    t_shards = time.perf_counter()
+    _shard_runs(todo, jobs, settings.flat(), progress_log)
     shard_seconds = time.perf_counter() - t_shards
-    log(f"{ran} shard run(s), {len(shards) - ran} shard(s) unchanged; planning, writing and auditing")
+    log(f"{len(todo)} shard run(s), {len(shards) - len(todo)} shard(s) unchanged; planning, writing and auditing")
     result = _materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=_resources(settings),
                           run_config=QUIET)
     stage_seconds = {"start-up": round(t_shards - t0, 2), "manifest+token_lengths": round(shard_seconds, 2),
                      **_step_seconds(instance, result.run_id)}
-    plan, written, audit = (result.asset_value(a) for a in ("pack_plan", "packed_shards", "audit_report"))
     seconds = round(time.perf_counter() - t0, 2)
-    # the rest: Dagster's run set-up and event log around the steps, reading their metadata
+    # the rest: Dagster's run set-up and event log around the steps
     stage_seconds["other"] = round(seconds - sum(stage_seconds.values()), 2)
+    plan, written, audit = (result.asset_value(a) for a in ("pack_plan", "packed_shards", "audit_report"))
+    return {"input_dir": str(root), "shards": len(shards), "shard_runs": len(todo), "shards_removed": removed,
+            "jobs": jobs, **_stage_figures(settings, profile.name, plan, written, audit),
+            "dagster_home": os.environ["DAGSTER_HOME"], "seconds": seconds, "stage_seconds": stage_seconds}
+
+
+def _stage_figures(settings: Settings, profile: str, plan: PlanSummary, written: WriteSummary,
+                   audit: AuditResult) -> dict:
     return {
-        "input_dir": str(root),
-        "shards": len(shards),
-        "shard_runs": ran,
-        "shards_removed": removed,
-        "jobs": jobs,
         "samples": audit.stats["samples_read"],
         "packed": audit.stats["packed"],
         "dropped": audit.stats["dropped"],
@@ -139,7 +153,7 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
         "packs_over_bound": plan.packs_over_bound,
         "fill": plan.fill,
         "max_len": settings.plan.max_len,
-        "profile": profile.name,
+        "profile": profile,
         "violations": len(audit.violations),
         "verdict": audit.verdict,
         "shards_waiting": audit.waiting,
@@ -151,9 +165,6 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
         "plan_file": str(plan.plan_file),
         "audit_report": str(audit.report),
         "duckdb": str(settings.work / store.DB_NAME),
-        "dagster_home": os.environ["DAGSTER_HOME"],
-        "seconds": seconds,
-        "stage_seconds": stage_seconds,
     }
 
 

@@ -215,6 +215,17 @@ def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, wo
         yield from pool.map(_audit_shard_in_worker, [str(out_dir)] * len(shards), shards, [config] * len(shards))
 
 
+def _per_shard(con: duckdb.DuckDBPyConnection) -> dict[str, dict]:
+    """Per source shard, from what was read back (audit_seen): samples read, packed, dropped, rejected."""
+    return {r[0]: {"read": r[1], "packed": r[2], "dropped": r[3], "rejected": r[4]} for r in con.execute(
+        """SELECT s.shard, count(*),
+                  count(*) FILTER (WHERE pm.sample_id IS NOT NULL AND pm.pack_id IN (SELECT pack_id FROM audit_seen)),
+                  count(*) FILTER (WHERE d.sample_id IS NOT NULL),
+                  count(*) FILTER (WHERE s.status = 'rejected')
+           FROM samples s LEFT JOIN pack_members pm USING (sample_id) LEFT JOIN dropped d USING (sample_id)
+           GROUP BY 1 ORDER BY 1""").fetchall()}
+
+
 def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, work: Path | None = None, workers: int = 0,
           min_bytes: int = PARALLEL_MIN_BYTES, trusted: frozenset[str] = frozenset()) -> AuditResult:
     """Read every output shard back, one at a time per process (memory follows the output shard, not the
@@ -246,14 +257,7 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
     lost = con.execute("SELECT count(*) FROM pack_members WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen)").fetchone()[0]
     if lost:
         res.add("lost_sample", f"{lost} planned sample(s) are in packs missing from the output")
-    # per source shard, from what was read back: every sample read is packed, dropped or rejected
-    per_shard = {r[0]: {"read": r[1], "packed": r[2], "dropped": r[3], "rejected": r[4]} for r in con.execute(
-        """SELECT s.shard, count(*),
-                  count(*) FILTER (WHERE pm.sample_id IS NOT NULL AND pm.pack_id IN (SELECT pack_id FROM audit_seen)),
-                  count(*) FILTER (WHERE d.sample_id IS NOT NULL),
-                  count(*) FILTER (WHERE s.status = 'rejected')
-           FROM samples s LEFT JOIN pack_members pm USING (sample_id) LEFT JOIN dropped d USING (sample_id)
-           GROUP BY 1 ORDER BY 1""").fetchall()}
+    per_shard = _per_shard(con)
     for shard, c in per_shard.items():
         if c["read"] != c["packed"] + c["dropped"] + c["rejected"]:
             res.add("count_mismatch", f"{shard}: read {c['read']} != packed {c['packed']} + dropped {c['dropped']} "

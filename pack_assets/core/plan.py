@@ -187,35 +187,13 @@ def make_plan(
     n_media = np.zeros(n, np.int64) if n_media is None else np.asarray(n_media, np.int64)
     vision_tokens = np.zeros(n, np.int64) if vision_tokens is None else np.asarray(vision_tokens, np.int64)
     mtypes = np.asarray(media_types, dtype=object)
-    cap, caps = config.capacity, config.caps
     raw: list[tuple[str, np.ndarray, bool]] = []  # (media type, item indices, kept alone though overlong)
     dropped: list[dict] = []
     per_type: dict[str, dict] = {}
     for mt in (sorted(set(media_types)) if config.pack_per_media_type else ["mixed"]):
         idx = np.flatnonzero(mtypes == mt) if config.pack_per_media_type else np.arange(n)
-        lens = lengths[idx]
-        packs = assign(lens, cap, config.algorithm, caps, n_media[idx], vision_tokens[idx], config.seed)
-        kept = packs >= 0
-        for i in idx[~kept].tolist():
-            reason = "overlong" if lengths[i] > cap else "over_cap"
-            if reason == "overlong" and config.keep_overlong:
-                raw.append((mt, np.asarray([i]), True))
-                continue
-            dropped.append({"sample_id": sample_ids[i], "total_tokens": int(lengths[i]), "reason": reason})
-        order = np.argsort(packs[kept], kind="stable")
-        members = idx[kept][order]
-        bounds = np.flatnonzero(np.diff(packs[kept][order])) + 1
-        groups = list(np.split(members, bounds)) if len(members) else []
-        if config.world_size > 1:
-            groups = _split_to_multiple(groups, lengths, config.world_size)
+        groups, per_type[mt] = _pack_group(idx, sample_ids, lengths, n_media, vision_tokens, config, dropped, raw, mt)
         raw += [(mt, g, False) for g in groups]
-        l1, l2 = lower_bounds(lens[kept], cap)
-        bound = max([l2] + [-(-int(tot) // c) for tot, c in (
-            (kept.sum(), caps.max_samples), (n_media[idx][kept].sum(), caps.max_media),
-            (vision_tokens[idx][kept].sum(), caps.max_vision_tokens)) if c])
-        fill = float(lens[kept].sum()) / (len(groups) * cap) if groups else 0.0
-        per_type[mt] = {"samples": len(idx), "packs": len(groups), "l1": l1, "l2": l2, "lower_bound": bound,
-                        "over_bound": len(groups) - bound, "fill": fill, "dropped": int((~kept).sum())}
     ordered, balance = _order(raw, lengths, config)
     packs: list[Pack] = []
     for k, (mt, items, over) in enumerate(ordered):
@@ -223,6 +201,42 @@ def make_plan(
         packs.append(Pack(f"p{k:08d}", mt, [sample_ids[i] for i in items.tolist()], lens, int(sum(lens)),
                           media_bytes=int(media_bytes[items].sum()), overlong=bool(over)))
     _assign_shards(packs, config)
+    stats = _plan_stats(packs, dropped, per_type, balance, n, config)
+    stats["seconds"] = time.perf_counter() - t0
+    return PlanResult(packs, dropped, stats, fingerprint(config, profile, sample_ids, lengths.tolist()))
+
+
+def _pack_group(idx: np.ndarray, sample_ids, lengths: np.ndarray, n_media: np.ndarray, vision_tokens: np.ndarray,
+                config: PlanConfig, dropped: list[dict], raw: list, mt: str) -> tuple[list[np.ndarray], dict]:
+    """Bin-pack one media type's items: their packs (item index arrays) and figures; what does not fit
+    goes to ``dropped``, or alone to ``raw`` when overlong samples are kept."""
+    cap, caps = config.capacity, config.caps
+    lens = lengths[idx]
+    packs = assign(lens, cap, config.algorithm, caps, n_media[idx], vision_tokens[idx], config.seed)
+    kept = packs >= 0
+    for i in idx[~kept].tolist():
+        reason = "overlong" if lengths[i] > cap else "over_cap"
+        if reason == "overlong" and config.keep_overlong:
+            raw.append((mt, np.asarray([i]), True))
+            continue
+        dropped.append({"sample_id": sample_ids[i], "total_tokens": int(lengths[i]), "reason": reason})
+    order = np.argsort(packs[kept], kind="stable")
+    members = idx[kept][order]
+    bounds = np.flatnonzero(np.diff(packs[kept][order])) + 1
+    groups = list(np.split(members, bounds)) if len(members) else []
+    if config.world_size > 1:
+        groups = _split_to_multiple(groups, lengths, config.world_size)
+    l1, l2 = lower_bounds(lens[kept], cap)
+    bound = max([l2] + [-(-int(tot) // c) for tot, c in (
+        (kept.sum(), caps.max_samples), (n_media[idx][kept].sum(), caps.max_media),
+        (vision_tokens[idx][kept].sum(), caps.max_vision_tokens)) if c])
+    fill = float(lens[kept].sum()) / (len(groups) * cap) if groups else 0.0
+    return groups, {"samples": len(idx), "packs": len(groups), "l1": l1, "l2": l2, "lower_bound": bound,
+                    "over_bound": len(groups) - bound, "fill": fill, "dropped": int((~kept).sum())}
+
+
+def _plan_stats(packs: list[Pack], dropped: list[dict], per_type: dict, balance: dict, n: int,
+                config: PlanConfig) -> dict:
     spp = np.asarray([len(p.sample_ids) for p in packs], dtype=np.float64)
     n_packs = len(packs)
     packed_tokens = int(sum(p.total_token_len for p in packs))
@@ -248,8 +262,7 @@ def make_plan(
     }
     stats["packs_over_bound"] = n_packs - stats["lower_bound"] - stats["overlong_kept_alone"]
     stats["efficiency"] = stats["fill"]
-    stats["seconds"] = time.perf_counter() - t0
-    return PlanResult(packs, dropped, stats, fingerprint(config, profile, sample_ids, lengths.tolist()))
+    return stats
 
 
 def _assign_shards(packs: list[Pack], config: PlanConfig, first_shard: int = 0) -> None:
