@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .core.media import VIDEO_EXTS, probe_image, probe_video
 from .core.profiles import ModelProfile, resolve_profile, tokenizer_for
-from .core.scan import probe_image, probe_video
+from .core.tario import iter_pack_parts
 from .core.tokens import TokenCounter, image_grid, video_count
-from .core.write import iter_pack_parts
 
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
 
@@ -134,7 +134,7 @@ class PackEncoder:
         }
 
 
-_VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v")
+_VIDEO_SUFFIXES = tuple(f".{e}" for e in sorted(VIDEO_EXTS))
 
 
 def iter_encoded(paths: Iterable[str | Path], profile: str | None = None, model_dir: str | None = None,

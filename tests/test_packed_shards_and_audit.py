@@ -17,6 +17,7 @@ from pack_assets.core import pipeline, store
 from pack_assets.core.lookup import lookup
 from pack_assets.core.plan import PlanConfig
 from pack_assets.core.profiles import load_profile
+from pack_assets.core import tario
 from pack_assets.core import write as write_mod
 
 PROFILE = load_profile("qwen3-vl")
@@ -124,7 +125,7 @@ def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monke
     for p in out.glob("*.tar"):
         p.unlink()
     calls = {"n": 0}
-    real = write_mod._header
+    real = write_mod.member_header
 
     def dying_header(*a):
         calls["n"] += 1
@@ -132,13 +133,13 @@ def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monke
             raise KeyboardInterrupt("simulated kill")
         return real(*a)
 
-    monkeypatch.setattr(write_mod, "_header", dying_header)
+    monkeypatch.setattr(write_mod, "member_header", dying_header)
     with pytest.raises(KeyboardInterrupt):
         pipeline.run_write(work, inp, out, workers=1)
     partial = {p.name for p in out.glob("*.tar")}
     assert partial < set(clean)  # some shards done, never a partial file under a final name
     assert all(sha(out / n) == clean[n] for n in partial)
-    monkeypatch.setattr(write_mod, "_header", real)
+    monkeypatch.setattr(write_mod, "member_header", real)
     res = pipeline.run_write(work, inp, out, workers=1)
     assert res["skipped"] == len(partial) and res["written"] == len(clean) - len(partial)
     assert {p.name: sha(p) for p in out.glob("*.tar")} == clean
@@ -163,7 +164,7 @@ def test_unchanged_output_shards_are_found_without_loading_each_shard(dataset, t
         # one query over all shards gives each shard's fingerprint exactly as the writer computed it
         for r in found:
             job = pipeline.shard_job(con, dataset, r["shard"])
-            assert write_mod.shard_fingerprint(job, context) == write_mod.first_pack_meta(out / r["shard"])["shard_fingerprint"]
+            assert write_mod.shard_fingerprint(job, context) == tario.first_pack_meta(out / r["shard"])["shard_fingerprint"]
             assert (r["packs"], r["samples"]) == (len(job.packs), sum(len(p.subs) for p in job.packs))
     assert sorted(r["shard"] for r in found) == names and len(names) >= 2
     before = {n: sha(out / n) for n in names}
@@ -336,7 +337,7 @@ def test_sampled_recount_catches_a_tampered_token_length(packed):
 @pytest.mark.parametrize("name, size", [("p00000001.json", 0), ("p00000001.s000_00.jpg", 123_456), ("x" * 99, 8**11 - 1),
                                         ("ü.json", 5), ("y" * 150, 7), ("big.mp4", 8**11 + 1)])
 def test_fast_tar_header_is_byte_identical_to_tarfile(name, size):
-    assert write_mod._header(name, size) == write_mod._tarfile_header(name, size)
+    assert tario.member_header(name, size) == tario._tarfile_header(name, size)
 
 
 def test_plan_check_catches_a_lost_and_a_duplicated_sample(packed):

@@ -21,7 +21,7 @@ from pathlib import Path
 import duckdb
 
 from . import store
-from .write import iter_pack_parts
+from .tario import iter_pack_parts
 
 # Below this much output a second process costs more (spawn + imports, ~2 s) than it saves.
 PARALLEL_MIN_BYTES = 512 << 20

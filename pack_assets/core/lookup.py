@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .write import media_name
+from .tario import media_name
 
 LINEAGE_VIEW = """CREATE OR REPLACE VIEW lineage AS
 SELECT pm.pack_id, pm.position, p.output_shard, p.media_type, p.total_token_len,

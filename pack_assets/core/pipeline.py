@@ -26,8 +26,9 @@ from .plan import Pack, PlanConfig, config_fingerprint, extend_plan, make_plan, 
 from .profiles import ModelProfile
 from .records import MANIFEST_FORMAT, ShardInfo
 from .scan import ScanOptions, scan_shard
+from .tario import first_pack_meta
 from .tokens import TokenCounter, count_shard_rows
-from .write import PackJob, ShardFingerprint, ShardJob, SubSample, first_pack_meta, write_all
+from .write import PackJob, ShardFingerprint, ShardJob, SubSample, write_all
 
 
 def _manifest_summary(info: dict, cached: bool) -> dict:

@@ -6,8 +6,6 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-MEDIA_TYPES = ("text", "image", "video")
-
 
 @dataclass(frozen=True, slots=True)
 class Member:

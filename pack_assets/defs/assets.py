@@ -183,7 +183,7 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     example = None
     first = next(iter(sorted(settings.out.glob("*.tar"))), None)
     if first is not None:
-        from ..core.write import first_pack_meta
+        from ..core.tario import first_pack_meta
 
         example = first_pack_meta(first)
     return dg.MaterializeResult(
