@@ -17,6 +17,7 @@ from pack_assets.core import pipeline, store
 from pack_assets.core.lookup import lookup
 from pack_assets.core.plan import PlanConfig
 from pack_assets.core.profiles import load_profile
+from pack_assets.core.records import PackMeta, SourceRef
 from pack_assets.core import tario
 from pack_assets.core import write as write_mod
 
@@ -88,6 +89,21 @@ def test_packed_sample_holds_full_conversations_and_meta(packed):
     with open(work / "pack_plan.jsonl") as f:
         plan_rows = [json.loads(line) for line in f]
     assert plan_rows[0]["pack_id"] == meta["pack_id"]
+
+
+def test_pack_meta_round_trips_the_stored_json(packed):
+    _, _, out, _ = packed
+    for path in sorted(out.glob("*.tar")):
+        for _, parts in tario.iter_pack_parts(path):
+            meta = json.loads(parts["json"])["_meta"]
+            typed = PackMeta.from_dict(meta)
+            assert json.dumps(typed.as_dict(), ensure_ascii=False) == json.dumps(meta, ensure_ascii=False)
+            assert [s.sample_id for s in typed.sources] == typed.sample_ids
+    m = {"name": "k.cls", "offset": 1536, "size": 3, "sha256": None, "output_name": "p1.s000_x00.cls"}
+    with_extra = {"sample_id": "a/k", "shard": "a", "key": "k", "json_member": None, "media": [], "extra": [m]}
+    assert list(SourceRef.from_dict(with_extra).as_dict().items()) == list(with_extra.items())
+    without = {k: v for k, v in with_extra.items() if k != "extra"}
+    assert list(SourceRef.from_dict(without).as_dict().items()) == list(without.items())
 
 
 def test_output_reads_with_plain_webdataset_and_names_follow_the_key_rule(packed):

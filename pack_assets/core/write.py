@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import owned
+from .records import PackMeta, SourceRef
 from .safety import mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
 from .tario import (BLOCK, RECORD, extra_name, first_pack_meta, group_by_key, iter_entries, media_name,
                     member_header, padding, split_key)
@@ -115,7 +116,7 @@ def _copy(src, offset: int, size: int, dst) -> None:
 
 def pack_document(job: PackJob, context: dict, sources: _Sources) -> tuple[dict, list[tuple[str, SubSample, dict]]]:
     """The pack's JSON (conversations + ``_meta``) and its media members in output order."""
-    samples, metas, media_out = [], [], []
+    samples, refs, media_out = [], [], []
     for i, sub in enumerate(job.subs):
         names = []
         src_media = []
@@ -137,26 +138,13 @@ def pack_document(job: PackJob, context: dict, sources: _Sources) -> tuple[dict,
             source = json.loads(text) if sub.json_member["name"].endswith(".json") else text
         entry = {"sample_id": sub.sample_id, "token_len": sub.token_len, "messages": sub.messages,
                  "media": names, "source": source}
-        meta = {"sample_id": sub.sample_id, "shard": sub.shard, "key": sub.key,
-                "json_member": sub.json_member, "media": src_media}
         if sub.extra:  # only when present, so packs without extras keep their bytes
-            entry["extra"], meta["extra"] = extra_names, src_extra
+            entry["extra"] = extra_names
         samples.append(entry)
-        metas.append(meta)
-    doc = {
-        "pack_id": job.pack_id,
-        "media_type": job.media_type,
-        "samples": samples,
-        "_meta": {
-            "pack_id": job.pack_id,
-            "media_type": job.media_type,
-            "sample_ids": [s.sample_id for s in job.subs],
-            "sample_token_lens": [s.token_len for s in job.subs],
-            "total_token_len": job.total_token_len,
-            "sources": metas,
-            **context,
-        },
-    }
+        refs.append(SourceRef(sub.sample_id, sub.shard, sub.key, sub.json_member, src_media, src_extra))
+    meta = PackMeta(job.pack_id, job.media_type, [s.sample_id for s in job.subs], [s.token_len for s in job.subs],
+                    job.total_token_len, refs, context)
+    doc = {"pack_id": job.pack_id, "media_type": job.media_type, "samples": samples, "_meta": meta.as_dict()}
     return doc, media_out
 
 
