@@ -31,7 +31,7 @@ def decode_baseline(shard: Path, n: int) -> dict:
 
     import pack_assets.profiles as bundled
     from pack_assets.core.profiles import load_profile
-    from pack_assets.core.scan import probe_image
+    from pack_assets.core.media import probe_image
     from pack_assets.core.tokens import image_tokens
 
     images = []

@@ -30,10 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .core.media import VIDEO_EXTS, probe_image, probe_video
 from .core.profiles import ModelProfile, resolve_profile, tokenizer_for
-from .core.scan import probe_image, probe_video
+from .core.records import PackMeta
+from .core.tario import iter_pack_parts
 from .core.tokens import TokenCounter, image_grid, video_count
-from .core.write import iter_pack_parts
 
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
 
@@ -109,20 +110,20 @@ class PackEncoder:
         return out
 
     def encode(self, pack: dict) -> dict:
-        meta = pack["_meta"]
+        meta = PackMeta.from_dict(pack["_meta"])
         subs = [self.encode_sample(s["messages"], s["media"]) for s in pack["samples"]]
         lens = [len(s["input_ids"]) for s in subs]
-        if lens != meta["sample_token_lens"] or sum(lens) != meta["total_token_len"]:
-            raise ValueError(f"pack {meta['pack_id']}: encoded lengths {lens} differ from the plan's "
-                             f"{meta['sample_token_lens']} (profile {self.profile.name} vs {meta.get('profile')})")
+        if lens != meta.sample_token_lens or sum(lens) != meta.total_token_len:
+            raise ValueError(f"pack {meta.pack_id}: encoded lengths {lens} differ from the plan's "
+                             f"{meta.sample_token_lens} (profile {self.profile.name} vs {meta.context.get('profile')})")
         weights = []
         for s in subs:
             n = sum(lab != -100 for lab in s["labels"])
             w = 1.0 if self.weighting == "token" else (1.0 / n if self.weighting == "sample" else 1.0 / math.sqrt(n)) if n else 0.0
             weights += [w if lab != -100 else 0.0 for lab in s["labels"]]
         return {
-            "pack_id": meta["pack_id"],
-            "sample_ids": meta["sample_ids"],
+            "pack_id": meta.pack_id,
+            "sample_ids": meta.sample_ids,
             "input_ids": np.asarray([t for s in subs for t in s["input_ids"]], dtype=np.int64),
             "labels": np.asarray([t for s in subs for t in s["labels"]], dtype=np.int64),
             "cu_seqlens": np.concatenate([[0], np.cumsum(lens)]).astype(np.int32),
@@ -134,7 +135,7 @@ class PackEncoder:
         }
 
 
-_VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v")
+_VIDEO_SUFFIXES = tuple(f".{e}" for e in sorted(VIDEO_EXTS))
 
 
 def iter_encoded(paths: Iterable[str | Path], profile: str | None = None, model_dir: str | None = None,

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import dagster as dg
 
+from pack_assets.definitions import defs
 from pack_assets.defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
 from pack_assets.defs.partitions import source_shards
 from pack_assets.defs.resources import PackSettings
 from pack_assets.defs.sensors import new_shard_sensor
-from pack_assets.definitions import defs
 
 
 def test_definitions_load_with_the_contract_asset_keys():

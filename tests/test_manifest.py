@@ -15,7 +15,8 @@ from conftest import add, chat, image_bytes, write_tar
 from pack_assets.core import store
 from pack_assets.core.demo import video_bytes
 from pack_assets.core.records import Rejection, Sample
-from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard, split_key
+from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard
+from pack_assets.core.tario import split_key
 
 
 def scan(path: Path, **opts) -> tuple[list[Sample], list[Rejection]]:
@@ -227,12 +228,25 @@ def test_manifest_files_and_rerun_skips_unchanged_shard(dataset, tmp_path):
 
 
 def test_every_reason_code_is_documented():
-    from pack_assets.core.scan import REASONS as SCAN_REASONS
-    from pack_assets.core.tokens import REASONS as TOKEN_REASONS
+    from pack_assets.core.reasons import REASONS
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()
-    codes = set(SCAN_REASONS) | set(TOKEN_REASONS)
+    codes = set(REASONS)
     assert all(f"`{c}`" in doc for c in codes), sorted(c for c in codes if f"`{c}`" not in doc)
+
+
+def test_the_reason_table_is_the_registry_and_an_unregistered_code_is_refused():
+    import re
+
+    from pack_assets.core.reasons import REASONS, ReasonError
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()
+    table = doc.split("## Reason codes", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"^\| `(\w+)` \|", table, re.M) == list(REASONS)
+    e = ReasonError("bad_image", "x.jpg is zero bytes")
+    assert (e.reason, e.detail, str(e)) == ("bad_image", "x.jpg is zero bytes", "x.jpg is zero bytes")
+    with pytest.raises(LookupError, match="not_a_code"):
+        ReasonError("not_a_code", "a typo in a raise")
 
 
 def _tarfile_view(path: Path) -> list[tuple[str, int, int, int]]:
@@ -241,7 +255,7 @@ def _tarfile_view(path: Path) -> list[tuple[str, int, int, int]]:
 
 
 def _our_view(path: Path) -> list[tuple[str, int, int, int]]:
-    from pack_assets.core.scan import iter_entries
+    from pack_assets.core.tario import iter_entries
 
     with open(path, "rb") as f:
         return [(e.name, e.header, e.offset, e.size) for e in iter_entries(f, path.stat().st_size) if e.kind == "file"]
@@ -307,7 +321,7 @@ def test_header_sizes_equal_pillows_for_every_encoding():
 
     from PIL import Image
 
-    from pack_assets.core.scan import _header_size, probe_image
+    from pack_assets.core.media import _header_size, probe_image
 
     for name, data in _image_variants():
         with Image.open(io.BytesIO(data)) as im:
@@ -321,7 +335,7 @@ def test_header_sizes_equal_pillows_for_every_encoding():
 @pytest.mark.parametrize("data", [b"\xff\xd8\xff\xe0garbage", b"\x89PNG\r\n\x1a\n" + b"\0" * 8, b"RIFF\0\0\0\0WEBPVP8 ",
                                   b"GIF89a", b"\xff\xd8" + b"\xff\xe1\xff\xff" + b"\0" * 100])
 def test_broken_headers_get_pillows_error(data):
-    from pack_assets.core.scan import probe_image
+    from pack_assets.core.media import probe_image
 
     with pytest.raises(Exception):
         probe_image(data, "jpg")

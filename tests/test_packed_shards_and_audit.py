@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
-from pack_assets.core import store
+from pack_assets.core import store, tario
 from pack_assets.core import write as write_mod
 from pack_assets.core import write as write_stage
 from pack_assets.core.audit import run_audit
 from pack_assets.core.lookup import lookup
 from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
 from pack_assets.core.profiles import load_profile
+from pack_assets.core.records import PackMeta, SourceRef
 from pack_assets.core.scan import run_manifest
 from pack_assets.core.tokens import run_token_lengths
 from pack_assets.core.write import current_shards, load_shard_job, run_write, shard_job, write_context
@@ -94,6 +95,21 @@ def test_packed_sample_holds_full_conversations_and_meta(packed):
     assert plan_rows[0]["pack_id"] == meta["pack_id"]
 
 
+def test_pack_meta_round_trips_the_stored_json(packed):
+    _, _, out, _ = packed
+    for path in sorted(out.glob("*.tar")):
+        for _, parts in tario.iter_pack_parts(path):
+            meta = json.loads(parts["json"])["_meta"]
+            typed = PackMeta.from_dict(meta)
+            assert json.dumps(typed.as_dict(), ensure_ascii=False) == json.dumps(meta, ensure_ascii=False)
+            assert [s.sample_id for s in typed.sources] == typed.sample_ids
+    m = {"name": "k.cls", "offset": 1536, "size": 3, "sha256": None, "output_name": "p1.s000_x00.cls"}
+    with_extra = {"sample_id": "a/k", "shard": "a", "key": "k", "json_member": None, "media": [], "extra": [m]}
+    assert list(SourceRef.from_dict(with_extra).as_dict().items()) == list(with_extra.items())
+    without = {k: v for k, v in with_extra.items() if k != "extra"}
+    assert list(SourceRef.from_dict(without).as_dict().items()) == list(without.items())
+
+
 def test_output_reads_with_plain_webdataset_and_names_follow_the_key_rule(packed):
     _, _, out, summary = packed
     urls = [str(p) for p in sorted(out.glob("*.tar"))]
@@ -129,7 +145,7 @@ def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monke
     for p in out.glob("*.tar"):
         p.unlink()
     calls = {"n": 0}
-    real = write_mod._header
+    real = write_mod.member_header
 
     def dying_header(*a):
         calls["n"] += 1
@@ -137,13 +153,13 @@ def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monke
             raise KeyboardInterrupt("simulated kill")
         return real(*a)
 
-    monkeypatch.setattr(write_mod, "_header", dying_header)
+    monkeypatch.setattr(write_mod, "member_header", dying_header)
     with pytest.raises(KeyboardInterrupt):
         run_write(work, inp, out, workers=1)
     partial = {p.name for p in out.glob("*.tar")}
     assert partial < set(clean)  # some shards done, never a partial file under a final name
     assert all(sha(out / n) == clean[n] for n in partial)
-    monkeypatch.setattr(write_mod, "_header", real)
+    monkeypatch.setattr(write_mod, "member_header", real)
     res = run_write(work, inp, out, workers=1)
     assert res.skipped == len(partial) and res.written == len(clean) - len(partial)
     assert {p.name: sha(p) for p in out.glob("*.tar")} == clean
@@ -168,7 +184,7 @@ def test_unchanged_output_shards_are_found_without_loading_each_shard(dataset, t
         # one query over all shards gives each shard's fingerprint exactly as the writer computed it
         for r in found:
             job = shard_job(con, dataset, r["shard"])
-            assert write_mod.shard_fingerprint(job, context) == write_mod.first_pack_meta(out / r["shard"])["shard_fingerprint"]
+            assert write_mod.shard_fingerprint(job, context) == tario.first_pack_meta(out / r["shard"])["shard_fingerprint"]
             assert (r["packs"], r["samples"]) == (len(job.packs), sum(len(p.subs) for p in job.packs))
     assert sorted(r["shard"] for r in found) == names and len(names) >= 2
     before = {n: sha(out / n) for n in names}
@@ -341,7 +357,7 @@ def test_sampled_recount_catches_a_tampered_token_length(packed):
 @pytest.mark.parametrize("name, size", [("p00000001.json", 0), ("p00000001.s000_00.jpg", 123_456), ("x" * 99, 8**11 - 1),
                                         ("ü.json", 5), ("y" * 150, 7), ("big.mp4", 8**11 + 1)])
 def test_fast_tar_header_is_byte_identical_to_tarfile(name, size):
-    assert write_mod._header(name, size) == write_mod._tarfile_header(name, size)
+    assert tario.member_header(name, size) == tario._tarfile_header(name, size)
 
 
 def test_plan_check_catches_a_lost_and_a_duplicated_sample(packed):

@@ -67,8 +67,15 @@ def test_energon_prepare_would_write_exactly_our_metadata(out, tmp_path):
 
 @needs_energon
 def test_energon_loads_the_output_without_prepare(out):
-    from megatron.energon import (Cooker, DefaultTaskEncoder, WorkerConfig, basic_sample_keys, get_loader,
-                                  get_train_dataset, stateless)
+    from megatron.energon import (
+        Cooker,
+        DefaultTaskEncoder,
+        WorkerConfig,
+        basic_sample_keys,
+        get_loader,
+        get_train_dataset,
+        stateless,
+    )
 
     @stateless
     def cook(raw: dict) -> dict:

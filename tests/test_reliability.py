@@ -35,9 +35,9 @@ KILL_POINTS = [
     ("pack_assets.core.plan:plan_jsonl", 1),
     ("pack_assets.core.plan:check_plan", 1),
     ("pack_assets.core.write:shard_job", 1, 1),
-    ("pack_assets.core.write:_header", 9, 1),
-    ("pack_assets.core.write:_header", 25, 1),
-    ("pack_assets.core.write:_header", 5, 2),  # a writer process of the pool dies
+    ("pack_assets.core.write:member_header", 9, 1),
+    ("pack_assets.core.write:member_header", 25, 1),
+    ("pack_assets.core.write:member_header", 5, 2),  # a writer process of the pool dies
     ("pack_assets.core.write:os.fsync", 1),
     ("pack_assets.core.write:os.replace", 2),
     ("pack_assets.core.write:write_energon_meta", 1),
@@ -108,12 +108,8 @@ from pack_assets.core.plan import (
 )
 from pack_assets.core.profiles import load_profile  # noqa: E402
 from pack_assets.core.records import ShardInfo  # noqa: E402
-from pack_assets.core.scan import (  # noqa: E402
-    ScanOptions,
-    run_manifest,  # noqa: E402
-    scan_shard,
-    split_key,
-)
+from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard  # noqa: E402
+from pack_assets.core.tario import split_key  # noqa: E402
 from pack_assets.core.tokens import run_token_lengths  # noqa: E402
 from pack_assets.core.write import SourceChanged, run_write  # noqa: E402
 
@@ -157,7 +153,7 @@ def test_full_disk_on_output_leaves_no_partial_file_and_a_rerun_finishes(tmp_pat
     inp = small_dataset(tmp_path / "in")
     work, out = tmp_path / "work", tmp_path / "out"
     _prepare(inp, work)
-    real = write_mod._pad
+    real = write_mod.padding
     calls = {"n": 0}
 
     def full(n):
@@ -166,11 +162,11 @@ def test_full_disk_on_output_leaves_no_partial_file_and_a_rerun_finishes(tmp_pat
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(n)
 
-    monkeypatch.setattr(write_mod, "_pad", full)
+    monkeypatch.setattr(write_mod, "padding", full)
     with pytest.raises(OSError, match="No space"):
         run_write(work, inp, out, workers=1)
     assert not list(out.glob(".*tmp*"))
-    monkeypatch.setattr(write_mod, "_pad", real)
+    monkeypatch.setattr(write_mod, "padding", real)
     run_write(work, inp, out, workers=1)
     assert run_audit(work, out).ok
 

@@ -18,7 +18,8 @@ from pack_assets.core.profiles import (
     profile_from_model_dir,
     tokenizer_for,
 )
-from pack_assets.core.tokens import CountError, TokenCounter, image_tokens, video_count
+from pack_assets.core.reasons import ReasonError
+from pack_assets.core.tokens import TokenCounter, image_tokens, video_count
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "models"
 CHECKPOINTS = {"qwen2-vl": "Qwen2-VL-7B-Instruct", "qwen2.5-vl": "Qwen2.5-VL-7B-Instruct", "qwen3-vl": "Qwen3-VL-8B-Instruct"}
@@ -40,7 +41,7 @@ def test_image_tokens_equal_the_transformers_image_processor(profile):
     sizes = SIZES + [tuple(int(x) for x in rng.integers(1, 6000, 2)) for _ in range(300)]
     for w, h in sizes:
         if max(w, h) / min(w, h) > 200:
-            with pytest.raises(CountError) as e:
+            with pytest.raises(ReasonError) as e:
                 image_tokens(w, h, rule)
             assert e.value.reason == "image_aspect_ratio"
             continue
@@ -149,7 +150,7 @@ def test_qwen3_video_rule_follows_the_documented_processor_behaviour():
     # very short video: at least min_frames (4) but never more than it has
     short = video_count({"frames": 3, "fps": 30.0, "width": 64, "height": 64}, rule)
     assert len(short.timestamps) == 2  # 3 frames -> padded to 4 -> grid_t 2
-    with pytest.raises(CountError):
+    with pytest.raises(ReasonError):
         video_count({"frames": 1, "fps": 30.0, "width": 64, "height": 64}, rule)
 
 

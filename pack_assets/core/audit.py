@@ -25,8 +25,9 @@ from .plan import PlanConfig, PlanInfo, check_plan
 from .profiles import ProfileError, resolve_profile
 from .results import FilePath, Markdown, png_data_uri
 from .settings import AUDIT_SCOPES
+from .tario import iter_pack_parts
 from .tokens import TokenCounter
-from .write import current_shards, iter_pack_parts, write_context
+from .write import current_shards, write_context
 
 # Below this much output a second process costs more (spawn + imports, ~2 s) than it saves.
 PARALLEL_MIN_BYTES = 512 << 20
@@ -111,19 +112,18 @@ def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict
                 members: dict, config: PlanConfig) -> Counter:
     """One pack read back against its plan row; returns the media and extra members checked and their bytes."""
     max_len, pad = config.max_len, config.pad_multiple
-    counts: Counter = Counter()
     if "json" not in parts:
         res.add("missing_json", f"pack {key} has no json member", shard=name, pack_id=key)
-        return counts
+        return Counter()
     try:
         doc = json.loads(parts["json"])
         meta = doc["_meta"]
     except (ValueError, KeyError, TypeError) as e:
         res.add("bad_json", f"pack {key}: {e}", shard=name, pack_id=key)
-        return counts
+        return Counter()
     if expect is None:
         res.add("unknown_pack", f"pack {key} is not planned for {name}", shard=name, pack_id=key)
-        return counts
+        return Counter()
     if (meta.get("sample_ids"), meta.get("sample_token_lens"), meta.get("total_token_len"), meta.get("media_type"),
             meta.get("pack_id")) != (expect["sample_ids"], expect["lens"], expect["total"], expect["media_type"], key):
         res.add("meta_mismatch", f"pack {key}: _meta differs from pack_plan", shard=name, pack_id=key)
@@ -144,6 +144,12 @@ def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict
         if row[1] != expect["media_type"]:
             res.add("mixed_media", f"{sid} is {row[1]} in a {expect['media_type']} pack", pack_id=key)
     _check_current(res, name, key, doc, meta, samples, members)
+    return _check_media(res, name, key, parts, meta, members)
+
+
+def _check_media(res: AuditResult, name: str, key: str, parts: dict, meta: dict, members: dict) -> Counter:
+    """Every media and extra member of a pack against its source's size and sha256; returns the counts."""
+    counts: Counter = Counter()
     expected_media = set()
     for src in meta.get("sources", []):
         # extra members (neither record nor media) are source bytes too: hashed and counted alike

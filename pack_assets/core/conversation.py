@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .reasons import ReasonError
+
 ROLE_MAP = {
     "human": "user",
     "user": "user",
@@ -34,15 +36,6 @@ ROLE_MAP = {
 _PLACEHOLDER = re.compile(r"<image>|<video>")
 _IMAGE_PART_TYPES = {"image", "image_url", "image_path", "image_binary"}
 _VIDEO_PART_TYPES = {"video", "video_url", "video_path"}
-
-
-class ConversationError(ValueError):
-    """A record that cannot become a conversation; ``reason`` is a stable code."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +125,7 @@ def _content(value) -> list[dict]:
 def _turn(role_raw, content, extra: dict) -> dict:
     role = ROLE_MAP.get(str(role_raw).lower())
     if role is None:
-        raise ConversationError("unknown_role", f"unknown role {role_raw!r}")
+        raise ReasonError("unknown_role", f"unknown role {role_raw!r}")
     msg = {"role": role, "content": _content(content)}
     if extra.get("tool_calls"):
         msg["tool_calls"] = extra["tool_calls"]
@@ -153,10 +146,10 @@ def normalize(record: dict, caption: str | None = None) -> list[dict]:
     if isinstance(turns, list) and turns:
         for t in turns:
             if not isinstance(t, dict):
-                raise ConversationError("bad_turn", f"turn is {type(t).__name__}, not an object")
+                raise ReasonError("bad_turn", f"turn is {type(t).__name__}, not an object")
             role = t.get("role", t.get("from"))
             if role is None:
-                raise ConversationError("bad_turn", "turn has neither 'role' nor 'from'")
+                raise ReasonError("bad_turn", "turn has neither 'role' nor 'from'")
             content = t["content"] if "content" in t else t.get("value")
             messages.append(_turn(role, content, t))
     else:
@@ -167,32 +160,28 @@ def normalize(record: dict, caption: str | None = None) -> list[dict]:
                     text = record[k]
                     break
         if text is None:
-            raise ConversationError("no_conversation", "no 'messages', 'conversations' or caption field")
+            raise ReasonError("no_conversation", "no 'messages', 'conversations' or caption field")
         # a caption sample: the media is the prompt, the caption the answer
         messages.append({"role": "user", "content": []})
         messages.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
     if not any(m["role"] in ("user", "assistant") for m in messages):
-        raise ConversationError("no_conversation", "conversation has no user or assistant turn")
+        raise ReasonError("no_conversation", "conversation has no user or assistant turn")
     return messages
-
-
-def count_parts(messages: list[dict], kind: str) -> int:
-    return sum(1 for m in messages for p in m["content"] if p["type"] == kind)
 
 
 def place_media(messages: list[dict], n_images: int, n_videos: int) -> list[dict]:
     """Apply the placeholder rule; raise ``placeholder_mismatch`` when it cannot hold."""
     for kind, n in (("video", n_videos), ("image", n_images)):
-        have = count_parts(messages, kind)
+        have = sum(1 for m in messages for p in m["content"] if p["type"] == kind)
         if have == n:
             continue
         if have == 0:
             first_user = next((m for m in messages if m["role"] == "user"), None)
             if first_user is None:
-                raise ConversationError("placeholder_mismatch", f"{n} {kind}(s) but no user turn to hold them")
+                raise ReasonError("placeholder_mismatch", f"{n} {kind}(s) but no user turn to hold them")
             first_user["content"][:0] = [{"type": kind} for _ in range(n)]
             continue
-        raise ConversationError(
+        raise ReasonError(
             "placeholder_mismatch", f"{have} <{kind}> placeholder(s) for {n} {kind} member(s)"
         )
     for m in messages:

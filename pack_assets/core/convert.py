@@ -10,7 +10,6 @@ in `<out>/convert_rejected.jsonl`, never silently skipped.
 from __future__ import annotations
 
 import copy
-import io
 import json
 import os
 import tarfile
@@ -19,24 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .ingest import iter_records
+from .media import IMAGE_EXTS, VIDEO_EXTS
+from .reasons import ReasonError
 from .safety import mkstemp
-from .scan import IMAGE_EXTS, VIDEO_EXTS
+from .tario import add_member
 
 _IMAGE_KEYS = ("image", "image_url", "image_path")
 _VIDEO_KEYS = ("video", "video_url", "video_path")
 _AUDIO_FIELDS = ("audio", "audios")
-REASONS = {
-    "remote_media": "media is a URL; nothing is downloaded",
-    "missing_media": "a media file named by the record does not exist",
-    "unsupported_media": "audio or another media kind that is not packed",
-    "not_an_object": "the record is not a JSON object",
-}
-
-
-class ConvertError(ValueError):
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason, self.detail = reason, detail
 
 
 def _part_ref(part: dict) -> tuple[str, str] | None:
@@ -77,11 +66,11 @@ def _locate(ref: str, roots: list[Path]) -> Path:
 
 
 def convert_record(rec, roots: list[Path]) -> Converted:
-    """The record with its media resolved to files and renamed to member parts (or a ConvertError)."""
+    """The record with its media resolved to files and renamed to member parts (or a ReasonError)."""
     if not isinstance(rec, dict):
-        raise ConvertError("not_an_object", f"record is a {type(rec).__name__}")
+        raise ReasonError("not_an_object", f"record is a {type(rec).__name__}")
     if any(rec.get(f) for f in _AUDIO_FIELDS):
-        raise ConvertError("unsupported_media", "audio is not packed")
+        raise ReasonError("unsupported_media", "audio is not packed")
     rec = copy.deepcopy(rec)
     refs: list[tuple[str, str, dict | None]] = []  # (kind, path, typed part holding it)
     for turns in (rec.get("messages"), rec.get("conversations")):
@@ -98,13 +87,13 @@ def convert_record(rec, roots: list[Path]) -> Converted:
     names: dict[str, list[str]] = {"image": [], "video": []}
     for kind, ref, part in refs:
         if not ref or ref.startswith(("http://", "https://", "data:", "s3://", "gs://")):
-            raise ConvertError("remote_media", f"{kind} {ref[:80]!r} is not a local file")
+            raise ReasonError("remote_media", f"{kind} {ref[:80]!r} is not a local file")
         path = _locate(ref, roots)
         if not path.is_file():
-            raise ConvertError("missing_media", f"{kind} file {str(path)!r} does not exist")
+            raise ReasonError("missing_media", f"{kind} file {str(path)!r} does not exist")
         ext = path.suffix.lower().lstrip(".")
         if ext not in (IMAGE_EXTS if kind == "image" else VIDEO_EXTS):
-            raise ConvertError("unsupported_media", f"{kind} {path.name!r}: extension .{ext} is not a packed {kind} type")
+            raise ReasonError("unsupported_media", f"{kind} {path.name!r}: extension .{ext} is not a packed {kind} type")
         name = f"{'img' if kind == 'image' else 'vid'}{len(names[kind])}.{ext}"
         names[kind].append(name)
         media.append((name, path))
@@ -121,12 +110,6 @@ def convert_record(rec, roots: list[Path]) -> Converted:
     for k in ("image", "video"):
         rec.pop(k, None)
     return Converted(rec, media)
-
-
-def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
-    ti = tarfile.TarInfo(name)
-    ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = len(data), 0, 0o644, 0, 0, "", ""
-    tf.addfile(ti, io.BytesIO(data))
 
 
 def convert(inputs: list[Path], out_dir: Path, media_roots: list[Path] | None = None, samples_per_shard: int = 1000,
@@ -155,7 +138,7 @@ def convert(inputs: list[Path], out_dir: Path, media_roots: list[Path] | None = 
             index += 1
             try:
                 c = convert_record(rec, roots)
-            except ConvertError as e:
+            except ReasonError as e:
                 rid = rec.get("id") if isinstance(rec, dict) else None
                 rejected.append({"file": str(path), "index": index - 1, "id": rid, "reason": e.reason, "detail": e.detail})
                 continue
@@ -170,7 +153,7 @@ def convert(inputs: list[Path], out_dir: Path, media_roots: list[Path] | None = 
                 os.close(fd)
                 state.update(tf=tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT), tmp=tmp)
             for name, data in blobs:
-                _add(state["tf"], name, data)
+                add_member(state["tf"], name, data)
             state["n"] += 1
             state["bytes"] += size
             converted += 1

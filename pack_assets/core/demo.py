@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from .tario import add_member
+
 WORDS = (
     "the a model image shows of and to in is that for on with as this person scene left right color table "
     "red blue green describe answer question count objects background picture dog cat car street building "
@@ -62,12 +64,6 @@ def video_bytes(frames: int, w: int, h: int, fps: int, seed: int = 0) -> bytes:
 
 def _text(rng: np.random.Generator, n_words: int) -> str:
     return " ".join(WORDS[i] for i in rng.integers(0, len(WORDS), max(1, n_words)))
-
-
-def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
-    ti = tarfile.TarInfo(name)
-    ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = len(data), 0, 0o644, 0, 0, "", ""
-    tf.addfile(ti, io.BytesIO(data))
 
 
 def _conversation(rng, n_words: int, n_media: int, kind: str, style: str) -> tuple[dict, int]:
@@ -140,17 +136,17 @@ def make_demo(out_dir: Path, n_shards: int = 4, per_shard: int = 520, seed: int 
                     members.append((f"{key}.mp4", videos[int(rng.integers(0, len(videos)))]))
                     rec["video"] = "mp4"
                 rec["id"] = key
-                _add(tf, f"{key}.json", json.dumps(rec, ensure_ascii=False).encode())
+                add_member(tf, f"{key}.json", json.dumps(rec, ensure_ascii=False).encode())
                 for name, data in members:
-                    _add(tf, name, data)
+                    add_member(tf, name, data)
             if s == n_shards - 1:  # a few bad samples, so the demo shows rejected rows with reasons
-                _add(tf, "bad0001.json", json.dumps({"conversations": [{"from": "human", "value": "<image>\nhi"},
+                add_member(tf, "bad0001.json", json.dumps({"conversations": [{"from": "human", "value": "<image>\nhi"},
                                                                         {"from": "gpt", "value": "hello"}],
                                                      "image": "missing.jpg"}).encode())
-                _add(tf, "bad0002.json", b'{"conversations": [')
-                _add(tf, "bad0003.json", json.dumps({"conversations": [{"from": "human", "value": "<image><image> two?"},
+                add_member(tf, "bad0002.json", b'{"conversations": [')
+                add_member(tf, "bad0003.json", json.dumps({"conversations": [{"from": "human", "value": "<image><image> two?"},
                                                                         {"from": "gpt", "value": "one"}]}).encode())
-                _add(tf, "bad0003.jpg", pool[0][0])
+                add_member(tf, "bad0003.jpg", pool[0][0])
         tmp.replace(path)
         paths.append(path)
     return paths

@@ -6,10 +6,11 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from .conversation import ConversationError, media_refs, normalize, place_media
+from .conversation import media_refs, normalize, place_media
+from .media import probe_image, probe_video
 from .profiles import resolve_profile
-from .scan import probe_image, probe_video
-from .tokens import CountError, TokenCounter
+from .reasons import ReasonError
+from .tokens import TokenCounter
 
 
 def iter_records(path: Path) -> Iterator[dict]:
@@ -40,7 +41,7 @@ def count_records(path: Path, media_root: Path | None, profile: str | None, mode
         rid = rec.get("id", n) if isinstance(rec, dict) else n
         try:
             if not isinstance(rec, dict):
-                raise ConversationError("json_not_object", f"record {n} is a {type(rec).__name__}")
+                raise ReasonError("json_not_object", f"record {n} is a {type(rec).__name__}")
             refs = media_refs(rec)
             sizes, videos = [], []
             for r in refs.images:
@@ -48,7 +49,7 @@ def count_records(path: Path, media_root: Path | None, profile: str | None, mode
             for r in refs.videos:
                 videos.append(probe_video(str(_resolve(media_root, path.parent, r))))
             messages = place_media(normalize(rec), len(sizes), len(videos))
-        except ConversationError as e:
+        except ReasonError as e:
             out.append({"id": rid, "error": e.reason, "detail": e.detail})
             continue
         except OSError as e:
@@ -61,7 +62,7 @@ def count_records(path: Path, media_root: Path | None, profile: str | None, mode
         items.append((messages, sizes, videos))
         ids.append(len(out) - 1)
     for i, res in zip(ids, counter.count_many(items)):
-        if isinstance(res, CountError):
+        if isinstance(res, ReasonError):
             out[i].update(error=res.reason, detail=res.detail)
         else:
             out[i].update(res)

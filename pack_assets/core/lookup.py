@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .write import media_name
+from .tario import media_name
 
 
 def _members(con, sample_id: str) -> list[dict]:

@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 
 from . import safety
+from .tario import first_pack_meta
 
 RECORD = ".pack_assets-files.json"
 NV_META = ".nv-meta"
@@ -69,8 +70,6 @@ def _hashed(name: str) -> bool:
 
 
 def _tar_is_ours(path: Path) -> bool:
-    from .write import first_pack_meta
-
     return (first_pack_meta(path) or {}).get("tool") == "pack_assets"
 
 

@@ -6,8 +6,6 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-MEDIA_TYPES = ("text", "image", "video")
-
 
 @dataclass(frozen=True, slots=True)
 class Member:
@@ -52,6 +50,56 @@ class Rejection:
     reason: str
     detail: str
     stage: str = "manifest"
+
+
+@dataclass(slots=True)
+class SourceRef:
+    """One sub-sample of a pack, as its ``_meta`` names it: where it came from and which source members
+    (``{"name", "offset", "size", "sha256"}``, plus ``"output_name"`` for media and extras) it copied."""
+
+    sample_id: str
+    shard: str
+    key: str
+    json_member: dict | None
+    media: list[dict]
+    extra: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        d = {"sample_id": self.sample_id, "shard": self.shard, "key": self.key, "json_member": self.json_member,
+             "media": self.media}
+        if self.extra:  # only when present, so packs without extras keep their bytes
+            d["extra"] = self.extra
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SourceRef:
+        return cls(d["sample_id"], d["shard"], d["key"], d["json_member"], d["media"], d.get("extra", []))
+
+
+@dataclass(slots=True)
+class PackMeta:
+    """A packed sample's ``_meta``: the plan row it realizes, its sources in order, and the run context
+    (profile, settings, tool version, shard fingerprint) after them. ``as_dict`` is the JSON the writer
+    stores, key for key and in order: output shards stay byte-identical."""
+
+    pack_id: str
+    media_type: str
+    sample_ids: list[str]
+    sample_token_lens: list[int]
+    total_token_len: int
+    sources: list[SourceRef]
+    context: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"pack_id": self.pack_id, "media_type": self.media_type, "sample_ids": self.sample_ids,
+                "sample_token_lens": self.sample_token_lens, "total_token_len": self.total_token_len,
+                "sources": [s.as_dict() for s in self.sources], **self.context}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PackMeta:
+        fixed = ("pack_id", "media_type", "sample_ids", "sample_token_lens", "total_token_len", "sources")
+        return cls(d["pack_id"], d["media_type"], d["sample_ids"], d["sample_token_lens"], d["total_token_len"],
+                   [SourceRef.from_dict(s) for s in d["sources"]], {k: v for k, v in d.items() if k not in fixed})
 
 
 # Bump when what the manifest records changes (columns or their meaning): an older manifest is then rescanned

@@ -163,8 +163,8 @@ def path_lock(path: Path, command: str = "", wait: float | None = None,
                 if deadline is not None and time.monotonic() >= deadline:
                     raise WorkLocked(f"{path.parent} is in use by {_holder(path)}"
                                      + (f"; gave up after {wait:g} s" if wait else "")
-                                     + f". Wait for it to finish (or, if that process is gone, rerun: the lock "
-                                       f"dies with its process)") from None
+                                     + ". Wait for it to finish (or, if that process is gone, rerun: the lock "
+                                       "dies with its process)") from None
                 if not told and log is not None:
                     log(f"{path.parent} is in use by {_holder(path)}; waiting"
                         + (f" up to {wait:g} s" if wait is not None else ""))

@@ -24,25 +24,11 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from . import store
 from .profiles import ImageRule, ModelProfile, VideoRule, fast_counter_for, tokenizer_for
+from .reasons import ReasonError
 from .records import Rejection
 from .results import FilePath
 
 _BATCH = 512
-
-# Reason codes of this stage (docs/formats.md lists them with the manifest's).
-REASONS = {
-    "image_aspect_ratio": "an image's aspect ratio is over 200: the processor refuses it",
-    "video_aspect_ratio": "a video's aspect ratio is over 200: the processor refuses it",
-    "video_too_short": "a video has fewer frames than the temporal patch size",
-    "template_error": "the chat template raised an error for this conversation",
-}
-
-
-class CountError(ValueError):
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 def _round(x: float, f: int) -> int:
@@ -53,7 +39,7 @@ def smart_resize(height: int, width: int, rule: ImageRule) -> tuple[int, int]:
     """transformers' Qwen2-VL ``smart_resize`` (also used by Qwen3-VL images)."""
     f = rule.factor
     if max(height, width) / min(height, width) > 200:
-        raise CountError("image_aspect_ratio", f"aspect ratio {max(height, width) / min(height, width):.1f} > 200")
+        raise ReasonError("image_aspect_ratio", f"aspect ratio {max(height, width) / min(height, width):.1f} > 200")
     h_bar, w_bar = _round(height, f), _round(width, f)
     if h_bar * w_bar > rule.max_pixels:
         beta = math.sqrt((height * width) / rule.max_pixels)
@@ -88,7 +74,7 @@ class VideoCount:
 def _qvu_resize(height: int, width: int, f: int, min_pixels: int, max_pixels: float) -> tuple[int, int]:
     """qwen-vl-utils ``smart_resize`` (its own rounding, floor at one factor)."""
     if max(height, width) / min(height, width) > 200:
-        raise CountError("video_aspect_ratio", f"aspect ratio {max(height, width) / min(height, width):.1f} > 200")
+        raise ReasonError("video_aspect_ratio", f"aspect ratio {max(height, width) / min(height, width):.1f} > 200")
     h_bar = max(f, _round(height, f))
     w_bar = max(f, _round(width, f))
     if h_bar * w_bar > max_pixels:
@@ -113,7 +99,7 @@ def video_count(meta: dict, rule: VideoRule) -> VideoCount:
         n = min(min(max(n, min_frames), max_frames), total)
         n = math.floor(n / t) * t
         if n < t:
-            raise CountError("video_too_short", f"{total} frame(s): fewer than {t} to sample")
+            raise ReasonError("video_too_short", f"{total} frame(s): fewer than {t} to sample")
         max_pixels = max(min(rule.max_pixels, rule.total_pixels / n * t), int(rule.min_pixels * 1.05))
         h, w = _qvu_resize(height, width, f, rule.min_pixels, max_pixels)
         per = (h // f) * (w // f)
@@ -122,12 +108,12 @@ def video_count(meta: dict, rule: VideoRule) -> VideoCount:
     n = int(total / src_fps * rule.fps)
     n = min(max(n, rule.min_frames), rule.max_frames, total)
     if n < t:
-        raise CountError("video_too_short", f"{total} frame(s): fewer than {t} to sample")
+        raise ReasonError("video_too_short", f"{total} frame(s): fewer than {t} to sample")
     if height < f or width < f:
         scale = max(f / height, f / width)
         height, width = int(height * scale), int(width * scale)
     if max(height, width) / min(height, width) > 200:
-        raise CountError("video_aspect_ratio", f"aspect ratio {max(height, width) / min(height, width):.1f} > 200")
+        raise ReasonError("video_aspect_ratio", f"aspect ratio {max(height, width) / min(height, width):.1f} > 200")
     h_bar, w_bar, t_bar = _round(height, f), _round(width, f), _round(n, t)
     if t_bar * h_bar * w_bar > rule.max_pixels:
         beta = math.sqrt((n * height * width) / rule.max_pixels)
@@ -196,8 +182,8 @@ class TokenCounter:
         vids = [video_count(v, self.profile.video) for v in videos]
         return img, len(image_sizes), vids
 
-    def count_many(self, items: Iterable[tuple[list[dict], list, list]]) -> Iterator[dict | CountError]:
-        """(messages, image_sizes [[w, h]], videos [meta]) -> counts, or a CountError, in input order."""
+    def count_many(self, items: Iterable[tuple[list[dict], list, list]]) -> Iterator[dict | ReasonError]:
+        """(messages, image_sizes [[w, h]], videos [meta]) -> counts, or a ReasonError, in input order."""
         batch: list = []
         for item in items:
             batch.append(item)
@@ -207,18 +193,18 @@ class TokenCounter:
         if batch:
             yield from self._count_batch(batch)
 
-    def _count_batch(self, batch) -> list[dict | CountError]:
+    def _count_batch(self, batch) -> list[dict | ReasonError]:
         prepared: list = []
         texts: list[str] = []
         for messages, image_sizes, videos in batch:
             try:
                 img, n_img, vids = self._vision(image_sizes, videos)
                 text = self.render(messages)
-            except CountError as e:
+            except ReasonError as e:
                 prepared.append(e)
                 continue
             except jinja2.exceptions.TemplateError as e:
-                prepared.append(CountError("template_error", str(e)))
+                prepared.append(ReasonError("template_error", str(e)))
                 continue
             first = len(texts)
             texts.append(text)
@@ -226,9 +212,9 @@ class TokenCounter:
                 texts.extend(v.timestamps)
             prepared.append((first, len(texts), img, n_img, vids))
         lengths = self.lengths(texts) if texts else []
-        out: list[dict | CountError] = []
+        out: list[dict | ReasonError] = []
         for p in prepared:
-            if isinstance(p, CountError):
+            if isinstance(p, ReasonError):
                 out.append(p)
                 continue
             first, end, img, n_img, vids = p
@@ -265,7 +251,7 @@ def count_shard_rows(counter: TokenCounter, samples: Iterable[dict], media_bytes
             "media_bytes": media_bytes.get(s["sample_id"], 0),
             "profile": counter.profile.name,
         }
-        if isinstance(res, CountError):
+        if isinstance(res, ReasonError):
             row.update(text_tokens=None, image_tokens=None, video_tokens=None, total_tokens=None, vision_tokens=None,
                        status="rejected", reason=res.reason)
             rejections.append(Rejection(s["shard"], s["key"], res.reason, res.detail, stage="token_lengths"))

@@ -13,7 +13,6 @@ import functools
 import hashlib
 import json
 import os
-import tarfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -22,63 +21,14 @@ from pathlib import Path
 from .. import __version__
 from . import owned, store
 from .plan import PlanInfo, config_fingerprint
+from .records import PackMeta, SourceRef
 from .results import FilePath
 from .safety import check_paths, mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
+from .tario import (BLOCK, RECORD, extra_name, first_pack_meta, group_by_key, iter_entries, media_name,
+                    member_header, padding, split_key)
 
-BLOCK = 512
-RECORD = BLOCK * 20
 NV_META = ".nv-meta"
-
-
-def _header(name: str, size: int) -> bytes:
-    """The tar header of a regular member with fixed fields (what tarfile writes, built directly for the
-    common short ASCII name; tests check the bytes against tarfile)."""
-    if len(name) < 100 and name.isascii() and size < 8**11:
-        buf = bytearray(_USTAR_TEMPLATE)
-        buf[0:len(name)] = name.encode("ascii")
-        buf[124:136] = b"%011o\0" % size
-        buf[148:156] = b"%06o\0 " % sum(buf)
-        return bytes(buf)
-    return _tarfile_header(name, size)
-
-
-def _tarfile_header(name: str, size: int) -> bytes:
-    ti = tarfile.TarInfo(name)
-    ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = size, 0, 0o644, 0, 0, "", ""
-    return ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-
-
-def _ustar_template() -> bytes:
-    buf = bytearray(BLOCK)
-    buf[100:108] = b"0000644\0"
-    buf[108:116] = b"0000000\0"
-    buf[116:124] = b"0000000\0"
-    buf[136:148] = b"00000000000\0"
-    buf[148:156] = b" " * 8  # the checksum is summed with its own field as spaces
-    buf[156] = ord("0")
-    buf[257:265] = b"ustar\x0000"
-    return bytes(buf)
-
-
-_USTAR_TEMPLATE = _ustar_template()
 _SMALL = 1 << 20  # below this, pread + buffered write beats a copy_file_range call per member
-
-
-def _pad(n: int) -> bytes:
-    return b"\0" * (-n % BLOCK)
-
-
-def media_name(pack_id: str, sub: int, item: int, source_name: str) -> str:
-    """WebDataset rule: the key (pack id) ends at the first dot; the sub-sample index follows it."""
-    ext = source_name.rsplit("/", 1)[-1].rsplit(".", 1)[-1].lower()
-    return f"{pack_id}.s{sub:03d}_{item:02d}.{ext}"
-
-
-def extra_name(pack_id: str, sub: int, item: int, source_name: str) -> str:
-    """An extra member (not the record, not its media): ``{pack}.sIII_xJJ.EXT``, the source's last extension."""
-    base = source_name.rsplit("/", 1)[-1]
-    ext = base.rsplit(".", 1)[-1].lower() if "." in base else ""
-    return f"{pack_id}.s{sub:03d}_x{item:02d}" + (f".{ext}" if ext else "")
 
 
 @dataclass
@@ -170,7 +120,7 @@ def _copy(src, offset: int, size: int, dst) -> None:
 
 def pack_document(job: PackJob, context: dict, sources: _Sources) -> tuple[dict, list[tuple[str, SubSample, dict]]]:
     """The pack's JSON (conversations + ``_meta``) and its media members in output order."""
-    samples, metas, media_out = [], [], []
+    samples, refs, media_out = [], [], []
     for i, sub in enumerate(job.subs):
         names = []
         src_media = []
@@ -192,57 +142,14 @@ def pack_document(job: PackJob, context: dict, sources: _Sources) -> tuple[dict,
             source = json.loads(text) if sub.json_member["name"].endswith(".json") else text
         entry = {"sample_id": sub.sample_id, "token_len": sub.token_len, "messages": sub.messages,
                  "media": names, "source": source}
-        meta = {"sample_id": sub.sample_id, "shard": sub.shard, "key": sub.key,
-                "json_member": sub.json_member, "media": src_media}
         if sub.extra:  # only when present, so packs without extras keep their bytes
-            entry["extra"], meta["extra"] = extra_names, src_extra
+            entry["extra"] = extra_names
         samples.append(entry)
-        metas.append(meta)
-    doc = {
-        "pack_id": job.pack_id,
-        "media_type": job.media_type,
-        "samples": samples,
-        "_meta": {
-            "pack_id": job.pack_id,
-            "media_type": job.media_type,
-            "sample_ids": [s.sample_id for s in job.subs],
-            "sample_token_lens": [s.token_len for s in job.subs],
-            "total_token_len": job.total_token_len,
-            "sources": metas,
-            **context,
-        },
-    }
+        refs.append(SourceRef(sub.sample_id, sub.shard, sub.key, sub.json_member, src_media, src_extra))
+    meta = PackMeta(job.pack_id, job.media_type, [s.sample_id for s in job.subs], [s.token_len for s in job.subs],
+                    job.total_token_len, refs, context)
+    doc = {"pack_id": job.pack_id, "media_type": job.media_type, "samples": samples, "_meta": meta.as_dict()}
     return doc, media_out
-
-
-def iter_pack_parts(path: str | Path):
-    """(pack key, {part name: bytes}) for each pack of an output shard, grouped by the WebDataset key."""
-    from .scan import split_key
-
-    with tarfile.open(path, "r:") as tf:
-        key, parts = None, {}
-        for ti in tf:
-            k, part = split_key(ti.name)
-            if k != key and parts:
-                yield key, parts
-                parts = {}
-            key = k
-            parts[part] = tf.extractfile(ti).read() if ti.isfile() else None
-            tf.members.clear()
-        if parts:
-            yield key, parts
-
-
-def first_pack_meta(path: Path) -> dict | None:
-    """``_meta`` of the first pack of an output shard (None when unreadable)."""
-    try:
-        with tarfile.open(path, "r:") as tf:
-            ti = tf.next()
-            if ti is None or not ti.name.endswith(".json"):
-                return None
-            return json.loads(tf.extractfile(ti).read())["_meta"]
-    except (OSError, tarfile.TarError, ValueError, KeyError):
-        return None
 
 
 def member_key(m: dict | None) -> str:
@@ -313,11 +220,11 @@ def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -
             for pack in job.packs:
                 doc, media = pack_document(pack, context, sources)
                 body = json.dumps(doc, ensure_ascii=False, sort_keys=False).encode("utf-8")
-                out.write(_header(f"{pack.pack_id}.json", len(body)))
+                out.write(member_header(f"{pack.pack_id}.json", len(body)))
                 out.write(body)
-                out.write(_pad(len(body)))
+                out.write(padding(len(body)))
                 for out_name, sub, m in media:
-                    out.write(_header(out_name, m["size"]))
+                    out.write(member_header(out_name, m["size"]))
                     src = sources.get(sub.source_path)
                     if m["size"] < _SMALL:
                         data = os.pread(src.fileno(), m["size"], m["offset"])
@@ -327,7 +234,7 @@ def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -
                     else:
                         out.flush()
                         _copy(src, m["offset"], m["size"], out)
-                    out.write(_pad(m["size"]))
+                    out.write(padding(m["size"]))
             out.write(b"\0" * (2 * BLOCK))
             out.flush()
             end = out.tell()
@@ -355,8 +262,6 @@ def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, wo
     """Write every shard (a process pool when there are several), remove stale ones, write Energon metadata
     (its index uuid named after ``plan_fingerprint``). ``done``: results of shards the caller already found
     current; they are kept, not rewritten."""
-    from . import owned
-
     out_dir.mkdir(parents=True, exist_ok=True)
     names = sorted({r["shard"] for r in done or []} | {j if isinstance(j, str) else j.name for j in jobs})
     planned = owned.planned_files(names)
@@ -395,8 +300,6 @@ ENERGON_FORMAT = "7.4.1"  # the megatron-energon release whose `energon prepare`
 
 def _sample_index(path: Path) -> tuple[list[tuple[str, int, int]], list[tuple[int, str, int, int]], int]:
     """(key, header offset, size) per sample, (sample index, part, data offset, size) per member, end offset."""
-    from .scan import group_by_key, iter_entries, split_key
-
     trailer: list[int] = []
     samples, parts = [], []
     with open(path, "rb") as f:
