@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from pack_assets.core import store
 from pack_assets.definitions import defs
 from pack_assets.defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
 from pack_assets.defs.partitions import source_shards
@@ -52,6 +53,11 @@ def test_full_materialization_in_process(dataset, tmp_path):
             for e in res.get_asset_materialization_events()}
     assert mats["audit_report"]["samples_read"].value == 26
     assert mats["pack_plan"]["packs"].value >= mats["pack_plan"]["lower_bound"].value
+    # the table asset's columns are the catalog's: what a user queries in DuckDB is what the UI lists
+    columns = [c.name for c in mats["pack_plan"]["dagster/column_schema"].value.columns]
+    with store.connect(tmp_path / "work", read_only=True) as con:
+        assert columns == [r[0] for r in con.execute("DESCRIBE pack_plan").fetchall()]
+    assert mats["audit_report"]["report_markdown"].value.startswith("# pack_assets audit report")
     assert (tmp_path / "work" / "pack_plan.jsonl").exists() and list((tmp_path / "out").glob("*.tar"))
 
 

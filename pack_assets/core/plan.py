@@ -453,7 +453,7 @@ class PlanSummary:
                 "shards_removed": self.shards_removed, "planning": self.planning, "fingerprint": self.fingerprint,
                 "per_media_type": Markdown("| media type | samples | packs | lower bound | fill | dropped |\n"
                                            "|---|---:|---:|---:|---:|---:|\n" + "\n".join(rows)),
-                "plan_file": FilePath(self.plan_file)}
+                "plan_file": FilePath(self.plan_file), "dagster/column_schema": store.PACK_PLAN_SCHEMA}
 
 
 def check_plan(con, config: PlanConfig) -> list[dict]:

@@ -25,7 +25,7 @@ from . import store
 from .conversation import media_refs, normalize, place_media
 from .media import IMAGE_EXTS, VIDEO_EXTS, probe_image, probe_video
 from .reasons import ReasonError
-from .records import MANIFEST_FORMAT, Member, Rejection, Sample, ShardInfo
+from .records import MANIFEST_FORMAT, SAMPLES_SCHEMA, Member, Rejection, Sample, ShardInfo
 from .results import FilePath
 from .tario import Entry, RangeFile, group_by_key, is_meta_member, is_unsafe_name, iter_entries, split_key
 
@@ -381,7 +381,7 @@ class ManifestSummary:
                 "status": ", ".join(sorted({s.status for s in self.shards})),
                 "ok": self.total("ok"), "rejected": self.total("rejected"), "members": self.total("members"),
                 "shard_bytes": self.total("bytes"), "seconds": round(sum(s.seconds for s in self.shards), 3),
-                "dagster/uri": FilePath(self.folder)}
+                "dagster/uri": FilePath(self.folder), "dagster/column_schema": SAMPLES_SCHEMA}
 
 
 def manifest_is_current(input_root: Path, work: Path, shard: str) -> dict | None:

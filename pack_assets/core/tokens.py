@@ -25,7 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from . import store
 from .profiles import ImageRule, ModelProfile, VideoRule, fast_counter_for, tokenizer_for
 from .reasons import ReasonError
-from .records import Rejection
+from .records import TOKEN_LENGTHS_SCHEMA, Rejection
 from .results import FilePath
 
 _BATCH = 512
@@ -290,7 +290,7 @@ class TokenLengthsSummary:
                 "profile_fingerprint": self.profile_fingerprint, "counted": counted, "rejected": rejected,
                 "total_tokens": sum(s.total_tokens for s in self.shards),
                 "samples_per_second": round(counted / seconds, 1) if seconds else None,
-                "dagster/uri": FilePath(self.folder)}
+                "dagster/uri": FilePath(self.folder), "dagster/column_schema": TOKEN_LENGTHS_SCHEMA}
 
 
 def _token_stamp(work: Path, shard: str, profile: ModelProfile) -> str:

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import dagster as dg
+import pyarrow as pa
 
 from ..core import audit, plan, report, scan, tokens, write
 from ..core.results import FilePath, Markdown
@@ -28,11 +29,18 @@ def shards_digest(keys: list[str]) -> str:
     return hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:16]
 
 
+def column_schema(schema: pa.Schema) -> dg.TableSchema:
+    return dg.TableSchema(columns=[dg.TableColumn(f.name, str(f.type)) for f in schema])
+
+
 def metadata(values: dict) -> dict:
-    """A summary's plain values as Dagster metadata: markers say markdown or path; dicts and lists are JSON."""
+    """A summary's plain values as Dagster metadata: markers say markdown or path; dicts and lists are JSON;
+    an Arrow schema is the table's column schema."""
     out = {}
     for key, v in values.items():
-        if isinstance(v, Markdown):
+        if isinstance(v, pa.Schema):
+            out[key] = dg.MetadataValue.table_schema(column_schema(v))
+        elif isinstance(v, Markdown):
             out[key] = dg.MetadataValue.md(str(v))
         elif isinstance(v, (FilePath, Path)):
             out[key] = dg.MetadataValue.path(str(v))
