@@ -172,16 +172,22 @@ def rewrite_shard(path: Path, text: str) -> None:
                                                           {"role": "assistant", "content": "ok"}]}))])
 
 
-def test_the_sensor_requests_a_shard_changed_in_place_and_the_plan_follows(dataset, tmp_path, monkeypatch):
-    from pack_assets.defs import sensors
-
-    instance, settings = dg.DagsterInstance.ephemeral(), _settings(dataset, tmp_path)
+def _first_tick_packed(instance, settings) -> str:
+    """The sensor's first tick, its shard runs and the pack run, as the daemon would launch them; the cursor."""
     first, cursor = _tick(instance, settings)
     _apply(instance, first)
     for r in first.run_requests:
         _shard_run(instance, settings, r.partition_key)
     assert dg.materialize([pack_plan, packed_shards, audit_report], instance=instance,
                           resources={"settings": settings}).success
+    return cursor
+
+
+def test_the_sensor_requests_a_shard_changed_in_place_and_the_plan_follows(dataset, tmp_path, monkeypatch):
+    from pack_assets.defs import sensors
+
+    instance, settings = dg.DagsterInstance.ephemeral(), _settings(dataset, tmp_path)
+    cursor = _first_tick_packed(instance, settings)
     skip, cursor = _tick(instance, settings, cursor)
     assert isinstance(skip, dg.SkipReason)
     assert isinstance(sensors.replan_sensor(dg.build_sensor_context(instance=instance)), dg.SkipReason)
@@ -231,12 +237,7 @@ def test_the_sensor_removes_a_deleted_shard_and_the_replan_drops_its_packs(datas
     from pack_assets.defs.sensors import replan_sensor
 
     instance, settings = dg.DagsterInstance.ephemeral(), _settings(dataset, tmp_path)
-    first, cursor = _tick(instance, settings)
-    _apply(instance, first)
-    for r in first.run_requests:
-        _shard_run(instance, settings, r.partition_key)
-    assert dg.materialize([pack_plan, packed_shards, audit_report], instance=instance,
-                          resources={"settings": settings}).success
+    cursor = _first_tick_packed(instance, settings)
     assert isinstance(replan_sensor(dg.build_sensor_context(instance=instance)), dg.SkipReason)
     (dataset / "part-000.tar").unlink()
     result, cursor = _tick(instance, settings, cursor)
