@@ -11,8 +11,8 @@ from pathlib import Path
 import dagster as dg
 
 from .core import store
-from .core.audit import AuditResult
 from .core.plan import PlanSummary
+from .core.results import AuditResult
 from .core.scan import manifest_is_current
 from .core.settings import Settings
 from .core.tokens import token_lengths_are_current

@@ -15,7 +15,6 @@ import os
 import tarfile
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -23,7 +22,8 @@ import duckdb
 from . import store
 from .plan import PlanConfig, PlanInfo, check_plan
 from .profiles import ProfileError, resolve_profile
-from .results import FilePath, Markdown, png_data_uri
+from .report import write_report
+from .results import AuditResult
 from .settings import AUDIT_SCOPES
 from .tario import iter_pack_parts
 from .tokens import TokenCounter
@@ -31,37 +31,6 @@ from .write import current_shards, write_context
 
 # Below this much output a second process costs more (spawn + imports, ~2 s) than it saves.
 PARALLEL_MIN_BYTES = 512 << 20
-
-
-@dataclass
-class AuditResult:
-    violations: list[dict] = field(default_factory=list)
-    stats: dict = field(default_factory=dict)
-    waiting: list[str] = field(default_factory=list)  # registered shards the plan could not count yet
-    report: Path | None = None  # audit_report.md, once written
-    plots: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        """No violation in what was read (says nothing of shards still waiting: see ``verdict``)."""
-        return not self.violations
-
-    @property
-    def verdict(self) -> str:
-        """PASS, FAIL (a violation) or INCOMPLETE (no violation, but shards wait outside the plan)."""
-        return "FAIL" if self.violations else "INCOMPLETE" if self.waiting else "PASS"
-
-    def add(self, check: str, detail: str, **where) -> None:
-        self.violations.append({"check": check, "detail": detail, **where})
-
-    def as_metadata(self) -> dict:
-        st = self.stats
-        plots = "\n\n".join(f"![{k}]({png_data_uri(Path(v))})" for k, v in self.plots.items() if k != "reasons")
-        return {**{k: st[k] for k in ("samples_read", "packed", "dropped", "rejected", "media_members_checked",
-                                      "output_shards_trusted")},
-                "violations": len(self.violations), "verdict": self.verdict, "shards_waiting": self.waiting,
-                "report": FilePath(self.report), "report_markdown": Markdown(self.report.read_text()),
-                "plots": Markdown(plots)}
 
 
 def _shard_expectations(con, name: str):
@@ -336,8 +305,6 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
     write audit_report.md. scope "changed" reads only the output shards that are new or changed since the
     last clean audit (same size, mtime and content fingerprint as then: trusted, like rsync's quick check);
     "all" reads every one."""
-    from .report import write_report  # the report renders this stage's result (and imports it)
-
     if scope not in AUDIT_SCOPES:
         raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
     with store.connect(work, read_only=True) as con:

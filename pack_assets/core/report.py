@@ -14,9 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from . import store  # noqa: E402
-from .audit import AuditResult  # noqa: E402
 from .plan import PlanConfig, PlanInfo, ok_lengths, simulate  # noqa: E402
-from .results import Markdown, png_data_uri  # noqa: E402
+from .results import AuditResult, Markdown, png_data_uri  # noqa: E402
 from .store import atomic_write_text  # noqa: E402
 
 WHAT_IF = "what_if.json"

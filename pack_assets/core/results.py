@@ -1,9 +1,11 @@
 """What the stages' typed summaries share: ``as_metadata()`` returns plain values; these markers say how
-the Dagster layer should show a value (JSON is implied by a dict or a list)."""
+the Dagster layer should show a value (JSON is implied by a dict or a list). Also the audit's result, which
+the audit stage fills and the report renders."""
 
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -18,3 +20,34 @@ class FilePath(str):
 def png_data_uri(path: Path) -> str:
     """A PNG inlined into markdown (the UI shows metadata markdown without serving files)."""
     return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
+
+
+@dataclass
+class AuditResult:
+    violations: list[dict] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+    waiting: list[str] = field(default_factory=list)  # registered shards the plan could not count yet
+    report: Path | None = None  # audit_report.md, once written
+    plots: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """No violation in what was read (says nothing of shards still waiting: see ``verdict``)."""
+        return not self.violations
+
+    @property
+    def verdict(self) -> str:
+        """PASS, FAIL (a violation) or INCOMPLETE (no violation, but shards wait outside the plan)."""
+        return "FAIL" if self.violations else "INCOMPLETE" if self.waiting else "PASS"
+
+    def add(self, check: str, detail: str, **where) -> None:
+        self.violations.append({"check": check, "detail": detail, **where})
+
+    def as_metadata(self) -> dict:
+        st = self.stats
+        plots = "\n\n".join(f"![{k}]({png_data_uri(Path(v))})" for k, v in self.plots.items() if k != "reasons")
+        return {**{k: st[k] for k in ("samples_read", "packed", "dropped", "rejected", "media_members_checked",
+                                      "output_shards_trusted")},
+                "violations": len(self.violations), "verdict": self.verdict, "shards_waiting": self.waiting,
+                "report": FilePath(self.report), "report_markdown": Markdown(self.report.read_text()),
+                "plots": Markdown(plots)}
