@@ -10,8 +10,13 @@ sub-samples attend to each other:
 - ``labels``: the ids on assistant turns (content and ``<|im_end|>``), -100 elsewhere, and -100 on the
   first token of every sub-sample;
 - ``cu_seqlens`` (int32, ``[0, l1, l1+l2, ...]``) for flash-attn varlen / Megatron THD;
-- ``position_ids`` restarting at 0 for each sub-sample (the 1-D positions; mRoPE needs the grids below);
-- ``image_grid_thw`` / ``video_grid_thw`` per sub-sample, in media order;
+- ``position_ids`` restarting at 0 for each sub-sample (the 1-D positions: not what Qwen-VL models rotate by);
+- ``rope_position_ids`` (int64, ``(3, T)``): the mRoPE (temporal, height, width) positions, per sub-sample
+  exactly what transformers' ``get_rope_index`` returns for that sub-sample alone, concatenated;
+- ``mm_token_type_ids`` (int64, ``[T]``): 0 text, 1 image pad, 2 video pad, as the processor returns them;
+- ``image_grid_thw`` / ``video_grid_thw`` per sub-sample, in model order (images as the EXIF orientation
+  turns them, as the processor loads them); ``second_per_grid_ts`` per sub-sample, per video (Qwen2.5-VL);
+- ``images`` / ``videos``: per sub-sample, the raw bytes in the order of those grids;
 - ``loss_weights``: 1 per trainable token (``token``), 1/n_i (``sample``) or 1/sqrt(n_i) (``sqrt``) where n_i
   is the trainable tokens of sub-sample i; divide by their sum over the global batch.
 
@@ -29,6 +34,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from .core.media import VIDEO_EXTS, probe_image, probe_video
 from .core.profiles import ModelProfile, resolve_profile, tokenizer_for
@@ -73,10 +79,11 @@ class PackEncoder:
         enc = self.tok.encode(text, add_special_tokens=False)
         spans = [(m.start(1), m.end(1)) for m in _ASSISTANT.finditer(text)]
         trainable = [any(a <= start < b for a, b in spans) for start, _ in enc.offsets]
-        images = [probe_image(data) for name, data in media if not name.endswith(_VIDEO_SUFFIXES)]
-        videos = [probe_video(io.BytesIO(data)) for name, data in media if name.endswith(_VIDEO_SUFFIXES)]
-        image_grids = [image_grid(w, h, self.profile.image) for w, h in images]
-        vcounts = [video_count(v, self.profile.video) for v in videos]
+        images = [data for name, data in media if not name.endswith(_VIDEO_SUFFIXES)]
+        videos = [data for name, data in media if name.endswith(_VIDEO_SUFFIXES)]
+        image_grids = [image_grid(*oriented_size(data), self.profile.image) for data in images]
+        metas = [probe_video(io.BytesIO(data)) for data in videos]
+        vcounts = [video_count(v, self.profile.video) for v in metas]
         merge = self.profile.image.merge_size ** 2
         ids: list[int] = []
         labels: list[int] = []
@@ -95,8 +102,30 @@ class PackEncoder:
                 labels.append(tid if train else -100)
         if labels:
             labels[0] = -100  # nothing before it in this sub-sample to predict it from
-        return {"input_ids": ids, "labels": labels, "image_grid_thw": image_grids,
-                "video_grid_thw": [v.grid for v in vcounts]}
+        # Qwen3-VL places frames by their timestamps instead; its processor returns no second_per_grid_ts
+        seconds = ([] if self.profile.family == "qwen3-vl" else
+                   [_seconds_per_grid(m, v, self.profile.video) for m, v in zip(metas, vcounts)])
+        out = {"input_ids": ids, "labels": labels, "image_grid_thw": image_grids,
+               "video_grid_thw": [v.grid for v in vcounts], "second_per_grid_ts": seconds,
+               "images": images, "videos": videos}
+        out["mm_token_type_ids"], out["rope_position_ids"] = self._mrope(out)
+        return out
+
+    def _mrope(self, s: dict) -> tuple[np.ndarray, np.ndarray]:
+        """Token types and mRoPE positions of one sub-sample, the way each family's get_rope_index makes them."""
+        ids = np.asarray(s["input_ids"], dtype=np.int64)
+        types = np.zeros(len(ids), np.int64)
+        types[ids == self.image_pad], types[ids == self.video_pad] = 1, 2
+        family = self.profile.family
+        if family == "qwen3-vl":  # timestamps split each video into one block per frame pair, t=1 each
+            videos = [((1, h, w), 1.0) for t, h, w in s["video_grid_thw"] for _ in range(t)]
+        elif family == "qwen2.5-vl":  # absolute time: tokens_per_second * seconds per grid, in float32 as torch
+            tps = np.float32(_tokens_per_second(self.profile))
+            videos = [(g, tps * np.float32(sec)) for g, sec in zip(s["video_grid_thw"], s["second_per_grid_ts"])]
+        else:
+            videos = [(g, 1.0) for g in s["video_grid_thw"]]
+        images = [(g, 1.0) for g in s["image_grid_thw"]]
+        return types, mrope_positions(types, images, videos, self.profile.image.merge_size)
 
     def _video_block(self, v) -> list[int]:
         """What replaces one <|video_pad|>: the pads alone (Qwen2/2.5-VL), or for Qwen3-VL per frame pair
@@ -128,14 +157,74 @@ class PackEncoder:
             "labels": np.asarray([t for s in subs for t in s["labels"]], dtype=np.int64),
             "cu_seqlens": np.concatenate([[0], np.cumsum(lens)]).astype(np.int32),
             "position_ids": np.concatenate([np.arange(n) for n in lens]).astype(np.int64) if lens else np.zeros(0, np.int64),
+            "rope_position_ids": np.concatenate([s["rope_position_ids"] for s in subs], axis=1) if subs else np.zeros((3, 0), np.int64),
+            "mm_token_type_ids": np.concatenate([s["mm_token_type_ids"] for s in subs]) if subs else np.zeros(0, np.int64),
             "image_grid_thw": [s["image_grid_thw"] for s in subs],
             "video_grid_thw": [s["video_grid_thw"] for s in subs],
+            "second_per_grid_ts": [s["second_per_grid_ts"] for s in subs],
+            "images": [s["images"] for s in subs],
+            "videos": [s["videos"] for s in subs],
             "loss_weights": np.asarray(weights, dtype=np.float32),
             "media": [[data for _, data in s["media"]] for s in pack["samples"]],
         }
 
 
 _VIDEO_SUFFIXES = tuple(f".{e}" for e in sorted(VIDEO_EXTS))
+_ORIENTATION = 0x0112  # EXIF tag; values 5-8 turn the image by a quarter (width and height swap)
+
+
+def oriented_size(data: bytes) -> tuple[int, int]:
+    """Width and height as the processor sees the image: transformers' ``load_image`` applies the EXIF
+    orientation (``ImageOps.exif_transpose``), so for orientations 5-8 the header's width and height swap."""
+    w, h = probe_image(data)
+    with Image.open(io.BytesIO(data)) as im:  # lazy: reads the header and EXIF, decodes no pixel
+        orientation = im.getexif().get(_ORIENTATION, 1)
+    return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
+
+
+def _seconds_per_grid(meta: dict, v, rule) -> float:
+    """Qwen2/2.5-VL ``second_per_grid_ts`` of one video: temporal_patch_size / sampled fps, where the sampled
+    fps is sampled frames / total frames * source fps (qwen-vl-utils and transformers' ``sampled_fps``)."""
+    total, src_fps = int(meta["frames"]), float(meta.get("fps") or 24.0)
+    return rule.temporal_patch_size / (v.grid[0] * rule.temporal_patch_size / total * src_fps)
+
+
+def _tokens_per_second(profile: ModelProfile) -> int:
+    """Qwen2.5-VL's ``vision_config.tokens_per_second`` (2 in every released checkpoint)."""
+    cfg = Path(profile.model_dir) / "config.json" if profile.model_dir else None
+    if cfg is not None and cfg.exists():
+        return int(json.loads(cfg.read_text(encoding="utf-8")).get("vision_config", {}).get("tokens_per_second", 2))
+    return 2
+
+
+def mrope_positions(types: np.ndarray, images: list, videos: list, merge: int) -> np.ndarray:
+    """(3, L) int64 mRoPE positions for one sequence, transformers' ``get_rope_index`` in numpy.
+
+    ``types``: 0 text, 1 image, 2 video per token; ``images`` / ``videos``: ((t, h, w) in patches, time
+    interval) per run of vision tokens, in order. Text advances all three axes by one per token; a vision
+    run gets (start + floor(frame * interval), start + row, start + column) and the next token starts at
+    start + max(rows, columns)."""
+    out = np.empty((3, len(types)), np.int64)
+    grids = {1: iter(images), 2: iter(videos)}
+    edges = np.flatnonzero(np.diff(types)) + 1
+    pos = 0
+    for a, b in zip(np.concatenate([[0], edges]), np.concatenate([edges, [len(types)]])):
+        kind = int(types[a])
+        if kind == 0:
+            out[:, a:b] = np.arange(b - a) + pos
+            pos += int(b - a)
+            continue
+        (t, h, w), interval = next(grids[kind])
+        h, w = h // merge, w // merge
+        if t * h * w != b - a:
+            raise ValueError(f"{b - a} vision tokens for a grid of {t}x{h}x{w} after the merge")
+        # torch: (arange(t) * interval).long(), in float32 and truncated
+        frames = (np.arange(t, dtype=np.float32) * np.float32(interval)).astype(np.int64)
+        out[0, a:b] = np.repeat(frames, h * w) + pos
+        out[1, a:b] = np.tile(np.repeat(np.arange(h), w), t) + pos
+        out[2, a:b] = np.tile(np.arange(w), t * h) + pos
+        pos += max(h, w)
+    return out
 
 
 def iter_encoded(paths: Iterable[str | Path], profile: str | None = None, model_dir: str | None = None,
