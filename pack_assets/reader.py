@@ -232,3 +232,88 @@ def iter_encoded(paths: Iterable[str | Path], profile: str | None = None, model_
     enc = PackEncoder(profile, model_dir, loss_weighting)
     for pack in iter_packs(paths):
         yield enc.encode(pack)
+
+
+class PackCollator:
+    """A ``DataLoader`` ``collate_fn``: a batch of encoded packs (``PackEncoder.encode``) → torch tensors.
+
+    Right-padded ``[B, L]``: ``input_ids`` (``pad_id``), ``labels`` (-100), ``loss_weights`` (0),
+    ``mm_token_type_ids``; ``rope_position_ids`` ``[3, B, L]``; ``position_ids`` ``[4, B, L]``: the 1-D
+    positions then the mRoPE ones, the form in which transformers' Qwen-VL models build the block-diagonal
+    mask themselves (no ``attention_mask``); ``cu_seqlens`` (int32) and ``max_seqlen`` over the flattened
+    ``[B * L]`` tokens, each row's padding its own segment (flash-attn varlen, Megatron THD); with
+    ``block_mask=True`` also ``attention_mask`` ``[B, 1, L, L]`` (bool, block-diagonal causal) for sdpa/eager.
+    ``pixel_values`` / ``image_grid_thw`` come from ``processor`` (a Qwen-VL processor or image processor),
+    the images loaded as transformers' ``load_image`` does (EXIF orientation applied); ``video_pixels(data,
+    grid)`` returns one video's ``pixel_values_videos`` rows. torch is imported only here.
+    """
+
+    def __init__(self, processor=None, pad_id: int = 151643, block_mask: bool = False, video_pixels=None):
+        self.image_processor = getattr(processor, "image_processor", processor)
+        self.pad_id, self.block_mask, self.video_pixels = pad_id, block_mask, video_pixels
+
+    def __call__(self, packs: list[dict]) -> dict:
+        import torch
+
+        width = max(len(p["input_ids"]) for p in packs)
+        out = {k: torch.from_numpy(_pad_rows([p[k] for p in packs], width, fill, dtype))
+               for k, fill, dtype in (("input_ids", self.pad_id, np.int64), ("labels", -100, np.int64),
+                                      ("loss_weights", 0, np.float32), ("mm_token_type_ids", 0, np.int64))}
+        rope = np.stack([_pad_rows(list(p["rope_position_ids"][a] for p in packs), width, 0, np.int64) for a in range(3)])
+        text = _pad_rows([p["position_ids"] for p in packs], width, 0, np.int64)
+        out["rope_position_ids"] = torch.from_numpy(rope)
+        out["position_ids"] = torch.from_numpy(np.concatenate([text[None], rope]))
+        lens = [np.diff(p["cu_seqlens"]).tolist() + ([width - len(p["input_ids"])] if len(p["input_ids"]) < width else [])
+                for p in packs]
+        flat = [n for row in lens for n in row]
+        out["cu_seqlens"] = torch.from_numpy(np.concatenate([[0], np.cumsum(flat)]).astype(np.int32))
+        out["max_seqlen"] = max(flat)
+        if self.block_mask:
+            out["attention_mask"] = torch.from_numpy(np.stack([_block_causal(row) for row in lens])[:, None])
+        out.update(self._images(packs))
+        out.update(self._videos(packs))
+        return out
+
+    def _images(self, packs: list[dict]) -> dict:
+        import torch
+        from PIL import ImageOps
+
+        data = [d for p in packs for sub in p["images"] for d in sub]
+        if not data:
+            return {}
+        if self.image_processor is None:
+            raise ValueError("the batch has images: give PackCollator the model's processor")
+        images = [ImageOps.exif_transpose(Image.open(io.BytesIO(d))).convert("RGB") for d in data]
+        res = self.image_processor(images=images, return_tensors="pt")
+        grids = [list(g) for p in packs for sub in p["image_grid_thw"] for g in sub]
+        if res["image_grid_thw"].tolist() != grids:  # another processor config than the packing profile's
+            raise ValueError(f"processor grids {res['image_grid_thw'].tolist()} differ from the pack's {grids}")
+        return {"pixel_values": res["pixel_values"], "image_grid_thw": torch.tensor(grids)}
+
+    def _videos(self, packs: list[dict]) -> dict:
+        import torch
+
+        items = [(d, g) for p in packs for vs, gs in zip(p["videos"], p["video_grid_thw"]) for d, g in zip(vs, gs)]
+        if not items:
+            return {}
+        if self.video_pixels is None:
+            raise ValueError("the batch has videos: give PackCollator video_pixels(data, grid)")
+        out = {"pixel_values_videos": torch.cat([self.video_pixels(d, g) for d, g in items]),
+               "video_grid_thw": torch.tensor([list(g) for _, g in items])}
+        seconds = [s for p in packs for sub in p["second_per_grid_ts"] for s in sub]
+        if seconds:
+            out["second_per_grid_ts"] = torch.tensor(seconds)
+        return out
+
+
+def _pad_rows(rows: list, width: int, fill, dtype) -> np.ndarray:
+    out = np.full((len(rows), width), fill, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+def _block_causal(lens: list[int]) -> np.ndarray:
+    """[L, L] bool: token q sees token k when both are in one segment and k <= q."""
+    seg = np.repeat(np.arange(len(lens)), lens)
+    return (seg[:, None] == seg[None, :]) & np.tri(len(seg), dtype=bool)

@@ -54,3 +54,37 @@ def rotated_samples(n: int = 8) -> list[tuple[str, bytes | str]]:
         members.append((f"rot{i:03d}.json", json.dumps(rec)))
         members += [(f"rot{i:03d}.{name}", data) for name, data in images]
     return members
+
+
+def tiny_media_samples(n: int = 72, seed: int = 3) -> list[tuple[str, bytes | str]]:
+    """Short samples for running a model on: text (one to three turns), one or two small images (some EXIF
+    turned), and short small videos; small enough that a pack holds several."""
+    import numpy as np
+
+    from pack_assets.core.demo import video_bytes
+
+    rng = np.random.default_rng(seed)
+    words = "the a red blue cat dog left right shows picture count two three what where small".split()
+    clips = [video_bytes(f, w, h, fps, seed=i) for i, (f, w, h, fps) in enumerate([(4, 32, 32, 2), (8, 48, 32, 4), (6, 32, 48, 3)])]
+    members: list[tuple[str, bytes | str]] = []
+    for i in range(n):
+        kind = ("text", "image", "text", "images", "text", "video")[i % 6]
+        turns = 1 + i % 3
+        msgs = []
+        for t in range(turns):
+            content = [{"type": "text", "text": " ".join(rng.choice(words, int(rng.integers(2, 12))))}]
+            if t == 0 and kind != "text":
+                content = [{"type": "video" if kind == "video" else "image"} for _ in range(2 if kind == "images" else 1)] + content
+            msgs += [{"role": "user", "content": content},
+                     {"role": "assistant", "content": " ".join(rng.choice(words, int(rng.integers(1, 10))))}]
+        rec, key = {"messages": msgs}, f"t{i:04d}"
+        if kind in ("image", "images"):
+            sizes = [(int(rng.integers(20, 90)), int(rng.integers(20, 90))) for _ in range(2 if kind == "images" else 1)]
+            rec["images"] = [f"img{m}.jpg" for m in range(len(sizes))]
+            members += [(f"{key}.img{m}.jpg", rotated_jpeg(w, h, int(rng.integers(1, 9)), tuple(int(c) for c in rng.integers(0, 255, 3))))
+                        for m, (w, h) in enumerate(sizes)]
+        elif kind == "video":
+            rec["video"] = "mp4"
+            members.append((f"{key}.mp4", clips[i % len(clips)]))
+        members.insert(len(members) - len(rec.get("images", [])) - (kind == "video"), (f"{key}.json", json.dumps(rec)))
+    return members

@@ -4,6 +4,7 @@ config files on the meta device: no weights). And grids of EXIF-rotated JPEGs eq
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 
@@ -12,10 +13,10 @@ import pytest
 
 from pack_assets.core.demo import make_demo, video_bytes
 from pack_assets.reader import PackEncoder, mrope_positions
-from tests.conftest import write_tar
+from tests.conftest import needs, write_tar
 from tests.pack_helpers import MODELS, pack_shards, rotated_samples
 
-torch = pytest.importorskip("torch")
+pytestmark = needs(importlib.util.find_spec("torch") is None, "torch is not installed (pip install -e '.[train]')")
 
 CONFIGS = {"qwen2-vl": None, "qwen2.5-vl": "Qwen2.5-VL-7B-Instruct", "qwen3-vl": "Qwen3-VL-8B-Instruct"}
 
@@ -39,6 +40,7 @@ def shards(tmp_path_factory):
 
 def _model(profile: str):
     """The real model class on the meta device: get_rope_index needs only its config."""
+    import torch
     from transformers import AutoConfig, Qwen2VLConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
@@ -53,6 +55,8 @@ def _model(profile: str):
 
 def _reference(model, sub: dict, family: str) -> tuple[np.ndarray, np.ndarray]:
     """transformers for one sub-sample: token types the processor's way, then get_rope_index."""
+    import torch
+
     cfg = model.config
     ids = np.asarray(sub["input_ids"])
     types = np.zeros_like(ids)
