@@ -20,6 +20,11 @@ sub-samples attend to each other:
 - ``loss_weights``: 1 per trainable token (``token``), 1/n_i (``sample``) or 1/sqrt(n_i) (``sqrt``) where n_i
   is the trainable tokens of sub-sample i; divide by their sum over the global batch.
 
+``PackCollator`` (torch, imported only when it is called) turns a batch of encoded packs into padded tensors
+with ``cu_seqlens`` and pixel values from the model's processor; ``pack_from_parts`` makes a pack from one
+WebDataset sample's parts (Megatron-Energon). The proof that a pack so fed gives each sub-sample's own
+logits is ``tests/test_packed_equals_unpacked.py``.
+
 The total length is checked against ``_meta.total_token_len``, and each sub-sample's against the planner's
 ``sample_token_lens``: a count that differs raises instead of overflowing a pack at training time.
 """
@@ -53,13 +58,20 @@ def iter_packs(paths: Iterable[str | Path]) -> Iterator[dict]:
             yield _pack(parts)
 
 
-def _pack(parts: dict[str, bytes]) -> dict:
-    doc = json.loads(parts["json"])
+def _pack(parts: dict) -> dict:
+    doc = parts["json"]
+    doc = json.loads(doc) if isinstance(doc, (bytes, str)) else json.loads(json.dumps(doc))  # a copy: media go in
     for s in doc["samples"]:
         s["media"] = [(name, parts[name]) for name in s["media"]]
         # members the record does not name, carried byte for byte; never fed to the model
         s["extra"] = [(name, parts[name]) for name in s.get("extra", [])]
     return doc
+
+
+def pack_from_parts(parts: dict) -> dict:
+    """A pack as ``iter_packs`` yields it, from one WebDataset sample's parts (``{"json": ..., part name:
+    bytes}``, e.g. a Megatron-Energon ``CrudeWebdataset`` raw sample with ``decoder = None``)."""
+    return _pack(parts)
 
 
 class PackEncoder:

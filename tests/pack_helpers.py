@@ -19,9 +19,9 @@ from pack_assets.reader import iter_packs
 MODELS = Path(__file__).resolve().parent / "fixtures" / "models"  # config files only (see SOURCE.md there)
 
 
-def pack_shards(shards: Path, tmp: Path, profile: str, max_len: int) -> list[dict]:
-    """All packs of the shards in ``shards``, packed for ``profile`` with ``max_len``."""
-    work, out = tmp / f"work-{profile}", tmp / f"out-{profile}"
+def pack_shards(shards: Path, tmp: Path, profile: str, max_len: int, out: Path | None = None) -> list[dict]:
+    """All packs of the shards in ``shards``, packed for ``profile`` with ``max_len`` (into ``out``)."""
+    work, out = tmp / f"work-{profile}", out or tmp / f"out-{profile}"
     prof = load_profile(profile)
     keys = list(store.find_shards(shards))
     for k in keys:

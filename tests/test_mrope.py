@@ -13,10 +13,10 @@ import pytest
 
 from pack_assets.core.demo import make_demo, video_bytes
 from pack_assets.reader import PackEncoder, mrope_positions
-from tests.conftest import needs, write_tar
-from tests.pack_helpers import MODELS, pack_shards, rotated_samples
+from conftest import needs, write_tar
+from pack_helpers import MODELS, pack_shards, rotated_samples
 
-pytestmark = needs(importlib.util.find_spec("torch") is None, "torch is not installed (pip install -e '.[train]')")
+needs_torch = needs(importlib.util.find_spec("torch") is None, "torch is not installed (pip install -e '.[train]')")
 
 CONFIGS = {"qwen2-vl": None, "qwen2.5-vl": "Qwen2.5-VL-7B-Instruct", "qwen3-vl": "Qwen3-VL-8B-Instruct"}
 
@@ -70,6 +70,7 @@ def _reference(model, sub: dict, family: str) -> tuple[np.ndarray, np.ndarray]:
     return types, pos[:, 0].numpy()
 
 
+@needs_torch
 @pytest.mark.parametrize("profile", list(CONFIGS))
 def test_rope_positions_equal_transformers_get_rope_index_per_sub_sample(shards, tmp_path, profile):
     model, enc = _model(profile), PackEncoder(profile)
@@ -114,6 +115,7 @@ def test_mrope_positions_by_hand():
         mrope_positions(np.array([1, 1]), [((1, 4, 6), 1.0)], [], 2)
 
 
+@needs_torch
 @pytest.mark.parametrize("profile", ["qwen2.5-vl", "qwen3-vl"])
 def test_grids_of_exif_rotated_jpegs_equal_the_image_processor(tmp_path, profile):
     from PIL import Image

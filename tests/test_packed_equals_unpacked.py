@@ -15,8 +15,8 @@ import zlib
 import numpy as np
 import pytest
 
-from tests.conftest import needs, write_tar
-from tests.pack_helpers import MODELS, pack_shards, tiny_media_samples
+from conftest import needs, write_tar
+from pack_helpers import MODELS, pack_shards, tiny_media_samples
 
 pytestmark = needs(importlib.util.find_spec("torch") is None, "torch is not installed (pip install -e '.[train]')")
 
@@ -45,7 +45,7 @@ def shards(tmp_path_factory):
 def _processor(profile: str):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from tests.tiny_models import CHECKPOINTS
+    from tiny_models import CHECKPOINTS
     return Qwen2VLImageProcessorPil.from_pretrained(MODELS / CHECKPOINTS[profile])
 
 
@@ -146,7 +146,7 @@ def test_pack_logits_and_losses_equal_each_sub_sample_alone(shards, tmp_path, pr
     import torch
 
     from pack_assets.reader import PackCollator, PackEncoder
-    from tests.tiny_models import tiny_model
+    from tiny_models import tiny_model
 
     # Qwen3-VL counts fewer tokens per video: a smaller max_len keeps 20+ packs from the same samples
     packs = pack_shards(shards, tmp_path, profile, max_len={"qwen2.5-vl": 448, "qwen3-vl": 384}[profile])

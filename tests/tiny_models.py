@@ -10,7 +10,7 @@ from transformers import AutoConfig
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLForConditionalGeneration
 
-from tests.pack_helpers import MODELS
+from pack_helpers import MODELS
 
 CHECKPOINTS = {"qwen2.5-vl": "Qwen2.5-VL-7B-Instruct", "qwen3-vl": "Qwen3-VL-8B-Instruct"}
 _CLASSES = {"qwen2.5-vl": Qwen2_5_VLForConditionalGeneration, "qwen3-vl": Qwen3VLForConditionalGeneration}
