@@ -82,6 +82,7 @@ class PackEncoder:
         self.counter = TokenCounter(self.profile, backend="tokenizers")
         self.tok = tokenizer_for(self.profile)
         self.weighting = loss_weighting
+        self.tokens_per_second = np.float32(_tokens_per_second(self.profile))  # Qwen2.5-VL's video time scale
         ids = {t: self.tok.token_to_id(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
         self.image_pad, self.video_pad = ids["<|image_pad|>"], ids["<|video_pad|>"]
         self.vision_start, self.vision_end = ids["<|vision_start|>"], ids["<|vision_end|>"]
@@ -132,8 +133,7 @@ class PackEncoder:
         if family == "qwen3-vl":  # timestamps split each video into one block per frame pair, t=1 each
             videos = [((1, h, w), 1.0) for t, h, w in s["video_grid_thw"] for _ in range(t)]
         elif family == "qwen2.5-vl":  # absolute time: tokens_per_second * seconds per grid, in float32 as torch
-            tps = np.float32(_tokens_per_second(self.profile))
-            videos = [(g, tps * np.float32(sec)) for g, sec in zip(s["video_grid_thw"], s["second_per_grid_ts"])]
+            videos = [(g, self.tokens_per_second * np.float32(sec)) for g, sec in zip(s["video_grid_thw"], s["second_per_grid_ts"])]
         else:
             videos = [(g, 1.0) for g in s["video_grid_thw"]]
         images = [(g, 1.0) for g in s["image_grid_thw"]]
