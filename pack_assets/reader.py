@@ -10,10 +10,20 @@ sub-samples attend to each other:
 - ``labels``: the ids on assistant turns (content and ``<|im_end|>``), -100 elsewhere, and -100 on the
   first token of every sub-sample;
 - ``cu_seqlens`` (int32, ``[0, l1, l1+l2, ...]``) for flash-attn varlen / Megatron THD;
-- ``position_ids`` restarting at 0 for each sub-sample (the 1-D positions; mRoPE needs the grids below);
-- ``image_grid_thw`` / ``video_grid_thw`` per sub-sample, in media order;
+- ``position_ids`` restarting at 0 for each sub-sample (the 1-D positions: not what Qwen-VL models rotate by);
+- ``rope_position_ids`` (int64, ``(3, T)``): the mRoPE (temporal, height, width) positions, per sub-sample
+  exactly what transformers' ``get_rope_index`` returns for that sub-sample alone, concatenated;
+- ``mm_token_type_ids`` (int64, ``[T]``): 0 text, 1 image pad, 2 video pad, as the processor returns them;
+- ``image_grid_thw`` / ``video_grid_thw`` per sub-sample, in model order (images as the EXIF orientation
+  turns them, as the processor loads them); ``second_per_grid_ts`` per sub-sample, per video (Qwen2.5-VL);
+- ``images`` / ``videos``: per sub-sample, the raw bytes in the order of those grids;
 - ``loss_weights``: 1 per trainable token (``token``), 1/n_i (``sample``) or 1/sqrt(n_i) (``sqrt``) where n_i
   is the trainable tokens of sub-sample i; divide by their sum over the global batch.
+
+``PackCollator`` (torch, imported only when it is called) turns a batch of encoded packs into padded tensors
+with ``cu_seqlens`` and pixel values from the model's processor; ``pack_from_parts`` makes a pack from one
+WebDataset sample's parts (Megatron-Energon). The proof that a pack so fed gives each sub-sample's own
+logits is ``tests/test_packed_equals_unpacked.py``.
 
 The total length is checked against ``_meta.total_token_len``, and each sub-sample's against the planner's
 ``sample_token_lens``: a count that differs raises instead of overflowing a pack at training time.
@@ -29,6 +39,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from .core.media import VIDEO_EXTS, probe_image, probe_video
 from .core.profiles import ModelProfile, resolve_profile, tokenizer_for
@@ -47,13 +58,20 @@ def iter_packs(paths: Iterable[str | Path]) -> Iterator[dict]:
             yield _pack(parts)
 
 
-def _pack(parts: dict[str, bytes]) -> dict:
-    doc = json.loads(parts["json"])
+def _pack(parts: dict) -> dict:
+    doc = parts["json"]
+    doc = json.loads(doc) if isinstance(doc, (bytes, str)) else json.loads(json.dumps(doc))  # a copy: media go in
     for s in doc["samples"]:
         s["media"] = [(name, parts[name]) for name in s["media"]]
         # members the record does not name, carried byte for byte; never fed to the model
         s["extra"] = [(name, parts[name]) for name in s.get("extra", [])]
     return doc
+
+
+def pack_from_parts(parts: dict) -> dict:
+    """A pack as ``iter_packs`` yields it, from one WebDataset sample's parts (``{"json": ..., part name:
+    bytes}``, e.g. a Megatron-Energon ``CrudeWebdataset`` raw sample with ``decoder = None``)."""
+    return _pack(parts)
 
 
 class PackEncoder:
@@ -64,6 +82,7 @@ class PackEncoder:
         self.counter = TokenCounter(self.profile, backend="tokenizers")
         self.tok = tokenizer_for(self.profile)
         self.weighting = loss_weighting
+        self.tokens_per_second = np.float32(_tokens_per_second(self.profile))  # Qwen2.5-VL's video time scale
         ids = {t: self.tok.token_to_id(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
         self.image_pad, self.video_pad = ids["<|image_pad|>"], ids["<|video_pad|>"]
         self.vision_start, self.vision_end = ids["<|vision_start|>"], ids["<|vision_end|>"]
@@ -73,10 +92,11 @@ class PackEncoder:
         enc = self.tok.encode(text, add_special_tokens=False)
         spans = [(m.start(1), m.end(1)) for m in _ASSISTANT.finditer(text)]
         trainable = [any(a <= start < b for a, b in spans) for start, _ in enc.offsets]
-        images = [probe_image(data) for name, data in media if not name.endswith(_VIDEO_SUFFIXES)]
-        videos = [probe_video(io.BytesIO(data)) for name, data in media if name.endswith(_VIDEO_SUFFIXES)]
-        image_grids = [image_grid(w, h, self.profile.image) for w, h in images]
-        vcounts = [video_count(v, self.profile.video) for v in videos]
+        images = [data for name, data in media if not name.endswith(_VIDEO_SUFFIXES)]
+        videos = [data for name, data in media if name.endswith(_VIDEO_SUFFIXES)]
+        image_grids = [image_grid(*oriented_size(data), self.profile.image) for data in images]
+        metas = [probe_video(io.BytesIO(data)) for data in videos]
+        vcounts = [video_count(v, self.profile.video) for v in metas]
         merge = self.profile.image.merge_size ** 2
         ids: list[int] = []
         labels: list[int] = []
@@ -95,8 +115,29 @@ class PackEncoder:
                 labels.append(tid if train else -100)
         if labels:
             labels[0] = -100  # nothing before it in this sub-sample to predict it from
-        return {"input_ids": ids, "labels": labels, "image_grid_thw": image_grids,
-                "video_grid_thw": [v.grid for v in vcounts]}
+        # Qwen3-VL places frames by their timestamps instead; its processor returns no second_per_grid_ts
+        seconds = ([] if self.profile.family == "qwen3-vl" else
+                   [_seconds_per_grid(m, v, self.profile.video) for m, v in zip(metas, vcounts)])
+        out = {"input_ids": ids, "labels": labels, "image_grid_thw": image_grids,
+               "video_grid_thw": [v.grid for v in vcounts], "second_per_grid_ts": seconds,
+               "images": images, "videos": videos}
+        out["mm_token_type_ids"], out["rope_position_ids"] = self._mrope(out)
+        return out
+
+    def _mrope(self, s: dict) -> tuple[np.ndarray, np.ndarray]:
+        """Token types and mRoPE positions of one sub-sample, the way each family's get_rope_index makes them."""
+        ids = np.asarray(s["input_ids"], dtype=np.int64)
+        types = np.zeros(len(ids), np.int64)
+        types[ids == self.image_pad], types[ids == self.video_pad] = 1, 2
+        family = self.profile.family
+        if family == "qwen3-vl":  # timestamps split each video into one block per frame pair, t=1 each
+            videos = [((1, h, w), 1.0) for t, h, w in s["video_grid_thw"] for _ in range(t)]
+        elif family == "qwen2.5-vl":  # absolute time: tokens_per_second * seconds per grid, in float32 as torch
+            videos = [(g, self.tokens_per_second * np.float32(sec)) for g, sec in zip(s["video_grid_thw"], s["second_per_grid_ts"])]
+        else:
+            videos = [(g, 1.0) for g in s["video_grid_thw"]]
+        images = [(g, 1.0) for g in s["image_grid_thw"]]
+        return types, mrope_positions(types, images, videos, self.profile.image.merge_size)
 
     def _video_block(self, v) -> list[int]:
         """What replaces one <|video_pad|>: the pads alone (Qwen2/2.5-VL), or for Qwen3-VL per frame pair
@@ -128,14 +169,74 @@ class PackEncoder:
             "labels": np.asarray([t for s in subs for t in s["labels"]], dtype=np.int64),
             "cu_seqlens": np.concatenate([[0], np.cumsum(lens)]).astype(np.int32),
             "position_ids": np.concatenate([np.arange(n) for n in lens]).astype(np.int64) if lens else np.zeros(0, np.int64),
+            "rope_position_ids": np.concatenate([s["rope_position_ids"] for s in subs], axis=1) if subs else np.zeros((3, 0), np.int64),
+            "mm_token_type_ids": np.concatenate([s["mm_token_type_ids"] for s in subs]) if subs else np.zeros(0, np.int64),
             "image_grid_thw": [s["image_grid_thw"] for s in subs],
             "video_grid_thw": [s["video_grid_thw"] for s in subs],
+            "second_per_grid_ts": [s["second_per_grid_ts"] for s in subs],
+            "images": [s["images"] for s in subs],
+            "videos": [s["videos"] for s in subs],
             "loss_weights": np.asarray(weights, dtype=np.float32),
             "media": [[data for _, data in s["media"]] for s in pack["samples"]],
         }
 
 
 _VIDEO_SUFFIXES = tuple(f".{e}" for e in sorted(VIDEO_EXTS))
+_ORIENTATION = 0x0112  # EXIF tag; values 5-8 turn the image by a quarter (width and height swap)
+
+
+def oriented_size(data: bytes) -> tuple[int, int]:
+    """Width and height as the processor sees the image: transformers' ``load_image`` applies the EXIF
+    orientation (``ImageOps.exif_transpose``), so for orientations 5-8 the header's width and height swap."""
+    w, h = probe_image(data)
+    with Image.open(io.BytesIO(data)) as im:  # lazy: reads the header and EXIF, decodes no pixel
+        orientation = im.getexif().get(_ORIENTATION, 1)
+    return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
+
+
+def _seconds_per_grid(meta: dict, v, rule) -> float:
+    """Qwen2/2.5-VL ``second_per_grid_ts`` of one video: temporal_patch_size / sampled fps, where the sampled
+    fps is sampled frames / total frames * source fps (qwen-vl-utils and transformers' ``sampled_fps``)."""
+    total, src_fps = int(meta["frames"]), float(meta.get("fps") or 24.0)
+    return rule.temporal_patch_size / (v.grid[0] * rule.temporal_patch_size / total * src_fps)
+
+
+def _tokens_per_second(profile: ModelProfile) -> int:
+    """Qwen2.5-VL's ``vision_config.tokens_per_second`` (2 in every released checkpoint)."""
+    cfg = Path(profile.model_dir) / "config.json" if profile.model_dir else None
+    if cfg is not None and cfg.exists():
+        return int(json.loads(cfg.read_text(encoding="utf-8")).get("vision_config", {}).get("tokens_per_second", 2))
+    return 2
+
+
+def mrope_positions(types: np.ndarray, images: list, videos: list, merge: int) -> np.ndarray:
+    """(3, L) int64 mRoPE positions for one sequence, transformers' ``get_rope_index`` in numpy.
+
+    ``types``: 0 text, 1 image, 2 video per token; ``images`` / ``videos``: ((t, h, w) in patches, time
+    interval) per run of vision tokens, in order. Text advances all three axes by one per token; a vision
+    run gets (start + floor(frame * interval), start + row, start + column) and the next token starts at
+    start + max(rows, columns)."""
+    out = np.empty((3, len(types)), np.int64)
+    grids = {1: iter(images), 2: iter(videos)}
+    edges = np.flatnonzero(np.diff(types)) + 1
+    pos = 0
+    for a, b in zip(np.concatenate([[0], edges]), np.concatenate([edges, [len(types)]])):
+        kind = int(types[a])
+        if kind == 0:
+            out[:, a:b] = np.arange(b - a) + pos
+            pos += int(b - a)
+            continue
+        (t, h, w), interval = next(grids[kind])
+        h, w = h // merge, w // merge
+        if t * h * w != b - a:
+            raise ValueError(f"{b - a} vision tokens for a grid of {t}x{h}x{w} after the merge")
+        # torch: (arange(t) * interval).long(), in float32 and truncated
+        frames = (np.arange(t, dtype=np.float32) * np.float32(interval)).astype(np.int64)
+        out[0, a:b] = np.repeat(frames, h * w) + pos
+        out[1, a:b] = np.tile(np.repeat(np.arange(h), w), t) + pos
+        out[2, a:b] = np.tile(np.arange(w), t * h) + pos
+        pos += max(h, w)
+    return out
 
 
 def iter_encoded(paths: Iterable[str | Path], profile: str | None = None, model_dir: str | None = None,
@@ -143,3 +244,88 @@ def iter_encoded(paths: Iterable[str | Path], profile: str | None = None, model_
     enc = PackEncoder(profile, model_dir, loss_weighting)
     for pack in iter_packs(paths):
         yield enc.encode(pack)
+
+
+class PackCollator:
+    """A ``DataLoader`` ``collate_fn``: a batch of encoded packs (``PackEncoder.encode``) → torch tensors.
+
+    Right-padded ``[B, L]``: ``input_ids`` (``pad_id``), ``labels`` (-100), ``loss_weights`` (0),
+    ``mm_token_type_ids``; ``rope_position_ids`` ``[3, B, L]``; ``position_ids`` ``[4, B, L]``: the 1-D
+    positions then the mRoPE ones, the form in which transformers' Qwen-VL models build the block-diagonal
+    mask themselves (no ``attention_mask``); ``cu_seqlens`` (int32) and ``max_seqlen`` over the flattened
+    ``[B * L]`` tokens, each row's padding its own segment (flash-attn varlen, Megatron THD); with
+    ``block_mask=True`` also ``attention_mask`` ``[B, 1, L, L]`` (bool, block-diagonal causal) for sdpa/eager.
+    ``pixel_values`` / ``image_grid_thw`` come from ``processor`` (a Qwen-VL processor or image processor),
+    the images loaded as transformers' ``load_image`` does (EXIF orientation applied); ``video_pixels(data,
+    grid)`` returns one video's ``pixel_values_videos`` rows. torch is imported only here.
+    """
+
+    def __init__(self, processor=None, pad_id: int = 151643, block_mask: bool = False, video_pixels=None):
+        self.image_processor = getattr(processor, "image_processor", processor)
+        self.pad_id, self.block_mask, self.video_pixels = pad_id, block_mask, video_pixels
+
+    def __call__(self, packs: list[dict]) -> dict:
+        import torch
+
+        width = max(len(p["input_ids"]) for p in packs)
+        out = {k: torch.from_numpy(_pad_rows([p[k] for p in packs], width, fill, dtype))
+               for k, fill, dtype in (("input_ids", self.pad_id, np.int64), ("labels", -100, np.int64),
+                                      ("loss_weights", 0, np.float32), ("mm_token_type_ids", 0, np.int64))}
+        rope = np.stack([_pad_rows(list(p["rope_position_ids"][a] for p in packs), width, 0, np.int64) for a in range(3)])
+        text = _pad_rows([p["position_ids"] for p in packs], width, 0, np.int64)
+        out["rope_position_ids"] = torch.from_numpy(rope)
+        out["position_ids"] = torch.from_numpy(np.concatenate([text[None], rope]))
+        lens = [np.diff(p["cu_seqlens"]).tolist() + ([width - len(p["input_ids"])] if len(p["input_ids"]) < width else [])
+                for p in packs]
+        flat = [n for row in lens for n in row]
+        out["cu_seqlens"] = torch.from_numpy(np.concatenate([[0], np.cumsum(flat)]).astype(np.int32))
+        out["max_seqlen"] = max(flat)
+        if self.block_mask:
+            out["attention_mask"] = torch.from_numpy(np.stack([_block_causal(row) for row in lens])[:, None])
+        out.update(self._images(packs))
+        out.update(self._videos(packs))
+        return out
+
+    def _images(self, packs: list[dict]) -> dict:
+        import torch
+        from PIL import ImageOps
+
+        data = [d for p in packs for sub in p["images"] for d in sub]
+        if not data:
+            return {}
+        if self.image_processor is None:
+            raise ValueError("the batch has images: give PackCollator the model's processor")
+        images = [ImageOps.exif_transpose(Image.open(io.BytesIO(d))).convert("RGB") for d in data]
+        res = self.image_processor(images=images, return_tensors="pt")
+        grids = [list(g) for p in packs for sub in p["image_grid_thw"] for g in sub]
+        if res["image_grid_thw"].tolist() != grids:  # another processor config than the packing profile's
+            raise ValueError(f"processor grids {res['image_grid_thw'].tolist()} differ from the pack's {grids}")
+        return {"pixel_values": res["pixel_values"], "image_grid_thw": torch.tensor(grids)}
+
+    def _videos(self, packs: list[dict]) -> dict:
+        import torch
+
+        items = [(d, g) for p in packs for vs, gs in zip(p["videos"], p["video_grid_thw"]) for d, g in zip(vs, gs)]
+        if not items:
+            return {}
+        if self.video_pixels is None:
+            raise ValueError("the batch has videos: give PackCollator video_pixels(data, grid)")
+        out = {"pixel_values_videos": torch.cat([self.video_pixels(d, g) for d, g in items]),
+               "video_grid_thw": torch.tensor([list(g) for _, g in items])}
+        seconds = [s for p in packs for sub in p["second_per_grid_ts"] for s in sub]
+        if seconds:
+            out["second_per_grid_ts"] = torch.tensor(seconds)
+        return out
+
+
+def _pad_rows(rows: list, width: int, fill, dtype) -> np.ndarray:
+    out = np.full((len(rows), width), fill, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+def _block_causal(lens: list[int]) -> np.ndarray:
+    """[L, L] bool: token q sees token k when both are in one segment and k <= q."""
+    seg = np.repeat(np.arange(len(lens)), lens)
+    return (seg[:, None] == seg[None, :]) & np.tri(len(seg), dtype=bool)

@@ -1,0 +1,90 @@
+"""Pack a folder of shards end to end (manifest, token_lengths, plan, write) and read the packs back."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from PIL import Image
+
+from pack_assets.core import store
+from pack_assets.core.plan import PlanConfig, run_plan
+from pack_assets.core.profiles import load_profile
+from pack_assets.core.scan import run_manifest
+from pack_assets.core.tokens import run_token_lengths
+from pack_assets.core.write import run_write
+from pack_assets.reader import iter_packs
+
+MODELS = Path(__file__).resolve().parent / "fixtures" / "models"  # config files only (see SOURCE.md there)
+
+
+def pack_shards(shards: Path, tmp: Path, profile: str, max_len: int, out: Path | None = None) -> list[dict]:
+    """All packs of the shards in ``shards``, packed for ``profile`` with ``max_len`` (into ``out``)."""
+    work, out = tmp / f"work-{profile}", out or tmp / f"out-{profile}"
+    prof = load_profile(profile)
+    keys = list(store.find_shards(shards))
+    for k in keys:
+        run_manifest(shards, work, k)
+        run_token_lengths(work, k, prof)
+    run_plan(work, keys, PlanConfig(max_len=max_len), prof)
+    run_write(work, shards, out, workers=1)
+    return list(iter_packs(sorted(out.glob("*.tar"))))
+
+
+def rotated_jpeg(w: int, h: int, orientation: int, color=(10, 200, 90)) -> bytes:
+    """A w x h JPEG (as stored) whose EXIF says how to turn it for display."""
+    im = Image.new("RGB", (w, h), color)
+    im.paste((250, 250, 0), (0, 0, w // 3, h // 4))  # not symmetric: a wrong turn changes the pixels
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buf = io.BytesIO()
+    im.save(buf, format="JPEG", exif=exif.tobytes())
+    return buf.getvalue()
+
+
+def rotated_samples(n: int = 8) -> list[tuple[str, bytes | str]]:
+    """Members of ``n`` samples with one or two EXIF-rotated JPEGs (orientations 1-8, non-square sizes)."""
+    members: list[tuple[str, bytes | str]] = []
+    for i in range(n):
+        images = [(f"img{m}.jpg", rotated_jpeg(120 + 40 * i + 13 * m, 60 + 9 * i, (i + m) % 8 + 1)) for m in range(1 + i % 2)]
+        rec = {"messages": [{"role": "user", "content": [{"type": "image"} for _ in images] + [{"type": "text", "text": f"Turned {i}?"}]},
+                            {"role": "assistant", "content": "Yes, it is turned."}],
+               "images": [name for name, _ in images]}
+        members.append((f"rot{i:03d}.json", json.dumps(rec)))
+        members += [(f"rot{i:03d}.{name}", data) for name, data in images]
+    return members
+
+
+def tiny_media_samples(n: int = 72, seed: int = 3) -> list[tuple[str, bytes | str]]:
+    """Short samples for running a model on: text (one to three turns), one or two small images (some EXIF
+    turned), and short small videos; small enough that a pack holds several."""
+    import numpy as np
+
+    from pack_assets.core.demo import video_bytes
+
+    rng = np.random.default_rng(seed)
+    words = "the a red blue cat dog left right shows picture count two three what where small".split()
+    clips = [video_bytes(f, w, h, fps, seed=i) for i, (f, w, h, fps) in enumerate([(4, 32, 32, 2), (8, 48, 32, 4), (6, 32, 48, 3)])]
+    members: list[tuple[str, bytes | str]] = []
+    for i in range(n):
+        kind = ("text", "image", "text", "images", "text", "video")[i % 6]
+        turns = 1 + i % 3
+        msgs = []
+        for t in range(turns):
+            content = [{"type": "text", "text": " ".join(rng.choice(words, int(rng.integers(2, 12))))}]
+            if t == 0 and kind != "text":
+                content = [{"type": "video" if kind == "video" else "image"} for _ in range(2 if kind == "images" else 1)] + content
+            msgs += [{"role": "user", "content": content},
+                     {"role": "assistant", "content": " ".join(rng.choice(words, int(rng.integers(1, 10))))}]
+        rec, key = {"messages": msgs}, f"t{i:04d}"
+        if kind in ("image", "images"):
+            sizes = [(int(rng.integers(20, 90)), int(rng.integers(20, 90))) for _ in range(2 if kind == "images" else 1)]
+            rec["images"] = [f"img{m}.jpg" for m in range(len(sizes))]
+            members += [(f"{key}.img{m}.jpg", rotated_jpeg(w, h, int(rng.integers(1, 9)), tuple(int(c) for c in rng.integers(0, 255, 3))))
+                        for m, (w, h) in enumerate(sizes)]
+        elif kind == "video":
+            rec["video"] = "mp4"
+            members.append((f"{key}.mp4", clips[i % len(clips)]))
+        members.insert(len(members) - len(rec.get("images", [])) - (kind == "video"), (f"{key}.json", json.dumps(rec)))
+    return members
