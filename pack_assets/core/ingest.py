@@ -25,6 +25,10 @@ def iter_records(path: Path) -> Iterator[dict]:
 
 
 def _resolve(media_root: Path | None, base: Path, ref: str) -> Path:
+    if ref.startswith("file://"):  # a local file given as a URL (inline parts' "url" / "image_url")
+        ref = ref[len("file://"):]
+    elif ref.startswith(("http://", "https://", "data:", "s3://", "gs://")):
+        raise ReasonError("remote_media", f"{ref[:80]!r} is not a local file; nothing is downloaded")
     p = Path(ref)
     if p.is_absolute():
         return p

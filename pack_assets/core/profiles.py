@@ -55,7 +55,10 @@ class VideoRule:
     count in [min_frames, max_frames], per-frame pixels capped by ``max_pixels`` and ``total_pixels``.
     ``sampler="qwen3-vl"``: transformers' Qwen3-VL video processor, n = min(max(int(T/fps_src*fps),
     min_frames), max_frames, T), all n frames resized together within [min_pixels, max_pixels], and a
-    ``<t seconds>`` timestamp before each pair of frames.
+    ``<t seconds>`` timestamp before each pair of frames. ``frame_max_pixels`` (Qwen3-VL, 0 = off; the
+    ``frame_max_pixels`` key of a --model-dir's video_preprocessor_config.json): frames are first brought
+    within that many pixels by qwen-vl-utils' resize (as its ``VIDEO_FRAME_MAX_PIXELS`` does), then the
+    processor's rule applies.
     """
 
     sampler: str
@@ -68,6 +71,7 @@ class VideoRule:
     min_pixels: int
     max_pixels: int
     total_pixels: int = 0
+    frame_max_pixels: int = 0
 
     @property
     def factor(self) -> int:
@@ -145,6 +149,7 @@ def _rules(family: str, pre: dict, vid: dict) -> tuple[ImageRule, VideoRule]:
             int(vid.get("max_frames", 768)),
             vlo,
             vhi,
+            frame_max_pixels=int(vid.get("frame_max_pixels") or 0),
         )
         return image, video
     lo, hi = _pixels(pre, 56 * 56, 28 * 28 * 1280)

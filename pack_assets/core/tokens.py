@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import unicodedata
 from collections.abc import Iterable, Iterator
@@ -109,6 +110,8 @@ def video_count(meta: dict, rule: VideoRule) -> VideoCount:
     n = min(max(n, rule.min_frames), rule.max_frames, total)
     if n < t:
         raise ReasonError("video_too_short", f"{total} frame(s): fewer than {t} to sample")
+    if rule.frame_max_pixels and height * width > rule.frame_max_pixels:  # frames pre-resized (qwen-vl-utils)
+        height, width = _qvu_resize(height, width, f, 0, rule.frame_max_pixels)
     if height < f or width < f:
         scale = max(f / height, f / width)
         height, width = int(height * scale), int(width * scale)
@@ -167,14 +170,28 @@ class TokenCounter:
         if backend == "tiktoken" and self.fast is None:
             raise ValueError(f"the tokenizer of {profile.name} cannot run on tiktoken")
         self.backend = "tiktoken" if self.fast is not None else "tokenizers"
+        self._special_split: re.Pattern | None = None
 
     def lengths(self, texts: list[str]) -> list[int]:
         if self.fast is not None:
             encode = self.fast.encode
-            return [len(encode(unicodedata.normalize("NFC", t), allowed_special="all")) for t in texts]
+            return [len(encode(self._nfc(t), allowed_special="all")) for t in texts]
         return [len(e) for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
 
+    def _nfc(self, text: str) -> str:
+        """NFC as HF applies it: after the added tokens are split off ("<|vision_end|>\u0338" must not
+        compose '>' + U+0338 into '≯' and break the token)."""
+        if unicodedata.is_normalized("NFC", text):
+            return text
+        if self._special_split is None:
+            names = sorted(self.fast.special_tokens_set, key=len, reverse=True)
+            self._special_split = re.compile("(" + "|".join(map(re.escape, names)) + ")")
+        pieces = self._special_split.split(text)  # odd positions are the special tokens
+        return "".join(p if i % 2 else unicodedata.normalize("NFC", p) for i, p in enumerate(pieces))
+
     def render(self, messages: list[dict], tools: list | None = None) -> str:
+        if tools is None and messages and messages[0].get("tools"):
+            tools = messages[0]["tools"]  # the record's tools ride on the first message (see conversation.py)
         return self.template.render(messages=messages, tools=tools, add_generation_prompt=False)
 
     def _vision(self, image_sizes, videos) -> tuple[int, int, list[VideoCount]]:
