@@ -35,9 +35,10 @@ def _resolve(media_root: Path | None, base: Path, ref: str) -> Path:
     return (media_root or base) / p
 
 
-def count_records(path: Path, media_root: Path | None, profile: str | None, model_dir: str | None) -> list[dict]:
-    """One result per record: counts, or an ``error`` reason with detail."""
-    counter = TokenCounter(resolve_profile(profile, model_dir))
+def count_records(path: Path, media_root: Path | None, profile: str | None, model_dir: str | None,
+                  trust_remote_code: bool = False) -> list[dict]:
+    """One result per record: counts (``counted_by`` names the rule), or an ``error`` reason with detail."""
+    counter = TokenCounter(resolve_profile(profile, model_dir, trust_remote_code))
     out: list[dict] = []
     items: list[tuple] = []
     ids: list = []

@@ -1,5 +1,9 @@
 """token_lengths stage: exact token counts for the target model, from headers and text only.
 
+Two rules: ``fast`` (below; header-only, proven equal to the model's processor) and ``processor`` (a
+--model-dir family without a fast rule: its own transformers processor, core/procount.py). Each row's
+``counted_by`` says which.
+
 total = len(tokenize(render(chat_template, messages))) + Σ(N_image − 1) + Σ(N_video − 1): the
 conversation is rendered once with one pad placeholder per media item, then each placeholder grows to its
 real token count. ``text_tokens`` excludes those placeholders (it keeps the vision start/end tokens).
@@ -164,6 +168,13 @@ class TokenCounter:
 
     def __init__(self, profile: ModelProfile, backend: str = "auto"):
         self.profile = profile
+        self._processor = None
+        if profile.rule == "processor":  # the folder's own processor counts (core/procount.py)
+            from .procount import ProcessorCounter
+
+            self._processor = ProcessorCounter(profile)
+            self.backend = "processor"
+            return
         self.template = _environment().from_string(profile.chat_template)
         self.tokenizer = tokenizer_for(profile)
         self.fast = fast_counter_for(profile) if backend in ("auto", "tiktoken") else None
@@ -201,6 +212,9 @@ class TokenCounter:
 
     def count_many(self, items: Iterable[tuple[list[dict], list, list]]) -> Iterator[dict | ReasonError]:
         """(messages, image_sizes [[w, h]], videos [meta]) -> counts, or a ReasonError, in input order."""
+        if self._processor is not None:
+            yield from self._processor.count_many(items)
+            return
         batch: list = []
         for item in items:
             batch.append(item)
@@ -245,6 +259,7 @@ class TokenCounter:
                     "image_tokens": img,
                     "video_tokens": video,
                     "total_tokens": text_tokens + img + video,
+                    "counted_by": "fast",
                 }
             )
         return out
@@ -270,7 +285,7 @@ def count_shard_rows(counter: TokenCounter, samples: Iterable[dict], media_bytes
         }
         if isinstance(res, ReasonError):
             row.update(text_tokens=None, image_tokens=None, video_tokens=None, total_tokens=None, vision_tokens=None,
-                       status="rejected", reason=res.reason)
+                       status="rejected", reason=res.reason, counted_by=counter.profile.rule)
             rejections.append(Rejection(s["shard"], s["key"], res.reason, res.detail, stage="token_lengths"))
         else:
             row.update(res, vision_tokens=res["image_tokens"] + res["video_tokens"], status="ok", reason=None)
@@ -310,9 +325,14 @@ class TokenLengthsSummary:
                 "dagster/uri": FilePath(self.folder), "dagster/column_schema": TOKEN_LENGTHS_SCHEMA}
 
 
+# 2: token_lengths.parquet has `counted_by`; older counts are stale, so every file a view reads has the column
+TOKEN_LENGTHS_FORMAT = 2
+
+
 def _token_stamp(work: Path, shard: str, profile: ModelProfile) -> str:
     info = store.read_shard_info(work, shard) or {}
-    return json.dumps({"profile": profile.fingerprint, "size": info.get("size"), "mtime_ns": info.get("mtime_ns")})
+    return json.dumps({"profile": profile.fingerprint, "size": info.get("size"), "mtime_ns": info.get("mtime_ns"),
+                       "format": TOKEN_LENGTHS_FORMAT})
 
 
 def token_lengths_are_current(work: Path, shard: str, profile: ModelProfile) -> bool:
