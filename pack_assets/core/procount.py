@@ -98,6 +98,12 @@ class ProcessorCounter:
         self.processor = load_processor(profile.model_dir, profile.trust_remote_code)
         if getattr(self.processor, "tokenizer", None) is None:
             raise ProfileError(f"the processor of {profile.model_dir} has no tokenizer")
+        # the tokenizer's own media token ids where it names them (Gemma 3's processor calls its placeholder,
+        # <start_of_image>, the image token; the repeated one is the tokenizer's <image_soft_token>)
+        tok = self.processor.tokenizer
+        ids = (getattr(tok, a, None) if isinstance(getattr(tok, a, None), int) else getattr(self.processor, a, None)
+               for a in ("image_token_id", "video_token_id"))
+        self._media_ids = frozenset(i for i in ids if isinstance(i, int))
 
     def count_many(self, items: Iterable[tuple[list[dict], list, list]]):
         for messages, image_sizes, videos in items:
@@ -113,14 +119,15 @@ class ProcessorCounter:
         msgs = [{k: v for k, v in m.items() if k != "tools"} for m in messages]
         try:
             text = self.processor.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False)
-            text_ids = self.processor.tokenizer(text, add_special_tokens=False)["input_ids"]
             images = [_blank(int(w), int(h)) for w, h in image_sizes] or None
             out = self.processor(text=[text], images=[images] if images else None, add_special_tokens=False)
         except ReasonError:
             raise
         except Exception as e:  # the processor's own refusal (bad aspect ratio, template error, ...)
             raise ReasonError("processor_error", f"{type(e).__name__}: {e}") from None
-        total = len(out["input_ids"][0])
-        # image_tokens: what the processor's expansion added to the rendered text
-        return {"text_tokens": len(text_ids), "image_tokens": total - len(text_ids), "video_tokens": 0,
-                "total_tokens": total, "counted_by": "processor"}
+        ids = out["input_ids"][0]
+        # image_tokens: the processor's image token ids (its wrappers, e.g. <start_of_image>, count as text);
+        # the tokenizer runs once per sample, inside the processor
+        image = sum(1 for i in ids if i in self._media_ids) if images else 0
+        return {"text_tokens": len(ids) - image, "image_tokens": image, "video_tokens": 0,
+                "total_tokens": len(ids), "counted_by": "processor"}
