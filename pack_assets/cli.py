@@ -102,10 +102,21 @@ def cmd_run(args) -> int:
 def cmd_count(args) -> int:
     from .core.ingest import count_records
 
-    rows = count_records(Path(args.input), Path(args.media_root) if args.media_root else None, args.profile, args.model_dir)
+    rows = count_records(Path(args.input), Path(args.media_root) if args.media_root else None, args.profile,
+                         args.model_dir, trust_remote_code=args.trust_remote_code)
     for r in rows:
         print(json.dumps(r, ensure_ascii=False))
     return 0 if all("error" not in r for r in rows) else 1
+
+
+def cmd_profiles(args) -> int:
+    from .core.profiles import FAMILIES
+
+    rows = [f.as_dict() for f in FAMILIES]
+    lines = [f"{r['family']:16} {r['rule']:9} {', '.join(r['model_types']) or '(any model_type)'}\n"
+             f"{'':26} --model-dir needs: {'; '.join(r['model_dir_files'])}\n{'':26} {r['note']}" for r in rows]
+    _emit(args, {"families": rows}, "\n".join(lines))
+    return 0
 
 
 def _lengths_caps(args):
@@ -255,8 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", required=True, help=".json (a list) or .jsonl file of records")
     p.add_argument("--media-root", help="folder that relative media paths are resolved against")
     p.add_argument("--profile", default=DEFAULTS["profile"])
-    p.add_argument("--model-dir")
+    p.add_argument("--model-dir", help="a local HF checkpoint folder; a family without a fast rule is counted by "
+                   "its own processor (see `pack-assets profiles`)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let transformers run the folder's own processor code (remote-code models only)")
     p.set_defaults(func=cmd_count, json=True)
+
+    p = sub.add_parser("profiles", help="every supported model family, its counting rule and the files --model-dir needs")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_profiles)
     _planner_commands(sub)
     _tool_commands(sub)
     return ap

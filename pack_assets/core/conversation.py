@@ -9,10 +9,16 @@ Placeholder rule (documented in docs/formats.md):
 - when a conversation has no placeholder of a kind but the sample has media of that kind, all of it goes
   at the start of the first user turn (the LLaVA convention);
 - any other difference between placeholders and media is a ``placeholder_mismatch`` rejection.
+
+HF-native inline media (``{"type": "image", "image": "a.jpg"}``, ``path``/``url``/``image_url``, ``video``)
+names the media when the record has no ``image(s)``/``video(s)`` field. A record-level ``tools`` list (or
+LLaMA-Factory's JSON string) rides on the first message under ``"tools"`` (the manifest's conversation stays a
+list of messages); the count passes it to the template as ``tools=``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -36,6 +42,10 @@ ROLE_MAP = {
 _PLACEHOLDER = re.compile(r"<image>|<video>")
 _IMAGE_PART_TYPES = {"image", "image_url", "image_path", "image_binary"}
 _VIDEO_PART_TYPES = {"video", "video_url", "video_path"}
+# media tokens of the supported models: a literal one in text would be expanded (or miscounted) by a processor
+_MEDIA_TOKEN = re.compile(r"<\|image_pad\|>|<\|video_pad\|>|<image_soft_token>|<start_of_image>|<end_of_image>"
+                          r"|<IMG_CONTEXT>|<\|image\|>|<\|video\|>|<\|begin_of_image\|>|<\|begin_of_video\|>")
+_TURN_KEYS = ("tool_calls", "tool_call_id", "name")  # kept (the last two on tool turns): tool templates read them
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +75,63 @@ def _as_list(value) -> list[str]:
 
 
 def media_refs(record: dict) -> MediaRefs:
+    """Record-level media fields; for a kind the record has none of, the names its inline parts give."""
     images = _as_list(record.get("image")) + _as_list(record.get("images"))
     videos = _as_list(record.get("video")) + _as_list(record.get("videos"))
+    if not images or not videos:
+        inline = inline_refs(record)
+        images, videos = images or inline.images, videos or inline.videos
     return MediaRefs(images, videos)
+
+
+def _part_ref(item: dict, kind: str) -> str:
+    """The file an inline media part names ("" when it gives only the kind, or a list of frames)."""
+    for k in (kind, f"{kind}_url", f"{kind}_path", "path", "url"):
+        v = item.get(k)
+        if isinstance(v, dict):
+            v = v.get("url") or v.get("path")
+        if isinstance(v, str) and v:
+            return v
+    return ""
+
+
+def _turns(record: dict):
+    for k in ("messages", "conversations", "conversation"):
+        if record.get(k) is not None:
+            return record[k]
+    return None
+
+
+def inline_refs(record: dict) -> MediaRefs:
+    """Media named by typed parts inside the turns, in conversation order (kind-only parts name nothing)."""
+    out: dict[str, list[str]] = {"image": [], "video": []}
+    turns = _turns(record)
+    for t in turns if isinstance(turns, list) else []:
+        content = t.get("content") if isinstance(t, dict) else None
+        for item in content if isinstance(content, list) else []:
+            p = _part(item) if isinstance(item, dict) else None
+            if p is not None and p["type"] in out:
+                ref = _part_ref(item, p["type"])
+                if ref:
+                    out[p["type"]].append(ref)
+    return MediaRefs(out["image"], out["video"])
+
+
+def record_tools(record: dict) -> list[dict] | None:
+    """The record's function specs: a list, one object, or LLaMA-Factory's JSON string of either."""
+    tools = record.get("tools")
+    if tools is None or tools == "" or tools == []:
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise ReasonError("bad_tools", f"'tools' is a string but not JSON: {e}") from None
+    if isinstance(tools, dict):
+        tools = [tools]
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ReasonError("bad_tools", "'tools' is not a list of function objects")
+    return tools or None
 
 
 def _split_placeholders(text: str) -> list[dict]:
@@ -122,14 +186,41 @@ def _content(value) -> list[dict]:
     return [{"type": "text", "text": str(value)}]
 
 
+def _function_call(value) -> list[dict] | None:
+    """LLaMA-Factory's ``function_call`` turn (a JSON call or list of calls) as HF ``tool_calls``."""
+    try:
+        calls = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError:
+        return None
+    calls = [calls] if isinstance(calls, dict) else calls
+    if not isinstance(calls, list) or not calls or not all(isinstance(c, dict) and "name" in c for c in calls):
+        return None
+    return [{"type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", {})}}
+            for c in calls]
+
+
 def _turn(role_raw, content, extra: dict) -> dict:
     role = ROLE_MAP.get(str(role_raw).lower())
     if role is None:
         raise ReasonError("unknown_role", f"unknown role {role_raw!r}")
+    calls = _function_call(content) if str(role_raw).lower() == "function_call" else None
+    if calls:
+        content, extra = "", {**extra, "tool_calls": calls}
     msg = {"role": role, "content": _content(content)}
-    if extra.get("tool_calls"):
-        msg["tool_calls"] = extra["tool_calls"]
+    for k in _TURN_KEYS:
+        if extra.get(k) and (k == "tool_calls" or role == "tool"):
+            msg[k] = extra[k]
+    if msg.get("tool_calls") and not any(p.get("text") or p["type"] != "text" for p in msg["content"]):
+        msg["content"] = []  # HF's "" / None: the template must see a falsy content (no "\n" before the call)
     return msg
+
+
+def _check_media_tokens(messages: list[dict]) -> None:
+    for m in messages:
+        for p in m["content"]:
+            found = _MEDIA_TOKEN.search(p.get("text") or "") if p["type"] == "text" else None
+            if found:
+                raise ReasonError("media_token_in_text", f"{m['role']} text holds the literal media token {found.group(0)!r}")
 
 
 def normalize(record: dict, caption: str | None = None) -> list[dict]:
@@ -138,11 +229,7 @@ def normalize(record: dict, caption: str | None = None) -> list[dict]:
     system = record.get("system") or record.get("system_prompt")
     if isinstance(system, str) and system:
         messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
-    turns = record.get("messages")
-    if turns is None:
-        turns = record.get("conversations")
-    if turns is None:
-        turns = record.get("conversation")
+    turns = _turns(record)
     if isinstance(turns, list) and turns:
         for t in turns:
             if not isinstance(t, dict):
@@ -166,6 +253,10 @@ def normalize(record: dict, caption: str | None = None) -> list[dict]:
         messages.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
     if not any(m["role"] in ("user", "assistant") for m in messages):
         raise ReasonError("no_conversation", "conversation has no user or assistant turn")
+    _check_media_tokens(messages)
+    tools = record_tools(record)
+    if tools:
+        messages[0]["tools"] = tools
     return messages
 
 
@@ -185,6 +276,6 @@ def place_media(messages: list[dict], n_images: int, n_videos: int) -> list[dict
             "placeholder_mismatch", f"{have} <{kind}> placeholder(s) for {n} {kind} member(s)"
         )
     for m in messages:
-        if not m["content"]:
+        if not m["content"] and not m.get("tool_calls"):
             m["content"] = [{"type": "text", "text": ""}]
     return messages

@@ -25,15 +25,20 @@ def iter_records(path: Path) -> Iterator[dict]:
 
 
 def _resolve(media_root: Path | None, base: Path, ref: str) -> Path:
+    if ref.startswith("file://"):  # a local file given as a URL (inline parts' "url" / "image_url")
+        ref = ref[len("file://"):]
+    elif ref.startswith(("http://", "https://", "data:", "s3://", "gs://")):
+        raise ReasonError("remote_media", f"{ref[:80]!r} is not a local file; nothing is downloaded")
     p = Path(ref)
     if p.is_absolute():
         return p
     return (media_root or base) / p
 
 
-def count_records(path: Path, media_root: Path | None, profile: str | None, model_dir: str | None) -> list[dict]:
-    """One result per record: counts, or an ``error`` reason with detail."""
-    counter = TokenCounter(resolve_profile(profile, model_dir))
+def count_records(path: Path, media_root: Path | None, profile: str | None, model_dir: str | None,
+                  trust_remote_code: bool = False) -> list[dict]:
+    """One result per record: counts (``counted_by`` names the rule), or an ``error`` reason with detail."""
+    counter = TokenCounter(resolve_profile(profile, model_dir, trust_remote_code))
     out: list[dict] = []
     items: list[tuple] = []
     ids: list = []

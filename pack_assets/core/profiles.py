@@ -29,6 +29,43 @@ _MODEL_TYPES = {
     "qwen3_vl_moe": "qwen3-vl",
 }
 BUILTIN_PROFILES = tuple(_LAST_ADDED_ID)
+_QWEN_FILES = ("config.json", "chat_template.json (or .jinja, or tokenizer_config.json)", "preprocessor_config.json")
+_PROCESSOR_FILES = ("config.json", "preprocessor_config.json or processor_config.json",
+                    "tokenizer.json (or the tokenizer's own files) and tokenizer_config.json",
+                    "chat_template.json / chat_template.jinja (or a template in tokenizer_config.json)")
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family as ``pack-assets profiles`` lists it: how it is counted and what --model-dir needs."""
+
+    name: str
+    model_types: tuple[str, ...]
+    rule: str  # "fast": header-only rule proven equal to the processor; "processor": the processor itself
+    files: tuple[str, ...]
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return {"family": self.name, "model_types": list(self.model_types), "rule": self.rule,
+                "model_dir_files": list(self.files), "note": self.note}
+
+
+FAMILIES = (
+    Family("qwen2-vl", ("qwen2_vl",), "fast", _QWEN_FILES, "built in (--profile qwen2-vl); tokenizer bundled"),
+    Family("qwen2.5-vl", ("qwen2_5_vl",), "fast", _QWEN_FILES, "built in (--profile qwen2.5-vl); tokenizer bundled"),
+    Family("qwen3-vl", ("qwen3_vl", "qwen3_vl_moe"), "fast", (*_QWEN_FILES, "video_preprocessor_config.json"),
+           "built in (--profile qwen3-vl, the default); tokenizer bundled"),
+    Family("gemma3", ("gemma3",), "processor", _PROCESSOR_FILES, "fast rule not proven yet: counted by Gemma3Processor"),
+    Family("internvl", ("internvl",), "processor", _PROCESSOR_FILES,
+           "fast rule not proven yet; its video processor needs torch + torchvision (extra: processor)"),
+    Family("llava-onevision", ("llava_onevision",), "processor", _PROCESSOR_FILES,
+           "fast rule not proven yet; its video processor needs torch + torchvision (extra: processor)"),
+    Family("glm4v", ("glm4v", "glm4v_moe"), "processor", _PROCESSOR_FILES,
+           "fast rule not proven yet (no tokenizer files to prove it against)"),
+    Family("any", (), "processor", _PROCESSOR_FILES,
+           "any other folder AutoProcessor.from_pretrained(dir, local_files_only=True) builds; remote code only "
+           "with --trust-remote-code"),
+)
 
 
 class ProfileError(ValueError):
@@ -55,7 +92,10 @@ class VideoRule:
     count in [min_frames, max_frames], per-frame pixels capped by ``max_pixels`` and ``total_pixels``.
     ``sampler="qwen3-vl"``: transformers' Qwen3-VL video processor, n = min(max(int(T/fps_src*fps),
     min_frames), max_frames, T), all n frames resized together within [min_pixels, max_pixels], and a
-    ``<t seconds>`` timestamp before each pair of frames.
+    ``<t seconds>`` timestamp before each pair of frames. ``frame_max_pixels`` (Qwen3-VL, 0 = off; the
+    ``frame_max_pixels`` key of a --model-dir's video_preprocessor_config.json): frames are first brought
+    within that many pixels by qwen-vl-utils' resize (as its ``VIDEO_FRAME_MAX_PIXELS`` does), then the
+    processor's rule applies.
     """
 
     sampler: str
@@ -68,6 +108,7 @@ class VideoRule:
     min_pixels: int
     max_pixels: int
     total_pixels: int = 0
+    frame_max_pixels: int = 0
 
     @property
     def factor(self) -> int:
@@ -84,10 +125,14 @@ class ModelProfile:
     image: ImageRule
     video: VideoRule
     model_dir: str = ""  # the checkpoint folder a --model-dir profile was read from
+    rule: str = "fast"  # "processor": counted by the folder's own transformers processor (core/procount.py)
+    trust_remote_code: bool = False
 
     @property
     def fingerprint(self) -> str:
         """Changes whenever anything that decides a count changes (stale counts are recomputed)."""
+        if self.rule == "processor":  # every file of the folder may decide a count
+            return _folder_fingerprint(self.model_dir, self.trust_remote_code)
         h = hashlib.sha256()
         h.update(json.dumps([self.name, self.family, self.last_added_id, repr(self.image), repr(self.video)]).encode())
         h.update(self.chat_template.encode())
@@ -95,9 +140,17 @@ class ModelProfile:
         return h.hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=64)
 def _file_sha256(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _folder_fingerprint(folder: str, trust_remote_code: bool) -> str:
+    h = hashlib.sha256(f"processor|{trust_remote_code}".encode())
+    for f in sorted(Path(folder).iterdir()):
+        if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf", ".md")):
+            h.update(f"{f.name}:{_file_sha256(str(f))}\n".encode())  # weights never decide a count
+    return h.hexdigest()[:16]
 
 
 def bundled_tokenizer_file() -> Path:
@@ -145,6 +198,7 @@ def _rules(family: str, pre: dict, vid: dict) -> tuple[ImageRule, VideoRule]:
             int(vid.get("max_frames", 768)),
             vlo,
             vhi,
+            frame_max_pixels=int(vid.get("frame_max_pixels") or 0),
         )
         return image, video
     lo, hi = _pixels(pre, 56 * 56, 28 * 28 * 1280)
@@ -186,8 +240,9 @@ def load_profile(name: str = DEFAULT_PROFILE) -> ModelProfile:
     )
 
 
-def profile_from_model_dir(model_dir: str | Path) -> ModelProfile:
-    """A profile from a local HF checkpoint folder; counts then follow that folder's files."""
+def profile_from_model_dir(model_dir: str | Path, trust_remote_code: bool = False) -> ModelProfile:
+    """A profile from a local HF checkpoint folder; counts then follow that folder's files. A family with a
+    fast rule gets it; any other folder with processor files is counted by its own processor."""
     folder = Path(model_dir)
     if not folder.is_dir():
         raise ProfileError(f"--model-dir {folder} is not a directory")
@@ -195,9 +250,7 @@ def profile_from_model_dir(model_dir: str | Path) -> ModelProfile:
     model_type = config.get("model_type")
     family = _MODEL_TYPES.get(model_type or "")
     if family is None:
-        raise ProfileError(
-            f"unsupported model_type {model_type!r} in {folder / 'config.json'}; supported: {', '.join(sorted(_MODEL_TYPES))}"
-        )
+        return _processor_profile(folder, model_type, trust_remote_code)
     image, video = _rules(family, _json(folder / "preprocessor_config.json"), _json(folder / "video_preprocessor_config.json"))
     tok = folder / "tokenizer.json"
     base = load_profile(family)
@@ -213,8 +266,27 @@ def profile_from_model_dir(model_dir: str | Path) -> ModelProfile:
     )
 
 
-def resolve_profile(profile: str | None = None, model_dir: str | None = None) -> ModelProfile:
-    return profile_from_model_dir(model_dir) if model_dir else load_profile(profile or DEFAULT_PROFILE)
+def _processor_profile(folder: Path, model_type: str | None, trust_remote_code: bool) -> ModelProfile:
+    has_processor = any((folder / f).exists() for f in ("preprocessor_config.json", "processor_config.json"))
+    has_tokenizer = any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    if not (has_processor and has_tokenizer):
+        raise ProfileError(
+            f"model_type {model_type!r} in {folder / 'config.json'} has no fast rule (fast: "
+            f"{', '.join(sorted(_MODEL_TYPES))}) and the folder lacks a processor's files: needs "
+            f"{'; '.join(_PROCESSOR_FILES[1:])} (see `pack-assets profiles`)")
+    family = next((f.name for f in FAMILIES if model_type in f.model_types), model_type or "unknown")
+    image = ImageRule(0, 0, 0, 0)  # unused: the processor decides
+    video = VideoRule("processor", 0, 0, 0, 0.0, 0, 0, 0, 0)
+    return ModelProfile(name=f"{family}@{folder.name}", family=family, chat_template="", tokenizer_file="",
+                        last_added_id=0, image=image, video=video, model_dir=str(folder.resolve()),
+                        rule="processor", trust_remote_code=trust_remote_code)
+
+
+def resolve_profile(profile: str | None = None, model_dir: str | None = None,
+                    trust_remote_code: bool = False) -> ModelProfile:
+    if model_dir:
+        return profile_from_model_dir(model_dir, trust_remote_code)
+    return load_profile(profile or DEFAULT_PROFILE)
 
 
 @functools.lru_cache(maxsize=8)

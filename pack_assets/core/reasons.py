@@ -22,6 +22,8 @@ REASONS: dict[str, str] = {  # in the order of the table in docs/formats.md
     "unknown_role": "a conversation turn has a role we do not know",
     "missing_media": "media the record names is not among the sample's members (convert: no such file)",
     "placeholder_mismatch": "<image>/<video> placeholders do not match the media",
+    "media_token_in_text": "text holds a model's literal media token (<|image_pad|>, <image_soft_token>, ...)",
+    "bad_tools": "the record's 'tools' is not a list of function objects (or JSON of one)",
     "bad_image": "an image is zero bytes or its header cannot be read",
     "bad_video": "a video has no readable video stream",
     "duplicate_key": "the key already appeared earlier in the same shard",
@@ -37,6 +39,7 @@ REASONS: dict[str, str] = {  # in the order of the table in docs/formats.md
     "video_aspect_ratio": "a video's aspect ratio is over 200: the processor refuses it",
     "video_too_short": "a video has fewer frames than the temporal patch size",
     "template_error": "the chat template raised an error for this conversation",
+    "processor_error": "the model's own processor (--model-dir, processor rule) refused the sample",
     # count (records outside shards)
     "bad_media": "a media file of a record cannot be decoded (Pillow/PyAV error)",
     # convert

@@ -195,5 +195,6 @@ TOKEN_LENGTHS_SCHEMA = pa.schema(
         ("profile", pa.string()),
         ("status", pa.string()),
         ("reason", pa.string()),
+        ("counted_by", pa.string()),  # "fast" (a header-only rule) or "processor" (the model's own processor)
     ]
 )

@@ -1,5 +1,9 @@
 """token_lengths stage: exact token counts for the target model, from headers and text only.
 
+Two rules: ``fast`` (below; header-only, proven equal to the model's processor) and ``processor`` (a
+--model-dir family without a fast rule: its own transformers processor, core/procount.py). Each row's
+``counted_by`` says which.
+
 total = len(tokenize(render(chat_template, messages))) + Σ(N_image − 1) + Σ(N_video − 1): the
 conversation is rendered once with one pad placeholder per media item, then each placeholder grows to its
 real token count. ``text_tokens`` excludes those placeholders (it keeps the vision start/end tokens).
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import unicodedata
 from collections.abc import Iterable, Iterator
@@ -109,6 +114,8 @@ def video_count(meta: dict, rule: VideoRule) -> VideoCount:
     n = min(max(n, rule.min_frames), rule.max_frames, total)
     if n < t:
         raise ReasonError("video_too_short", f"{total} frame(s): fewer than {t} to sample")
+    if rule.frame_max_pixels and height * width > rule.frame_max_pixels:  # frames pre-resized (qwen-vl-utils)
+        height, width = _qvu_resize(height, width, f, 0, rule.frame_max_pixels)
     if height < f or width < f:
         scale = max(f / height, f / width)
         height, width = int(height * scale), int(width * scale)
@@ -161,20 +168,41 @@ class TokenCounter:
 
     def __init__(self, profile: ModelProfile, backend: str = "auto"):
         self.profile = profile
+        self._processor = None
+        if profile.rule == "processor":  # the folder's own processor counts (core/procount.py)
+            from .procount import ProcessorCounter
+
+            self._processor = ProcessorCounter(profile)
+            self.backend = "processor"
+            return
         self.template = _environment().from_string(profile.chat_template)
         self.tokenizer = tokenizer_for(profile)
         self.fast = fast_counter_for(profile) if backend in ("auto", "tiktoken") else None
         if backend == "tiktoken" and self.fast is None:
             raise ValueError(f"the tokenizer of {profile.name} cannot run on tiktoken")
         self.backend = "tiktoken" if self.fast is not None else "tokenizers"
+        self._special_split: re.Pattern | None = None
 
     def lengths(self, texts: list[str]) -> list[int]:
         if self.fast is not None:
             encode = self.fast.encode
-            return [len(encode(unicodedata.normalize("NFC", t), allowed_special="all")) for t in texts]
+            return [len(encode(self._nfc(t), allowed_special="all")) for t in texts]
         return [len(e) for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
 
+    def _nfc(self, text: str) -> str:
+        """NFC as HF applies it: after the added tokens are split off ("<|vision_end|>\u0338" must not
+        compose '>' + U+0338 into '≯' and break the token)."""
+        if unicodedata.is_normalized("NFC", text):
+            return text
+        if self._special_split is None:
+            names = sorted(self.fast.special_tokens_set, key=len, reverse=True)
+            self._special_split = re.compile("(" + "|".join(map(re.escape, names)) + ")")
+        pieces = self._special_split.split(text)  # odd positions are the special tokens
+        return "".join(p if i % 2 else unicodedata.normalize("NFC", p) for i, p in enumerate(pieces))
+
     def render(self, messages: list[dict], tools: list | None = None) -> str:
+        if tools is None and messages and messages[0].get("tools"):
+            tools = messages[0]["tools"]  # the record's tools ride on the first message (see conversation.py)
         return self.template.render(messages=messages, tools=tools, add_generation_prompt=False)
 
     def _vision(self, image_sizes, videos) -> tuple[int, int, list[VideoCount]]:
@@ -184,6 +212,9 @@ class TokenCounter:
 
     def count_many(self, items: Iterable[tuple[list[dict], list, list]]) -> Iterator[dict | ReasonError]:
         """(messages, image_sizes [[w, h]], videos [meta]) -> counts, or a ReasonError, in input order."""
+        if self._processor is not None:
+            yield from self._processor.count_many(items)
+            return
         batch: list = []
         for item in items:
             batch.append(item)
@@ -228,6 +259,7 @@ class TokenCounter:
                     "image_tokens": img,
                     "video_tokens": video,
                     "total_tokens": text_tokens + img + video,
+                    "counted_by": "fast",
                 }
             )
         return out
@@ -253,7 +285,7 @@ def count_shard_rows(counter: TokenCounter, samples: Iterable[dict], media_bytes
         }
         if isinstance(res, ReasonError):
             row.update(text_tokens=None, image_tokens=None, video_tokens=None, total_tokens=None, vision_tokens=None,
-                       status="rejected", reason=res.reason)
+                       status="rejected", reason=res.reason, counted_by=counter.profile.rule)
             rejections.append(Rejection(s["shard"], s["key"], res.reason, res.detail, stage="token_lengths"))
         else:
             row.update(res, vision_tokens=res["image_tokens"] + res["video_tokens"], status="ok", reason=None)
@@ -293,9 +325,14 @@ class TokenLengthsSummary:
                 "dagster/uri": FilePath(self.folder), "dagster/column_schema": TOKEN_LENGTHS_SCHEMA}
 
 
+# 2: token_lengths.parquet has `counted_by`; older counts are stale, so every file a view reads has the column
+TOKEN_LENGTHS_FORMAT = 2
+
+
 def _token_stamp(work: Path, shard: str, profile: ModelProfile) -> str:
     info = store.read_shard_info(work, shard) or {}
-    return json.dumps({"profile": profile.fingerprint, "size": info.get("size"), "mtime_ns": info.get("mtime_ns")})
+    return json.dumps({"profile": profile.fingerprint, "size": info.get("size"), "mtime_ns": info.get("mtime_ns"),
+                       "format": TOKEN_LENGTHS_FORMAT})
 
 
 def token_lengths_are_current(work: Path, shard: str, profile: ModelProfile) -> bool:
