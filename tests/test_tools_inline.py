@@ -194,3 +194,37 @@ def test_qwen3_video_frame_pixel_cap_is_a_profile_setting(tmp_path):
     meta = {"frames": 300, "fps": 30.0, "width": 1920, "height": 1080}
     base, small = video_count(meta, load_profile("qwen3-vl").video), video_count(meta, capped)
     assert small.frame_tokens <= 256 < base.frame_tokens and len(small.timestamps) == len(base.timestamps)
+
+
+def test_tool_and_inline_media_records_pack_and_the_reader_encodes_the_counted_length(tmp_path):
+    """What a user trains on: the packed tool record renders (tools included) to the length that was planned."""
+    from pack_assets.core import store
+    from pack_assets.core.plan import PlanConfig, run_plan
+    from pack_assets.core.scan import run_manifest
+    from pack_assets.core.tokens import run_token_lengths
+    from pack_assets.core.write import run_write
+    from pack_assets.reader import PackEncoder, iter_packs
+
+    inp, work, out = tmp_path / "in", tmp_path / "work", tmp_path / "out"
+    inp.mkdir()
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    tool = {"tools": TOOLS, "messages": [
+        {"role": "user", "content": [{"type": "image", "image": "k1.jpg"}, {"type": "text", "text": "Where?"}]},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "get_weather", "content": '{"temp": 21}'},
+        {"role": "assistant", "content": "21 °C."}]}
+    write_tar(inp / "s.tar", [("k1.json", json.dumps(tool)), ("k1.jpg", image_bytes(64, 48)),
+                             ("k2.json", json.dumps({**chat("Weather?", "Sunny."), "tools": json.dumps(TOOLS)}))])
+    profile = load_profile("qwen3-vl")
+    run_manifest(inp, work, "s")
+    run_token_lengths(work, "s", profile)
+    run_plan(work, ["s"], PlanConfig(max_len=4096), profile)
+    run_write(work, inp, out, workers=1)
+    with store.connect(work, read_only=True) as con:
+        counted = dict(con.execute("SELECT sample_id, total_tokens FROM token_lengths WHERE status = 'ok'").fetchall())
+    assert set(counted) == {"s/k1", "s/k2"}
+    encoder = PackEncoder("qwen3-vl")
+    for pack in iter_packs(sorted(out.glob("*.tar"))):
+        enc = encoder.encode(pack)  # raises when a sub-sample's length differs from `_meta`
+        for sid, a, b in zip(enc["sample_ids"], enc["cu_seqlens"][:-1], enc["cu_seqlens"][1:]):
+            assert b - a == counted[sid]

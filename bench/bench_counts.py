@@ -1,4 +1,4 @@
-"""Samples/s of the two counting rules on one core: `python scripts/bench_counts.py [--model-dir DIR] [-n N]`.
+"""Samples/s of the two counting rules on one core: `python bench/bench_counts.py [--model-dir DIR] [-n N]`.
 
 Synthetic multi-turn samples (system, 1-2 images of a few repeated sizes, tools on every 4th); the first
 pass is the cold figure (processor rule: every size new to the cache), the second the warm one.
