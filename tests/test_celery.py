@@ -60,8 +60,9 @@ def test_shard_runs_execute_on_two_celery_workers(tmp_path, monkeypatch):
                 continue
             with dg.DagsterInstance.get() as instance:
                 audit = instance.get_latest_materialization_event(dg.AssetKey("audit_report"))
-                if audit is not None:
-                    runs = instance.get_runs()
+                runs = instance.get_runs()
+                # the audit's materialization comes before its check and the run's end: wait for every run to end
+                if audit is not None and all(r.is_finished for r in runs):
                     break
         assert proc.poll() is None, f"run.sh exited early:\n{proc.stdout.read() if proc.stdout else ''}"
         assert audit is not None, "no audit_report within 300 s; logs: " + "\n".join(
