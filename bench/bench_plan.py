@@ -1,15 +1,22 @@
 """Planner speed and quality: lognormal lengths like the seed's LVIS table and a 10M run.
 
     python bench/bench_plan.py --n 10000000
+    python bench/bench_plan.py --caps 2048 8192 32768 65536 --n 10000000 --repeats 3   # writes bench/results/plan_caps.json
 
 Compares the planner's wall time with numpy loading and stable-argsorting the same lengths (same run).
+--caps: whole processes, each fresh: `plan` loads the .npy and runs BFD at the cap, `numpy` loads the same
+file and stable-argsorts it; they alternate and the ratio is taken pair by pair. The plan process reports
+its peak RSS growth over the loaded lengths (ru_maxrss after assign minus after load), in bytes per sample.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -20,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine  # noqa: E402
 
-from pack_assets.core.plan import ALGORITHMS, assign, lower_bounds  # noqa: E402
+from pack_assets.core.binpack import ALGORITHMS, assign, lower_bounds  # noqa: E402  (numpy only: a light process)
 
 
 def lognormal(n: int, median: float, p95: float, cap: int, seed: int = 0) -> np.ndarray:
@@ -44,10 +51,65 @@ def run(lengths: np.ndarray, cap: int, algorithms) -> list[dict]:
     return rows
 
 
+def child(kind: str, path: str, cap: int) -> None:
+    """One fresh process: load the lengths, then argsort them (numpy) or plan them (plan); prints JSON."""
+    lengths = np.load(path)
+    loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    if kind == "numpy":
+        np.argsort(lengths, kind="stable")
+        print(json.dumps({"seconds": round(time.perf_counter() - t0, 3)}))
+        return
+    packs = assign(lengths, cap, "bfd")
+    dt = time.perf_counter() - t0
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - loaded) * 1024
+    print(json.dumps({"seconds": round(dt, 3), "packs": int(packs.max()) + 1,
+                      "peak_growth_bytes_per_sample": round(grown / len(lengths), 1)}))
+
+
+def whole(args: list[str]) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True)
+    return time.perf_counter() - t0, json.loads(proc.stdout.splitlines()[-1])
+
+
+def caps_run(caps: list[int], n: int, repeats: int, results: Path) -> None:
+    big = lognormal(n, 864, 3668.6, 20_000, seed=2)
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        path = str(Path(d) / "l.npy")
+        np.save(path, big)
+        for cap in caps:
+            pairs = []
+            for _ in range(repeats):
+                wp, inner = whole(["--child", "plan", "--file", path, "--cap", str(cap)])
+                wn, _ = whole(["--child", "numpy", "--file", path, "--cap", str(cap)])
+                pairs.append({"plan_s": round(wp, 2), "numpy_s": round(wn, 2), "ratio": round(wp / wn, 2), **inner})
+            l1, l2 = lower_bounds(big, cap)
+            row = {"n": n, "cap": cap, "L2": l2, "median_ratio": statistics.median(p["ratio"] for p in pairs),
+                   "median_plan_s": statistics.median(p["plan_s"] for p in pairs),
+                   "median_numpy_s": statistics.median(p["numpy_s"] for p in pairs), "runs": pairs}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps({"machine": machine(), "date": time.strftime("%Y-%m-%d"),
+                                   "load_avg_at_end": os.getloadavg(), "rows": rows}, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=10_000_000)
+    ap.add_argument("--caps", type=int, nargs="*", help="whole-process planner vs numpy at these capacities")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--results", default="bench/results/plan_caps.json")
+    ap.add_argument("--child", choices=["plan", "numpy"], help=argparse.SUPPRESS)
+    ap.add_argument("--file", help=argparse.SUPPRESS)
+    ap.add_argument("--cap", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        return child(args.child, args.file, args.cap)
+    if args.caps:
+        return caps_run(args.caps, args.n, args.repeats, Path(args.results))
     print(json.dumps({"machine": machine()}))
     seed = lognormal(99_388, 864, 3668.6, 20_000)
     for r in run(seed, 20_000, ALGORITHMS):

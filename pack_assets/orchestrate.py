@@ -3,8 +3,10 @@ work, then the plan / write / audit run. Every run is recorded in the instance u
 
 import multiprocessing
 import os
+import re
 import sys
 import time
+import uuid
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from .core.scan import manifest_is_current
 from .core.settings import Settings
 from .core.tokens import token_lengths_are_current
 from .core.write import WriteSummary
+from .defs.assets import BACKFILL_BATCH as BATCH_MAX
 from .defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
 from .defs.partitions import source_shards
 from .defs.resources import PackSettings, summary_io_manager
@@ -41,7 +44,10 @@ VERDICT_STEPS = {"audit_report"}
 
 
 def _materialize(assets, **kwargs) -> dg.ExecuteInProcessResult:
-    result = dg.materialize(assets, raise_on_error=False, **kwargs)
+    return _check(dg.materialize(assets, raise_on_error=False, **kwargs))
+
+
+def _check(result: dg.ExecuteInProcessResult) -> dg.ExecuteInProcessResult:
     if not result.success:
         messages = []
         for ev in result.all_events:
@@ -56,6 +62,7 @@ def _materialize(assets, **kwargs) -> dg.ExecuteInProcessResult:
     return result
 
 
+RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
@@ -67,12 +74,54 @@ def _resources(settings: Settings) -> dict:
     return {"settings": PackSettings.of(settings), "io_manager": summary_io_manager}
 
 
-def _shard_run(key: str, flat: dict) -> int:
-    """One partition's `manifest` + `token_lengths` run, recorded in the instance under DAGSTER_HOME; returns
-    the shard's sample count. (Settings travel flat: resource objects do not pickle across processes.)"""
-    result = _materialize([manifest, token_lengths], partition_key=key, instance=dg.DagsterInstance.get(),
-                          resources=_resources(Settings.from_flat(flat)), run_config=QUIET)
-    return result.asset_value("manifest").total("samples")
+# the job name dg.materialize gives its runs: batched shard runs look like the single-shard runs did
+EPHEMERAL_JOB = "__ephemeral_asset_job__"
+# the per-shard log lines of the two shard steps (defs/assets.py), which progress follows as they come
+_SCANNED = re.compile(r"(?P<key>\S+): \d+ ok, \d+ rejected of (?P<samples>\d+) samples")
+_COUNTED = re.compile(r"(?P<key>\S+): counted ")
+
+
+def _shard_listener(on_shard):
+    """An event-log listener calling on_shard(key, samples) as each shard's token counts are done."""
+    samples: dict[str, int] = {}
+
+    def listen(entry) -> None:
+        if entry.dagster_event is not None or not entry.user_message:
+            return
+        if entry.step_key == "manifest" and (m := _SCANNED.match(entry.user_message)):
+            samples[m["key"]] = int(m["samples"])
+        elif entry.step_key == "token_lengths" and (m := _COUNTED.match(entry.user_message)):
+            on_shard(m["key"], samples.get(m["key"]))
+    return listen
+
+
+def _batch_run(keys: list[str], flat: dict, on_shard=None) -> dict[str, int]:
+    """ONE run of `manifest` + `token_lengths` over consecutive partitions `keys` (a partition range; one
+    materialization per shard in the instance, under DAGSTER_HOME); returns each shard's sample count.
+    (Settings travel flat: resource objects do not pickle across processes.)"""
+    instance, run_id = dg.DagsterInstance.get(), str(uuid.uuid4())
+    if on_shard is not None:
+        instance.add_event_listener(run_id, _shard_listener(on_shard))
+    tags = {} if len(keys) == 1 else {RANGE_START: keys[0], RANGE_END: keys[-1]}
+    job = dg.Definitions(jobs=[dg.define_asset_job(EPHEMERAL_JOB)], assets=[manifest, token_lengths],
+                         resources=_resources(Settings.from_flat(flat))).resolve_job_def(EPHEMERAL_JOB)
+    result = _check(job.execute_in_process(run_config=QUIET, instance=instance, raise_on_error=False, run_id=run_id,
+                                           partition_key=keys[0] if len(keys) == 1 else None, tags=tags))
+    return {s.shard: s.samples for s in result.asset_value("manifest").shards}
+
+
+def _batches(todo: list[str], order: list[str], size: int) -> list[list[str]]:
+    """`todo` as runs of at most `size` shards that are consecutive partitions (a range holds no shard that
+    needs no run), in partition order."""
+    at = {k: i for i, k in enumerate(order)}
+    batches: list[list[str]] = []
+    for key in sorted(todo, key=at.__getitem__):
+        last = batches[-1] if batches else None
+        if last and len(last) < size and at[last[-1]] + 1 == at[key]:
+            last.append(key)
+        else:
+            batches.append([key])
+    return batches
 
 
 def _sync_partitions(instance: dg.DagsterInstance, root: Path, shards: list[str], log) -> list[str]:
@@ -91,18 +140,26 @@ def _sync_partitions(instance: dg.DagsterInstance, root: Path, shards: list[str]
     return removed
 
 
-def _shard_runs(todo: list[str], jobs: int, flat: dict, progress_log) -> None:
+def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progress_log) -> int:
+    """Scan and count the shards of `todo`: one Dagster run per range of consecutive partitions in this
+    process (--jobs 1), or ranges of a few shards each spread over `jobs` worker processes, started once.
+    Returns how many Dagster runs that took."""
     with ShardProgress(len(todo), log=progress_log) as progress:
         if jobs == 1:
-            for key in todo:
-                progress.update(key, _shard_run(key, flat))
-        elif todo:
-            # shard runs write only their own Parquet files, so they run side by side, one process each
-            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-                                     initargs=(os.environ["DAGSTER_HOME"],)) as pool:
-                futures = {pool.submit(_shard_run, key, flat): key for key in todo}
-                for fut in as_completed(futures):
-                    progress.update(futures[fut], fut.result())
+            batches = _batches(todo, order, len(todo) or 1)
+            for keys in batches:
+                _batch_run(keys, flat, on_shard=progress.update)
+            return len(batches)
+        # shard runs write only their own Parquet files, so they run side by side; a few shards per run keeps
+        # the workers evenly loaded and the progress lines coming
+        batches = _batches(todo, order, max(1, min(BATCH_MAX, len(todo) // (4 * jobs))))
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                                 initargs=(os.environ["DAGSTER_HOME"],)) as pool:
+            futures = [pool.submit(_batch_run, keys, flat) for keys in batches]
+            for fut in as_completed(futures):
+                for key, samples in fut.result().items():
+                    progress.update(key, samples)
+        return len(batches)
 
 
 def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, force: bool = False,
@@ -125,7 +182,8 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
             or not token_lengths_are_current(settings.work, k, profile)]
     jobs = max(1, min(jobs or default_jobs(len(todo)), len(todo)))
     t_shards = time.perf_counter()
-    _shard_runs(todo, jobs, settings.flat(), progress_log)
+    order = list(instance.get_dynamic_partitions(source_shards.name))  # the order a partition range follows
+    _shard_runs(todo, order, jobs, settings.flat(), progress_log)
     shard_seconds = time.perf_counter() - t_shards
     log(f"{len(todo)} shard run(s), {len(shards) - len(todo)} shard(s) unchanged; planning, writing and auditing")
     result = _materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=_resources(settings),

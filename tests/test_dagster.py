@@ -105,9 +105,42 @@ def test_four_shard_runs_side_by_side_no_lock_error_no_lost_rows(tmp_path, monke
     assert summary["shard_runs"] == 4 and summary["violations"] == 0
     assert summary["samples"] == 4 * 10 and summary["rejected"] == 4
     runs = instance.get_runs()
+    # 4 workers, 4 shards: a run per shard, each a partition of its own; every shard's partition materialized
     shard_runs = [r for r in runs if r.tags.get("dagster/partition")]
     assert sorted(r.tags["dagster/partition"] for r in shard_runs) == ["part-000", "part-001", "part-002", "part-003"]
     assert all(r.is_success for r in runs)
+    for asset in ("manifest", "token_lengths"):
+        assert instance.get_materialized_partitions(dg.AssetKey(asset)) == {f"part-00{i}" for i in range(4)}
+
+
+def test_one_process_scans_every_shard_in_one_run_over_a_partition_range(tmp_path, monkeypatch):
+    from conftest import small_dataset
+
+    from pack_assets.orchestrate import instance_for, run_pipeline
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    inp = small_dataset(tmp_path / "in", n_shards=3, per_shard=9)
+    instance = instance_for(tmp_path / "dh")
+    lines = []
+    summary = run_pipeline(_settings(inp, tmp_path).to_settings(), instance, log=lines.append, jobs=1)
+    assert summary["shard_runs"] == 3 and summary["violations"] == 0
+    (shard_run,) = [r for r in instance.get_runs() if r.tags.get("dagster/asset_partition_range_start")]
+    assert (shard_run.tags["dagster/asset_partition_range_start"],
+            shard_run.tags["dagster/asset_partition_range_end"]) == ("part-000", "part-002")
+    for asset in ("manifest", "token_lengths"):
+        assert instance.get_materialized_partitions(dg.AssetKey(asset)) == {"part-000", "part-001", "part-002"}
+    # progress still comes shard by shard, as each is counted
+    assert [ln for ln in lines if "scanned and counted" in ln] == [
+        f"[{i + 1}/3] scanned and counted part-00{i}" for i in range(3)]
+
+
+def test_shard_batches_are_consecutive_partitions():
+    from pack_assets.orchestrate import _batches
+
+    order = ["a", "b", "c", "d", "e"]
+    assert _batches(["a", "b", "c", "d", "e"], order, 16) == [["a", "b", "c", "d", "e"]]
+    assert _batches(["e", "a", "b", "d"], order, 16) == [["a", "b"], ["d", "e"]]
+    assert _batches(["a", "b", "c", "d", "e"], order, 2) == [["a", "b"], ["c", "d"], ["e"]]
 
 
 def test_lookup_job_answers_like_the_cli(dataset, tmp_path):

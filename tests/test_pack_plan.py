@@ -52,6 +52,18 @@ def test_every_item_packed_once_or_dropped_and_capacity_held(lengths, capacity, 
     assert l1 <= l2 <= n
 
 
+@given(st.lists(st.integers(1, 1000), max_size=400), st.sampled_from([1, 100, 2048, 65_535, 65_536, 70_000]))
+@settings(max_examples=200, deadline=None)
+def test_bfd_on_the_histogram_is_item_by_item_best_fit_decreasing(units, capacity):
+    """The fast BFD (sizes at once, bucket slices, radix order up to a capacity of 65,536) places every item
+    where best fit decreasing, one item at a time, does: same packs, same members."""
+    from pack_assets.core.binpack import _best_fit, _Limits, _renumber
+
+    arr = np.asarray([-(-u * capacity // 700) for u in units], dtype=np.int64)
+    expect = _best_fit(arr, capacity, np.argsort(-arr, kind="stable"), _Limits(Caps(), None, None, len(arr)))
+    assert np.array_equal(_renumber(assign(arr, capacity, "bfd")), _renumber(expect))
+
+
 @given(
     st.lists(st.tuples(st.integers(1, 120), st.integers(0, 6), st.integers(0, 400)), min_size=1, max_size=200),
     st.integers(60, 150), st.sampled_from(ALL), st.integers(0, 5), st.integers(0, 8), st.integers(0, 600),

@@ -25,7 +25,8 @@ from .profiles import ProfileError, resolve_profile
 from .report import write_report
 from .results import AuditResult
 from .settings import AUDIT_SCOPES
-from .tario import iter_pack_parts
+from .reasons import ReasonError
+from .tario import iter_entries, split_key
 from .tokens import TokenCounter
 from .write import current_shards, write_context
 
@@ -146,6 +147,29 @@ def _check_media(res: AuditResult, name: str, key: str, parts: dict, meta: dict,
     return counts
 
 
+def _pack_parts(path: Path):
+    """(pack key, {part name: bytes}) for each pack of an output shard, as `tario.iter_pack_parts` gives
+    them, read with the scan's header reader (`iter_entries`) and one pread per member: tarfile's header
+    objects cost more than hashing small members. A broken archive raises tarfile.ReadError after the
+    packs before the break."""
+    with open(path, "rb") as f:
+        fd, key, parts = f.fileno(), None, {}
+        try:
+            for e in iter_entries(f, os.fstat(fd).st_size):
+                if e.kind == "break":
+                    raise tarfile.ReadError(e.detail)
+                k, part = split_key(e.name)
+                if k != key and parts:
+                    yield key, parts
+                    parts = {}
+                key = k
+                parts[part] = os.pread(fd, e.size, e.offset) if e.kind == "file" else None
+        except ReasonError as e:
+            raise tarfile.ReadError(e.detail) from None
+        if parts:
+            yield key, parts
+
+
 def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig) -> tuple[list[dict], Counter, Counter]:
     """One output shard read back: its violations, the pack keys seen, media/extra members and bytes checked."""
     res, seen, counts = AuditResult(), Counter(), Counter()
@@ -155,7 +179,7 @@ def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig) -> tuple[lis
         return res.violations, seen, counts
     plan, samples, members = _shard_expectations(con, name)
     try:
-        for key, parts in iter_pack_parts(path):
+        for key, parts in _pack_parts(path):
             seen[key] += 1
             counts.update(_check_pack(res, name, key, parts, plan.get(key), samples, members, config))
     except (tarfile.TarError, OSError) as e:

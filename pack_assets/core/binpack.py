@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,49 +92,86 @@ def _put(buckets: dict[int, list[int]], rooms: list[int], room: int, p: int) -> 
         b.append(p)
 
 
+def _decreasing(lengths: np.ndarray, fits: np.ndarray, capacity: int) -> np.ndarray:
+    """The items that fit, longest first, ties in index order: a stable sort on capacity - length, which
+    fits 16 bits up to a capacity of 65,536 (NumPy's stable sort of 16-bit keys is a radix sort, O(n))."""
+    key = capacity - lengths[fits]
+    if capacity <= 1 << 16:
+        key = key.astype(np.uint16)
+    return fits[np.argsort(key, kind="stable")]
+
+
+class _Rooms:
+    """BFD over the length histogram: packs filed by room left (buckets, LIFO), events (pack, copies) in
+    the order the sorted items take them. A bucket's packs share a room, so all but the last pack taken
+    from it take the same number of copies: each step moves a slice of a bucket, not one pack at a time."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.n_packs = capacity, 0
+        self.buckets: dict[int, array] = {}  # room left -> packs with that room
+        self.rooms: list[int] = []  # sorted rooms with a non-empty bucket
+        self.ev_pack, self.ev_count = array("q"), array("q")
+
+    def _file(self, room: int, packs) -> None:
+        b = self.buckets.get(room)
+        if b is None:
+            self.buckets[room] = b = array("q")
+            bisect.insort(self.rooms, room)
+        b.extend(packs)
+
+    def _take(self, packs: array, room: int, s: int, q: int, k: int) -> int:
+        """`packs` (in the order they are taken), each q copies of size s, the last only what is left of k."""
+        m = len(packs)
+        last = k - (m - 1) * q
+        self.ev_pack.extend(packs)
+        self.ev_count.extend(array("q", [q]) * (m - 1))
+        self.ev_count.append(last)
+        if m > 1:
+            self._file(room - q * s, packs[:-1])
+        self._file(room - last * s, packs[-1:])
+        return k - (m - 1) * q - last
+
+    def place(self, s: int, k: int) -> None:
+        """k items of size s: best fit (smallest room that holds one), room // s copies per pack at once."""
+        while k:
+            i = bisect.bisect_left(self.rooms, s)
+            if i == len(self.rooms):  # nothing fits: open packs, each takes capacity // s copies
+                q = self.capacity // s
+                m = -(-k // q)
+                k = self._take(array("q", range(self.n_packs, self.n_packs + m)), self.capacity, s, q, k)
+                self.n_packs += m
+                return
+            room = self.rooms[i]
+            bucket, q = self.buckets[room], room // s
+            m = min(len(bucket), -(-k // q))
+            taken = bucket[-m:]
+            taken.reverse()  # popped from the end
+            del bucket[-m:]
+            if not bucket:
+                del self.buckets[room]
+                self.rooms.pop(i)
+            k = self._take(taken, room, s, q, k) if m * q >= k else self._take_all(taken, room, s, q, k)
+
+    def _take_all(self, packs: array, room: int, s: int, q: int, k: int) -> int:
+        self.ev_pack.extend(packs)
+        self.ev_count.extend(array("q", [q]) * len(packs))
+        self._file(room - q * s, packs)
+        return k - q * len(packs)
+
+
 def _bfd_histogram(lengths: np.ndarray, capacity: int) -> np.ndarray:
     pack = np.full(len(lengths), -1, dtype=np.int64)
     fits = np.flatnonzero(lengths <= capacity)
     if len(fits) == 0:
         return pack
-    order = fits[np.argsort(-lengths[fits], kind="stable")]
-    sizes, counts = np.unique(lengths[order], return_counts=True)
-    buckets: dict[int, list[int]] = {}  # room left -> packs with that room
-    rooms: list[int] = []  # sorted rooms with a non-empty bucket
-    ev_pack: list[int] = []
-    ev_count: list[int] = []
-    n_packs = 0
-
-    def put(room: int, p: int) -> None:
-        _put(buckets, rooms, room, p)
-
-    for s, k in zip(sizes[::-1].tolist(), counts[::-1].tolist()):
-        while k:
-            i = bisect.bisect_left(rooms, s)
-            if i == len(rooms):  # nothing fits: open packs, each takes capacity // s copies
-                q = capacity // s
-                while k:
-                    take = min(q, k)
-                    ev_pack.append(n_packs)
-                    ev_count.append(take)
-                    put(capacity - take * s, n_packs)
-                    n_packs += 1
-                    k -= take
-                break
-            room = rooms[i]
-            bucket = buckets[room]
-            q = room // s
-            while k and bucket:
-                p = bucket.pop()
-                take = min(q, k)
-                ev_pack.append(p)
-                ev_count.append(take)
-                put(room - take * s, p)
-                k -= take
-            if not bucket:
-                del buckets[room]
-                rooms.pop(bisect.bisect_left(rooms, room))
-    pack[order] = np.repeat(np.asarray(ev_pack, dtype=np.int64), np.asarray(ev_count, dtype=np.int64))
+    order = _decreasing(lengths, fits, capacity)
+    counts = np.bincount(lengths[fits])
+    sizes = np.flatnonzero(counts)[::-1]
+    rooms = _Rooms(capacity)
+    for s, k in zip(sizes.tolist(), counts[sizes].tolist()):
+        rooms.place(s, k)
+    del counts, fits
+    pack[order] = np.repeat(np.frombuffer(rooms.ev_pack, np.int64), np.frombuffer(rooms.ev_count, np.int64))
     return pack
 
 

@@ -7,29 +7,42 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from . import store  # noqa: E402
-from .plan import PlanConfig, PlanInfo, ok_lengths, simulate  # noqa: E402
-from .results import AuditResult, Markdown, png_data_uri  # noqa: E402
-from .store import atomic_write_text  # noqa: E402
+from . import store
+from .plan import PlanConfig, PlanInfo, ok_lengths, simulate
+from .results import AuditResult, Markdown, png_data_uri
+from .store import atomic_write_text
 
 WHAT_IF = "what_if.json"
+
+
+plt = None  # matplotlib.pyplot (Agg), imported at the first plot
+
+
+def _plt():
+    """matplotlib.pyplot, imported at the first plot: processes that never plot (shard and audit workers,
+    `--help`) do not pay its ~0.5 s import."""
+    global plt
+    if plt is None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot
+
+        plt = matplotlib.pyplot
+    return plt
 
 
 def _save(fig, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
-    plt.close(fig)
+    _plt().close(fig)
 
 
 def plot_lengths(con, path: Path, max_len: int) -> None:
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = _plt().subplots(figsize=(6, 3.2))
     rows = con.execute("SELECT media_type, list(total_tokens) FROM token_lengths WHERE status='ok' GROUP BY 1 ORDER BY 1").fetchall()
     for mt, lens in rows:
         ax.hist(np.asarray(lens), bins=60, alpha=0.55, label=f"{mt} ({len(lens)})", log=True)
@@ -44,7 +57,7 @@ def plot_lengths(con, path: Path, max_len: int) -> None:
 def plot_fill(con, path: Path, max_len: int) -> None:
     fills = np.asarray([r[0] for r in con.execute("SELECT total_token_len FROM pack_plan ORDER BY pack_id").fetchall()])
     spp = np.asarray([r[0] for r in con.execute("SELECT len(sample_ids) FROM pack_plan ORDER BY pack_id").fetchall()])
-    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.2))
+    fig, (a, b) = _plt().subplots(1, 2, figsize=(8, 3.2))
     a.hist(fills / max_len if len(fills) else [], bins=40)
     a.set_xlabel("pack fill (tokens / max_len)")
     a.set_ylabel("packs")
@@ -60,7 +73,7 @@ def plot_fill(con, path: Path, max_len: int) -> None:
 
 def plot_reasons(con, path: Path) -> list[tuple]:
     rows = con.execute("SELECT reason, count(*) FROM rejected GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 15").fetchall()
-    fig, ax = plt.subplots(figsize=(6, max(2.0, 0.6 + 0.3 * len(rows))))
+    fig, ax = _plt().subplots(figsize=(6, max(2.0, 0.6 + 0.3 * len(rows))))
     ax.barh([r[0] for r in rows][::-1], [r[1] for r in rows][::-1])
     ax.set_xlabel("rows")
     ax.set_title("Rejection reasons")
@@ -187,7 +200,7 @@ def plot_simulation(lengths: np.ndarray, sim: dict, folder: Path, media_lengths:
     """Length histogram + CDF (per media type when given) and fill vs max length per algorithm."""
     folder.mkdir(parents=True, exist_ok=True)
     groups = media_lengths or {"all": lengths}
-    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.2))
+    fig, (a, b) = _plt().subplots(1, 2, figsize=(8, 3.2))
     for name, lens in sorted(groups.items()):
         lens = np.sort(np.asarray(lens))
         a.hist(lens, bins=60, alpha=0.55, label=name, log=True)
@@ -201,7 +214,7 @@ def plot_simulation(lengths: np.ndarray, sim: dict, folder: Path, media_lengths:
     b.set_xscale("log")
     a.legend(fontsize=7)
     _save(fig, folder / "length_distribution.png")
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = _plt().subplots(figsize=(6, 3.2))
     for alg in sorted({r["algorithm"] for r in sim["results"]}):
         rows = sorted((r for r in sim["results"] if r["algorithm"] == alg), key=lambda r: r["max_len"])
         ax.plot([r["max_len"] for r in rows], [r["efficiency"] for r in rows], marker="o", label=alg)
