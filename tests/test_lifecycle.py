@@ -113,15 +113,17 @@ def test_the_nothing_lost_check_fails_and_run_exits_non_zero_while_a_shard_waits
     from pack_assets.cli import main
 
     inp = small_dataset(tmp_path / "in", n_shards=2)
-    real = orchestrate._shard_run
+    real = orchestrate._batch_run
 
-    def shard_run(key, fields):  # part-001's counting never finishes: scanned only
-        if key != "part-001":
-            return real(key, fields)
-        dg.materialize([manifest], partition_key=key, instance=dg.DagsterInstance.get(),
-                       resources={"settings": PackSettings(**fields)})
+    def batch_run(keys, flat, on_shard=None):  # part-001's counting never finishes: scanned only
+        rest = [k for k in keys if k != "part-001"]
+        done = real(rest, flat, on_shard) if rest else {}
+        if "part-001" in keys:
+            dg.materialize([manifest], partition_key="part-001", instance=dg.DagsterInstance.get(),
+                           resources={"settings": PackSettings(**flat)})
+        return done
 
-    monkeypatch.setattr(orchestrate, "_shard_run", shard_run)
+    monkeypatch.setattr(orchestrate, "_batch_run", batch_run)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     args = ["run", "--input", str(inp), "--max-len", str(MAX_LEN), "--work", str(tmp_path / "work"),
             "--output", str(tmp_path / "out"), "--dagster-home", str(tmp_path / "dh"), "--jobs", "1"]
