@@ -7,8 +7,11 @@ pass is the cold figure (processor rule: every size new to the cache), the secon
 from __future__ import annotations
 
 import argparse
+import json
+import platform
 import random
 import time
+from pathlib import Path
 
 from pack_assets.core.profiles import resolve_profile
 from pack_assets.core.tokens import TokenCounter
@@ -41,16 +44,25 @@ def main() -> None:
     ap.add_argument("--profile", default="qwen3-vl")
     ap.add_argument("--model-dir")
     ap.add_argument("-n", type=int, default=5000)
+    ap.add_argument("--label", default="", help="what code this is (e.g. a commit), kept in the results file")
+    ap.add_argument("--results", help="append the figures to this JSON file (a list of runs)")
     a = ap.parse_args()
     counter = TokenCounter(resolve_profile(a.profile, a.model_dir))
     data = samples(a.n)
+    run = {"label": a.label, "profile": counter.profile.name, "backend": counter.backend, "n": a.n,
+           "machine": f"{platform.processor() or platform.machine()}, Python {platform.python_version()}"}
     for label in ("cold", "warm"):
         t0 = time.perf_counter()
         res = list(counter.count_many(data))
         dt = time.perf_counter() - t0
         bad = sum(isinstance(r, Exception) for r in res)
+        run[f"{label}_samples_per_s"] = round(a.n / dt, 1)
         print(f"{counter.profile.name} [{counter.backend}] {label}: {a.n / dt:,.0f} samples/s ({a.n} in {dt:.2f} s, "
               f"{bad} rejected)")
+    if a.results:
+        path = Path(a.results)
+        runs = json.loads(path.read_text()) if path.exists() else []
+        path.write_text(json.dumps(runs + [run], indent=1) + "\n")
 
 
 if __name__ == "__main__":
