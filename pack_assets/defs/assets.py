@@ -25,6 +25,14 @@ warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy` of funct
                         category=dg.BetaWarning)
 
 
+# what the assets share: every value is the stage's typed summary; the two shard stages run per partition,
+# in backfill batches, under the shard_scan pool; the three pack stages run once over every shard
+SHARD_STAGE = {"partitions_def": source_shards, "group_name": INGEST, "kinds": {"python", "parquet"}, "code_version": "1",
+               "dagster_type": SUMMARY, "pool": "shard_scan",
+               "backfill_policy": dg.BackfillPolicy.multi_run(max_partitions_per_run=BACKFILL_BATCH)}
+PACK_STAGE = {"group_name": PACK, "code_version": "1", "dagster_type": SUMMARY}
+
+
 def shards_digest(keys: list[str]) -> str:
     return hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:16]
 
@@ -54,13 +62,7 @@ def metadata(values: dict) -> dict:
 
 
 @dg.asset(
-    partitions_def=source_shards,
-    group_name=INGEST,
-    kinds={"python", "parquet"},
-    code_version="1",
-    dagster_type=SUMMARY,
-    pool="shard_scan",
-    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=BACKFILL_BATCH),
+    **SHARD_STAGE,
     check_specs=[dg.AssetCheckSpec("every_sample_accounted", asset="manifest",
                                    description="Samples read = ok + rejected, and every rejected sample has a reason row.")],
 )
@@ -82,16 +84,7 @@ def manifest(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.Ma
     )
 
 
-@dg.asset(
-    partitions_def=source_shards,
-    deps=[manifest],
-    group_name=INGEST,
-    kinds={"python", "parquet"},
-    code_version="1",
-    dagster_type=SUMMARY,
-    pool="shard_scan",
-    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=BACKFILL_BATCH),
-)
+@dg.asset(**SHARD_STAGE, deps=[manifest])
 def token_lengths(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
     """Exact token counts of a shard's samples for the target model (chat template + vision rules)."""
     s = settings.to_settings()
@@ -110,11 +103,9 @@ def token_lengths(context: dg.AssetExecutionContext, settings: PackSettings) -> 
 
 
 @dg.asset(
+    **PACK_STAGE,
     deps=[token_lengths],
-    group_name=PACK,
     kinds={"python", "duckdb"},
-    code_version="1",
-    dagster_type=SUMMARY,
     check_specs=[dg.AssetCheckSpec("every_sample_once", asset="pack_plan", blocking=True,
                                    description="Every ok sample in exactly one pack or dropped; capacity, caps and "
                                                "one media type per pack. Blocks writing when it fails.")],
@@ -144,7 +135,7 @@ def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.M
     )
 
 
-@dg.asset(deps=[pack_plan], group_name=PACK, kinds={"python", "webdataset"}, code_version="1", dagster_type=SUMMARY)
+@dg.asset(**PACK_STAGE, deps=[pack_plan], kinds={"python", "webdataset"})
 def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
     """One output sample per pack: full conversations, media copied by byte range, `_meta` provenance,
     Energon metadata in .nv-meta/. Atomic and deterministic; a rerun skips finished shards."""
@@ -164,11 +155,9 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
 
 
 @dg.asset(
+    **PACK_STAGE,
     deps=[packed_shards],
-    group_name=PACK,
     kinds={"python", "markdown"},
-    code_version="1",
-    dagster_type=SUMMARY,
     check_specs=[dg.AssetCheckSpec("nothing_lost", asset="audit_report", blocking=True,
                                    description="Outputs read back: every sample once, bytes equal, caps held.")],
 )
