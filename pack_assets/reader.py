@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .core.media import VIDEO_EXTS, probe_image, probe_video
+from .core.media import VIDEO_EXTS, probe_video
 from .core.profiles import ModelProfile, resolve_profile, tokenizer_for
 from .core.records import PackMeta
 from .core.tario import iter_pack_parts
@@ -188,9 +188,8 @@ _ORIENTATION = 0x0112  # EXIF tag; values 5-8 turn the image by a quarter (width
 def oriented_size(data: bytes) -> tuple[int, int]:
     """Width and height as the processor sees the image: transformers' ``load_image`` applies the EXIF
     orientation (``ImageOps.exif_transpose``), so for orientations 5-8 the header's width and height swap."""
-    w, h = probe_image(data)
     with Image.open(io.BytesIO(data)) as im:  # lazy: reads the header and EXIF, decodes no pixel
-        orientation = im.getexif().get(_ORIENTATION, 1)
+        (w, h), orientation = im.size, im.getexif().get(_ORIENTATION, 1)
     return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
 
 

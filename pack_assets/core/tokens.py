@@ -16,7 +16,7 @@ import math
 import re
 import time
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -372,6 +372,14 @@ def _manifest_rows(work: Path, shard: str) -> tuple[list[dict], dict[str, int]]:
     return samples, media_bytes
 
 
-def run_token_counts(work: Path, shards: list[str], profile: ModelProfile) -> TokenLengthsSummary:
-    return TokenLengthsSummary([run_token_lengths(work, s, profile) for s in shards], profile.name,
-                               profile.fingerprint, store.token_dir(work, profile.name, shards[0]))
+def run_token_counts(work: Path, shards: list[str], profile: ModelProfile,
+                     log: Callable[[str], None] | None = None) -> TokenLengthsSummary:
+    """Count the shards one by one, a log line each (`pack-assets run` follows its progress by them)."""
+    counts = []
+    for shard in shards:
+        c = run_token_lengths(work, shard, profile)
+        if log:
+            log(f"{shard}: counted {c.counted} samples, {c.rejected} rejected, {c.total_tokens} tokens"
+                f"{' (unchanged, kept)' if c.cached else ''}")
+        counts.append(c)
+    return TokenLengthsSummary(counts, profile.name, profile.fingerprint, store.token_dir(work, profile.name, shards[0]))

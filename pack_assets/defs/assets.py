@@ -10,7 +10,7 @@ from pathlib import Path
 import dagster as dg
 import pyarrow as pa
 
-from ..core import audit, plan, report, scan, store, tokens, write
+from ..core import audit, plan, report, scan, tokens, write
 from ..core.results import FilePath, Markdown
 from .partitions import source_shards
 from .resources import PackSettings
@@ -90,14 +90,7 @@ def token_lengths(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     s = settings.to_settings()
     s.check_paths()
     profile = s.model_profile()
-    counts = []
-    for key in context.partition_keys:  # shard by shard, a line each: `pack-assets run` shows progress from them
-        c = tokens.run_token_lengths(s.work, key, profile)
-        context.log.info(f"{key}: counted {c.counted} samples, {c.rejected} rejected, {c.total_tokens} tokens"
-                         f"{' (unchanged, kept)' if c.cached else ''}")
-        counts.append(c)
-    summary = tokens.TokenLengthsSummary(counts, profile.name, profile.fingerprint,
-                                         store.token_dir(s.work, profile.name, context.partition_keys[0]))
+    summary = tokens.run_token_counts(s.work, context.partition_keys, profile, log=context.log.info)
     return dg.MaterializeResult(metadata=metadata(summary.as_metadata()), data_version=dg.DataVersion(profile.fingerprint),
                                 value=summary)
 
