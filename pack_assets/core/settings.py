@@ -29,6 +29,7 @@ from .safety import check_paths
 from .scan import ScanOptions
 
 AUDIT_SCOPES = ("all", "changed")
+OUTPUT_MODES = ("copy", "index")
 
 # PACK_ASSETS_* variable -> flat setting, for the resource under `dagster dev`
 ENV = {
@@ -51,12 +52,15 @@ class Settings:
     recursive: bool = True  # shards in subfolders of the input too
     audit_scope: str = "all"  # "changed": re-read only output shards new or changed since the last clean audit
     write_workers: int = 0  # 0: one per core, when the output is large enough to pay for the processes
+    output_mode: str = "copy"  # "index": packs name byte ranges in the source shards instead of copying media
     scan: ScanOptions = field(default_factory=ScanOptions)
     plan: PlanConfig = field(default_factory=PlanConfig)
 
     def __post_init__(self):
         if self.audit_scope not in AUDIT_SCOPES:
             raise ValueError(f"audit scope {self.audit_scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
+        if self.output_mode not in OUTPUT_MODES:
+            raise ValueError(f"output mode {self.output_mode!r}: expected one of {', '.join(OUTPUT_MODES)}")
 
     @property
     def input_root(self) -> Path:

@@ -21,6 +21,7 @@ class PackSettings(dg.ConfigurableResource):
     recursive: bool = _D["recursive"]
     audit_scope: str = _D["audit_scope"]
     write_workers: int = _D["write_workers"]
+    output_mode: str = _D["output_mode"]
     hash_members: bool = _D["hash_members"]
     max_member_bytes: int = _D["max_member_bytes"]
     max_json_bytes: int = _D["max_json_bytes"]
