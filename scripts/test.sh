@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m pytest -q "$@"
+# Tests run on every core (pytest-xdist; every test works in its own tmp_path and picks free ports).
+# PACK_ASSETS_TEST_WORKERS=0 runs them in one process.
+.venv/bin/python -m pytest -q -n "${PACK_ASSETS_TEST_WORKERS:-auto}" "$@"
