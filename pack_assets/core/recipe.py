@@ -155,12 +155,12 @@ def blend_seed(seed: int, *parts: object) -> int:
 
 def copies(sample_ids: list[str] | np.ndarray, repeat: float, seed: int, dataset: str, epoch: int) -> np.ndarray:
     """How many times each sample is used in ``epoch``: ⌊repeat⌋, plus one for exactly round(frac · n) of them
-    chosen by a seeded hash of (seed, dataset, epoch, sample id). By hash, not by position: a sample's draw
+    (halves up) chosen by a seeded hash of (seed, dataset, epoch, sample id). By hash, not by position: a sample's draw
     does not move when a shard is added to its dataset, and other datasets never change it."""
     n = len(sample_ids)
     base = int(math.floor(repeat))
     out = np.full(n, base, dtype=np.int64)
-    extra = int(round((repeat - base) * n))
+    extra = _share(repeat - base, n)
     if extra:
         salt = f"{seed}|{dataset}|{epoch}|".encode()
         keys = np.fromiter((int.from_bytes(hashlib.blake2b(salt + str(s).encode(), digest_size=8).digest(), "little")
@@ -172,4 +172,9 @@ def copies(sample_ids: list[str] | np.ndarray, repeat: float, seed: int, dataset
 def expected_copies(n_ok: int, repeat: float) -> int:
     """What `copies` sums to for a dataset of ``n_ok`` samples (what the audit checks the outputs against)."""
     base = int(math.floor(repeat))
-    return base * n_ok + int(round((repeat - base) * n_ok))
+    return base * n_ok + _share(repeat - base, n_ok)
+
+
+def _share(frac: float, n: int) -> int:
+    """round(frac · n), halves up (Python's round would take 4.5 to 4 and 5.5 to 6)."""
+    return int(math.floor(frac * n + 0.5))
