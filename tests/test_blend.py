@@ -50,6 +50,7 @@ mode: index
     assert r.repeats == {"llava": 1.0, "ocr": 2.5} and r.epochs == 2
     s = Settings.from_flat({"recipe": r.path})
     assert (s.plan.max_len, s.profile, s.plan.seed, s.output_mode) == (16384, "qwen2.5-vl", 7, "index")
+    assert s.plan.algorithm == "mix"  # a blend's default (its proportions), unless the recipe names one
     assert s.sources == r.roots
     # a setting given as something other than its default (a CLI flag, a Launchpad field) wins over the recipe
     assert Settings.from_flat({"recipe": r.path, "max_len": 4096}).plan.max_len == 4096
