@@ -294,3 +294,45 @@ def test_the_plan_check_catches_a_lost_and_a_duplicated_copy(tmp_path, counted):
                     "sample_id = (SELECT min(sample_id) FROM pack_members WHERE dataset = 'b')")
         checks = {v["check"] for v in blend.check_blend(con, cfg, recipe.repeats)}
     assert {"duplicate_sample", "lost_sample"} <= checks
+
+
+def test_run_recipe_refuses_bad_input_before_anything_is_written(tmp_path, capsys):
+    from pack_assets.cli import main
+
+    (tmp_path / "a").mkdir()
+    typo = write_recipe(tmp_path / "t.yaml", "datasets: [{name: a, input: a}]\nmax_lenn: 10\n")
+    base = ["run", "--work", str(tmp_path / "work"), "--output", str(tmp_path / "out"),
+            "--dagster-home", str(tmp_path / "dh")]
+    assert main([*base, "--recipe", str(typo)]) == 2
+    assert "unknown setting 'max_lenn'" in capsys.readouterr().err
+    ok = write_recipe(tmp_path / "r.yaml", "datasets: [{name: a, input: a}]\n")
+    assert main([*base, "--recipe", str(ok), "--input", str(tmp_path / "a")]) == 2
+    assert "--input and --recipe" in capsys.readouterr().err
+    assert main([*base]) == 2 and "--input and --max-len" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+
+
+def test_the_pack_assets_follow_the_resources_recipe(tmp_path, counted):
+    """The Launchpad's way: the `settings` resource names the recipe; pack_plan, packed_shards and audit_report
+    plan, write and audit the epochs (the shard stages ran above, through the core)."""
+    import dagster as dg
+
+    from pack_assets.defs.assets import audit_report, pack_plan, packed_shards
+    from pack_assets.defs.partitions import source_shards
+    from pack_assets.defs.resources import PackSettings, summary_io_manager
+
+    shutil.copytree(counted / "in", tmp_path / "in")
+    shutil.copytree(counted / "work", tmp_path / "work")
+    path = write_recipe(tmp_path / "r.yaml", "datasets:\n  - {name: b, input: in/b, repeat: 1.5}\n"
+                        "  - {name: c, input: in/c}\nepochs: 1\nmax_len: 1500\nprofile: qwen3-vl\n")
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(source_shards.name, ["b/part-000", "c/part-000"])
+    settings = PackSettings(recipe=str(path), work_dir=str(tmp_path / "work"), output_dir=str(tmp_path / "out"))
+    result = dg.materialize([pack_plan, packed_shards, audit_report], instance=instance,
+                            resources={"settings": settings, "io_manager": summary_io_manager})
+    assert result.success
+    audit = result.asset_value("audit_report")
+    assert audit.verdict == "PASS" and set(audit.stats["per_epoch"]) == {0}
+    assert audit.stats["per_epoch"][0]["b"]["expected"] == 9 + 5  # 1.5 of 9: 9 + 4.5 up
+    assert [p.name for p in sorted((tmp_path / "out").iterdir())] == ["epoch-000"]
+    assert (tmp_path / "out" / "epoch-000" / ".nv-meta" / "index.sqlite").exists()
