@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", help="directory holding *.tar shards (searched recursively); or --recipe")
     p.add_argument("--recipe", help="a blend of datasets with repeats and epochs (YAML, see docs/usage.md); its "
                    "settings apply where a flag is left at its default")
-    p.add_argument("--max-len", type=int, help="tokens per pack (required unless the recipe sets max_len)")
+    p.add_argument("--max-len", type=int, help="tokens per pack (with --recipe: the recipe's max_len, else 8192)")
     p.add_argument("--config", help="JSON file of further settings (see docs/usage.md)")
     _common_run(p)
     p.set_defaults(func=cmd_run)
