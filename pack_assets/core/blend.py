@@ -2,11 +2,12 @@
 
 Epoch k's plan is a function of (the counted samples, the packing settings, the recipe's repeats and seed, k)
 only: `make_blend_plan` draws each dataset's copies for k (`recipe.copies`), permutes the copies with the
-epoch's seed (so bin packing's ties, and with them the grouping, differ per epoch), packs all datasets
+epoch's seed (so the grouping differs per epoch: `mix`'s seeded order, BFD's ties), packs all datasets
 together per media type (the planner's `_pack_group`, near the lower bound), and orders the packs so that
 every window of 256 packs holds each dataset's share of tokens and an even number of samples per pack
-(`_deal_blend`, a greedy walk that keeps every prefix in proportion). Nothing depends on another epoch, so epoch k is planned alone; the same inputs give the same
-plan, and a trainer resuming at (epoch k, pack j) reads the same data.
+(`_deal_blend`, a greedy walk that keeps every prefix in proportion). Nothing depends on another epoch, so
+epoch k is planned alone; the same inputs give the same plan, and a trainer resuming at (epoch k, pack j)
+reads the same data.
 
 On disk, epoch k has its own catalog and plan under ``<work>/epoch-<k:03d>/`` (views over the shared per-shard
 Parquet of ``<work>``) and its own complete, Energon-loadable output folder ``<output>/epoch-<k:03d>/``; the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,7 +27,7 @@ import numpy as np
 
 from . import store
 from .plan import (DRIFT_WINDOW, Pack, PlanConfig, PlanInfo, PlanResult, PlanSummary, _assign_shards, _pack_group,
-                   _plan_stats, drift, fingerprint, ok_lengths, pack_checks, plan_jsonl, plannable)
+                   _plan_stats, fingerprint, ok_lengths, pack_checks, plan_jsonl, plannable)
 from .profiles import ModelProfile
 from .recipe import Recipe, blend_seed, copies, dataset_of, expected_copies
 from .results import AuditResult, FilePath, Markdown
@@ -116,8 +118,6 @@ def make_blend_plan(rows: dict[str, np.ndarray], repeats: dict[str, float], conf
     if config.world_size > 1:
         raise ValueError("world_size > 1 is not supported with a recipe yet: its balanced groups of W packs and the "
                          "blend's per-window dataset shares are two orders; plan with world_size 1")
-    import time
-
     t0 = time.perf_counter()
     ids = np.asarray(rows["sample_ids"], dtype=object)
     names = list(repeats)
