@@ -133,11 +133,12 @@ def saved(tmp_path: Path, plan) -> object:
     return con
 
 
-def test_proportions_hold_in_every_window_of_the_written_plan(tmp_path):
+@pytest.mark.parametrize("algorithm", ["mix", "bfd"])  # mix: a recipe's default
+def test_proportions_hold_in_every_window_of_the_written_plan(tmp_path, algorithm):
     # three datasets of very different lengths (short, medium, long), one down-sampled, one repeated
     rows = synthetic_rows([("chat", 6000, 300), ("ocr", 1500, 2500), ("caption", 3000, 600)])
     repeats = {"chat": 1.0, "ocr": 2.5, "caption": 0.5}
-    plan = blend.make_blend_plan(rows, repeats, PlanConfig(max_len=4096), epoch=0)
+    plan = blend.make_blend_plan(rows, repeats, PlanConfig(max_len=4096, algorithm=algorithm), epoch=0)
     con = saved(tmp_path, plan)
     packs = con.execute("SELECT pack_id, dataset, sum(p.sample_token_lens[position + 1]) FROM pack_members "
                         "JOIN pack_plan p USING (pack_id) GROUP BY ALL ORDER BY pack_id").fetchall()
@@ -155,7 +156,9 @@ def test_proportions_hold_in_every_window_of_the_written_plan(tmp_path):
     means = [spp[a:a + 256].mean() for a in range(0, n_packs - 255, 256)]
     assert max(means) / min(means) <= 1.25
     bound = plan.stats["lower_bound"]
-    assert n_packs <= bound * 1.001 + 1
+    # BFD reaches the bound; mix re-packs its packs under 98 % fill: +0.5 % on this small set (3,183 packs),
+    # +0.075 % at 1M (docs/benchmarks.md)
+    assert n_packs <= bound * (1.001 if algorithm == "bfd" else 1.005) + 1
     b = plan.stats["blend"]
     assert b["share_ok"] and b["drift_ok"] and set(b["datasets"]) == set(names)
     # and the counts add up per dataset, with ⌊r⌋·n + round(frac·n) copies
