@@ -35,6 +35,8 @@ def _summary_text(s: dict) -> str:
         f"packed    {s['packed']} into {s['packs']} packs of {s['max_len']} tokens ({s['profile']})",
         f"fill      {fill}; lower bound {s['lower_bound']} packs ({s['packs_over_bound']} over)",
         f"dropped   {s['dropped']} (over max length)   rejected {s['rejected']} (with reasons)",
+        *([f"blend     {s['epochs']} epoch(s), one output folder each: {', '.join(s['output_folders'])}"]
+          if s.get("epochs") else []),
         f"audit     {verdict}" + (f" ({s['output_shards_trusted']} unchanged output shard(s) not re-read)"
                                      if s.get("output_shards_trusted") else ""),
         f"outputs   {s['output_dir']} ({s['output_shards']} shards + .nv-meta, {s.get('output_shards_written')} "
@@ -49,11 +51,19 @@ def _summary_text(s: dict) -> str:
 
 
 def _settings(args, **extra) -> Settings:
-    """The run's settings, built once: flags, then the ``--config`` file's keys over them, then ``extra``."""
+    """The run's settings, built once: flags, then the ``--config`` file's keys over them, then ``extra``. With
+    ``--recipe``, a setting left at its default takes the recipe's value (`Settings.from_flat`)."""
     fields = {"input_dir": str(args.input), "work_dir": str(args.work), "output_dir": str(args.output),
               "max_len": args.max_len, "profile": args.profile, "model_dir": args.model_dir or "",
               "algorithm": args.algorithm, "seed": args.seed, "incremental": args.incremental,
               "audit_scope": args.audit_scope}
+    if getattr(args, "recipe", None):
+        if args.input is not None:
+            raise ValueError("--input and --recipe: a recipe names its inputs under `datasets:`; give one of them")
+        fields = {k: v for k, v in fields.items() if k != "input_dir" and v is not None}
+        fields["recipe"] = str(Path(args.recipe).resolve())
+    elif args.input is None or args.max_len is None:
+        raise ValueError("pack-assets run needs --input and --max-len (or --recipe FILE)")
     if getattr(args, "config", None):
         fields.update(json.loads(Path(args.config).read_text()))
     fields.update(extra)
@@ -256,8 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("run", help="the whole pipeline on a directory of WebDataset shards, through Dagster")
-    p.add_argument("--input", required=True, help="directory holding *.tar shards (searched recursively)")
-    p.add_argument("--max-len", type=int, required=True, help="tokens per pack")
+    p.add_argument("--input", help="directory holding *.tar shards (searched recursively); or --recipe")
+    p.add_argument("--recipe", help="a blend of datasets with repeats and epochs (YAML, see docs/usage.md); its "
+                   "settings apply where a flag is left at its default")
+    p.add_argument("--max-len", type=int, help="tokens per pack (with --recipe: the recipe's max_len, else 8192)")
     p.add_argument("--config", help="JSON file of further settings (see docs/usage.md)")
     _common_run(p)
     p.set_defaults(func=cmd_run)

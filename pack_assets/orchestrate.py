@@ -170,10 +170,10 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
     progress_log = log
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     t0 = time.perf_counter() if started is None else started
-    root = settings.input_root
-    if not root.is_dir():
+    root = settings.sources  # with a recipe: every dataset's folder, shard keys `<dataset>/<shard>`
+    if not settings.recipe and not root.is_dir():
         raise FileNotFoundError(f"input directory {root} does not exist")
-    shards = list(store.find_shards(root, settings.recursive))
+    shards = list(store.find_sources(root, settings.recursive))
     if not shards:
         raise FileNotFoundError(f"no *.tar shards under {root}")
     removed = _sync_partitions(instance, root, shards, log)
@@ -194,8 +194,10 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
     # the rest: Dagster's run set-up and event log around the steps
     stage_seconds["other"] = round(seconds - sum(stage_seconds.values()), 2)
     plan, written, audit = (result.asset_value(a) for a in ("pack_plan", "packed_shards", "audit_report"))
-    return {"input_dir": str(root), "shards": len(shards), "shard_runs": len(todo), "shards_removed": removed,
+    return {"input_dir": settings.recipe or str(root), "shards": len(shards), "shard_runs": len(todo), "shards_removed": removed,
             "jobs": jobs, **_stage_figures(settings, profile.name, plan, written, audit),
+            **({"epochs": len(plan.epochs), "output_folders": [str(e.output_dir) for e in written.epochs]}
+               if settings.recipe else {}),
             "dagster_home": os.environ["DAGSTER_HOME"], "seconds": seconds, "stage_seconds": stage_seconds}
 
 
@@ -222,7 +224,8 @@ def _stage_figures(settings: Settings, profile: str, plan: PlanSummary, written:
         "work_dir": str(settings.work),
         "plan_file": str(plan.plan_file),
         "audit_report": str(audit.report),
-        "duckdb": str(settings.work / store.DB_NAME),
+        # a recipe: one catalog per epoch (core/blend.py); the first is named
+        "duckdb": str((settings.work / "epoch-000" if settings.recipe else settings.work) / store.DB_NAME),
     }
 
 

@@ -225,14 +225,34 @@ def _per_shard(con: duckdb.DuckDBPyConnection) -> dict[str, dict]:
            GROUP BY 1 ORDER BY 1""").fetchall()}
 
 
+def _per_dataset(con: duckdb.DuckDBPyConnection, repeats: dict[str, float]) -> dict[str, dict]:
+    """A blend's counts per dataset (core/blend.py): source samples read, rejected, ok; the copies its draw
+    gives (⌊r⌋·ok + the seeded share); copies read back in packs and copies dropped."""
+    from .recipe import expected_copies
+
+    rows = con.execute(
+        """WITH src AS (SELECT split_part(shard, '/', 1) AS dataset, count(*) AS read,
+                               count(*) FILTER (WHERE status = 'rejected') AS rejected,
+                               count(*) FILTER (WHERE status = 'ok') AS ok FROM samples GROUP BY 1),
+                pk AS (SELECT dataset, count(*) AS packed FROM pack_members
+                       WHERE pack_id IN (SELECT pack_id FROM audit_seen) GROUP BY 1),
+                dr AS (SELECT dataset, count(*) AS dropped FROM dropped GROUP BY 1)
+           SELECT dataset, read, rejected, ok, coalesce(packed, 0), coalesce(dropped, 0)
+           FROM src LEFT JOIN pk USING (dataset) LEFT JOIN dr USING (dataset) ORDER BY 1""").fetchall()
+    return {r[0]: {"read": r[1], "rejected": r[2], "ok": r[3], "repeat": repeats.get(r[0]),
+                   "expected": expected_copies(r[3], repeats.get(r[0], 0.0)), "packed": r[4], "dropped": r[5]}
+            for r in rows}
+
+
 def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, work: Path | None = None, workers: int = 0,
-          min_bytes: int = PARALLEL_MIN_BYTES, trusted: frozenset[str] = frozenset()) -> AuditResult:
+          min_bytes: int = PARALLEL_MIN_BYTES, trusted: frozenset[str] = frozenset(),
+          repeats: dict[str, float] | None = None) -> AuditResult:
     """Read every output shard back, one at a time per process (memory follows the output shard, not the
     dataset), and check it against the plan and the manifest; the plan's own invariants are checked in SQL.
     Given the work directory, output shards are read by ``workers`` processes (0: one per core) once there
     are ``min_bytes`` of them. ``trusted`` shards (unchanged since a clean audit) are not read: their
-    planned packs count as seen."""
-    res = AuditResult(violations=check_plan(con, config))
+    planned packs count as seen. ``repeats``: a blend's plan (dataset -> repeat), counted per dataset."""
+    res = AuditResult(violations=check_plan(con, config, repeats))
     shards = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
     seen: Counter = Counter()
     if trusted:
@@ -256,12 +276,19 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
     lost = con.execute("SELECT count(*) FROM pack_members WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen)").fetchone()[0]
     if lost:
         res.add("lost_sample", f"{lost} planned sample(s) are in packs missing from the output")
-    per_shard = _per_shard(con)
+    per_dataset = _per_dataset(con, repeats) if repeats is not None else {}
+    # a blend holds copies, so its samples add up per dataset (read = ok + rejected, copies = packed + dropped)
+    per_shard = _per_shard(con) if repeats is None else {}
     for shard, c in per_shard.items():
         if c["read"] != c["packed"] + c["dropped"] + c["rejected"]:
             res.add("count_mismatch", f"{shard}: read {c['read']} != packed {c['packed']} + dropped {c['dropped']} "
                     f"+ rejected {c['rejected']}", shard=shard)
-    total = {k: sum(c[k] for c in per_shard.values()) for k in ("read", "packed", "dropped", "rejected")}
+    for name, c in per_dataset.items():
+        if c["read"] != c["ok"] + c["rejected"] or c["expected"] != c["packed"] + c["dropped"]:
+            res.add("count_mismatch", f"dataset {name}: read {c['read']} = ok {c['ok']} + rejected {c['rejected']}; "
+                    f"copies drawn {c['expected']} (repeat {c['repeat']}) = packed {c['packed']} + dropped "
+                    f"{c['dropped']}")
+    total = {k: sum(c[k] for c in (per_dataset or per_shard).values()) for k in ("read", "packed", "dropped", "rejected")}
     res.stats = {
         "samples_read": total["read"],
         "packed": total["packed"],
@@ -277,6 +304,7 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
         "extra_bytes_checked": counts["extra_bytes"],
         "violations": len(res.violations),
         "per_shard": per_shard,
+        **({"per_dataset": per_dataset} if repeats is not None else {}),
     }
     return res
 
@@ -339,8 +367,11 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
             stamps[r["shard"]] = [st.st_size, st.st_mtime_ns, r["fingerprint"]]
         before = _audited(work) if scope == "changed" else {}
         trusted = frozenset(n for n, stamp in stamps.items() if before.get(n) == stamp)
+        blend = info.stats.get("blend")
         result = audit(con, out_dir, info.config, work=work, workers=workers, min_bytes=parallel_min_bytes,
-                       trusted=trusted)
+                       trusted=trusted, repeats=blend["repeats"] if blend else None)
+        if blend:
+            result.stats["blend"] = blend
         recount(con, info, result, recount_fraction)
         result.waiting = list(info.stats.get("shards_waiting") or [])
         result.stats.update(verdict=result.verdict, shards_waiting=result.waiting)

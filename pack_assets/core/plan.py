@@ -77,6 +77,10 @@ class Pack:
     output_shard: str = ""
     media_bytes: int = 0
     overlong: bool = False
+    # a blend's plan (core/blend.py): per member its dataset and copy, and the plan's epoch
+    datasets: list[str] = field(default_factory=list)
+    copies: list[int] = field(default_factory=list)
+    epoch: int = 0
 
 
 @dataclass
@@ -207,9 +211,10 @@ def make_plan(
 
 
 def _pack_group(idx: np.ndarray, sample_ids, lengths: np.ndarray, n_media: np.ndarray, vision_tokens: np.ndarray,
-                config: PlanConfig, dropped: list[dict], raw: list, mt: str) -> tuple[list[np.ndarray], dict]:
+                config: PlanConfig, dropped: list[dict], raw: list, mt: str, drop_row=None) -> tuple[list[np.ndarray], dict]:
     """Bin-pack one media type's items: their packs (item index arrays) and figures; what does not fit
-    goes to ``dropped``, or alone to ``raw`` when overlong samples are kept."""
+    goes to ``dropped`` (``drop_row(i, reason)`` makes its row), or alone to ``raw`` when overlong samples
+    are kept."""
     cap, caps = config.capacity, config.caps
     lens = lengths[idx]
     packs = assign(lens, cap, config.algorithm, caps, n_media[idx], vision_tokens[idx], config.seed)
@@ -219,7 +224,8 @@ def _pack_group(idx: np.ndarray, sample_ids, lengths: np.ndarray, n_media: np.nd
         if reason == "overlong" and config.keep_overlong:
             raw.append((mt, np.asarray([i]), True))
             continue
-        dropped.append({"sample_id": sample_ids[i], "total_tokens": int(lengths[i]), "reason": reason})
+        dropped.append(drop_row(i, reason) if drop_row else
+                       {"sample_id": sample_ids[i], "total_tokens": int(lengths[i]), "reason": reason})
     order = np.argsort(packs[kept], kind="stable")
     members = idx[kept][order]
     bounds = np.flatnonzero(np.diff(packs[kept][order])) + 1
@@ -456,11 +462,15 @@ class PlanSummary:
                 "plan_file": FilePath(self.plan_file), "dagster/column_schema": store.PACK_PLAN_SCHEMA}
 
 
-def check_plan(con, config: PlanConfig) -> list[dict]:
+def check_plan(con, config: PlanConfig, repeats: dict[str, float] | None = None) -> list[dict]:
     """Invariants of the stored plan itself, before anything is written: every ok sample in exactly one pack
-    or in ``dropped``, one media type per pack, capacity (after padding) and caps held."""
-    pad = config.pad_multiple
-    ok, members, distinct, dropped, both, lost, over, mixed = con.execute(
+    or in ``dropped``, one media type per pack, capacity (after padding) and caps held. A blend's plan
+    (``repeats``: dataset -> repeat) holds each sample as many times as its draw says instead (core/blend.py)."""
+    if repeats is not None:
+        from .blend import check_blend
+
+        return check_blend(con, config, repeats)
+    ok, members, distinct, dropped, both, lost = con.execute(
         """SELECT
              (SELECT count(*) FROM samples WHERE status = 'ok'),
              (SELECT count(*) FROM pack_members),
@@ -468,22 +478,30 @@ def check_plan(con, config: PlanConfig) -> list[dict]:
              (SELECT count(*) FROM dropped),
              (SELECT count(*) FROM (SELECT sample_id FROM pack_members INTERSECT SELECT sample_id FROM dropped)),
              (SELECT count(*) FROM samples s WHERE status = 'ok' AND sample_id NOT IN (SELECT sample_id FROM pack_members)
-                AND sample_id NOT IN (SELECT sample_id FROM dropped)),
+                AND sample_id NOT IN (SELECT sample_id FROM dropped))""").fetchone()
+    found = [("duplicate_sample", members != distinct, f"{members - distinct} sample(s) in more than one pack"),
+             ("packed_and_dropped", both, f"{both} sample(s) both packed and dropped"),
+             ("lost_sample", lost, f"{lost} ok sample(s) neither packed nor dropped")]
+    return [{"check": check, "detail": detail} for check, bad, detail in found + pack_checks(con, config) if bad]
+
+
+def pack_checks(con, config: PlanConfig) -> list[tuple[str, int, str]]:
+    """(check, how many bad, detail) of every pack's own limits: capacity after padding, one media type, caps."""
+    pad = config.pad_multiple
+    over, mixed = con.execute(
+        """SELECT
              (SELECT count(*) FROM pack_plan WHERE ceil(total_token_len / ?) * ? > ? AND NOT (overlong AND len(sample_ids) = 1)),
              (SELECT count(*) FROM (SELECT pm.pack_id FROM pack_members pm JOIN samples s USING (sample_id)
                 GROUP BY pm.pack_id HAVING count(DISTINCT s.media_type) > 1))""",
         [pad, pad, config.max_len],
     ).fetchone()
-    found = [("duplicate_sample", members != distinct, f"{members - distinct} sample(s) in more than one pack"),
-             ("packed_and_dropped", both, f"{both} sample(s) both packed and dropped"),
-             ("lost_sample", lost, f"{lost} ok sample(s) neither packed nor dropped"),
-             ("over_capacity", over, f"{over} pack(s) over {config.max_len} tokens"),
+    found = [("over_capacity", over, f"{over} pack(s) over {config.max_len} tokens"),
              ("mixed_media", mixed, f"{mixed} pack(s) mix media types")]
     cap = config.max_samples_per_pack
     if cap:
         over_cap = con.execute("SELECT count(*) FROM pack_plan WHERE len(sample_ids) > ?", [cap]).fetchone()[0]
         found.append(("over_cap", over_cap, f"packs over {cap} samples"))
-    return [{"check": check, "detail": detail} for check, bad, detail in found if bad]
+    return found
 
 
 def plannable(work: Path, shards: list[str], profile: ModelProfile, input_root: Path | None,
@@ -494,7 +512,7 @@ def plannable(work: Path, shards: list[str], profile: ModelProfile, input_root: 
 
     removed: list[str] = []
     if input_root is not None:
-        removed = [s for s in shards if not (input_root / f"{s}.tar").is_file()]
+        removed = [s for s in shards if not store.source_tar(input_root, s).is_file()]
         shards = [s for s in shards if s not in set(removed)]
     missing = [s for s in shards if not token_lengths_are_current(work, s, profile)
                or (input_root is not None and manifest_is_current(input_root, work, s) is None)]

@@ -86,7 +86,8 @@ def write_report(con, work: Path, result: AuditResult, info: PlanInfo) -> dict:
              "reasons": work / "plots" / "reasons.png"}
     plot_lengths(con, plots["lengths"], info.config.max_len)
     plot_fill(con, plots["fill"], info.config.max_len)
-    lines = [*_verdict(result, info), *_totals(result.stats), *_fill(info.stats), *_per_shard(result.stats),
+    lines = [*_verdict(result, info), *_totals(result.stats), *_fill(info.stats), *_blend(result.stats),
+             *_per_shard(result.stats),
              *_what_if(read_what_if(work, info.fingerprint)), *_waiting(info.stats),
              *_rejections(con, plot_reasons(con, plots["reasons"])), *_dropped(con), "", "## Violations", ""]
     lines += [f"- **{v['check']}**: {v['detail']}" for v in result.violations[:200]] or ["None: every check passed."]
@@ -145,6 +146,14 @@ def _fill(plan_stats: dict) -> list[str]:
         "",
         "![fill](plots/fill.png)",
     ]
+
+
+def _blend(stats: dict) -> list[str]:
+    if "per_dataset" not in stats:
+        return []
+    from .blend import blend_lines
+
+    return ["", f"## Per dataset (blend epoch {stats.get('blend', {}).get('epoch', 0)})", "", *blend_lines(stats)]
 
 
 def _per_shard(stats: dict) -> list[str]:

@@ -388,7 +388,7 @@ def manifest_is_current(input_root: Path, work: Path, shard: str) -> dict | None
     """The stored scan of a shard whose size and mtime have not changed since, else None."""
     info = store.read_shard_info(work, shard)
     try:
-        st = (input_root / f"{shard}.tar").stat()
+        st = store.source_tar(input_root, shard).stat()
     except OSError:
         return None
     if info and (info["size"], info["mtime_ns"]) == (st.st_size, st.st_mtime_ns) \
@@ -404,7 +404,7 @@ def run_manifest(input_root: Path, work: Path, shard: str, options: ScanOptions 
         info = None if force else manifest_is_current(input_root, work, shard)
         cached = info is not None
         if not cached:
-            path = input_root / f"{shard}.tar"
+            path = store.source_tar(input_root, shard)
             scanned = ShardInfo(shard=shard, path=str(path), size=0, mtime_ns=0)
             store.write_manifest(work, shard, scan_shard(path, shard, options, scanned), scanned)
             info = dataclasses.asdict(scanned)

@@ -53,6 +53,7 @@ class Settings:
     audit_scope: str = "all"  # "changed": re-read only output shards new or changed since the last clean audit
     write_workers: int = 0  # 0: one per core, when the output is large enough to pay for the processes
     output_mode: str = "copy"  # "index": packs name byte ranges in the source shards instead of copying media
+    recipe: str = ""  # a recipe YAML (core/recipe.py): its datasets replace input_dir; one output per epoch
     scan: ScanOptions = field(default_factory=ScanOptions)
     plan: PlanConfig = field(default_factory=PlanConfig)
 
@@ -74,9 +75,25 @@ class Settings:
     def out(self) -> Path:
         return Path(self.output_dir).resolve()
 
+    @property
+    def sources(self):
+        """Where the shards are: the input folder, or a recipe's roots (dataset name -> folder), the form
+        `store.source_tar` and `store.find_sources` take."""
+        return self.blend().roots if self.recipe else self.input_root
+
+    def blend(self):
+        """The recipe this run follows (read from its file), or None."""
+        from .recipe import load
+
+        return load(self.recipe) if self.recipe else None
+
     def check_paths(self) -> None:
-        """Refuse overlapping input/work/output folders before anything is written."""
-        check_paths(self.input_root, self.work, self.out)
+        """Refuse overlapping input/work/output folders (and with a recipe, missing or overlapping dataset
+        inputs) before anything is written."""
+        if self.recipe:
+            self.blend().check_paths(self.work, self.out)
+        else:
+            check_paths(self.input_root, self.work, self.out)
 
     def model_profile(self) -> ModelProfile:
         return resolve_profile(self.profile, self.model_dir or None)
@@ -88,7 +105,16 @@ class Settings:
 
     @classmethod
     def from_flat(cls, values: dict) -> Settings:
-        """Settings from flat names (unknown names refused, the rest defaulted)."""
+        """Settings from flat names (unknown names refused, the rest defaulted). With a ``recipe``, every name
+        the recipe sets (its seed, mode and further settings) takes the recipe's value unless ``values`` holds
+        something other than the default for it: a CLI flag or a Launchpad field that was changed wins."""
+        if values.get("recipe"):
+            from .recipe import load
+
+            values = dict(values)
+            for name, value in load(values["recipe"]).flat().items():
+                if name not in values or values[name] == DEFAULTS.get(name):
+                    values[name] = value
         parts: dict[str, dict] = {"": {}, "scan": {}, "plan": {}}
         for name, value in values.items():
             home = _HOME.get(name)

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import duckdb
@@ -50,6 +50,25 @@ def shard_key(input_root: Path, tar_path: Path) -> str:
     return rel[: -len(".tar")] if rel.endswith(".tar") else rel
 
 
+def source_tar(input_root, shard: str) -> Path:
+    """A shard's tar: ``<input>/<shard>.tar``, or with a recipe's roots (dataset name -> input folder) and a
+    ``<dataset>/<shard>`` key, ``<that dataset's input>/<shard>.tar``."""
+    if isinstance(input_root, Mapping):
+        name, _, rest = shard.partition("/")
+        if name not in input_root or not rest:
+            raise KeyError(f"shard {shard!r} names no dataset of the recipe ({', '.join(input_root)})")
+        return Path(input_root[name]) / f"{rest}.tar"
+    return Path(input_root) / f"{shard}.tar"
+
+
+def find_sources(input_root, recursive: bool = True) -> dict[str, Path]:
+    """`find_shards` of one input folder, or of every dataset of a recipe's roots with keys ``<dataset>/<shard>``."""
+    if isinstance(input_root, Mapping):
+        return {f"{name}/{k}": p for name, root in input_root.items()
+                for k, p in find_shards(Path(root), recursive).items()}
+    return find_shards(Path(input_root), recursive)
+
+
 def find_shards(input_root: Path, recursive: bool = True) -> dict[str, Path]:
     """Shard key -> path for every ``*.tar`` under the input root, sorted by key."""
     pattern = "**/*.tar" if recursive else "*.tar"
@@ -60,7 +79,7 @@ def find_shards(input_root: Path, recursive: bool = True) -> dict[str, Path]:
 def stat_shards(input_root: Path, recursive: bool = True) -> dict[str, tuple[int, int]]:
     """Shard key -> (size, mtime_ns) of every ``*.tar`` under the input root (a tar gone meanwhile is left out)."""
     out = {}
-    for key, path in find_shards(input_root, recursive).items():
+    for key, path in find_sources(input_root, recursive).items():
         try:
             st = path.stat()
         except OSError:
@@ -230,6 +249,12 @@ PACK_PLAN_SCHEMA = pa.schema([
     ("sample_token_lens", pa.list_(pa.int64())), ("total_token_len", pa.int64()), ("output_shard", pa.string()),
     ("overlong", pa.bool_())])
 DROPPED_SCHEMA = pa.schema([("sample_id", pa.string()), ("total_tokens", pa.int64()), ("reason", pa.string())])
+# a blend's plan (core/blend.py) also names, per member, its dataset and which copy of the sample it is, and the
+# epoch of the whole plan; a single-input plan keeps the columns above only (its rows are all epoch 0, copy 0)
+BLEND_PACK_PLAN_SCHEMA = PACK_PLAN_SCHEMA.append(pa.field("datasets", pa.list_(pa.string()))) \
+    .append(pa.field("copies", pa.list_(pa.int32()))).append(pa.field("epoch", pa.int32()))
+BLEND_DROPPED_SCHEMA = DROPPED_SCHEMA.append(pa.field("dataset", pa.string())).append(pa.field("epoch", pa.int32())) \
+    .append(pa.field("copy", pa.int32()))
 
 LINEAGE_VIEW = """CREATE OR REPLACE VIEW lineage AS
 SELECT pm.pack_id, pm.position, p.output_shard, p.media_type, p.total_token_len,
@@ -284,18 +309,23 @@ def read_plan(con: duckdb.DuckDBPyConnection) -> tuple[list[tuple], list[dict]]:
     return packs, dropped
 
 
-def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict], dropped: list[dict], info: dict) -> None:
+def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict], dropped: list[dict], info: dict,
+              blend: bool = False) -> None:
     """Replace pack_plan, pack_members, dropped and plan_info in one transaction (a reader sees the old
-    plan or the new one), and the lineage view over them."""
+    plan or the new one), and the lineage view over them. ``blend``: the rows carry datasets, copies and
+    epoch (BLEND_* schemas), and pack_members gains ``dataset``, ``epoch`` and ``copy``."""
+    plan_schema, dropped_schema = (BLEND_PACK_PLAN_SCHEMA, BLEND_DROPPED_SCHEMA) if blend else (PACK_PLAN_SCHEMA,
+                                                                                              DROPPED_SCHEMA)
     # registered under names no table uses (connect() turns Python replacement scans off)
-    con.register("_new_pack_plan", pa.Table.from_pylist(packs, schema=PACK_PLAN_SCHEMA))
-    con.register("_new_dropped", pa.Table.from_pylist(dropped, schema=DROPPED_SCHEMA))
+    con.register("_new_pack_plan", pa.Table.from_pylist(packs, schema=plan_schema))
+    con.register("_new_dropped", pa.Table.from_pylist(dropped, schema=dropped_schema))
+    extra = ", datasets[i] AS dataset, epoch, copies[i] AS copy" if blend else ""
     try:
         con.execute("BEGIN")
         con.execute("CREATE OR REPLACE TABLE pack_plan AS SELECT * FROM _new_pack_plan")
         con.execute(
             "CREATE OR REPLACE TABLE pack_members AS SELECT pack_id, CAST(i AS INTEGER) - 1 AS position, "
-            "sample_ids[i] AS sample_id FROM pack_plan, range(1, len(sample_ids) + 1) AS r(i)"
+            f"sample_ids[i] AS sample_id{extra} FROM pack_plan, range(1, len(sample_ids) + 1) AS r(i)"
         )
         con.execute("CREATE OR REPLACE TABLE dropped AS SELECT * FROM _new_dropped")
         con.execute("CREATE OR REPLACE TABLE plan_info AS SELECT ? AS info", [json.dumps(info)])

@@ -424,7 +424,7 @@ def shard_job(con, input_root: Path, name: str) -> ShardJob:
     subs: dict[str, list[SubSample]] = {}
     for pack_id, sid, shard, key, json_member, media_members, conv, tokens, extra_members, conv_sha, stamp in subs_rows:
         subs.setdefault(pack_id, []).append(SubSample(
-            sample_id=sid, shard=shard, key=key, source_path=str(input_root / f"{shard}.tar"), token_len=tokens,
+            sample_id=sid, shard=shard, key=key, source_path=str(store.source_tar(input_root, shard)), token_len=tokens,
             messages=json.loads(conv), json_member=members.get((sid, json_member)) if json_member else None,
             media=[members[(sid, n)] for n in media_members or []],
             extra=[members[(sid, n)] for n in extra_members or []], conversation_sha256=conv_sha, source_stamp=stamp,
@@ -434,10 +434,11 @@ def shard_job(con, input_root: Path, name: str) -> ShardJob:
     return ShardJob(name, [PackJob(pack_id, mt, total, subs[pack_id]) for pack_id, mt, total in packs])
 
 
-def load_shard_job(work: str, input_root: str, name: str) -> ShardJob:
-    """Picklable loader: each writer process opens the catalog read-only and gathers its own shard."""
+def load_shard_job(work: str, input_root, name: str) -> ShardJob:
+    """Picklable loader: each writer process opens the catalog read-only and gathers its own shard.
+    ``input_root``: a folder (str) or a recipe's roots (dataset name -> folder)."""
     with store.connect(Path(work), read_only=True) as con:
-        return shard_job(con, Path(input_root), name)
+        return shard_job(con, input_root if isinstance(input_root, dict) else Path(input_root), name)
 
 
 # members as the structs shard_job builds, so both sides feed ShardFingerprint the same values
@@ -451,7 +452,7 @@ def _listed(col: str) -> str:
                 GROUP BY x.sample_id"""
 
 
-_FINGERPRINT_ROWS = f"""WITH packed AS (SELECT pm.sample_id, s.media_members, s.extra_members
+_FINGERPRINT_ROWS = f"""WITH packed AS (SELECT DISTINCT pm.sample_id, s.media_members, s.extra_members
                             FROM pack_members pm JOIN samples s USING (sample_id)),
                 media AS ({_listed("media")}),
                 extra AS ({_listed("extra")})
@@ -503,7 +504,7 @@ def check_sources(con, input_root: Path, shards: list[str]) -> None:
     recorded = {r[0]: (r[1], r[2], r[3]) for r in con.execute("SELECT shard, size, mtime_ns, status FROM shards").fetchall()}
     problems = []
     for shard in shards:
-        path = input_root / f"{shard}.tar"
+        path = store.source_tar(input_root, shard)
         try:
             st = path.stat()
         except OSError as e:
@@ -519,7 +520,8 @@ def check_sources(con, input_root: Path, shards: list[str]) -> None:
 
 def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, progress=None) -> WriteSummary:
     t0 = time.perf_counter()
-    check_paths(input_root, work, out_dir)
+    for root in (input_root.values() if isinstance(input_root, dict) else [input_root]):
+        check_paths(Path(root), work, out_dir)
     with store.connect(work, read_only=True) as con:
         info = PlanInfo.load(con)
         check_sources(con, input_root, [s[0] for s in con.execute(
@@ -529,7 +531,7 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, pro
         done = current_shards(con, out_dir, context)
     skip = {r["shard"] for r in done}
     results = write_all(out_dir, [n for n in names if n not in skip], context, workers=workers, progress=progress,
-                        loader=functools.partial(load_shard_job, str(work), str(input_root)), done=done,
+                        loader=functools.partial(load_shard_job, str(work), input_root if isinstance(input_root, dict) else str(input_root)), done=done,
                         plan_fingerprint=info.fingerprint)
     first = out_dir / names[0] if names else None
     return WriteSummary(

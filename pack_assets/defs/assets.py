@@ -10,7 +10,7 @@ from pathlib import Path
 import dagster as dg
 import pyarrow as pa
 
-from ..core import audit, plan, report, scan, tokens, write
+from ..core import audit, blend, plan, report, scan, tokens, write
 from ..core.results import FilePath, Markdown
 from .partitions import source_shards
 from .resources import PackSettings
@@ -72,7 +72,7 @@ def manifest(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.Ma
     a backfill run may carry several (BackfillPolicy.multi_run)."""
     s = settings.to_settings()
     s.check_paths()
-    summary = scan.run_manifests(s.input_root, s.work, context.partition_keys, s.scan, log=context.log.info)
+    summary = scan.run_manifests(s.sources, s.work, context.partition_keys, s.scan, log=context.log.info)
     return dg.MaterializeResult(
         metadata=metadata(summary.as_metadata()),
         check_results=[dg.AssetCheckResult(
@@ -110,8 +110,13 @@ def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.M
     s.check_paths()
     shards = sorted(context.instance.get_dynamic_partitions(source_shards.name))
     with settings.work_lock(context, "pack_plan"):
-        summary = plan.run_plan(s.work, shards, s.plan, s.model_profile(), allow_missing=True, input_root=s.input_root)
-        what_if = report.run_what_if(s.work, s.plan, summary.fingerprint)
+        if s.recipe:  # a blend: one plan per epoch under <work>/epoch-<k>/ (core/blend.py)
+            summary = blend.run_blend_plan(s.work, shards, s.plan, s.model_profile(), s.blend(), allow_missing=True)
+            what_if = None
+        else:
+            summary = plan.run_plan(s.work, shards, s.plan, s.model_profile(), allow_missing=True,
+                                    input_root=s.input_root)
+            what_if = report.run_what_if(s.work, s.plan, summary.fingerprint)
     if summary.shards_removed:
         context.log.warning(f"{len(summary.shards_removed)} registered shard(s) no longer in {s.input_root}, "
                             f"not planned: {summary.shards_removed[:10]}")
@@ -120,7 +125,7 @@ def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.M
                             f"plan: {summary.shards_waiting[:10]}")
     return dg.MaterializeResult(
         # replan_sensor compares the digest with the partitions now registered (a removed shard needs a replan)
-        metadata=metadata({**summary.as_metadata(), **what_if.as_metadata(),
+        metadata=metadata({**summary.as_metadata(), **(what_if.as_metadata() if what_if else {}),
                            "registered_shards_digest": shards_digest(shards)}),
         check_results=[dg.AssetCheckResult(check_name="every_sample_once", passed=not summary.violations,
                                            metadata={"violations": dg.MetadataValue.json(summary.violations)})],
@@ -140,7 +145,8 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     s = settings.to_settings()
     s.check_paths()
     with settings.work_lock(context, "packed_shards"):
-        summary = write.run_write(s.work, s.input_root, s.out, s.write_workers, progress)
+        summary = blend.run_blend_write(s.work, s.blend(), s.out, s.write_workers, progress) if s.recipe \
+            else write.run_write(s.work, s.input_root, s.out, s.write_workers, progress)
     if summary.foreign_files:
         context.log.info(f"{len(summary.foreign_files)} file(s) in {s.out} not written by pack_assets, left "
                          f"alone: {summary.foreign_files[:10]}")
@@ -159,7 +165,8 @@ def audit_report(context: dg.AssetExecutionContext, settings: PackSettings) -> d
     sha256 of every media member against its source. Writes audit_report.md with plots."""
     s = settings.to_settings()
     with settings.work_lock(context, "audit_report"):
-        result = audit.run_audit(s.work, s.out, scope=s.audit_scope)
+        result = blend.run_blend_audit(s.work, s.blend(), s.out, scope=s.audit_scope) if s.recipe \
+            else audit.run_audit(s.work, s.out, scope=s.audit_scope)
     return dg.MaterializeResult(
         metadata=metadata(result.as_metadata()),
         check_results=[dg.AssetCheckResult(

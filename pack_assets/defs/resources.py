@@ -22,6 +22,7 @@ class PackSettings(dg.ConfigurableResource):
     audit_scope: str = _D["audit_scope"]
     write_workers: int = _D["write_workers"]
     output_mode: str = _D["output_mode"]
+    recipe: str = _D["recipe"]
     hash_members: bool = _D["hash_members"]
     max_member_bytes: int = _D["max_member_bytes"]
     max_json_bytes: int = _D["max_json_bytes"]

@@ -5,6 +5,8 @@ import hashlib
 import json
 import os
 
+from pathlib import Path
+
 import dagster as dg
 import duckdb
 
@@ -47,8 +49,8 @@ def new_shard_sensor(context: dg.SensorEvaluationContext, settings: PackSettings
     also keeps the changed shards already requested (until their manifest catches up), so a batch limit
     never requests the same ones again instead of the rest."""
     s = settings.to_settings()
-    root = s.input_root
-    if not root.is_dir():
+    root = s.sources  # a recipe: every dataset's folder, shard keys `<dataset>/<shard>`
+    if not all(Path(r).is_dir() for r in (root.values() if isinstance(root, dict) else [root])):
         return dg.SkipReason(f"input directory {root} does not exist")
     found = store.stat_shards(root, s.recursive)
     known = set(context.instance.get_dynamic_partitions(source_shards.name))
