@@ -55,6 +55,7 @@ def _settings(args, **extra) -> Settings:
     ``--recipe``, a setting left at its default takes the recipe's value (`Settings.from_flat`)."""
     fields = {"input_dir": str(args.input), "work_dir": str(args.work), "output_dir": str(args.output),
               "max_len": args.max_len, "profile": args.profile, "model_dir": args.model_dir or "",
+              "trust_remote_code": args.trust_remote_code,
               "algorithm": args.algorithm, "seed": args.seed, "incremental": args.incremental,
               "audit_scope": args.audit_scope}
     if getattr(args, "recipe", None):
@@ -122,10 +123,28 @@ def cmd_count(args) -> int:
 def cmd_profiles(args) -> int:
     from .core.profiles import FAMILIES
 
+    if args.model_dir:
+        return _profile_of_folder(args)
     rows = [f.as_dict() for f in FAMILIES]
     lines = [f"{r['family']:16} {r['rule']:9} {', '.join(r['model_types']) or '(any model_type)'}\n"
              f"{'':26} --model-dir needs: {'; '.join(r['model_dir_files'])}\n{'':26} {r['note']}" for r in rows]
     _emit(args, {"families": rows}, "\n".join(lines))
+    return 0
+
+
+def _profile_of_folder(args) -> int:
+    """What `--model-dir` gets: its family and rule; for the processor rule, the processor built here (so a
+    missing package or a remote-code refusal shows before a run)."""
+    from .core.profiles import profile_from_model_dir
+
+    p = profile_from_model_dir(args.model_dir, args.trust_remote_code)
+    row = {"profile": p.name, "family": p.family, "rule": p.rule, "fingerprint": p.fingerprint}
+    if p.rule == "processor":
+        from .core.procount import ProcessorCounter
+
+        c = ProcessorCounter(p)
+        row.update(processor=type(c.processor).__name__, videos=c.video_status())
+    _emit(args, row, "\n".join(f"{k:12} {v}" for k, v in row.items()))
     return 0
 
 
@@ -233,6 +252,7 @@ def _common_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", default=DEFAULTS["output_dir"], help="output directory for packed shards")
     p.add_argument("--profile", default=DEFAULTS["profile"], help="model profile: qwen2-vl, qwen2.5-vl, qwen3-vl")
     p.add_argument("--model-dir", help="a local HF checkpoint folder (overrides --profile)")
+    _trust(p)
     p.add_argument("--algorithm", default=DEFAULTS["algorithm"], help="packing algorithm (bfd, next_fit)")
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seed of the pack order shuffle")
     p.add_argument("--dagster-home", help="Dagster instance directory (default: $DAGSTER_HOME if set, else "
@@ -248,6 +268,12 @@ def _common_run(p: argparse.ArgumentParser) -> None:
                         f"{JOBS_FROM_SHARDS} shards need a run, else one per core ({os.cpu_count()} here); "
                         "a worker costs seconds of imports)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+
+
+def _trust(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trust-remote-code", action="store_true", default=DEFAULTS["trust_remote_code"],
+                   help="let transformers run a --model-dir's own processor code (folders whose configs have an "
+                        "auto_map); refused without it")
 
 
 def _caps(p: argparse.ArgumentParser) -> None:
@@ -280,11 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=DEFAULTS["profile"])
     p.add_argument("--model-dir", help="a local HF checkpoint folder; a family without a fast rule is counted by "
                    "its own processor (see `pack-assets profiles`)")
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="let transformers run the folder's own processor code (remote-code models only)")
+    _trust(p)
     p.set_defaults(func=cmd_count, json=True)
 
     p = sub.add_parser("profiles", help="every supported model family, its counting rule and the files --model-dir needs")
+    p.add_argument("--model-dir", help="instead: the rule this folder gets, its processor built here as a check")
+    _trust(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_profiles)
     _planner_commands(sub)

@@ -6,6 +6,7 @@ tests/fixtures/models/gemma-3-4b-it (see tests/fixtures/README.md; the tokenizer
 from __future__ import annotations
 
 import copy
+import functools
 import gzip
 import json
 import lzma
@@ -133,3 +134,175 @@ def test_profiles_command_lists_every_family(capsys):
     assert by["qwen3-vl"]["rule"] == "fast" and "video_preprocessor_config.json" in by["qwen3-vl"]["model_dir_files"]
     assert {"gemma3", "internvl", "llava-onevision", "glm4v", "any"} <= set(by)
     assert main(["profiles"]) == 0 and "processor" in capsys.readouterr().out
+
+
+# -- the direct path (per-size replacement strings, one batched tokenizer call) against the whole processor ---
+
+def _pan_and_scan(proc):
+    """Gemma 3's processor with pan-and-scan on: the replacement string then depends on the image size."""
+    out = copy.copy(proc)
+    out.image_processor = proc.image_processor._inner
+    merge = proc._merge_kwargs
+
+    def merged(*a, **k):  # as a training script's processor(..., do_pan_and_scan=True) would set it
+        kwargs = merge(*a, **k)
+        kwargs["images_kwargs"]["do_pan_and_scan"] = True
+        return kwargs
+    out._merge_kwargs = merged
+    return out
+
+
+def test_counts_from_the_size_cache_equal_the_processor_on_real_images_over_many_sizes(gemma_dir, monkeypatch):
+    """Pixels never decide a count: for ~50 sizes (1×1, extreme aspect ratios, small to large, with crops) the
+    counter's direct path (size-cached replacement strings) equals the processor run on real noise images."""
+    import random
+
+    import numpy as np
+    from PIL import Image
+
+    from pack_assets.core import procount
+    from pack_assets.core.tokens import TokenCounter
+
+    real = procount.load_processor(str(gemma_dir.resolve()))
+    oracle = _pan_and_scan(real)
+    counted = copy.copy(oracle)
+    counted.image_processor = procount._CachedImageProcessor(oracle.image_processor)
+    monkeypatch.setattr(procount, "load_processor", lambda *a: counted)
+    rnd = random.Random(7)
+    sizes = [(1, 1), (1, 2000), (2000, 1), (3, 700), (1500, 40), (896, 896), (897, 895), (256, 1024), (1024, 256)]
+    sizes += [(rnd.randint(2, 1200), rnd.randint(2, 1200)) for _ in range(40)]
+    t = lambda s: {"type": "text", "text": s}  # noqa: E731
+    samples = [([{"role": "system", "content": [t("Be brief.")]},
+                 {"role": "user", "content": [{"type": "image"}, t(f"Sample {i}:\n\n")]},
+                 {"role": "assistant", "content": [t("Noise.")]},
+                 {"role": "user", "content": [t("And"), *([{"type": "image"}] if i % 4 == 0 else [])]},
+                 {"role": "assistant", "content": [t(" also noise \n")]}],
+                [list(sizes[i]), list(sizes[(i * 7 + 3) % len(sizes)])][:1 + (i % 4 == 0)], [])
+               for i in range(len(sizes))]
+    counter = TokenCounter(profile_from_model_dir(gemma_dir))._processor
+    first = list(counter.count_many(samples))
+    again = list(counter.count_many(samples))  # every size seen: all through the direct path
+    assert counter.fallbacks == 0 and counter.direct_counts >= len(samples)
+    crops = set()
+    for (msgs, szs, _), a, b in zip(samples, first, again):
+        images = [Image.fromarray(np.random.default_rng(w * h).integers(0, 256, (h, w, 3), dtype=np.uint8))
+                  for w, h in szs]
+        text = oracle.apply_chat_template(msgs, tokenize=False)
+        ids = oracle(text=[text], images=[images], add_special_tokens=False)["input_ids"][0]
+        assert a == b and a["total_tokens"] == len(ids), (szs, a, len(ids))
+        crops.add(a["image_tokens"] // 256)
+    assert len(crops) >= 3  # the sizes really exercise different crop counts
+
+
+def test_gemma3_whole_samples_through_the_direct_path_equal_the_processor(gemma_dir, tmp_path):
+    """Multi-turn, system, several images: counted twice, the second time every size is cached (direct path)."""
+    from pack_assets.core.procount import load_processor
+
+    img = tmp_path / "img"
+    img.mkdir()
+    for i, (w, h) in enumerate(SIZES):
+        (img / f"{i}.png").write_bytes(image_bytes(w, h, "PNG", (i * 40, 90, 200)))
+    recs = _records(img) * 2
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    got = count_records(tmp_path / "r.jsonl", None, None, str(gemma_dir))
+    proc = load_processor(str(gemma_dir.resolve()))
+    for rec, res in zip(recs, got):
+        assert res["total_tokens"] == _oracle(proc, rec), res
+
+
+# -- remote code, missing packages -------------------------------------------------------------------------
+
+def _remote_code_folder(tmp_path: Path) -> Path:
+    d = tmp_path / "remote"
+    d.mkdir()
+    for name in ("preprocessor_config.json", "processor_config.json", "special_tokens_map.json"):
+        shutil.copy(GEMMA / name, d / name)
+    cfg = json.loads((GEMMA / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "model_type": "my_vlm",
+                                               "auto_map": {"AutoProcessor": "processing_my_vlm.MyProcessor"}}))
+    (d / "tokenizer_config.json").write_text("{}")
+    return d
+
+
+def test_a_remote_code_folder_is_refused_without_trust_remote_code(tmp_path, capsys):
+    from pack_assets.core.profiles import ProfileError
+    from pack_assets.core.settings import Settings
+
+    d = _remote_code_folder(tmp_path)
+    with pytest.raises(ProfileError, match=r"auto_map in config.json.*--trust-remote-code"):
+        profile_from_model_dir(d)
+    with pytest.raises(ProfileError, match="--trust-remote-code"):
+        Settings(model_dir=str(d)).model_profile()
+    p = Settings(model_dir=str(d), trust_remote_code=True).model_profile()
+    assert (p.rule, p.trust_remote_code) == ("processor", True)
+    (tmp_path / "r.jsonl").write_text(json.dumps({"conversations": [{"from": "human", "value": "hi"}]}) + "\n")
+    assert main(["count", "--input", str(tmp_path / "r.jsonl"), "--model-dir", str(d)]) == 2
+    assert "--trust-remote-code" in capsys.readouterr().err
+
+
+def _qwen3_folder(tmp_path: Path) -> Path:
+    from pack_assets.core.profiles import bundled_tokenizer_file
+
+    d = tmp_path / "qwen3"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "models" / "Qwen3-VL-8B-Instruct", d)
+    shutil.copy(bundled_tokenizer_file(), d / "tokenizer.json")
+    return d
+
+
+def _no_torchvision(monkeypatch):
+    """AutoProcessor fails the way transformers does when a video processor needs torchvision."""
+    import transformers
+
+    from pack_assets.core import procount
+
+    def refuse(*a, **k):
+        raise ImportError("Qwen3VLVideoProcessor requires the Torchvision library but it was not found in your "
+                          "environment.")
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", refuse)
+    procount.load_processor.cache_clear()
+    monkeypatch.setattr(procount, "load_processor", functools.lru_cache(maxsize=2)(procount.load_processor.__wrapped__))
+
+
+def test_without_torchvision_images_count_and_videos_get_reason_rows(tmp_path, monkeypatch):
+    """The processor rule on Qwen3-VL (a folder the fast rule covers too): its video processor 'needs
+    torchvision', so the processor is built without it; image samples equal the fast rule, video samples are
+    rejected with missing_dependency naming the package and the extra."""
+    from pack_assets.core.profiles import processor_profile
+    from pack_assets.core.tokens import TokenCounter, count_shard_rows
+
+    d = _qwen3_folder(tmp_path)
+    _no_torchvision(monkeypatch)
+    proc_counter, fast = TokenCounter(processor_profile(d)), TokenCounter(profile_from_model_dir(d))
+    assert (proc_counter.profile.rule, fast.profile.rule) == ("processor", "fast")
+    t = lambda s: {"type": "text", "text": s}  # noqa: E731
+    img_msgs = [{"role": "system", "content": "Short answers."},
+                {"role": "user", "content": [{"type": "image"}, t("What?")]},
+                {"role": "assistant", "content": "A chart."},
+                {"role": "user", "content": [{"type": "image"}, {"type": "image"}, t("These?")]},
+                {"role": "assistant", "content": [t("Two cats.")]}]
+    vid_msgs = [{"role": "user", "content": [{"type": "video"}, t("What happens?")]},
+                {"role": "assistant", "content": "Nothing."}]
+    items = [(img_msgs, [[640, 480], [37, 1000], [1920, 1080]], []), (img_msgs, [[640, 480]] * 3, [])] * 2
+    got, want = list(proc_counter.count_many(items)), list(fast.count_many(items))
+    assert [g["total_tokens"] for g in got] == [w["total_tokens"] for w in want]
+    assert [g["image_tokens"] for g in got] == [w["image_tokens"] for w in want]
+    assert proc_counter._processor.direct_counts >= 2 and proc_counter._processor.fallbacks == 0  # repeated sizes: direct
+    meta = {"frames": 48, "fps": 24.0, "width": 320, "height": 240}
+    rows = [{"sample_id": f"s{i}", "shard": "s0", "key": f"k{i}", "status": "ok", "media_type": m,
+             "n_images": len(sz), "n_videos": len(v), "conversation": json.dumps(msgs), "image_sizes": sz,
+             "videos": json.dumps(v)}
+            for i, (m, msgs, sz, v) in enumerate([("image", img_msgs, [[64, 48]] * 3, []),
+                                                  ("video", vid_msgs, [], [meta])])]
+    out, rejected = count_shard_rows(proc_counter, rows, {})
+    assert [r["status"] for r in out] == ["ok", "rejected"]
+    assert out[1]["reason"] == "missing_dependency" and out[1]["counted_by"] == "processor"
+    assert "torchvision" in rejected[0].detail and "pack_assets[processor]" in rejected[0].detail
+
+
+def test_a_processor_that_cannot_be_built_names_the_missing_package_and_the_extra(gemma_dir, monkeypatch):
+    from pack_assets.core.profiles import ProfileError
+    from pack_assets.core.tokens import TokenCounter
+
+    _no_torchvision(monkeypatch)  # Gemma 3's processor has no video part to leave out: nothing to count with
+    with pytest.raises(ProfileError, match=r"needs torchvision.*pip install 'pack_assets\[processor\]'"):
+        TokenCounter(profile_from_model_dir(gemma_dir))

@@ -326,7 +326,7 @@ def recount(con, info: PlanInfo, result: AuditResult, fraction: float) -> None:
     if fraction <= 0:
         return
     try:
-        profile = resolve_profile(info.profile.split("@")[0], info.model_dir or None)
+        profile = resolve_profile(info.profile.split("@")[0], info.model_dir or None, info.trust_remote_code)
     except ProfileError as e:
         result.add("recount_unavailable", str(e))
         return

@@ -421,12 +421,13 @@ class PlanInfo:
     shards: list[str]
     config: PlanConfig
     stats: dict
+    trust_remote_code: bool = False  # the audit's recount builds the same processor
 
     @classmethod
     def load(cls, con) -> PlanInfo:
         d = store.read_plan_info(con)
         return cls(d["fingerprint"], d["profile"], d["profile_fingerprint"], d.get("model_dir"), d["shards"],
-                   PlanConfig(**d["config"]), d["stats"])
+                   PlanConfig(**d["config"]), d["stats"], d.get("trust_remote_code", False))
 
     def as_dict(self) -> dict:
         return {**asdict(self), "config": asdict(self.config)}
@@ -598,7 +599,7 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed)
         store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl(plan))
         info = PlanInfo(plan.fingerprint, profile.name, profile.fingerprint, profile.model_dir, shards, config,
-                        plan.stats)
+                        plan.stats, profile.trust_remote_code)
         store.save_plan(con, [asdict(p) for p in plan.packs], plan.dropped, info.as_dict())
         violations = check_plan(con, config)
     return PlanSummary(plan.fingerprint, work / "pack_plan.jsonl", why, plan.stats, len(shards), missing, removed,

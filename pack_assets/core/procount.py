@@ -2,23 +2,36 @@
 
 A sample's length is ``len(input_ids)`` of the processor's chat path (render with its template and the
 record's tools, then ``processor(text=..., images=..., add_special_tokens=False)``, as
-``apply_chat_template(tokenize=True)`` does), so it is exact by construction. Only the pixel work is
-memoized: the image processor's output depends on nothing but the image sizes, so it runs once per list of
-sizes (blank images stand in for the real ones) and later calls get the cached metadata with zero-memory
-pixel arrays of the same shapes. The processor's own text expansion and tokenizer run for every sample.
+``apply_chat_template(tokenize=True)`` does), so it is exact by construction.
+
+Made fast without leaving the processor's own code. transformers' processors expand each placeholder with
+the string ``replace_image_token(image_processor_output, i)`` returns, and that string depends on the image's
+size alone (the pixels never decide a count). So, per distinct image size, the processor's own
+``_process_images`` runs once on a blank image of that size and its replacement string is kept; per sample
+the template is rendered once (transformers' ``render_jinja_template``), the processor's own
+``get_text_with_replacements`` puts the kept strings in, and the tokenizer runs once, batched over many
+samples. A run of one repeated media token (Gemma 3's 256 ``<image_soft_token>``) is tokenized as one and
+the rest added back (each is an added token, split off before anything else). The first sample that shows a
+new image size is also counted the slow way (the whole processor call); if the two ever differ the counter
+falls back to the whole call for every sample, so an unusual processor costs speed, never exactness.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import re
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 
-from .profiles import ModelProfile, ProfileError
+from .profiles import ModelProfile, ProfileError, check_remote_code
 from .reasons import ReasonError
 
 _CACHE_MAX = 4096  # distinct size lists kept (metadata only; pixel arrays are zero-stride views)
+_BATCH = 256  # samples per tokenizer call
+EXTRA_HINT = "pip install 'pack_assets[processor]'"
 
 
 def _shape_key(images):
@@ -63,18 +76,75 @@ class _CachedImageProcessor:
         return cls(dict(data))  # a fresh container: processors pop keys from it
 
 
-@functools.lru_cache(maxsize=2)
+def _missing(e: BaseException) -> str:
+    """The package an ImportError names (transformers' own 'requires the Torchvision library' messages too)."""
+    name = getattr(e, "name", None)
+    text = str(e)
+    for pkg in ("torchvision", "torch", "av", "decord", "timm", "einops", "sentencepiece", "protobuf"):
+        if re.search(rf"\b{pkg}\b", text, re.IGNORECASE):
+            return pkg
+    return name or text.strip().splitlines()[0][:120]
+
+
+class _NoVideo:
+    """Where the folder's video processor cannot be built here (it needs torchvision): images still count,
+    every video is refused with the reason and the extra that fixes it."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+
+def _image_only(model_dir: str, trust_remote_code: bool, err: ImportError):
+    """The folder's processor without its video processor (the one part that needs torchvision)."""
+    import transformers
+    from transformers import AutoImageProcessor, AutoTokenizer
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")) \
+        if (Path(model_dir) / "config.json").exists() else {}
+    cls = getattr(transformers, PROCESSOR_MAPPING_NAMES.get(cfg.get("model_type", ""), "") or "", None)
+    if cls is None or "video_processor" not in cls.get_attributes():
+        raise err
+    from transformers.video_processing_utils import BaseVideoProcessor  # importable without torchvision
+
+    stand_in = type("NoVideoProcessor", (BaseVideoProcessor,), {}).__new__(
+        type("NoVideoProcessor", (BaseVideoProcessor,), {}))
+    kw = dict(local_files_only=True, trust_remote_code=trust_remote_code)
+    parts = {"image_processor": AutoImageProcessor.from_pretrained(model_dir, **kw),
+             "tokenizer": AutoTokenizer.from_pretrained(model_dir, **kw), "video_processor": stand_in}
+    if set(cls.get_attributes()) - set(parts):
+        raise err
+    processor_dict, _ = cls.get_processor_dict(model_dir, **kw)
+    proc = cls.__new__(cls)
+    # the base class checks each part's type against a registry that needs torchvision to import; the
+    # stand-in is the one part it cannot resolve, every other part is still checked
+    check = cls.check_argument_for_proper_class
+    proc.check_argument_for_proper_class = lambda name, arg: None if arg is stand_in else check(proc, name, arg)
+    init_kw = {k: v for k, v in processor_dict.items() if k in ("chat_template", *cls.get_attributes())
+               or k in getattr(cls.__init__, "__code__", type("", (), {"co_varnames": ()})).co_varnames}
+    cls.__init__(proc, *[parts[a] for a in cls.get_attributes()], **init_kw)
+    del proc.check_argument_for_proper_class
+    proc.video_processor = _NoVideo(f"the video processor of {Path(model_dir).name} needs {_missing(err)}, which is "
+                                    f"not installed: {EXTRA_HINT}")
+    return proc
+
+
+@functools.lru_cache(maxsize=2)  # one per worker process: every shard and sample it counts reuses it
 def load_processor(model_dir: str, trust_remote_code: bool = False):
     """AutoProcessor for a local folder, offline; a clear error when transformers (or torch) is missing."""
+    check_remote_code(model_dir, trust_remote_code)
     try:
         from transformers import AutoProcessor
     except ImportError as e:
-        raise ProfileError(f"the processor rule needs transformers: pip install 'pack-assets[processor]' ({e})") from None
+        raise ProfileError(f"the processor rule needs transformers: {EXTRA_HINT} ({e})") from None
     try:
         proc = AutoProcessor.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
-    except ImportError as e:  # e.g. a video processor that needs torch/torchvision
-        raise ProfileError(f"the processor of {model_dir} needs a package that is not installed: {e}; "
-                           "install the extra: pip install 'pack-assets[processor]' (torch, torchvision)") from None
+    except ImportError as e:  # e.g. a video processor that needs torchvision: count images without it
+        try:
+            proc = _image_only(model_dir, trust_remote_code, e)
+        except ImportError as e2:
+            raise ProfileError(f"the processor of {model_dir} needs {_missing(e2)}, which is not installed: "
+                               f"{EXTRA_HINT} ({str(e2).strip().splitlines()[0][:200]})") from None
     except ValueError as e:
         hint = "" if trust_remote_code else " (a remote-code model needs --trust-remote-code)"
         raise ProfileError(f"transformers cannot build a processor from {model_dir}: {e}{hint}") from None
@@ -95,25 +165,158 @@ class ProcessorCounter:
 
     def __init__(self, profile: ModelProfile):
         self.profile = profile
-        self.processor = load_processor(profile.model_dir, profile.trust_remote_code)
-        if getattr(self.processor, "tokenizer", None) is None:
+        self.processor = proc = load_processor(profile.model_dir, profile.trust_remote_code)
+        self.tokenizer = tok = getattr(proc, "tokenizer", None)
+        if tok is None:
             raise ProfileError(f"the processor of {profile.model_dir} has no tokenizer")
         # the tokenizer's own media token ids where it names them (Gemma 3's processor calls its placeholder,
         # <start_of_image>, the image token; the repeated one is the tokenizer's <image_soft_token>)
-        tok = self.processor.tokenizer
-        ids = (getattr(tok, a, None) if isinstance(getattr(tok, a, None), int) else getattr(self.processor, a, None)
+        ids = (getattr(tok, a, None) if isinstance(getattr(tok, a, None), int) else getattr(proc, a, None)
                for a in ("image_token_id", "video_token_id"))
-        self._media_ids = frozenset(i for i in ids if isinstance(i, int))
+        self._media_ids = tuple(sorted({i for i in ids if isinstance(i, int)}))
+        self._runs = [(t, re.compile(f"(?:{re.escape(t)}){{2,}}")) for t in self._media_strings()]
+        self._template = proc._resolve_chat_template(None) if hasattr(proc, "_resolve_chat_template") else None
+        self._direct = self._template is not None and _has_replacements(proc)
+        if self._direct:
+            merged = proc._merge_kwargs(tokenizer_init_kwargs=tok.init_kwargs, add_special_tokens=False)
+            self._images_kwargs = merged["images_kwargs"]
+            self._text_kwargs = {k: v for k, v in merged["text_kwargs"].items()
+                                 if k not in ("return_mm_token_type_ids", "return_text_replacement_offsets",
+                                              "return_tensors")}
+        self._image_rep: dict[tuple[int, int], tuple[str, int]] = {}  # size -> (replacement, tokens folded)
+        self._checked: set[tuple[int, int]] = set()
+        self.fallbacks = 0  # self-checks the direct path failed (it is then off: whole calls only)
+        self.direct_counts = 0  # samples counted by the direct path
+
+    def _media_strings(self) -> list[str]:
+        tok, out = self.tokenizer, []
+        for i in self._media_ids:
+            s = tok.convert_ids_to_tokens(i)
+            if isinstance(s, str) and s:
+                out.append(s)
+        return out
+
+    # -- per sample ------------------------------------------------------------------------------------------
 
     def count_many(self, items: Iterable[tuple[list[dict], list, list]]):
-        for messages, image_sizes, videos in items:
+        batch: list = []
+        for item in items:
+            batch.append(item)
+            if len(batch) >= _BATCH:
+                yield from self._count_batch(batch)
+                batch = []
+        if batch:
+            yield from self._count_batch(batch)
+
+    def _count_batch(self, batch) -> list:
+        if not self._direct:
+            return [self._safe(self.count, *item) for item in batch]
+        prepared: list = []
+        for item in batch:
             try:
-                yield self.count(messages, image_sizes, videos)
+                p = self._prepare(*item)
+                # a sample showing a new size is counted by the whole call right away (which checks the direct
+                # path on it), so the rest of the batch with that size goes the direct way
+                prepared.append(self._checked_count(*item) if isinstance(p, _Whole) else p)
             except ReasonError as e:
-                yield e
+                prepared.append(e)
+        texts = [p[0] for p in prepared if isinstance(p, tuple)]
+        try:
+            all_ids = self.tokenizer(texts, **self._text_kwargs)["input_ids"] if texts else []
+        except Exception:  # one text the tokenizer refuses: find it sample by sample
+            all_ids = None
+        out, at = [], 0
+        for p in prepared:
+            if not isinstance(p, tuple):  # a ReasonError, or the whole call's count
+                out.append(p)
+                continue
+            ids = all_ids[at] if all_ids is not None else None
+            at += 1
+            self.direct_counts += 1
+            out.append(self._safe(self._from_ids, p, ids))
+        return out
+
+    def _safe(self, fn, *args):
+        try:
+            return fn(*args)
+        except ReasonError as e:
+            return e
+
+    def _render(self, messages: list[dict]) -> str:
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        tools = messages[0].get("tools") if messages else None
+        msgs = [{k: v for k, v in m.items() if k != "tools"} for m in messages]
+        try:
+            prompts, _ = render_jinja_template(conversations=[msgs], tools=tools, chat_template=self._template,
+                                               add_generation_prompt=False, **self.tokenizer.special_tokens_map)
+        except Exception as e:
+            raise ReasonError("template_error", f"{type(e).__name__}: {e}") from None
+        return prompts[0]
+
+    def _prepare(self, messages, image_sizes, videos):
+        """(expanded text, tokens folded) for the batched tokenizer, or _Whole for a sample showing a size not
+        checked yet."""
+        self._no_video(videos)
+        if videos:  # videos go through the whole call (their replacement is the video processor's)
+            return _Whole()
+        sizes = [(int(w), int(h)) for w, h in image_sizes]
+        if any(s not in self._checked for s in sizes):
+            return _Whole()
+        text = self._render(messages)
+        reps = [self._image_rep[s] for s in sizes]
+        try:
+            (expanded,), _ = self.processor.get_text_with_replacements([text], [r for r, _ in reps], [], [])
+        except StopIteration:  # fewer placeholders in the text than images
+            raise ReasonError("processor_error", f"the rendered text has fewer image placeholders than the "
+                                                 f"{len(sizes)} image(s)") from None
+        return expanded, sum(n for _, n in reps)
+
+    def _from_ids(self, prepared, ids) -> dict:
+        text, folded = prepared
+        if ids is None:
+            try:
+                ids = self.tokenizer([text], **self._text_kwargs)["input_ids"][0]
+            except Exception as e:
+                raise ReasonError("processor_error", f"{type(e).__name__}: {e}") from None
+        media = sum(ids.count(i) for i in self._media_ids) + folded
+        return _result(len(ids) + folded, media if folded or media else 0, 0)
+
+    def _rep_for(self, size: tuple[int, int]) -> tuple[str, int]:
+        """The processor's own replacement string for one image of this size, media-token runs folded."""
+        hit = self._image_rep.get(size)
+        if hit is None:
+            proc = self.processor
+            images, *_ = proc.prepare_inputs_layout(images=[[_blank(*size)]], text=[""])
+            _, (rep,) = proc._process_images(images, **self._images_kwargs)
+            folded = 0
+            for unit, run in self._runs:
+                rep, folded = _fold(unit, run, rep, folded)
+            hit = self._image_rep[size] = (rep, folded)
+        return hit
+
+    def _checked_count(self, messages, image_sizes, videos) -> dict:
+        """The whole processor call (the reference); for a new size also the direct path, compared."""
+        whole = self.count(messages, image_sizes, videos)
+        if videos or not self._direct:
+            return whole
+        sizes = [(int(w), int(h)) for w, h in image_sizes]
+        try:
+            for s in sizes:
+                self._rep_for(s)
+            self._checked.update(sizes)
+            direct = self._from_ids(self._prepare(messages, image_sizes, videos), None)
+        except Exception:
+            direct = None
+        if direct != whole:  # this processor does not expand the way the direct path assumes: whole calls only
+            self._direct = False
+            self.fallbacks += 1
+        return whole
 
     def count(self, messages: list[dict], image_sizes: list, videos: list) -> dict:
-        if videos:  # decoding video metadata into frames the processor accepts is not done yet
+        """The whole processor call: template, then ``processor(text=..., images=...)`` (image work memoized)."""
+        self._no_video(videos)
+        if videos:
             raise ReasonError("processor_error", "videos are not counted by the processor rule yet")
         tools = messages[0].get("tools") if messages else None
         msgs = [{k: v for k, v in m.items() if k != "tools"} for m in messages]
@@ -125,9 +328,49 @@ class ProcessorCounter:
             raise
         except Exception as e:  # the processor's own refusal (bad aspect ratio, template error, ...)
             raise ReasonError("processor_error", f"{type(e).__name__}: {e}") from None
-        ids = out["input_ids"][0]
-        # image_tokens: the processor's image token ids (its wrappers, e.g. <start_of_image>, count as text);
-        # the tokenizer runs once per sample, inside the processor
-        image = sum(1 for i in ids if i in self._media_ids) if images else 0
-        return {"text_tokens": len(ids) - image, "image_tokens": image, "video_tokens": 0,
-                "total_tokens": len(ids), "counted_by": "processor"}
+        ids = list(out["input_ids"][0])
+        # image_tokens: the processor's image token ids (its wrappers, e.g. <start_of_image>, count as text)
+        image = sum(ids.count(i) for i in self._media_ids) if images else 0
+        return _result(len(ids), image, 0)
+
+    def video_status(self) -> str:
+        vp = getattr(self.processor, "video_processor", None)
+        if vp is None:
+            return "none (the processor takes no video)"
+        if isinstance(vp, _NoVideo):
+            return f"refused per sample (missing_dependency): {vp.why}"
+        return "refused per sample (processor_error): videos through the processor rule are not built yet"
+
+    def _no_video(self, videos) -> None:
+        vp = getattr(self.processor, "video_processor", None)
+        if videos and isinstance(vp, _NoVideo):
+            raise ReasonError("missing_dependency", vp.why)
+
+
+class _Whole:
+    """Marks a sample for the whole processor call."""
+
+
+def _fold(unit: str, run: re.Pattern, text: str, folded: int) -> tuple[str, int]:
+    """Each run of k copies of the token string `unit` kept as one; k - 1 added to `folded`."""
+    def one(m: re.Match) -> str:
+        nonlocal folded
+        folded += len(m.group(0)) // len(unit) - 1
+        return unit
+
+    return run.sub(one, text), folded
+
+
+def _has_replacements(proc) -> bool:
+    """The processor expands through the base class's per-image replacement hooks (transformers 5)."""
+    from transformers.processing_utils import ProcessorMixin
+
+    cls = type(proc)
+    return (hasattr(ProcessorMixin, "get_text_with_replacements") and hasattr(proc, "_process_images")
+            and getattr(cls, "replace_image_token", None) is not ProcessorMixin.replace_image_token
+            and getattr(proc, "image_token", None) is not None)
+
+
+def _result(total: int, image: int, video: int) -> dict:
+    return {"text_tokens": total - image - video, "image_tokens": image, "video_tokens": video,
+            "total_tokens": total, "counted_by": "processor"}

@@ -266,6 +266,37 @@ def profile_from_model_dir(model_dir: str | Path, trust_remote_code: bool = Fals
     )
 
 
+_CODE_FILES = ("config.json", "processor_config.json", "preprocessor_config.json", "tokenizer_config.json",
+               "video_preprocessor_config.json")
+
+
+def remote_code_files(model_dir: str | Path) -> list[str]:
+    """The folder's config files that name code of its own (``auto_map``): transformers runs that code only
+    with ``trust_remote_code``."""
+    found = []
+    for name in _CODE_FILES:
+        p = Path(model_dir) / name
+        try:
+            if p.is_file() and "auto_map" in json.loads(p.read_text(encoding="utf-8")):
+                found.append(name)
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def check_remote_code(model_dir: str | Path, trust_remote_code: bool) -> None:
+    if not trust_remote_code and (files := remote_code_files(model_dir)):
+        raise ProfileError(f"{model_dir} ships its own processor code (auto_map in {', '.join(files)}); "
+                           "transformers runs it only if you allow it: pass --trust-remote-code "
+                           "(setting trust_remote_code: true) if you trust that folder")
+
+
+def processor_profile(folder: str | Path, trust_remote_code: bool = False) -> ModelProfile:
+    """The processor rule for any checkpoint folder, even one a fast rule covers (cross-checks, benchmarks)."""
+    folder = Path(folder)
+    return _processor_profile(folder, _json(folder / "config.json").get("model_type"), trust_remote_code)
+
+
 def _processor_profile(folder: Path, model_type: str | None, trust_remote_code: bool) -> ModelProfile:
     has_processor = any((folder / f).exists() for f in ("preprocessor_config.json", "processor_config.json"))
     has_tokenizer = any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
@@ -274,6 +305,7 @@ def _processor_profile(folder: Path, model_type: str | None, trust_remote_code: 
             f"model_type {model_type!r} in {folder / 'config.json'} has no fast rule (fast: "
             f"{', '.join(sorted(_MODEL_TYPES))}) and the folder lacks a processor's files: needs "
             f"{'; '.join(_PROCESSOR_FILES[1:])} (see `pack-assets profiles`)")
+    check_remote_code(folder, trust_remote_code)  # refused before any run starts, not inside a worker
     family = next((f.name for f in FAMILIES if model_type in f.model_types), model_type or "unknown")
     image = ImageRule(0, 0, 0, 0)  # unused: the processor decides
     video = VideoRule("processor", 0, 0, 0, 0.0, 0, 0, 0, 0)

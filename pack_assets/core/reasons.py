@@ -40,6 +40,7 @@ REASONS: dict[str, str] = {  # in the order of the table in docs/formats.md
     "video_too_short": "a video has fewer frames than the temporal patch size",
     "template_error": "the chat template raised an error for this conversation",
     "processor_error": "the model's own processor (--model-dir, processor rule) refused the sample",
+    "missing_dependency": "the model's processor needs a package that is not installed for this sample (the detail names it and the extra)",
     # count (records outside shards)
     "bad_media": "a media file of a record cannot be decoded (Pillow/PyAV error)",
     # convert

@@ -49,6 +49,7 @@ class Settings:
     output_dir: str = "packed"
     profile: str = DEFAULT_PROFILE
     model_dir: str = ""  # a local HF checkpoint folder; overrides `profile`
+    trust_remote_code: bool = False  # let transformers run a --model-dir's own processor code (auto_map)
     recursive: bool = True  # shards in subfolders of the input too
     audit_scope: str = "all"  # "changed": re-read only output shards new or changed since the last clean audit
     write_workers: int = 0  # 0: one per core, when the output is large enough to pay for the processes
@@ -96,7 +97,7 @@ class Settings:
             check_paths(self.input_root, self.work, self.out)
 
     def model_profile(self) -> ModelProfile:
-        return resolve_profile(self.profile, self.model_dir or None)
+        return resolve_profile(self.profile, self.model_dir or None, self.trust_remote_code)
 
     def flat(self) -> dict:
         """Every setting by name, plain values: the resource's fields, a ``--config`` file's keys."""

@@ -18,6 +18,7 @@ class PackSettings(dg.ConfigurableResource):
     output_dir: str = _D["output_dir"]
     profile: str = _D["profile"]
     model_dir: str = _D["model_dir"]
+    trust_remote_code: bool = _D["trust_remote_code"]
     recursive: bool = _D["recursive"]
     audit_scope: str = _D["audit_scope"]
     write_workers: int = _D["write_workers"]
