@@ -51,6 +51,34 @@ def _hollow(value):
     return value
 
 
+_ELEMENTWISE = ("rescale", "normalize")  # shape-preserving per-pixel steps: they never decide a count
+_UNSET = object()
+
+
+def _same(image, *args, **kwargs):
+    return image
+
+
+def _shapes_only(inner, images, args, kwargs):
+    """The image processor's output with its per-pixel arithmetic (rescale, normalize) skipped: the shapes and
+    metadata are the real ones (the stand-in images are blank anyway); tests compare with real images. A
+    processor that objects gets the real run."""
+    saved = {n: inner.__dict__.get(n, _UNSET) for n in _ELEMENTWISE if hasattr(inner, n)}
+    try:
+        for n in saved:
+            setattr(inner, n, _same)
+        return inner(images, *args, **kwargs)
+    except Exception:
+        pass
+    finally:
+        for n, v in saved.items():
+            if v is _UNSET:
+                inner.__dict__.pop(n, None)
+            else:
+                setattr(inner, n, v)
+    return inner(images, *args, **kwargs)
+
+
 class _CachedImageProcessor:
     """Stands in for ``processor.image_processor``: same attributes, calls memoized by image sizes."""
 
@@ -66,7 +94,7 @@ class _CachedImageProcessor:
         key = (_shape_key(images), repr(args), repr(sorted(kwargs.items(), key=lambda kv: kv[0])))
         hit = self._cache.get(key)
         if hit is None:
-            out = self._inner(images, *args, **kwargs)
+            out = _shapes_only(self._inner, images, args, kwargs)
             object.__setattr__(self, "misses", self.misses + 1)
             if len(self._cache) >= _CACHE_MAX:
                 self._cache.pop(next(iter(self._cache)))

@@ -1,0 +1,143 @@
+"""Samples/s per core of the processor rule (issue 18, item 3), warm and cold, beside the fast rule.
+
+    PYTHONPATH=. taskset -c 0 python bench/bench_processor.py [-n 2000] [--results bench/results/processor.json]
+
+Samples: one image and ~400 text tokens each (system, user with the image, assistant answer). "warm": the
+images take 8 sizes, counted after one pass over them (real data with repeated sizes); "cold": every sample
+a size never seen (n/5 of them; each one runs the processor's image path and the whole-call self-check). Models: Gemma 3
+(tests/fixtures/models/gemma-3-4b-it, decompressed into a temp folder) and Qwen3-VL (the fixture configs +
+the bundled tokenizer) counted by the processor rule and, on the same samples, by the fast rule. Also, in
+the same run: the whole processor call per sample (the rule before this change) and the tokenizer alone on
+the expanded texts (the floor of any exact rule that runs that tokenizer). One thread for the tokenizer
+(RAYON_NUM_THREADS=1): figures per core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import lzma
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAYON_NUM_THREADS", "1")  # per-core figures: the tokenizer's batch call on one thread
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "models"
+WORDS = ("the a cat dog sat on mat red blue image shows large small tree house car river city chart table "
+         "figure left right top bottom person holding cup").split()
+
+
+def gemma_folder(tmp: Path) -> Path:
+    d = tmp / "gemma-3-4b-it"
+    d.mkdir()
+    for f in (FIXTURES / "gemma-3-4b-it").iterdir():
+        data = f.read_bytes()
+        name = f.stem if f.suffix in (".xz", ".gz") else f.name
+        (d / name).write_bytes(lzma.decompress(data) if f.suffix == ".xz" else
+                               gzip.decompress(data) if f.suffix == ".gz" else data)
+    return d
+
+
+def qwen_folder(tmp: Path) -> Path:
+    from pack_assets.core.profiles import bundled_tokenizer_file
+
+    d = tmp / "Qwen3-VL-8B-Instruct"
+    shutil.copytree(FIXTURES / "Qwen3-VL-8B-Instruct", d)
+    shutil.copy(bundled_tokenizer_file(), d / "tokenizer.json")
+    return d
+
+
+def samples(n: int, warm: bool, seed: int = 0) -> list[tuple[list[dict], list, list]]:
+    rng = random.Random(seed)
+    pool = [[640, 480], [1024, 768], [1280, 720], [512, 512], [800, 600], [1920, 1080], [720, 1280], [336, 336]]
+    out = []
+    for i in range(n):
+        words = lambda k: " ".join(rng.choice(WORDS) for _ in range(k))  # noqa: E731
+        size = rng.choice(pool) if warm else [300 + i % 997, 200 + (i * 7919) % 1201]  # every pair distinct
+        msgs = [{"role": "system", "content": [{"type": "text", "text": "You are a careful assistant."}]},
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": words(120)}]},
+                {"role": "assistant", "content": [{"type": "text", "text": words(260)}]}]
+        out.append((msgs, [size], []))
+    return out
+
+
+def rate(counter, data) -> tuple[float, list]:
+    t0 = time.perf_counter()
+    res = list(counter.count_many(data))
+    return len(data) / (time.perf_counter() - t0), res
+
+
+def bench_model(name: str, folder: Path, n: int, fast: bool) -> dict:
+    from pack_assets.core.profiles import processor_profile, profile_from_model_dir
+    from pack_assets.core.tokens import TokenCounter
+
+    t0 = time.perf_counter()
+    tc = TokenCounter(processor_profile(folder))
+    load = time.perf_counter() - t0
+    pc = tc._processor
+    warm, cold = samples(n, True), samples(max(50, n // 5), False, seed=1)
+    out = {"model": name, "processor": type(pc.processor).__name__, "n": n, "n_cold": len(cold),
+           "load_seconds": round(load, 2)}
+    rate(tc, warm[:200])  # each of the 8 sizes seen once
+    out["processor_warm"], res_warm = rate(tc, warm)
+    out["processor_cold"], _ = rate(tc, cold)
+    out["direct_counts"], out["self_check_failures"] = pc.direct_counts, pc.fallbacks
+    pc._direct = False  # the whole processor call per sample: the rule as it was before
+    out["whole_call_warm"], res_whole = rate(tc, warm[: n // 4])
+    pc._direct = True
+    out["warm_equal_to_whole_call"] = res_warm[: n // 4] == res_whole
+    texts = [pc._prepare(*item)[0] for item in warm]  # the expanded texts, media runs folded
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), 256):
+        pc.tokenizer(texts[i:i + 256], **pc._text_kwargs)
+    out["tokenizer_only"] = len(texts) / (time.perf_counter() - t0)
+    if fast:
+        fc = TokenCounter(profile_from_model_dir(folder))
+        rate(fc, warm[:200])
+        out["fast_warm"], res_fast = rate(fc, warm)
+        out["fast_cold"], _ = rate(fc, cold)
+        out["processor_equal_to_fast"] = [r["total_tokens"] for r in res_warm] == [r["total_tokens"] for r in res_fast]
+    tokens = [r["total_tokens"] for r in res_warm]
+    out["mean_tokens"] = round(sum(tokens) / len(tokens), 1)
+    return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-n", type=int, default=2000)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--results", help="append the run to this JSON file (a list of runs)")
+    a = ap.parse_args()
+    load = os.getloadavg()
+    run = {"label": a.label, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+                                       f"Python {platform.python_version()}",
+           "cpus_allowed": sorted(os.sched_getaffinity(0)), "loadavg_start": [round(x, 2) for x in load],
+           "command": " ".join(["python", *sys.argv]), "models": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, folder, fast in (("gemma3", gemma_folder(Path(tmp)), False), ("qwen3-vl", qwen_folder(Path(tmp)), True)):
+            r = bench_model(name, folder, a.n, fast)
+            run["models"].append(r)
+            print(json.dumps(r), flush=True)
+    run["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    run["uptime"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(json.dumps({k: v for k, v in run.items() if k != "models"}))
+    if a.results:
+        path = Path(a.results)
+        runs = json.loads(path.read_text()) if path.exists() else []
+        tmp_path = path.with_suffix(".json.tmp")
+        tmp_path.write_text(json.dumps(runs + [run], indent=1) + "\n")
+        tmp_path.replace(path)
+
+
+if __name__ == "__main__":
+    main()
