@@ -138,6 +138,15 @@ def test_profiles_command_lists_every_family(capsys):
 
 # -- the direct path (per-size replacement strings, one batched tokenizer call) against the whole processor ---
 
+def _fresh_caches(monkeypatch):
+    """Processors and counters are cached per worker; a test that patches what they are built from starts
+    and leaves with empty caches."""
+    from pack_assets.core import procount
+
+    for name in ("load_processor", "processor_counter"):
+        monkeypatch.setattr(procount, name, functools.lru_cache(maxsize=2)(getattr(procount, name).__wrapped__))
+
+
 def _pan_and_scan(proc):
     """Gemma 3's processor with pan-and-scan on: the replacement string then depends on the image size."""
     out = copy.copy(proc)
@@ -167,6 +176,7 @@ def test_counts_from_the_size_cache_equal_the_processor_on_real_images_over_many
     oracle = _pan_and_scan(real)
     counted = copy.copy(oracle)
     counted.image_processor = procount._CachedImageProcessor(oracle.image_processor)
+    _fresh_caches(monkeypatch)
     monkeypatch.setattr(procount, "load_processor", lambda *a: counted)
     rnd = random.Random(7)
     sizes = [(1, 1), (1, 2000), (2000, 1), (3, 700), (1500, 40), (896, 896), (897, 895), (256, 1024), (1024, 256)]
@@ -253,14 +263,11 @@ def _no_torchvision(monkeypatch):
     """AutoProcessor fails the way transformers does when a video processor needs torchvision."""
     import transformers
 
-    from pack_assets.core import procount
-
     def refuse(*a, **k):
         raise ImportError("Qwen3VLVideoProcessor requires the Torchvision library but it was not found in your "
                           "environment.")
     monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", refuse)
-    procount.load_processor.cache_clear()
-    monkeypatch.setattr(procount, "load_processor", functools.lru_cache(maxsize=2)(procount.load_processor.__wrapped__))
+    _fresh_caches(monkeypatch)
 
 
 def test_without_torchvision_images_count_and_videos_get_reason_rows(tmp_path, monkeypatch):

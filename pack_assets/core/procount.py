@@ -375,6 +375,12 @@ class ProcessorCounter:
             raise ReasonError("missing_dependency", vp.why)
 
 
+@functools.lru_cache(maxsize=2)
+def processor_counter(profile: ModelProfile) -> ProcessorCounter:
+    """One counter per profile and worker process: its size cache serves every shard the worker counts."""
+    return ProcessorCounter(profile)
+
+
 class _Whole:
     """Marks a sample for the whole processor call."""
 

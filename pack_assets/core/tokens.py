@@ -170,9 +170,9 @@ class TokenCounter:
         self.profile = profile
         self._processor = None
         if profile.rule == "processor":  # the folder's own processor counts (core/procount.py)
-            from .procount import ProcessorCounter
+            from .procount import processor_counter
 
-            self._processor = ProcessorCounter(profile)
+            self._processor = processor_counter(profile)
             self.backend = "processor"
             return
         self.template = _environment().from_string(profile.chat_template)
