@@ -19,6 +19,7 @@ falls back to the whole call for every sample, so an unusual processor costs spe
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import re
 from collections.abc import Iterable
@@ -135,8 +136,8 @@ def _image_only(model_dir: str, trust_remote_code: bool, err: ImportError):
         raise err
     from transformers.video_processing_utils import BaseVideoProcessor  # importable without torchvision
 
-    stand_in = type("NoVideoProcessor", (BaseVideoProcessor,), {}).__new__(
-        type("NoVideoProcessor", (BaseVideoProcessor,), {}))
+    no_video = type("NoVideoProcessor", (BaseVideoProcessor,), {})
+    stand_in = no_video.__new__(no_video)  # never called: _NoVideo replaces it once the processor is built
     kw = dict(local_files_only=True, trust_remote_code=trust_remote_code)
     parts = {"image_processor": AutoImageProcessor.from_pretrained(model_dir, **kw),
              "tokenizer": AutoTokenizer.from_pretrained(model_dir, **kw), "video_processor": stand_in}
@@ -148,8 +149,8 @@ def _image_only(model_dir: str, trust_remote_code: bool, err: ImportError):
     # stand-in is the one part it cannot resolve, every other part is still checked
     check = cls.check_argument_for_proper_class
     proc.check_argument_for_proper_class = lambda name, arg: None if arg is stand_in else check(proc, name, arg)
-    init_kw = {k: v for k, v in processor_dict.items() if k in ("chat_template", *cls.get_attributes())
-               or k in getattr(cls.__init__, "__code__", type("", (), {"co_varnames": ()})).co_varnames}
+    named = set(inspect.signature(cls.__init__).parameters)  # what from_pretrained would pass it, by name
+    init_kw = {k: v for k, v in processor_dict.items() if k in named and k not in parts}
     cls.__init__(proc, *[parts[a] for a in cls.get_attributes()], **init_kw)
     del proc.check_argument_for_proper_class
     proc.video_processor = _NoVideo(f"the video processor of {Path(model_dir).name} needs {_missing(err)}, which is "
@@ -174,7 +175,10 @@ def load_processor(model_dir: str, trust_remote_code: bool = False):
             raise ProfileError(f"the processor of {model_dir} needs {_missing(e2)}, which is not installed: "
                                f"{EXTRA_HINT} ({str(e2).strip().splitlines()[0][:200]})") from None
     except ValueError as e:
-        hint = "" if trust_remote_code else " (a remote-code model needs --trust-remote-code)"
+        if re.search(r"requires .*(installed|library)", str(e)):  # e.g. InternVL: "requires `torchvision` ..."
+            raise ProfileError(f"the processor of {model_dir} needs {_missing(e)}, which is not installed: "
+                               f"{EXTRA_HINT} ({str(e).strip().splitlines()[0][:200]})") from None
+        hint = " (a remote-code model needs --trust-remote-code)" if "trust_remote_code" in str(e) else ""
         raise ProfileError(f"transformers cannot build a processor from {model_dir}: {e}{hint}") from None
     if getattr(proc, "image_processor", None) is not None:
         proc.image_processor = _CachedImageProcessor(proc.image_processor)
