@@ -162,7 +162,7 @@ def _pan_and_scan(proc):
 
 
 def test_counts_from_the_size_cache_equal_the_processor_on_real_images_over_many_sizes(gemma_dir, monkeypatch):
-    """Pixels never decide a count: for ~50 sizes (1×1, extreme aspect ratios, small to large, with crops) the
+    """Pixels never decide a count: for 37 sizes (1×1, extreme aspect ratios, small to large, with crops) the
     counter's direct path (size-cached replacement strings) equals the processor run on real noise images."""
     import random
 
@@ -180,7 +180,7 @@ def test_counts_from_the_size_cache_equal_the_processor_on_real_images_over_many
     monkeypatch.setattr(procount, "load_processor", lambda *a: counted)
     rnd = random.Random(7)
     sizes = [(1, 1), (1, 2000), (2000, 1), (3, 700), (1500, 40), (896, 896), (897, 895), (256, 1024), (1024, 256)]
-    sizes += [(rnd.randint(2, 1200), rnd.randint(2, 1200)) for _ in range(40)]
+    sizes += [(rnd.randint(2, 1200), rnd.randint(2, 1200)) for _ in range(28)]
     t = lambda s: {"type": "text", "text": s}  # noqa: E731
     samples = [([{"role": "system", "content": [t("Be brief.")]},
                  {"role": "user", "content": [{"type": "image"}, t(f"Sample {i}:\n\n")]},
@@ -313,3 +313,50 @@ def test_a_processor_that_cannot_be_built_names_the_missing_package_and_the_extr
     _no_torchvision(monkeypatch)  # Gemma 3's processor has no video part to leave out: nothing to count with
     with pytest.raises(ProfileError, match=r"needs torchvision.*pip install 'pack_assets\[processor\]'"):
         TokenCounter(profile_from_model_dir(gemma_dir))
+
+
+def test_a_processor_whose_image_part_needs_torchvision_is_refused_with_the_extra(gemma_dir, monkeypatch):
+    """InternVL's way: transformers raises a ValueError 'requires `torchvision` to be installed'."""
+    import transformers
+
+    from pack_assets.core.profiles import ProfileError
+    from pack_assets.core.tokens import TokenCounter
+
+    def refuse(*a, **k):
+        raise ValueError(f"{gemma_dir} requires `torchvision` to be installed. Please install `torchvision`.")
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", refuse)
+    _fresh_caches(monkeypatch)
+    with pytest.raises(ProfileError, match=r"needs torchvision.*pack_assets\[processor\]") as e:
+        TokenCounter(profile_from_model_dir(gemma_dir))
+    assert "trust-remote-code" not in str(e.value)
+
+
+def test_profiles_for_one_folder_builds_its_processor(gemma_dir, capsys):
+    assert main(["profiles", "--model-dir", str(gemma_dir), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["rule"], out["family"], out["processor"]) == ("processor", "gemma3", "Gemma3Processor")
+    assert out["videos"].startswith("none")
+
+
+def test_a_processor_that_expands_its_own_way_falls_back_to_the_whole_call(gemma_dir, monkeypatch):
+    """The self-check: a processor whose __call__ does more than the standard hooks (here: it appends text)
+    makes the direct path differ on the first new size; from then on every sample takes the whole call."""
+    from pack_assets.core import procount
+    from pack_assets.core.tokens import TokenCounter
+
+    real = procount.load_processor(str(gemma_dir.resolve()))
+
+    class OwnWay(type(real)):
+        def __call__(self, images=None, text=None, **kwargs):
+            return super().__call__(images=images, text=[t + " Extra words." for t in text], **kwargs)
+
+    odd = copy.copy(real)
+    odd.__class__ = OwnWay
+    _fresh_caches(monkeypatch)
+    monkeypatch.setattr(procount, "load_processor", lambda *a: odd)
+    counter = TokenCounter(profile_from_model_dir(gemma_dir))._processor
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "A box."}]}]
+    got = list(counter.count_many([(msgs, [[640, 480]], [])] * 5))
+    assert counter.fallbacks == 1 and counter.direct_counts == 0
+    assert [g["total_tokens"] for g in got] == [counter.count(msgs, [[640, 480]], [])["total_tokens"]] * 5

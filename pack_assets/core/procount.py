@@ -290,11 +290,14 @@ class ProcessorCounter:
         """(expanded text, tokens folded) for the batched tokenizer, or _Whole for a sample showing a size not
         checked yet."""
         self._no_video(videos)
-        if videos:  # videos go through the whole call (their replacement is the video processor's)
+        if videos or not self._direct:  # videos, or a failed self-check: the whole call
             return _Whole()
         sizes = [(int(w), int(h)) for w, h in image_sizes]
         if any(s not in self._checked for s in sizes):
             return _Whole()
+        return self._expand(messages, sizes)
+
+    def _expand(self, messages, sizes) -> tuple[str, int]:
         text = self._render(messages)
         reps = [self._image_rep[s] for s in sizes]
         try:
@@ -336,11 +339,13 @@ class ProcessorCounter:
         try:
             for s in sizes:
                 self._rep_for(s)
-            self._checked.update(sizes)
-            direct = self._from_ids(self._prepare(messages, image_sizes, videos), None)
+            text, folded = self._expand(messages, sizes)
+            direct = self._from_ids((text, folded), None)
         except Exception:
             direct = None
-        if direct != whole:  # this processor does not expand the way the direct path assumes: whole calls only
+        if direct == whole:
+            self._checked.update(sizes)
+        else:  # this processor does not expand the way the direct path assumes: whole calls only
             self._direct = False
             self.fallbacks += 1
         return whole
