@@ -178,6 +178,9 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
         raise FileNotFoundError(f"no *.tar shards under {root}")
     removed = _sync_partitions(instance, root, shards, log)
     profile = settings.model_profile()
+    if profile.rule == "processor":  # built here once: a processor that cannot be built (a missing package)
+        from .core.procount import processor_counter  # refuses the run before any shard run; the audit's
+        processor_counter(profile)  # recount and a --jobs 1 shard run reuse it
     todo = [k for k in shards if force or manifest_is_current(root, settings.work, k) is None
             or not token_lengths_are_current(settings.work, k, profile)]
     jobs = max(1, min(jobs or default_jobs(len(todo)), len(todo)))

@@ -360,3 +360,15 @@ def test_a_processor_that_expands_its_own_way_falls_back_to_the_whole_call(gemma
     got = list(counter.count_many([(msgs, [[640, 480]], [])] * 5))
     assert counter.fallbacks == 1 and counter.direct_counts == 0
     assert [g["total_tokens"] for g in got] == [counter.count(msgs, [[640, 480]], [])["total_tokens"]] * 5
+
+
+def test_run_refuses_before_any_shard_run_when_the_processor_cannot_be_built(gemma_dir, tmp_path, monkeypatch,
+                                                                               capsys):
+    _no_torchvision(monkeypatch)  # Gemma 3 has no video part to leave out: its processor cannot be built
+    rec = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]}
+    write_tar(tmp_path / "in" / "s0.tar", [("k0.json", json.dumps(rec))])
+    code = main(["run", "--input", str(tmp_path / "in"), "--max-len", "512", "--work", str(tmp_path / "work"),
+                 "--output", str(tmp_path / "out"), "--dagster-home", str(tmp_path / "dh"),
+                 "--model-dir", str(gemma_dir), "--jobs", "1"])
+    assert code == 2 and "pip install 'pack_assets[processor]'" in capsys.readouterr().err
+    assert not (tmp_path / "work" / "manifest").exists() and not (tmp_path / "out").exists()
