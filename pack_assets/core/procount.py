@@ -299,12 +299,11 @@ class ProcessorCounter:
 
     def _expand(self, messages, sizes) -> tuple[str, int]:
         text = self._render(messages)
+        if (found := text.count(self.processor.image_token)) != len(sizes):  # as the processor's own check
+            raise ReasonError("processor_error", f"the rendered text has {found} image placeholder(s) for "
+                                                 f"{len(sizes)} image(s)")
         reps = [self._image_rep[s] for s in sizes]
-        try:
-            (expanded,), _ = self.processor.get_text_with_replacements([text], [r for r, _ in reps], [], [])
-        except StopIteration:  # fewer placeholders in the text than images
-            raise ReasonError("processor_error", f"the rendered text has fewer image placeholders than the "
-                                                 f"{len(sizes)} image(s)") from None
+        (expanded,), _ = self.processor.get_text_with_replacements([text], [r for r, _ in reps], [], [])
         return expanded, sum(n for _, n in reps)
 
     def _from_ids(self, prepared, ids) -> dict:
@@ -315,7 +314,7 @@ class ProcessorCounter:
             except Exception as e:
                 raise ReasonError("processor_error", f"{type(e).__name__}: {e}") from None
         media = sum(ids.count(i) for i in self._media_ids) + folded
-        return _result(len(ids) + folded, media if folded or media else 0, 0)
+        return _result(len(ids) + folded, media, 0)
 
     def _rep_for(self, size: tuple[int, int]) -> tuple[str, int]:
         """The processor's own replacement string for one image of this size, media-token runs folded."""
