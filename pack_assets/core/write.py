@@ -465,9 +465,10 @@ _FINGERPRINT_ROWS = f"""WITH packed AS (SELECT pm.sample_id, s.media_members, s.
            ORDER BY p.output_shard, p.pack_id, pm.position"""
 
 
-def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
+def current_shards(con, out_dir: Path, context: dict, fingerprint=ShardFingerprint) -> list[dict]:
     """The output shards already on disk with exactly the planned content (their first pack's
-    ``shard_fingerprint``), found with one query over all shards instead of loading each shard's job."""
+    ``shard_fingerprint``), found with one query over all shards instead of loading each shard's job.
+    ``fingerprint``: the class (or factory) that computes it (index mode's covers more)."""
     on_disk = {p.name for p in out_dir.glob("*.tar")} if out_dir.is_dir() else set()
     if not on_disk:
         return []
@@ -486,7 +487,7 @@ def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
             if name != shard:
                 if shard is not None:
                     close()
-                shard, pack, fp, stats = name, None, ShardFingerprint(context), {"packs": 0, "samples": 0}
+                shard, pack, fp, stats = name, None, fingerprint(context), {"packs": 0, "samples": 0}
             if pack_id != pack:
                 pack = pack_id
                 fp.pack(pack_id, media_type, total)
@@ -517,7 +518,16 @@ def check_sources(con, input_root: Path, shards: list[str]) -> None:
                             "before writing: " + "; ".join(problems[:10]))
 
 
-def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, progress=None) -> WriteSummary:
+def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, progress=None,
+              mode: str = "copy") -> WriteSummary:
+    """The stage: every planned output shard written or found current. ``mode`` "index" writes byte-range
+    indexes into the sources instead of copying media (``core/index_out.py``)."""
+    if mode == "index":
+        from .index_out import run_write_index
+
+        return run_write_index(work, input_root, out_dir, progress)
+    if mode != "copy":
+        raise ValueError(f"output mode {mode!r}: expected copy or index")
     t0 = time.perf_counter()
     check_paths(input_root, work, out_dir)
     with store.connect(work, read_only=True) as con:
