@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tarfile
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def plan_all(inp: Path, work: Path, max_len: int = 1500) -> None:
     for s in shards:
         run_manifest(inp, work, s)
         run_token_lengths(work, s, PROFILE)
-    run_plan(work, shards, PlanConfig(max_len=max_len, max_packs_per_shard=3), PROFILE)
+    run_plan(work, shards, PlanConfig(max_len=max_len, max_packs_per_shard=2), PROFILE)
 
 
 def same_pack(p: dict) -> dict:
@@ -62,9 +63,10 @@ def tree_bytes(root: Path) -> int:
 
 
 @pytest.fixture
-def both(dataset, tmp_path):
+def both(tmp_path):
+    dataset = small_dataset(tmp_path / "in", per_shard=6)  # text, one- and two-image samples; 12 media
     work = tmp_path / "work"
-    plan_all(dataset, work)
+    plan_all(dataset, work, max_len=500)
     copy, index = tmp_path / "copy", tmp_path / "index"
     run_write(work, dataset, copy, workers=1)
     run_write(work, dataset, index, workers=1, mode="index")
@@ -78,7 +80,7 @@ def test_index_mode_yields_the_copy_modes_packs_and_token_ids(both):
     from_copy, from_index = list(iter_packs(copy)), list(iter_packs(index))
     assert len(from_copy) == len(from_index) > 3
     assert [same_pack(p) for p in from_copy] == [same_pack(p) for p in from_index]  # every media byte too
-    assert sum(len(s["media"]) for p in from_index for s in p["samples"]) > 10
+    assert sum(len(s["media"]) for p in from_index for s in p["samples"]) >= 10
     assert from_index[0]["_meta"]["output_mode"] == "index"
     enc = PackEncoder("qwen3-vl")
     for a, b in zip(from_copy, from_index):
@@ -89,7 +91,19 @@ def test_index_mode_yields_the_copy_modes_packs_and_token_ids(both):
     # a tar path and a list of them read the same as the folder
     assert [p["pack_id"] for p in iter_packs(sorted(index.glob("*.tar")))] == [p["pack_id"] for p in from_index]
     result = audit(work, index)
-    assert result.ok and result.stats["output_mode"] == "index" and result.stats["media_members_checked"] > 10
+    assert result.ok and result.stats["output_mode"] == "index" and result.stats["media_members_checked"] >= 10
+
+
+def test_the_training_docs_index_example_runs(both, monkeypatch):
+    inp, work, copy, index = both
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
+    example = re.search(r"```python\n(.*?)```", text[text.index("## From an index folder"):], re.S).group(1)
+    (index.parent / "packed-index").symlink_to(index)
+    monkeypatch.chdir(index.parent)
+    exec(compile(example, "training.md", "exec"), {})
+    (inp / "part-000.tar").unlink()
+    with pytest.raises(SystemExit, match="repack: .*part-000.tar"):
+        exec(compile(example, "training.md", "exec"), {})
     assert json.loads((index / INDEX_FILE).read_text())["input_root"] == str(inp.resolve())
 
 
