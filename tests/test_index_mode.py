@@ -187,6 +187,10 @@ def test_rerun_in_index_mode_after_adding_a_shard(both):
     assert result.ok, result.violations
     assert "part-002.tar" in json.loads((index / INDEX_FILE).read_text())["sources"]
     assert run_write(work, inp, index, workers=1, mode="index").written == 0  # nothing changed: all kept
+    quick = run_audit(work, index, recount_fraction=0, scope="changed")  # a clean audit vouches for the index
+    assert quick.ok and quick.stats["output_shards_trusted"] == quick.stats["output_shards"] > 0
+    (inp / "part-002.tar").touch()  # ... while every source it names is as indexed
+    assert run_audit(work, index, recount_fraction=0, scope="changed").stats["output_shards_trusted"] == 0
 
 
 def test_switching_modes_on_one_folder_replaces_only_the_tools_files(dataset, tmp_path):

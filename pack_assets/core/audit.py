@@ -232,6 +232,8 @@ def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, wo
     """Per-shard audit results in shard order; output shards are independent, so several processes (each
     with its own read-only DuckDB connection) share them when there is enough to read."""
     total = sum((out_dir / n).stat().st_size for n in shards if (out_dir / n).exists())
+    if index_out.is_index_folder(out_dir):  # what is read and hashed is the sources' media, not the small index
+        total += con.execute("SELECT coalesce(sum(m.size), 0) FROM pack_members JOIN members m USING (sample_id)").fetchone()[0]
     workers = min(workers or os.cpu_count() or 1, len(shards))
     if work is None or workers <= 1 or total < min_bytes:
         yield from (_audit_shard(con, out_dir, n, config) for n in shards)
