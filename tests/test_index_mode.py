@@ -226,3 +226,25 @@ def test_cli_run_mode_index_end_to_end(tmp_path, monkeypatch, capsys):
     assert (out / INDEX_FILE).is_file()
     packs = list(iter_packs(out))
     assert len(packs) == s["packs"] and any(s_["media"] for p in packs for s_ in p["samples"])
+
+
+def test_a_pack_naming_more_sources_than_the_open_file_limit_reads_them_all(tmp_path):
+    from pack_assets.core.index_out import SourceFiles
+
+    stamps = {}
+    for i in range(5):
+        p = tmp_path / f"s{i}.tar"
+        p.write_bytes(bytes([i]) * 100)
+        stamps[p.name] = {"size": 100, "mtime_ns": p.stat().st_mtime_ns}
+    index = {"root": str(tmp_path), "sources": stamps,
+             "parts": {f"m{i}": {"source": f"s{i}.tar", "offset": 3, "size": 4, "sha256": None} for i in range(5)}}
+    with SourceFiles(limit=2) as sources:
+        for _ in range(2):  # every source of the pack stays open while it is read, however low the limit
+            parts = sources.resolve({"json": b"{}", "index.json": json.dumps(index).encode()})
+            assert [parts[f"m{i}"] for i in range(5)] == [bytes([i]) * 4 for i in range(5)]
+        one = {**index, "sources": {"s0.tar": stamps["s0.tar"]}, "parts": {}}
+        sources.resolve({"index.json": json.dumps(one)})
+        (tmp_path / "s9.tar").write_bytes(b"z")
+        sources.resolve({"index.json": json.dumps({**one, "sources": {"s9.tar": {
+            "size": 1, "mtime_ns": (tmp_path / "s9.tar").stat().st_mtime_ns}}})})
+        assert len(sources.fds) == 2  # back to the limit once a pack needs fewer

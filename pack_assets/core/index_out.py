@@ -205,11 +205,15 @@ class SourceFiles:
         self.root = Path(root) if root is not None else None
         self.verify, self.limit, self.fds = verify, limit, {}
 
-    def _fd(self, path: str) -> int:
+    def _fd(self, path: str, pinned: set[str]) -> int:
         fd = self.fds.pop(path, None)
         if fd is None:
-            if len(self.fds) >= self.limit:
-                os.close(self.fds.pop(next(iter(self.fds))))
+            # least recently used first, never one the pack being read needs (a pack may name more sources)
+            while len(self.fds) >= self.limit:
+                old = next((p for p in self.fds if p not in pinned), None)
+                if old is None:
+                    break
+                os.close(self.fds.pop(old))
             try:
                 fd = os.open(path, os.O_RDONLY)
             except OSError as e:
@@ -217,8 +221,8 @@ class SourceFiles:
         self.fds[path] = fd
         return fd
 
-    def _checked(self, path: str, stamp: dict) -> int:
-        fd = self._fd(path)
+    def _checked(self, path: str, stamp: dict, pinned: set[str]) -> int:
+        fd = self._fd(path, pinned)
         st = os.fstat(fd)
         if (st.st_size, st.st_mtime_ns) != (stamp.get("size"), stamp.get("mtime_ns")):
             raise IndexSourceChanged(path, f"changed since it was packed (size {st.st_size}, mtime_ns {st.st_mtime_ns}; "
@@ -233,11 +237,12 @@ class SourceFiles:
         index = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
         root = self.root or Path(index["root"])
         out = {k: v for k, v in parts.items() if k != INDEX_PART}
-        fds, bad = {}, set()
+        fds, bad, pinned = {}, set(), set()
         for rel, stamp in index.get("sources", {}).items():  # every stamp before the first byte is read
             path = str(root / rel)
+            pinned.add(path)
             try:
-                fds[rel] = self._checked(path, stamp)
+                fds[rel] = self._checked(path, stamp, pinned)
             except IndexSourceChanged as e:
                 if problems is None:
                     raise
