@@ -203,6 +203,7 @@ def test_switching_modes_on_one_folder_replaces_only_the_tools_files(dataset, tm
     run_write(work, dataset, out, workers=1)
     s = run_write(work, dataset, out, workers=1, mode="index")
     assert s.written == s.shards and sorted(s.foreign_files) == ["extra.tar", "notes.txt"]
+    assert s.as_metadata()["output_mode"] == "index"
     assert (out / INDEX_FILE).is_file() and audit(work, out).ok
     back = run_write(work, dataset, out, workers=1)
     assert back.written == back.shards and not (out / INDEX_FILE).exists()  # the index file was ours: gone

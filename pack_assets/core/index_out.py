@@ -178,7 +178,7 @@ def run_write_index(work: Path, input_root: Path, out_dir: Path, progress=None) 
         skipped=sum(r["skipped"] for r in results), bytes=sum(r["bytes"] for r in results),
         packs=sum(r["packs"] for r in results), seconds=round(time.perf_counter() - t0, 3), fingerprint=info.fingerprint,
         foreign_files=owned.foreign_files(out_dir, planned),
-        example_meta=(first_pack_meta(first) or {}) if first is not None else {})
+        example_meta=(first_pack_meta(first) or {}) if first is not None else {}, output_mode="index")
 
 
 # -- reading: the media of an index-mode pack, from its sources ---------------------------------------------

@@ -385,6 +385,7 @@ class WriteSummary:
     fingerprint: str
     foreign_files: list[str]  # files in the output folder this tool did not write: left alone
     example_meta: dict  # the first output shard's first `_meta`, for the UI
+    output_mode: str = "copy"  # "index": the shards hold byte ranges into the sources, not media (bytes is the index)
 
     @property
     def mb_per_second(self) -> float | None:
@@ -394,7 +395,7 @@ class WriteSummary:
         return {"dagster/row_count": self.packs, "output_shards": self.shards, "written": self.written,
                 "skipped": self.skipped, "bytes": self.bytes, "mb_per_second": self.mb_per_second,
                 "dagster/uri": FilePath(self.output_dir), "foreign_files_left_alone": self.foreign_files,
-                "example_meta": self.example_meta}
+                "example_meta": self.example_meta, "output_mode": self.output_mode}
 
 
 class SourceChanged(RuntimeError):
