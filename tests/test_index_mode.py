@@ -4,6 +4,7 @@ audit; reruns and switching modes keep the tool's rules on what it owns."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -23,7 +24,7 @@ from pack_assets.core.tokens import run_token_lengths
 from pack_assets.core.write import SourceChanged, run_write
 from pack_assets.reader import PackEncoder, iter_packs
 
-from conftest import image_bytes, small_dataset, write_tar
+from conftest import image_bytes, needs, small_dataset, write_tar
 
 PROFILE = load_profile("qwen3-vl")
 MODE_KEYS = ("shard_fingerprint", "output_mode")  # what `_meta` says about the output itself, not the pack
@@ -249,3 +250,36 @@ def test_a_pack_naming_more_sources_than_the_open_file_limit_reads_them_all(tmp_
         sources.resolve({"index.json": json.dumps({**one, "sources": {"s9.tar": {
             "size": 1, "mtime_ns": (tmp_path / "s9.tar").stat().st_mtime_ns}}})})
         assert len(sources.fds) == 2  # back to the limit once a pack needs fewer
+
+
+@needs(importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.energon") is None,
+       "megatron-energon not installed (extra `energon`)")
+def test_energon_loads_an_index_folder_and_pack_from_parts_reads_its_media(both):
+    from megatron.energon import (Cooker, DefaultTaskEncoder, WorkerConfig, basic_sample_keys, get_loader,
+                                  get_train_dataset, stateless)
+
+    from pack_assets.reader import pack_from_parts
+
+    inp, work, copy, index = both
+
+    @stateless
+    def cook(raw: dict) -> dict:
+        return {**basic_sample_keys(raw), "pack": pack_from_parts(raw)}  # raw: "json" and "index.json"
+
+    class Encoder(DefaultTaskEncoder):
+        cookers = [Cooker(cook)]
+        decoder = None
+
+        def batch(self, samples):
+            return samples
+
+    ds = get_train_dataset(index, batch_size=1, shuffle_buffer_size=None, max_samples_per_sequence=None,
+                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), task_encoder=Encoder(),
+                           repeat=False)
+    loaded = sorted((b[0]["pack"] for b in get_loader(ds)), key=lambda p: p["pack_id"])
+    def plain(p: dict) -> dict:  # energon's batching hands tuples back as lists
+        p = same_pack(p)
+        return {**p, "samples": [{**s, "media": [tuple(m) for m in s["media"]], "extra": [tuple(m) for m in s["extra"]]}
+                                 for s in p["samples"]]}
+
+    assert len(loaded) > 3 and [plain(p) for p in loaded] == [plain(p) for p in iter_packs(copy)]
