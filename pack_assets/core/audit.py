@@ -4,6 +4,8 @@ Reads every output shard (not the plan), hashes every media member, and checks i
 the manifest: every source sample exactly once across packed / dropped / rejected (per shard and in total),
 no pack over capacity, no mixed media types, every media (and extra member) byte equal to its source,
 ``_meta`` consistent, and every packed conversation equal to the current manifest's (nothing stale).
+An index-mode output (``core/index_out.py``) is checked the same way, its media read from the source
+ranges its index names, after the sources' stamps (``source_changed``, ``bad_index`` besides).
 """
 
 from __future__ import annotations
