@@ -17,6 +17,7 @@ import pytest
 from pack_assets.core import store
 from pack_assets.core.audit import run_audit
 from pack_assets.core.index_out import INDEX_FILE, IndexSourceChanged
+from pack_assets.core.owned import ForeignFiles
 from pack_assets.core.plan import PlanConfig, run_plan
 from pack_assets.core.profiles import load_profile
 from pack_assets.core.scan import run_manifest
@@ -213,6 +214,12 @@ def test_switching_modes_on_one_folder_replaces_only_the_tools_files(dataset, tm
         assert (out / t.name).read_bytes() == t.read_bytes()
     result = audit(work, out)
     assert result.ok and result.stats["output_mode"] == "copy"
+    theirs = tmp_path / "theirs"  # a pack_index.json the tool did not write is never overwritten
+    theirs.mkdir()
+    (theirs / INDEX_FILE).write_text("{}")
+    with pytest.raises(ForeignFiles, match=INDEX_FILE):
+        run_write(work, dataset, theirs, workers=1, mode="index")
+    assert (theirs / INDEX_FILE).read_text() == "{}" and not list(theirs.glob("*.tar"))
 
 
 def test_cli_run_mode_index_end_to_end(tmp_path, monkeypatch, capsys):
