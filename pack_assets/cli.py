@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .core.settings import AUDIT_SCOPES, DEFAULTS, Settings
+from .core.settings import AUDIT_SCOPES, DEFAULTS, OUTPUT_MODES, Settings
 from .runenv import JOBS_FROM_SHARDS, ensure_dagster_yaml, process_start, resolve_dagster_home
 
 DEMO_INPUT = Path("demo_data/shards")
@@ -40,7 +40,8 @@ def _summary_text(s: dict) -> str:
         f"audit     {verdict}" + (f" ({s['output_shards_trusted']} unchanged output shard(s) not re-read)"
                                      if s.get("output_shards_trusted") else ""),
         f"outputs   {s['output_dir']} ({s['output_shards']} shards + .nv-meta, {s.get('output_shards_written')} "
-        "written this run)",
+        "written this run" + (", index mode: media stay in the input shards" if s.get("output_mode") == "index" else "")
+        + ")",
         f"          {s['plan_file']}",
         f"          {s['audit_report']}",
         f"          {s['duckdb']}",
@@ -57,7 +58,7 @@ def _settings(args, **extra) -> Settings:
               "max_len": args.max_len, "profile": args.profile, "model_dir": args.model_dir or "",
               "trust_remote_code": args.trust_remote_code,
               "algorithm": args.algorithm, "seed": args.seed, "incremental": args.incremental,
-              "audit_scope": args.audit_scope}
+              "audit_scope": args.audit_scope, "output_mode": args.mode}
     if getattr(args, "recipe", None):
         if args.input is not None:
             raise ValueError("--input and --recipe: a recipe names its inputs under `datasets:`; give one of them")
@@ -263,6 +264,10 @@ def _common_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--audit-scope", choices=AUDIT_SCOPES, default=DEFAULTS["audit_scope"],
                    help="changed: re-read only output shards new or changed since the last clean audit "
                         "(the others are trusted by size, mtime and content fingerprint); default all")
+    p.add_argument("--mode", choices=OUTPUT_MODES, default=DEFAULTS["output_mode"],
+                   help="copy: output shards hold the media (self-contained); index: they hold the conversations "
+                        "and byte ranges into the input shards, read from there at training time (small output; "
+                        "the inputs must stay in place). See docs/usage.md, 'Copy or index?'")
     p.add_argument("--jobs", type=int, default=0,
                    help=f"shard runs side by side, one process each (default: 1 when fewer than "
                         f"{JOBS_FROM_SHARDS} shards need a run, else one per core ({os.cpu_count()} here); "

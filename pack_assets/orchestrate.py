@@ -221,6 +221,8 @@ def _stage_figures(settings: Settings, profile: str, plan: PlanSummary, written:
         "verdict": audit.verdict,
         "shards_waiting": audit.waiting,
         "output_dir": str(settings.out),
+        "output_mode": settings.output_mode,
+        "output_bytes": written.bytes,
         "output_shards": written.shards,
         "output_shards_written": written.written,
         "output_shards_trusted": audit.stats["output_shards_trusted"],

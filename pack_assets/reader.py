@@ -1,7 +1,8 @@
 """Training-side reader for packed shards (no torch needed; arrays are numpy).
 
 ``iter_packs(paths)`` yields each pack with its sub-samples (conversation, source record, media bytes, and
-the bytes of ``extra`` members the record does not name).
+the bytes of ``extra`` members the record does not name), from an output folder of either mode (copy: the
+media are in the shards; index: they are read by byte range from the source shards) or from tar paths.
 ``PackEncoder(profile).encode(pack)`` turns a pack into what a trainer feeds the model without letting
 sub-samples attend to each other:
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -41,6 +43,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .core.index_out import INDEX_PART, IndexSourceChanged, SourceFiles  # noqa: F401 (IndexSourceChanged: for callers)
 from .core.media import VIDEO_EXTS, probe_video
 from .core.profiles import ModelProfile, resolve_profile, tokenizer_for
 from .core.records import PackMeta
@@ -50,12 +53,32 @@ from .core.tokens import TokenCounter, image_grid, video_count
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
 
 
-def iter_packs(paths: Iterable[str | Path]) -> Iterator[dict]:
+def iter_packs(paths: str | Path | Iterable[str | Path], source_root: str | Path | None = None,
+               verify: bool = False) -> Iterator[dict]:
     """Each pack of the given output shards: ``pack_id``, ``media_type``, ``samples`` (with ``media`` as a
-    list of (part name, bytes) in order) and ``_meta``."""
-    for path in paths:
-        for _, parts in iter_pack_parts(path):
-            yield _pack(parts)
+    list of (part name, bytes) in order) and ``_meta``. ``paths``: an output folder (copy or index mode;
+    its shards in order), one tar, or a list of tars. An index-mode pack's media are read from its source
+    shards (``pread`` on kept fds) after their size and mtime are checked against the index: a changed
+    source raises ``IndexSourceChanged`` naming it before any of its bytes are used. ``source_root``: where
+    the sources are now, when they moved since packing; ``verify``: also compare each range's sha256."""
+    with SourceFiles(source_root, verify) as sources:
+        for path in shard_paths(paths):
+            for _, parts in iter_pack_parts(path):
+                yield _pack(sources.resolve(parts) if INDEX_PART in parts else parts)
+
+
+def shard_paths(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """The tars to read: an output folder's shards (the order `wids-index.json` lists them in, else by
+    name), one tar, or the given list."""
+    if not isinstance(paths, (str, Path)):
+        return [Path(p) for p in paths]
+    p = Path(paths)
+    if not p.is_dir():
+        return [p]
+    try:
+        return [p / s["url"] for s in json.loads((p / "wids-index.json").read_text())["shardlist"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return sorted(p.glob("*.tar"))
 
 
 def _pack(parts: dict) -> dict:
@@ -68,10 +91,24 @@ def _pack(parts: dict) -> dict:
     return doc
 
 
-def pack_from_parts(parts: dict) -> dict:
+def pack_from_parts(parts: dict, sources: SourceFiles | None = None) -> dict:
     """A pack as ``iter_packs`` yields it, from one WebDataset sample's parts (``{"json": ..., part name:
-    bytes}``, e.g. a Megatron-Energon ``CrudeWebdataset`` raw sample with ``decoder = None``)."""
+    bytes}``, e.g. a Megatron-Energon ``CrudeWebdataset`` raw sample with ``decoder = None``). An index-mode
+    sample (an ``index.json`` part) is read from its sources through ``sources`` (keep one
+    ``SourceFiles(source_root)`` per worker; default: one per process, at the recorded input root)."""
+    if INDEX_PART in parts:
+        parts = (sources or _process_sources()).resolve(parts)
     return _pack(parts)
+
+
+_SOURCES: tuple[int, SourceFiles] | None = None
+
+
+def _process_sources() -> SourceFiles:
+    global _SOURCES
+    if _SOURCES is None or _SOURCES[0] != os.getpid():  # a forked worker opens its own fds
+        _SOURCES = (os.getpid(), SourceFiles())
+    return _SOURCES[1]
 
 
 class PackEncoder:
@@ -238,10 +275,10 @@ def mrope_positions(types: np.ndarray, images: list, videos: list, merge: int) -
     return out
 
 
-def iter_encoded(paths: Iterable[str | Path], profile: str | None = None, model_dir: str | None = None,
-                 loss_weighting: str = "token") -> Iterator[dict]:
+def iter_encoded(paths: str | Path | Iterable[str | Path], profile: str | None = None, model_dir: str | None = None,
+                 loss_weighting: str = "token", source_root: str | Path | None = None) -> Iterator[dict]:
     enc = PackEncoder(profile, model_dir, loss_weighting)
-    for pack in iter_packs(paths):
+    for pack in iter_packs(paths, source_root=source_root):
         yield enc.encode(pack)
 
 

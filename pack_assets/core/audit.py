@@ -4,10 +4,13 @@ Reads every output shard (not the plan), hashes every media member, and checks i
 the manifest: every source sample exactly once across packed / dropped / rejected (per shard and in total),
 no pack over capacity, no mixed media types, every media (and extra member) byte equal to its source,
 ``_meta`` consistent, and every packed conversation equal to the current manifest's (nothing stale).
+An index-mode output (``core/index_out.py``) is checked the same way, its media read from the source
+ranges its index names, after the sources' stamps (``source_changed``, ``bad_index`` besides).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import duckdb
 
-from . import store
+from . import index_out, store
 from .plan import PlanConfig, PlanInfo, check_plan
 from .profiles import ProfileError, resolve_profile
 from .report import write_report
@@ -28,7 +31,7 @@ from .settings import AUDIT_SCOPES
 from .reasons import ReasonError
 from .tario import iter_entries, split_key
 from .tokens import TokenCounter
-from .write import current_shards, write_context
+from .write import ShardFingerprint, current_shards, write_context
 
 # Below this much output a second process costs more (spawn + imports, ~2 s) than it saves.
 PARALLEL_MIN_BYTES = 512 << 20
@@ -179,12 +182,39 @@ def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig) -> tuple[lis
         return res.violations, seen, counts
     plan, samples, members = _shard_expectations(con, name)
     try:
-        for key, parts in _pack_parts(path):
-            seen[key] += 1
-            counts.update(_check_pack(res, name, key, parts, plan.get(key), samples, members, config))
+        with index_out.SourceFiles() as sources:
+            for key, parts in _pack_parts(path):
+                seen[key] += 1
+                if index_out.INDEX_PART in parts:
+                    parts = _resolve_index(res, name, key, parts, sources)
+                counts.update(_check_pack(res, name, key, parts, plan.get(key), samples, members, config))
     except (tarfile.TarError, OSError) as e:
         res.add("unreadable_shard", f"{name}: {e}", shard=name)
     return res.violations, seen, counts
+
+
+def _resolve_index(res: AuditResult, name: str, key: str, parts: dict, sources: index_out.SourceFiles) -> dict:
+    """An index-mode pack's parts with its media read back from the source ranges (re-hashed by
+    _check_media like copied ones): a changed or missing source is a violation, its parts stay absent
+    (missing_media), and the index must name the very ranges `_meta` records."""
+    try:
+        index = json.loads(parts[index_out.INDEX_PART])
+        ranges = {p: (r["source"], r["offset"], r["size"]) for p, r in index["parts"].items()}
+        meta = json.loads(parts["json"])["_meta"]
+    except (ValueError, KeyError, TypeError) as e:
+        res.add("bad_index", f"pack {key}: unreadable index ({type(e).__name__}: {e})", shard=name, pack_id=key)
+        return {k: v for k, v in parts.items() if k != index_out.INDEX_PART}
+    for src in meta.get("sources", []):
+        for m in src.get("media", []) + src.get("extra", []):
+            part = m["output_name"].split(".", 1)[1]
+            if ranges.get(part) != (f"{src['shard']}.tar", m["offset"], m["size"]):
+                res.add("bad_index", f"pack {key}: index range of {part} {ranges.get(part)} is not _meta's "
+                        f"{src['shard']}.tar @ {m['offset']}+{m['size']}", shard=name, pack_id=key)
+    problems: list[str] = []
+    resolved = sources.resolve(parts, problems)
+    for p in problems:
+        res.add("source_changed", f"pack {key}: {p}", shard=name, pack_id=key)
+    return resolved
 
 
 _worker_con: duckdb.DuckDBPyConnection | None = None
@@ -204,6 +234,8 @@ def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, wo
     """Per-shard audit results in shard order; output shards are independent, so several processes (each
     with its own read-only DuckDB connection) share them when there is enough to read."""
     total = sum((out_dir / n).stat().st_size for n in shards if (out_dir / n).exists())
+    if index_out.is_index_folder(out_dir):  # what is read and hashed is the sources' media, not the small index
+        total += con.execute("SELECT coalesce(sum(m.size), 0) FROM pack_members JOIN members m USING (sample_id)").fetchone()[0]
     workers = min(workers or os.cpu_count() or 1, len(shards))
     if work is None or workers <= 1 or total < min_bytes:
         yield from (_audit_shard(con, out_dir, n, config) for n in shards)
@@ -303,6 +335,7 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
         "extra_members_checked": counts["extra"],
         "extra_bytes_checked": counts["extra_bytes"],
         "violations": len(res.violations),
+        "output_mode": "index" if index_out.is_index_folder(out_dir) else "copy",
         "per_shard": per_shard,
         **({"per_dataset": per_dataset} if repeats is not None else {}),
     }
@@ -362,9 +395,17 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
     with store.connect(work, read_only=True) as con:
         info = PlanInfo.load(con)
         stamps = {}
-        for r in current_shards(con, out_dir, write_context(info)):
+        index = index_out.load_index(out_dir)
+        if index is None:
+            context, fingerprint = write_context(info), ShardFingerprint
+        else:  # index mode: its shards are current only while every source they name is as indexed
+            context = index_out.index_context(info)
+            fingerprint = functools.partial(index_out.IndexFingerprint, root=index.get("input_root", ""))
+        for r in current_shards(con, out_dir, context, fingerprint):
             st = (out_dir / r["shard"]).stat()
             stamps[r["shard"]] = [st.st_size, st.st_mtime_ns, r["fingerprint"]]
+        if index is not None and not index_out.sources_unchanged(index):
+            stamps = {}
         before = _audited(work) if scope == "changed" else {}
         trusted = frozenset(n for n, stamp in stamps.items() if before.get(n) == stamp)
         blend = info.stats.get("blend")

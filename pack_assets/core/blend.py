@@ -368,8 +368,12 @@ class BlendWriteSummary:
                 "dagster/uri": FilePath(self.output_dir), "epoch_folders": [str(e.output_dir) for e in self.epochs]}
 
 
-def run_blend_write(work: Path, recipe: Recipe, out_dir: Path, workers: int = 0, progress=None) -> BlendWriteSummary:
+def run_blend_write(work: Path, recipe: Recipe, out_dir: Path, workers: int = 0, progress=None,
+                    mode: str = "copy") -> BlendWriteSummary:
     from .write import run_write
+
+    if mode != "copy":
+        raise ValueError(f"output mode {mode!r} with a recipe: not supported yet, only mode: copy")
 
     return BlendWriteSummary([run_write(epoch_work(work, k), recipe.roots, out_dir / epoch_name(k), workers, progress)
                               for k in range(recipe.epochs)], out_dir)

@@ -385,6 +385,7 @@ class WriteSummary:
     fingerprint: str
     foreign_files: list[str]  # files in the output folder this tool did not write: left alone
     example_meta: dict  # the first output shard's first `_meta`, for the UI
+    output_mode: str = "copy"  # "index": the shards hold byte ranges into the sources, not media (bytes is the index)
 
     @property
     def mb_per_second(self) -> float | None:
@@ -394,7 +395,7 @@ class WriteSummary:
         return {"dagster/row_count": self.packs, "output_shards": self.shards, "written": self.written,
                 "skipped": self.skipped, "bytes": self.bytes, "mb_per_second": self.mb_per_second,
                 "dagster/uri": FilePath(self.output_dir), "foreign_files_left_alone": self.foreign_files,
-                "example_meta": self.example_meta}
+                "example_meta": self.example_meta, "output_mode": self.output_mode}
 
 
 class SourceChanged(RuntimeError):
@@ -466,9 +467,10 @@ _FINGERPRINT_ROWS = f"""WITH packed AS (SELECT DISTINCT pm.sample_id, s.media_me
            ORDER BY p.output_shard, p.pack_id, pm.position"""
 
 
-def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
+def current_shards(con, out_dir: Path, context: dict, fingerprint=ShardFingerprint) -> list[dict]:
     """The output shards already on disk with exactly the planned content (their first pack's
-    ``shard_fingerprint``), found with one query over all shards instead of loading each shard's job."""
+    ``shard_fingerprint``), found with one query over all shards instead of loading each shard's job.
+    ``fingerprint``: the class (or factory) that computes it (index mode's covers more)."""
     on_disk = {p.name for p in out_dir.glob("*.tar")} if out_dir.is_dir() else set()
     if not on_disk:
         return []
@@ -487,7 +489,7 @@ def current_shards(con, out_dir: Path, context: dict) -> list[dict]:
             if name != shard:
                 if shard is not None:
                     close()
-                shard, pack, fp, stats = name, None, ShardFingerprint(context), {"packs": 0, "samples": 0}
+                shard, pack, fp, stats = name, None, fingerprint(context), {"packs": 0, "samples": 0}
             if pack_id != pack:
                 pack = pack_id
                 fp.pack(pack_id, media_type, total)
@@ -518,7 +520,16 @@ def check_sources(con, input_root: Path, shards: list[str]) -> None:
                             "before writing: " + "; ".join(problems[:10]))
 
 
-def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, progress=None) -> WriteSummary:
+def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, progress=None,
+              mode: str = "copy") -> WriteSummary:
+    """The stage: every planned output shard written or found current. ``mode`` "index" writes byte-range
+    indexes into the sources instead of copying media (``core/index_out.py``)."""
+    if mode == "index":
+        from .index_out import run_write_index
+
+        return run_write_index(work, input_root, out_dir, progress)
+    if mode != "copy":
+        raise ValueError(f"output mode {mode!r}: expected copy or index")
     t0 = time.perf_counter()
     for root in (input_root.values() if isinstance(input_root, dict) else [input_root]):
         check_paths(Path(root), work, out_dir)

@@ -135,8 +135,9 @@ def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.M
 
 @dg.asset(**PACK_STAGE, deps=[pack_plan], kinds={"python", "webdataset"})
 def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
-    """One output sample per pack: full conversations, media copied by byte range, `_meta` provenance,
-    Energon metadata in .nv-meta/. Atomic and deterministic; a rerun skips finished shards."""
+    """One output sample per pack: full conversations, media copied by byte range (or, `output_mode: index`,
+    a byte-range index into the source shards instead), `_meta` provenance, Energon metadata in .nv-meta/.
+    Atomic and deterministic; a rerun skips finished shards."""
 
     def progress(r, done, total):
         context.log.info(f"[{done}/{total}] {r['shard']}: {r['packs']} packs, {r['bytes']} bytes"
@@ -145,8 +146,10 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     s = settings.to_settings()
     s.check_paths()
     with settings.work_lock(context, "packed_shards"):
-        summary = blend.run_blend_write(s.work, s.blend(), s.out, s.write_workers, progress) if s.recipe \
-            else write.run_write(s.work, s.input_root, s.out, s.write_workers, progress)
+        if s.recipe:
+            summary = blend.run_blend_write(s.work, s.blend(), s.out, s.write_workers, progress, s.output_mode)
+        else:
+            summary = write.run_write(s.work, s.input_root, s.out, s.write_workers, progress, mode=s.output_mode)
     if summary.foreign_files:
         context.log.info(f"{len(summary.foreign_files)} file(s) in {s.out} not written by pack_assets, left "
                          f"alone: {summary.foreign_files[:10]}")
