@@ -115,3 +115,24 @@ def test_videos_are_refused_not_guessed(counters):
 def test_profiles_lists_the_fast_families():
     by = {f.name: f for f in FAMILIES}
     assert all(by[f].rule == "fast" for f in FAMILY_DIRS) and by["glm4v"].rule == "processor"
+
+
+@pytest.mark.parametrize("family", list(FAMILY_DIRS))
+def test_count_with_model_dir_reads_inline_media_and_gives_the_oracle(family, dirs, tmp_path):
+    """`pack-assets count --model-dir`: HF-native records with inline image paths, real image files."""
+    from conftest import image_bytes
+    from pack_assets.core.ingest import count_records
+
+    oracle = _oracle(family)
+    picked = [row for row in oracle["sizes"] if (row[0], row[1]) in {(896, 448), (1, 1), (4000, 2)}]
+    assert len(picked) == 3
+    recs = []
+    for i, (w, h, _) in enumerate(picked):
+        (tmp_path / f"{i}.png").write_bytes(image_bytes(w, h, "PNG"))
+        msgs = copy.deepcopy(oracle["single_image_messages"])
+        msgs[0]["content"][0]["image"] = str(tmp_path / f"{i}.png")
+        recs.append({"messages": msgs})
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    got = count_records(tmp_path / "r.jsonl", None, None, str(dirs[family]))
+    assert [g.get("total_tokens") for g in got] == [n for _, _, n in picked], got
+    assert all(g["counted_by"] == "fast" for g in got)

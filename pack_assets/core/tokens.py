@@ -99,7 +99,6 @@ def _best_resolution(height: int, width: int, pinpoints: tuple[tuple[int, int], 
     return best
 
 
-@functools.lru_cache(maxsize=4096)
 def _anyres_features(height: int, width: int, rule: MediaRule) -> int:
     """``LlavaOnevisionProcessor._get_number_of_features`` (base + unpadded grid + one newline per row)."""
     best_h, best_w = _best_resolution(height, width, rule.pinpoints)
@@ -257,6 +256,7 @@ class TokenCounter:
             raise ValueError(f"the tokenizer of {profile.name} cannot run on tiktoken")
         self.backend = "tiktoken" if self.fast is not None else "tokenizers"
         self._special_split: re.Pattern | None = None
+        self._media_cache: dict[tuple[int, int, bool], int] = {}  # sizes repeat: hashing a MediaRule does not pay
 
     @functools.cached_property
     def tokenizer(self):
@@ -294,7 +294,15 @@ class TokenCounter:
             raise ReasonError("placeholder_mismatch", f"the template wrote {text.count(rule.placeholder)} "
                               f"{rule.placeholder} for {len(image_sizes)} image(s)")
         n = len(image_sizes)
-        img = sum(media_image_tokens(int(w), int(h), n, rule) for w, h in image_sizes)
+        img = 0
+        for w, h in image_sizes:
+            key = (int(w), int(h), n == 1)  # the rule depends on the size and on one image or several
+            per = self._media_cache.get(key)
+            if per is None:
+                if len(self._media_cache) >= 65536:  # bounded: a set of all-distinct sizes stays small
+                    self._media_cache.clear()
+                per = self._media_cache[key] = media_image_tokens(int(w), int(h), n, rule)
+            img += per
         return text.replace(rule.placeholder, rule.prefix + rule.token + rule.suffix) if n else text, img
 
     def _vision(self, image_sizes, videos) -> tuple[int, int, list[VideoCount]]:
