@@ -78,6 +78,8 @@ def main() -> None:
     a = ap.parse_args()
     counter = TokenCounter(resolve_profile(a.profile, family_dir(a.family) if a.family else a.model_dir))
     data = one_image_samples(a.n) if a.one_image else samples(a.n)
+    if counter.backend != "processor":
+        counter.lengths([""])  # builds the tokenizer (lazy) outside the timed passes
     run = {"label": a.label, "profile": counter.profile.name, "backend": counter.backend, "n": a.n,
            "shape": "one-image" if a.one_image else "mixed",
            "load": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None,
