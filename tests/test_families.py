@@ -136,3 +136,28 @@ def test_count_with_model_dir_reads_inline_media_and_gives_the_oracle(family, di
     got = count_records(tmp_path / "r.jsonl", None, None, str(dirs[family]))
     assert [g.get("total_tokens") for g in got] == [n for _, _, n in picked], got
     assert all(g["counted_by"] == "fast" for g in got)
+
+
+def test_shard_stage_counts_a_fast_family_and_records_counted_by(dirs, tmp_path):
+    import pyarrow.parquet as pq
+
+    from conftest import image_bytes, write_tar
+    from pack_assets.core.scan import run_manifest
+    from pack_assets.core.tokens import run_token_lengths, token_lengths_are_current
+
+    oracle = _oracle("internvl")
+    expected = {(w, h): n for w, h, n in oracle["sizes"]}
+    members = []
+    for i, (w, h) in enumerate([(896, 448), (1, 1), (4000, 2)]):
+        rec = {"messages": copy.deepcopy(oracle["single_image_messages"])}
+        members += [(f"k{i}.json", json.dumps(rec)), (f"k{i}.png", image_bytes(w, h, "PNG"))]
+    write_tar(tmp_path / "in" / "s0.tar", members)
+    work = tmp_path / "work"
+    run_manifest(tmp_path / "in", work, "s0")
+    profile = profile_from_model_dir(dirs["internvl"])
+    run_token_lengths(work, "s0", profile)
+    rows = pq.read_table(work / "token_lengths" / profile.name / "s0" / "token_lengths.parquet").to_pylist()
+    assert all(r["status"] == "ok" for r in rows)
+    ok = {r["sample_id"]: r for r in rows}
+    assert [ok[k]["total_tokens"] for k in sorted(ok)] == [expected[(896, 448)], expected[(1, 1)], expected[(4000, 2)]]
+    assert all(r["counted_by"] == "fast" for r in ok.values()) and token_lengths_are_current(work, "s0", profile)
