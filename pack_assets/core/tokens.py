@@ -7,6 +7,9 @@ Two rules: ``fast`` (below; header-only, proven equal to the model's processor) 
 total = len(tokenize(render(chat_template, messages))) + Σ(N_image − 1) + Σ(N_video − 1): the
 conversation is rendered once with one pad placeholder per media item, then each placeholder grows to its
 real token count. ``text_tokens`` excludes those placeholders (it keeps the vision start/end tokens).
+A ``MediaRule`` family (InternVL, LLaVA-OneVision, Gemma 3) first has each placeholder written out as its
+processor writes it, with one image token and the wrappers (``<img>``/``</img>``, Gemma's "\\n\\n" +
+``<start_of_image>``/``<end_of_image>`` + "\\n\\n"), so the wrappers are tokenized in context.
 """
 
 from __future__ import annotations
