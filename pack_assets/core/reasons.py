@@ -41,6 +41,7 @@ REASONS: dict[str, str] = {  # in the order of the table in docs/formats.md
     "template_error": "the chat template raised an error for this conversation",
     "processor_error": "the model's own processor (--model-dir, processor rule) refused the sample",
     "missing_dependency": "the model's processor needs a package that is not installed for this sample (the detail names it and the extra)",
+    "video_not_supported": "the family's fast rule counts images only (InternVL, LLaVA-OneVision, Gemma 3): a video sample is not guessed",
     # count (records outside shards)
     "bad_media": "a media file of a record cannot be decoded (Pillow/PyAV error)",
     # convert

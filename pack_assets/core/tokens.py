@@ -7,10 +7,14 @@ Two rules: ``fast`` (below; header-only, proven equal to the model's processor) 
 total = len(tokenize(render(chat_template, messages))) + Σ(N_image − 1) + Σ(N_video − 1): the
 conversation is rendered once with one pad placeholder per media item, then each placeholder grows to its
 real token count. ``text_tokens`` excludes those placeholders (it keeps the vision start/end tokens).
+A ``MediaRule`` family (InternVL, LLaVA-OneVision, Gemma 3) first has each placeholder written out as its
+processor writes it, with one image token and the wrappers (``<img>``/``</img>``, Gemma's "\\n\\n" +
+``<start_of_image>``/``<end_of_image>`` + "\\n\\n"), so the wrappers are tokenized in context.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -22,13 +26,14 @@ from datetime import datetime
 from pathlib import Path
 
 import jinja2
+import jinja2.ext
 import numpy as np
 import pyarrow.parquet as pq
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from . import store
-from .profiles import ImageRule, ModelProfile, VideoRule, fast_counter_for, tokenizer_for
+from .profiles import ImageRule, MediaRule, ModelProfile, VideoRule, fast_counter_for, tokenizer_for
 from .reasons import ReasonError
 from .records import TOKEN_LENGTHS_SCHEMA, Rejection
 from .results import FilePath
@@ -66,6 +71,65 @@ def image_grid(width: int, height: int, rule: ImageRule) -> tuple[int, int, int]
     """image_grid_thw in patches, as the processor reports it."""
     h, w = smart_resize(height, width, rule)
     return 1, h // rule.patch_size, w // rule.patch_size
+
+
+@functools.lru_cache(maxsize=4096)
+def _tile_grid(height: int, width: int, tile: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
+    """GotOcr2's ``get_optimal_tiled_canvas``: (columns, rows) of the closest aspect ratio; on a tie the grid
+    with more tiles while the image covers more than half of it."""
+    grids = sorted(((c, r) for c in range(1, max_tiles + 1) for r in range(1, max_tiles + 1)
+                    if min_tiles <= c * r <= max_tiles), key=lambda g: g[0] * g[1])
+    aspect, area = width / height, width * height
+    best, best_diff = (1, 1), float("inf")
+    for c, r in grids:
+        diff = abs(aspect - c / r)
+        if diff < best_diff:
+            best, best_diff = (c, r), diff
+        elif diff == best_diff and area > 0.5 * tile * tile * c * r:
+            best = (c, r)
+    return best
+
+
+def _best_resolution(height: int, width: int, pinpoints: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+    """transformers' ``select_best_resolution``: the canvas keeping most of the image, then wasting least."""
+    best, max_eff, min_waste = pinpoints[0], 0, float("inf")
+    for ph, pw in pinpoints:
+        scale = min(pw / width, ph / height)
+        eff = min(int(width * scale) * int(height * scale), width * height)
+        waste = pw * ph - eff
+        if eff > max_eff or (eff == max_eff and waste < min_waste):
+            best, max_eff, min_waste = (ph, pw), eff, waste
+    return best
+
+
+def _anyres_features(height: int, width: int, rule: MediaRule) -> int:
+    """``LlavaOnevisionProcessor._get_number_of_features`` (base + unpadded grid + one newline per row)."""
+    best_h, best_w = _best_resolution(height, width, rule.pinpoints)
+    side = int(math.sqrt(rule.tokens))
+    cur_h, cur_w = side * (best_h // rule.tile), side * (best_w // rule.tile)
+    if width / height > cur_w / cur_h:
+        new_h = int(round(height * (cur_w / width), 7))
+        cur_h -= ((cur_h - new_h) // 2) * 2
+    else:
+        new_w = int(round(width * (cur_h / height), 7))
+        cur_w -= ((cur_w - new_w) // 2) * 2
+    unpadded, newlines = cur_h * cur_w, cur_h
+    ratio = math.sqrt(cur_h * cur_w / (rule.max_crops * side**2))
+    if ratio > 1.1:
+        unpadded, newlines = int(cur_h // ratio) * int(cur_w // ratio), int(cur_h // ratio)
+    return unpadded + newlines + rule.tokens
+
+
+def media_image_tokens(width: int, height: int, n_images: int, rule: MediaRule) -> int:
+    """Image tokens (the repeated token only, wrappers excluded) for one image of a sample with n_images."""
+    if rule.kind == "fixed":
+        return rule.tokens
+    if rule.kind == "tiles":
+        cols, rows = _tile_grid(height, width, rule.tile, rule.min_tiles, rule.max_tiles) if rule.max_tiles > 1 else (1, 1)
+        n = cols * rows
+        return rule.tokens * (n + 1 if n > 1 else 1)
+    n = rule.tokens + 1 if n_images != 1 else _anyres_features(height, width, rule)
+    return n - 1 if rule.drop_cls else n
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +206,20 @@ def video_count(meta: dict, rule: VideoRule) -> VideoCount:
                       (grid_t, h_bar // rule.patch_size, w_bar // rule.patch_size), frame_seqlen)
 
 
+class _Generation(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}`` (transformers' assistant-mask tag): renders its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller):
+        return caller()
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
     """The Jinja environment transformers' ``apply_chat_template`` renders with."""
 
@@ -151,7 +229,7 @@ def _environment() -> ImmutableSandboxedEnvironment:
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -176,12 +254,17 @@ class TokenCounter:
             self.backend = "processor"
             return
         self.template = _environment().from_string(profile.chat_template)
-        self.tokenizer = tokenizer_for(profile)
         self.fast = fast_counter_for(profile) if backend in ("auto", "tiktoken") else None
         if backend == "tiktoken" and self.fast is None:
             raise ValueError(f"the tokenizer of {profile.name} cannot run on tiktoken")
         self.backend = "tiktoken" if self.fast is not None else "tokenizers"
         self._special_split: re.Pattern | None = None
+        self._media_cache: dict[tuple[int, int, bool], int] = {}  # sizes repeat: hashing a MediaRule does not pay
+
+    @functools.cached_property
+    def tokenizer(self):
+        """The profile's ``tokenizers`` tokenizer, built on first use (a tiktoken counter never needs it)."""
+        return tokenizer_for(self.profile)
 
     def lengths(self, texts: list[str]) -> list[int]:
         if self.fast is not None:
@@ -203,9 +286,33 @@ class TokenCounter:
     def render(self, messages: list[dict], tools: list | None = None) -> str:
         if tools is None and messages and messages[0].get("tools"):
             tools = messages[0]["tools"]  # the record's tools ride on the first message (see conversation.py)
-        return self.template.render(messages=messages, tools=tools, add_generation_prompt=False)
+        return self.template.render(messages=messages, tools=tools, add_generation_prompt=False,
+                                    **dict(self.profile.template_vars))
+
+    def _expand(self, text: str, image_sizes) -> tuple[str, int]:
+        """A media rule's text: each placeholder as the processor writes it with one image token (its
+        wrappers tokenized in context) and the image tokens of all images."""
+        rule = self.profile.media
+        if text.count(rule.placeholder) != len(image_sizes):  # the processor would refuse the sample
+            raise ReasonError("placeholder_mismatch", f"the template wrote {text.count(rule.placeholder)} "
+                              f"{rule.placeholder} for {len(image_sizes)} image(s)")
+        n = len(image_sizes)
+        img = 0
+        for w, h in image_sizes:
+            key = (int(w), int(h), n == 1)  # the rule depends on the size and on one image or several
+            per = self._media_cache.get(key)
+            if per is None:
+                if len(self._media_cache) >= 65536:  # bounded: a set of all-distinct sizes stays small
+                    self._media_cache.clear()
+                per = self._media_cache[key] = media_image_tokens(int(w), int(h), n, rule)
+            img += per
+        return text.replace(rule.placeholder, rule.prefix + rule.token + rule.suffix) if n else text, img
 
     def _vision(self, image_sizes, videos) -> tuple[int, int, list[VideoCount]]:
+        if self.profile.media is not None:
+            if videos:
+                raise ReasonError("video_not_supported", f"{self.profile.family}: videos have no fast rule yet")
+            return 0, len(image_sizes), []
         img = sum(image_tokens(w, h, self.profile.image) for w, h in image_sizes)
         vids = [video_count(v, self.profile.video) for v in videos]
         return img, len(image_sizes), vids
@@ -231,6 +338,8 @@ class TokenCounter:
             try:
                 img, n_img, vids = self._vision(image_sizes, videos)
                 text = self.render(messages)
+                if self.profile.media is not None:
+                    text, img = self._expand(text, image_sizes)
             except ReasonError as e:
                 prepared.append(e)
                 continue

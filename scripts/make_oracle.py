@@ -1,0 +1,135 @@
+"""Oracle token counts for the fast rules of InternVL, LLaVA-OneVision and Gemma 3, made once with each
+model's real transformers processor and committed (tests/fixtures/oracle/<family>.json), so CI checks the
+fast rules without torch (tests/test_families.py).
+
+Not a runtime dependency and not run by the tests. The InternVL and LLaVA-OneVision processors need
+torchvision, which the project venv cannot import, so this runs in a separate venv:
+
+    python3.11 -m venv /tmp/tv
+    /tmp/tv/bin/pip install torch==2.14.1 torchvision==0.29.1
+    /tmp/tv/bin/pip install transformers==5.23.0 tokenizers==0.23.3 pillow==13.0.0 numpy==2.4.6 jinja2==3.1.6
+    /tmp/tv/bin/python scripts/make_oracle.py --models /tmp/oracle-models
+
+(``--models`` gets the three checkpoint folders the tests build from tests/fixtures/models: see
+``materialize`` below; they are the same files.) A count is ``len(input_ids)`` of
+``processor.apply_chat_template(messages, tokenize=True, return_dict=True)`` with real (blank) PIL images of
+each size in the image parts: the processor's own image processor, text expansion and tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from family_fixtures import FAMILY_DIRS, materialize  # noqa: E402
+
+
+def sizes() -> list[tuple[int, int]]:
+    """(width, height): 1x1, extreme aspect ratios, tile and crop boundaries (448, 384, 896 ± 1), random."""
+    out = [(1, 1), (1, 2), (2, 1), (1, 4000), (4000, 1), (2, 4000), (4000, 2), (3, 1000), (1000, 3), (10, 10),
+           (27, 29), (100, 20000), (20000, 100), (16384, 16384), (5000, 5000), (8000, 40), (40, 8000)]
+    for edge in (448, 384, 896):
+        for a in range(1, 7):
+            for b in (1, 2, 3):
+                for d in (-1, 0, 1):
+                    out += [(edge * a + d, edge * b), (edge * b, edge * a + d)]
+    rng = random.Random(18)
+    out += [(rng.randint(1, 5000), rng.randint(1, 5000)) for _ in range(120)]
+    out += [(rng.randint(1, 60), rng.randint(500, 6000)) for _ in range(15)]
+    out += [(rng.randint(500, 6000), rng.randint(1, 60)) for _ in range(15)]
+    seen: set = set()
+    return [s for s in out if not (s in seen or seen.add(s))]
+
+
+def samples() -> list[dict]:
+    """Whole samples: system, multi-turn, several images, text before/after images, whitespace and "\\n\\n" next
+    to images (Gemma 3 merges them), Unicode (NFD too), a record-level tools list."""
+    t = lambda s: {"type": "text", "text": s}  # noqa: E731
+    img = {"type": "image"}
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "Look a thing up.",
+                                               "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
+    rng = random.Random(4)
+    pick = lambda k: [[rng.randint(1, 4000), rng.randint(1, 4000)] for _ in range(k)]  # noqa: E731
+    convs = [
+        ([{"role": "system", "content": [t("You are terse.")]}, {"role": "user", "content": [img, t("\nWhat is it?")]},
+          {"role": "assistant", "content": [t("A cat.")]}], [[640, 480]]),
+        ([{"role": "user", "content": [img, img, img, t("Compare these three.")]},
+          {"role": "assistant", "content": [t("First is red.\n\nSecond is blue.")]},
+          {"role": "user", "content": [t("And the third?")]}, {"role": "assistant", "content": [t("Green.")]}],
+         [[300, 200], [1920, 1080], [37, 1000]]),
+        ([{"role": "user", "content": [t("Look:\n\n"), img, t("\n\nand this one"), img]},
+          {"role": "assistant", "content": [t("  Both squares.  \n\n")]}], [[896, 896], [1, 1]]),
+        ([{"role": "user", "content": [t("No image, just text:  spaces\n\n\n")]}, {"role": "assistant", "content": [t("ok")]}], []),
+        ([{"role": "system", "content": [t("Be brief.")]}, {"role": "user", "content": [t("Ünïcödé ✓ 数据 🙂 — \"quotes\""), img]},
+          {"role": "assistant", "content": [t("Cafe\u0301 nai\u0308ve")]}, {"role": "user", "content": [img, t("again?")]},
+          {"role": "assistant", "content": [t("Yes.\n")]}], [[4000, 1], [448, 449]]),
+        ([{"role": "user", "content": [img, t("Describe.")]}, {"role": "assistant", "content": [t("A wide strip.")]}], [[4000, 2]]),
+        ([{"role": "user", "content": [img, t("Describe.")]}, {"role": "assistant", "content": [t("Tall.")]}], [[5, 3999]]),
+        ([{"role": "user", "content": [t("Weather in Paris?")]}, {"role": "assistant", "content": [t("Sunny.")]}], []),
+    ]
+    out = [{"messages": m, "image_sizes": s} for m, s in convs]
+    out[-1]["tools"] = tools
+    for k in range(12):  # random multi-turn samples with 0-4 images
+        n = rng.randint(0, 4)
+        words = "the a cat dog sat on mat red blue image shows large small tree house car , . ? \n".split(" ")
+        text = lambda: t(" ".join(rng.choice(words) for _ in range(rng.randint(1, 60))))  # noqa: E731
+        msgs = [{"role": "system", "content": [t("You describe images.")]}] if k % 2 else []
+        msgs += [{"role": "user", "content": [img] * n + [text()]}, {"role": "assistant", "content": [text()]},
+                 {"role": "user", "content": [text()]}, {"role": "assistant", "content": [text()]}]
+        out.append({"messages": msgs, "image_sizes": pick(n)})
+    return out
+
+
+def count(proc, messages: list[dict], image_sizes: list, tools=None) -> int | str:
+    from PIL import Image
+
+    it = iter(image_sizes)
+    msgs = [{**m, "content": [{**p, "image": Image.new("RGB", tuple(next(it)))} if p["type"] == "image" else p
+                              for p in m["content"]]} for m in messages]
+    try:
+        out = proc.apply_chat_template(msgs, tools=tools, tokenize=True, return_dict=True)
+    except Exception as e:  # the processor's refusal is an oracle too
+        return f"error: {type(e).__name__}"
+    return len(out["input_ids"][0])
+
+
+def main() -> None:
+    import tokenizers
+    import torch
+    import torchvision
+    import transformers
+    from transformers import AutoProcessor
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", required=True, help="a scratch folder for the checkpoint folders")
+    ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "oracle"))
+    ap.add_argument("--only", nargs="*")
+    a = ap.parse_args()
+    dirs = materialize(Path(a.models))
+    one = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe this."}]},
+           {"role": "assistant", "content": [{"type": "text", "text": "It is an image."}]}]
+    for family in FAMILY_DIRS:
+        if a.only and family not in a.only:
+            continue
+        proc = AutoProcessor.from_pretrained(dirs[family], local_files_only=True)
+        size_counts = [[w, h, count(proc, one, [[w, h]])] for w, h in sizes()]
+        whole = [{**s, "input_ids": count(proc, s["messages"], s["image_sizes"], s.get("tools"))} for s in samples()]
+        doc = {"family": family, "folder": FAMILY_DIRS[family],
+               "made_with": {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
+                             "torch": torch.__version__, "torchvision": torchvision.__version__,
+                             "processor": type(proc).__name__, "image_processor": type(proc.image_processor).__name__},
+               "how": "len(processor.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True)"
+                      "['input_ids'][0]) with blank PIL images of each size (scripts/make_oracle.py)",
+               "single_image_messages": one, "sizes": size_counts, "samples": whole}
+        path = Path(a.out) / f"{family}.json"
+        path.write_text(json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
+        print(family, len(size_counts), "sizes,", len(whole), "samples ->", path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Fast rules of InternVL, LLaVA-OneVision and Gemma 3 (issue 18, item 4) against oracles made once with each
+model's real transformers processor (scripts/make_oracle.py; tests/fixtures/oracle/<family>.json): every
+image size and every whole sample must give the processor's exact ``len(input_ids)``. No torch needed."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from family_fixtures import FAMILY_DIRS, materialize
+from pack_assets.core.profiles import FAMILIES, profile_from_model_dir
+from pack_assets.core.reasons import ReasonError
+from pack_assets.core.tokens import TokenCounter, media_image_tokens
+
+ORACLE = Path(__file__).resolve().parent / "fixtures" / "oracle"
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory) -> dict[str, Path]:
+    return materialize(tmp_path_factory.mktemp("models"))
+
+
+class _Counters(dict):
+    def __init__(self, dirs):
+        super().__init__()
+        self.dirs = dirs
+
+    def __missing__(self, family):  # built on first use: a deselected family costs nothing
+        self[family] = TokenCounter(profile_from_model_dir(self.dirs[family]))
+        return self[family]
+
+
+@pytest.fixture(scope="module")
+def counters(dirs) -> dict[str, TokenCounter]:
+    return _Counters(dirs)
+
+
+def _oracle(family: str) -> dict:
+    return json.loads((ORACLE / f"{family}.json").read_text(encoding="utf-8"))
+
+
+def _item(messages: list[dict], sizes: list, tools=None):
+    msgs = copy.deepcopy(messages)
+    if tools:
+        msgs[0]["tools"] = tools  # where conversation.normalize puts a record's tools
+    return msgs, sizes, []
+
+
+@pytest.mark.parametrize("family", list(FAMILY_DIRS))
+def test_every_image_size_counts_what_the_processor_counts(family, counters):
+    oracle = _oracle(family)
+    counter = counters[family]
+    assert counter.profile.rule == "fast" and counter.profile.media is not None
+    sizes = [(w, h, n) for w, h, n in oracle["sizes"]]
+    assert len(sizes) >= 300 and {(1, 1), (1, 4000), (4000, 1), (16384, 16384)} <= {(w, h) for w, h, _ in sizes}
+    results = list(counter.count_many(_item(oracle["single_image_messages"], [[w, h]]) for w, h, _ in sizes))
+    wrong = [(w, h, n, r) for (w, h, n), r in zip(sizes, results) if isinstance(r, ReasonError) or r["total_tokens"] != n]
+    assert not wrong, wrong[:10]
+
+
+@pytest.mark.parametrize("family", list(FAMILY_DIRS))
+def test_whole_samples_count_what_the_processor_counts(family, counters):
+    oracle = _oracle(family)
+    counter = counters[family]
+    samples = oracle["samples"]
+    assert any(len(s["image_sizes"]) > 1 for s in samples) and any(s["messages"][0]["role"] == "system" for s in samples)
+    results = list(counter.count_many(_item(s["messages"], s["image_sizes"], s.get("tools")) for s in samples))
+    for s, r in zip(samples, results):
+        assert not isinstance(r, ReasonError), (r.reason, r.detail)
+        assert r["total_tokens"] == s["input_ids"], (s["image_sizes"], s["messages"])
+        assert r["counted_by"] == "fast"
+        assert r["total_tokens"] == r["text_tokens"] + r["image_tokens"] and r["video_tokens"] == 0
+        n = len(s["image_sizes"])
+        assert r["image_tokens"] == sum(media_image_tokens(w, h, n, counter.profile.media) for w, h in s["image_sizes"])
+
+
+def test_rules_follow_the_folder_files(dirs, tmp_path):
+    import shutil
+
+    p = profile_from_model_dir(dirs["internvl"])
+    assert (p.family, p.media.kind, p.media.tile, p.media.max_tiles, p.media.tokens) == ("internvl", "tiles", 448, 12, 256)
+    assert p.media.prefix == "<img>" and p.media.suffix == "</img>"
+    # a user who caps InternVL at 6 tiles: fewer tokens for a big image, another fingerprint
+    d = tmp_path / "internvl6"
+    shutil.copytree(dirs["internvl"], d)
+    cfg = json.loads((d / "preprocessor_config.json").read_text())
+    cfg["max_patches"] = 6
+    (d / "preprocessor_config.json").write_text(json.dumps(cfg))
+    p6 = profile_from_model_dir(d)
+    assert media_image_tokens(4000, 3000, 1, p6.media) == 256 * 7 < media_image_tokens(4000, 3000, 1, p.media)
+    assert p6.fingerprint != p.fingerprint
+    # Gemma 3 with pan-and-scan on: crops depend on the image, not proven here -> its processor counts
+    g = tmp_path / "gemma-pas"
+    shutil.copytree(dirs["gemma3"], g)
+    cfg = json.loads((g / "preprocessor_config.json").read_text())
+    cfg["do_pan_and_scan"] = True
+    (g / "preprocessor_config.json").write_text(json.dumps(cfg))
+    assert profile_from_model_dir(dirs["gemma3"]).rule == "fast"
+    assert profile_from_model_dir(g).rule == "processor"
+    # LLaVA-OneVision: several images in a sample get 729 + 1 each, one image the anyres count
+    lo = profile_from_model_dir(dirs["llava-onevision"]).media
+    assert media_image_tokens(640, 480, 2, lo) == 730 and media_image_tokens(640, 480, 1, lo) > 730
+
+
+def test_videos_are_refused_not_guessed(counters):
+    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "A ball."}]}]
+    (res,) = counters["internvl"].count_many([(msgs, [], [{"frames": 40, "fps": 10.0, "width": 64, "height": 48}])])
+    assert isinstance(res, ReasonError) and res.reason == "video_not_supported"
+
+
+def test_profiles_lists_the_fast_families():
+    by = {f.name: f for f in FAMILIES}
+    assert all(by[f].rule == "fast" for f in FAMILY_DIRS) and by["glm4v"].rule == "processor"
+
+
+@pytest.mark.parametrize("family", list(FAMILY_DIRS))
+def test_count_with_model_dir_reads_inline_media_and_gives_the_oracle(family, dirs, tmp_path):
+    """`pack-assets count --model-dir`: HF-native records with inline image paths, real image files."""
+    from conftest import image_bytes
+    from pack_assets.core.ingest import count_records
+
+    oracle = _oracle(family)
+    picked = [row for row in oracle["sizes"] if (row[0], row[1]) in {(896, 448), (1, 1), (4000, 2)}]
+    assert len(picked) == 3
+    recs = []
+    for i, (w, h, _) in enumerate(picked):
+        (tmp_path / f"{i}.png").write_bytes(image_bytes(w, h, "PNG"))
+        msgs = copy.deepcopy(oracle["single_image_messages"])
+        msgs[0]["content"][0]["image"] = str(tmp_path / f"{i}.png")
+        recs.append({"messages": msgs})
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    got = count_records(tmp_path / "r.jsonl", None, None, str(dirs[family]))
+    assert [g.get("total_tokens") for g in got] == [n for _, _, n in picked], got
+    assert all(g["counted_by"] == "fast" for g in got)
+
+
+def test_shard_stage_counts_a_fast_family_and_records_counted_by(dirs, tmp_path):
+    import pyarrow.parquet as pq
+
+    from conftest import image_bytes, write_tar
+    from pack_assets.core.scan import run_manifest
+    from pack_assets.core.tokens import run_token_lengths, token_lengths_are_current
+
+    oracle = _oracle("internvl")
+    expected = {(w, h): n for w, h, n in oracle["sizes"]}
+    members = []
+    for i, (w, h) in enumerate([(896, 448), (1, 1), (4000, 2)]):
+        rec = {"messages": copy.deepcopy(oracle["single_image_messages"])}
+        members += [(f"k{i}.json", json.dumps(rec)), (f"k{i}.png", image_bytes(w, h, "PNG"))]
+    write_tar(tmp_path / "in" / "s0.tar", members)
+    work = tmp_path / "work"
+    run_manifest(tmp_path / "in", work, "s0")
+    profile = profile_from_model_dir(dirs["internvl"])
+    run_token_lengths(work, "s0", profile)
+    rows = pq.read_table(work / "token_lengths" / profile.name / "s0" / "token_lengths.parquet").to_pylist()
+    assert all(r["status"] == "ok" for r in rows)
+    ok = {r["sample_id"]: r for r in rows}
+    assert [ok[k]["total_tokens"] for k in sorted(ok)] == [expected[(896, 448)], expected[(1, 1)], expected[(4000, 2)]]
+    assert all(r["counted_by"] == "fast" for r in ok.values()) and token_lengths_are_current(work, "s0", profile)
