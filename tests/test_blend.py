@@ -317,9 +317,10 @@ def test_run_recipe_refuses_bad_input_before_anything_is_written(tmp_path, capsy
     assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
 
 
-def test_the_pack_assets_follow_the_resources_recipe(tmp_path, counted):
+@pytest.mark.parametrize("mode", ["copy", "index"])
+def test_the_pack_assets_follow_the_resources_recipe(tmp_path, counted, mode):
     """The Launchpad's way: the `settings` resource names the recipe; pack_plan, packed_shards and audit_report
-    plan, write and audit the epochs (the shard stages ran above, through the core)."""
+    plan, write and audit the epochs (the shard stages ran above, through the core), in the recipe's mode."""
     import dagster as dg
 
     from pack_assets.defs.assets import audit_report, pack_plan, packed_shards
@@ -329,7 +330,8 @@ def test_the_pack_assets_follow_the_resources_recipe(tmp_path, counted):
     shutil.copytree(counted / "in", tmp_path / "in")
     shutil.copytree(counted / "work", tmp_path / "work")
     path = write_recipe(tmp_path / "r.yaml", "datasets:\n  - {name: b, input: in/b, repeat: 1.5}\n"
-                        "  - {name: c, input: in/c}\nepochs: 1\nmax_len: 1500\nprofile: qwen3-vl\n")
+                        "  - {name: c, input: in/c}\nepochs: 1\nmax_len: 1500\nprofile: qwen3-vl\n"
+                        f"mode: {mode}\n")
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(source_shards.name, ["b/part-000", "c/part-000"])
     settings = PackSettings(recipe=str(path), work_dir=str(tmp_path / "work"), output_dir=str(tmp_path / "out"))
@@ -341,6 +343,8 @@ def test_the_pack_assets_follow_the_resources_recipe(tmp_path, counted):
     assert audit.stats["per_epoch"][0]["b"]["expected"] == 9 + 5  # 1.5 of 9: 9 + 4.5 up
     assert [p.name for p in sorted((tmp_path / "out").iterdir())] == ["epoch-000"]
     assert (tmp_path / "out" / "epoch-000" / ".nv-meta" / "index.sqlite").exists()
+    assert result.asset_value("packed_shards").epochs[0].output_mode == mode
+    assert (tmp_path / "out" / "epoch-000" / "pack_index.json").exists() == (mode == "index")
 
 
 # -- index mode: the epochs as byte-range indexes into every dataset's shards -----------------------------------
@@ -401,6 +405,9 @@ def test_a_recipe_in_index_mode_gives_the_copy_modes_packs_per_epoch_and_passes_
     result = blend.run_blend_audit(work, recipe, index)
     assert result.verdict == "PASS", result.violations[:5]
     assert result.stats["media_members_checked"] > 10  # re-hashed from the ranges of both datasets
+    # the audit's fingerprint of an index shard takes the recorded roots: a clean audit vouches for every shard
+    again = blend.run_blend_audit(work, recipe, index, scope="changed")
+    assert again.verdict == "PASS" and again.stats["output_shards_trusted"] == again.stats["output_shards"] > 0
     # a rerun keeps every index shard: the fingerprint covers the roots and every source's stamp
     assert blend.run_blend_write(work, recipe, index, workers=1, mode="index").written == 0
 
