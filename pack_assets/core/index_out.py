@@ -4,9 +4,9 @@ Each output shard is a tar with, per pack, ``<pack>.json`` (the same document co
 conversations, source records and ``_meta``) and ``<pack>.index.json``: for every media and extra part the
 copy would hold, the source shard (path relative to the input root), byte offset, size and sha256, plus each
 source shard's size and mtime as scanned and the input root (absolute). A recipe's epochs (several inputs)
-record ``roots`` instead (dataset name -> absolute folder); their sources are ``<dataset>/<shard>.tar``,
-the first path component naming the dataset, so a single input's index reads as it always did. ``pack_index.json`` at the top
-lists the shards and every source's stamp. The shards carry ``.tar.idx``, ``.nv-meta/`` and
+record ``roots`` instead (dataset name -> absolute folder); their sources are ``<dataset>/<shard>.tar``, the
+first path component naming the dataset, so a single input's index reads as it always did.
+``pack_index.json`` at the top lists the shards and every source's stamp. The shards carry ``.tar.idx``, ``.nv-meta/`` and
 ``wids-index.json`` like copy-mode shards, so Energon and wids open them as they are; the reader
 (``pack_assets.reader``) reads the media by ``pread`` from the sources, after checking their stamps.
 
