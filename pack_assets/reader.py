@@ -37,7 +37,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -53,14 +53,15 @@ from .core.tokens import TokenCounter, image_grid, video_count
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
 
 
-def iter_packs(paths: str | Path | Iterable[str | Path], source_root: str | Path | None = None,
+def iter_packs(paths: str | Path | Iterable[str | Path], source_root: str | Path | Mapping | None = None,
                verify: bool = False) -> Iterator[dict]:
     """Each pack of the given output shards: ``pack_id``, ``media_type``, ``samples`` (with ``media`` as a
     list of (part name, bytes) in order) and ``_meta``. ``paths``: an output folder (copy or index mode;
     its shards in order), one tar, or a list of tars. An index-mode pack's media are read from its source
     shards (``pread`` on kept fds) after their size and mtime are checked against the index: a changed
     source raises ``IndexSourceChanged`` naming it before any of its bytes are used. ``source_root``: where
-    the sources are now, when they moved since packing; ``verify``: also compare each range's sha256."""
+    the sources are now, when they moved since packing (a folder; for a recipe's epoch folder, a mapping
+    dataset name -> folder of the datasets that moved); ``verify``: also compare each range's sha256."""
     with SourceFiles(source_root, verify) as sources:
         for path in shard_paths(paths):
             for _, parts in iter_pack_parts(path):
@@ -279,7 +280,7 @@ def mrope_positions(types: np.ndarray, images: list, videos: list, merge: int) -
 
 
 def iter_encoded(paths: str | Path | Iterable[str | Path], profile: str | None = None, model_dir: str | None = None,
-                 loss_weighting: str = "token", source_root: str | Path | None = None) -> Iterator[dict]:
+                 loss_weighting: str = "token", source_root: str | Path | Mapping | None = None) -> Iterator[dict]:
     enc = PackEncoder(profile, model_dir, loss_weighting)
     for pack in iter_packs(paths, source_root=source_root):
         yield enc.encode(pack)

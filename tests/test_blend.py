@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import tarfile
 import shutil
 from pathlib import Path
 
@@ -315,9 +317,10 @@ def test_run_recipe_refuses_bad_input_before_anything_is_written(tmp_path, capsy
     assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
 
 
-def test_the_pack_assets_follow_the_resources_recipe(tmp_path, counted):
+@pytest.mark.parametrize("mode", ["copy", "index"])
+def test_the_pack_assets_follow_the_resources_recipe(tmp_path, counted, mode):
     """The Launchpad's way: the `settings` resource names the recipe; pack_plan, packed_shards and audit_report
-    plan, write and audit the epochs (the shard stages ran above, through the core)."""
+    plan, write and audit the epochs (the shard stages ran above, through the core), in the recipe's mode."""
     import dagster as dg
 
     from pack_assets.defs.assets import audit_report, pack_plan, packed_shards
@@ -327,7 +330,8 @@ def test_the_pack_assets_follow_the_resources_recipe(tmp_path, counted):
     shutil.copytree(counted / "in", tmp_path / "in")
     shutil.copytree(counted / "work", tmp_path / "work")
     path = write_recipe(tmp_path / "r.yaml", "datasets:\n  - {name: b, input: in/b, repeat: 1.5}\n"
-                        "  - {name: c, input: in/c}\nepochs: 1\nmax_len: 1500\nprofile: qwen3-vl\n")
+                        "  - {name: c, input: in/c}\nepochs: 1\nmax_len: 1500\nprofile: qwen3-vl\n"
+                        f"mode: {mode}\n")
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(source_shards.name, ["b/part-000", "c/part-000"])
     settings = PackSettings(recipe=str(path), work_dir=str(tmp_path / "work"), output_dir=str(tmp_path / "out"))
@@ -339,3 +343,114 @@ def test_the_pack_assets_follow_the_resources_recipe(tmp_path, counted):
     assert audit.stats["per_epoch"][0]["b"]["expected"] == 9 + 5  # 1.5 of 9: 9 + 4.5 up
     assert [p.name for p in sorted((tmp_path / "out").iterdir())] == ["epoch-000"]
     assert (tmp_path / "out" / "epoch-000" / ".nv-meta" / "index.sqlite").exists()
+    assert result.asset_value("packed_shards").epochs[0].output_mode == mode
+    assert (tmp_path / "out" / "epoch-000" / "pack_index.json").exists() == (mode == "index")
+
+
+# -- index mode: the epochs as byte-range indexes into every dataset's shards -----------------------------------
+
+
+@pytest.fixture
+def no_png(monkeypatch):
+    """The audit's figures are drawn but not rendered to PNG (seconds each; tested elsewhere)."""
+    from pack_assets.core import report
+
+    def placeholder(fig, path: Path) -> None:
+        report._plt().close(fig)
+        store.atomic_write_text(path, "plot skipped in test_blend")
+
+    monkeypatch.setattr(report, "_save", placeholder)
+
+
+def without_mode(p: dict) -> dict:
+    """A pack with the `_meta` keys that name the output mode (and so its fingerprint) left out."""
+    return {**p, "_meta": {k: v for k, v in p["_meta"].items() if k not in ("shard_fingerprint", "output_mode")}}
+
+
+@pytest.fixture
+def indexed(tmp_path, counted, no_png):
+    """Two datasets (b repeated 2.5 times), two epochs, written in copy and in index mode."""
+    recipe, work, keys, cfg = build(tmp_path, counted, {"a": 1.0, "b": 2.5}, epochs=2)
+    assert blend.run_blend_plan(work, keys, cfg, PROFILE, recipe).violations == []
+    copy, index = tmp_path / "copy", tmp_path / "index"
+    blend.run_blend_write(work, recipe, copy, workers=1)
+    summary = blend.run_blend_write(work, recipe, index, workers=1, mode="index")
+    assert [e.output_mode for e in summary.epochs] == ["index", "index"]
+    return recipe, work, copy, index
+
+
+def epoch_packs(out: Path, k: int, **kw) -> list[dict]:
+    return [without_mode(p) for p in iter_packs(out / blend.epoch_name(k), **kw)]
+
+
+def test_a_recipe_in_index_mode_gives_the_copy_modes_packs_per_epoch_and_passes_the_audit(indexed):
+    from pack_assets.core.index_out import INDEX_FILE
+    from pack_assets.reader import PackEncoder
+
+    recipe, work, copy, index = indexed
+    roots = {n: str(Path(p).resolve()) for n, p in recipe.roots.items()}
+    for k in range(2):
+        folder = index / blend.epoch_name(k)
+        assert json.loads((folder / INDEX_FILE).read_text())["input_roots"] == roots
+        assert {n.split(".", 1)[1] for t in folder.glob("*.tar") for n in tarfile.open(t).getnames()} == {
+            "json", "index.json"}  # no media member
+        from_copy, from_index = epoch_packs(copy, k), epoch_packs(index, k)
+        assert from_copy == from_index and len(from_index) > 3  # every media byte, from both datasets' shards
+        sources = {s["shard"].split("/")[0] for p in from_index for s in p["_meta"]["sources"] if s["media"]}
+        assert sources == {"a", "b"}
+    assert epoch_packs(index, 0) != epoch_packs(index, 1)  # each epoch its own grouping
+    enc = PackEncoder("qwen3-vl")
+    for a, b in zip(epoch_packs(copy, 1)[:4], epoch_packs(index, 1)[:4]):
+        assert np.array_equal(enc.encode(a)["input_ids"], enc.encode(b)["input_ids"])
+    result = blend.run_blend_audit(work, recipe, index)
+    assert result.verdict == "PASS", result.violations[:5]
+    assert result.stats["media_members_checked"] > 10  # re-hashed from the ranges of both datasets
+    # the audit's fingerprint of an index shard takes the recorded roots: a clean audit vouches for every shard
+    again = blend.run_blend_audit(work, recipe, index, scope="changed")
+    assert again.verdict == "PASS" and again.stats["output_shards_trusted"] == again.stats["output_shards"] > 0
+    # a rerun keeps every index shard: the fingerprint covers the roots and every source's stamp
+    assert blend.run_blend_write(work, recipe, index, workers=1, mode="index").written == 0
+
+
+def test_a_changed_source_of_one_dataset_is_named_by_the_reader_and_fails_the_blend_audit(indexed):
+    from pack_assets.core.index_out import IndexSourceChanged
+
+    recipe, work, copy, index = indexed
+    src = Path(recipe.roots["b"]) / "part-000.tar"
+    data = bytearray(src.read_bytes())
+    data[-20000] ^= 0xFF
+    src.write_bytes(bytes(data))
+    os.utime(src, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns + 10**9))
+    with pytest.raises(IndexSourceChanged, match="changed since it was packed") as e:
+        for k in range(2):
+            epoch_packs(index, k)
+    assert e.value.path == str(src.resolve())
+    result = blend.run_blend_audit(work, recipe, index)
+    assert result.verdict == "FAIL"
+    changed = [v for v in result.violations if v["check"] == "source_changed"]
+    assert changed and {v["epoch"] for v in changed} == {0, 1}
+    assert all(str(src.resolve()) in v["detail"] for v in changed)
+    assert blend.run_blend_audit(work, recipe, copy).verdict == "PASS"  # the copy does not need its sources
+
+
+def test_moved_blend_data_is_read_with_a_source_root_mapping_and_reindexed_from_the_new_roots(indexed):
+    from pack_assets.core.index_out import INDEX_FILE, IndexSourceChanged
+
+    recipe, work, copy, index = indexed
+    old = Path(recipe.roots["a"])
+    moved = old.parent.parent / "moved-a"
+    old.rename(moved)  # the same files, mtimes kept: only the folder is new
+    with pytest.raises(IndexSourceChanged, match=f"{old.resolve()}/part-00.\\.tar cannot be opened"):
+        epoch_packs(index, 0)
+    for k in range(2):  # only the dataset that moved is named; b is read from its recorded folder
+        assert epoch_packs(index, k, source_root={"a": moved}) == epoch_packs(copy, k)
+    with pytest.raises(ValueError, match="mapping dataset name -> folder"):
+        epoch_packs(index, 0, source_root=moved)
+    # written again from a recipe that names the new folder: every index shard is new (the roots changed)
+    recipe2 = dataclasses.replace(recipe, datasets=tuple(
+        dataclasses.replace(d, input=str(moved)) if d.name == "a" else d for d in recipe.datasets))
+    assert blend.run_blend_write(work, recipe2, index, workers=1, mode="index").written == sum(
+        len(list((index / blend.epoch_name(k)).glob("*.tar"))) for k in range(2))
+    assert json.loads((index / "epoch-001" / INDEX_FILE).read_text())["input_roots"]["a"] == str(moved.resolve())
+    assert epoch_packs(index, 1) == epoch_packs(copy, 1)
+    assert blend.run_blend_audit(work, recipe2, index).verdict == "PASS"

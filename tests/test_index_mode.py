@@ -174,6 +174,8 @@ def test_changed_sources_are_named_by_the_reader_refused_by_the_writer_and_fail_
     (moved / "part-001.tar").unlink()
     with pytest.raises(IndexSourceChanged, match="part-001.tar.*cannot be opened"):
         list(iter_packs(index, source_root=moved))
+    with pytest.raises(ValueError, match="one input root"):  # a recipe's mapping is not this index's root
+        list(iter_packs(index, source_root={"in": moved}))
 
 
 def test_rerun_in_index_mode_after_adding_a_shard(both):

@@ -211,7 +211,11 @@ def _resolve_index(res: AuditResult, name: str, key: str, parts: dict, sources: 
                 res.add("bad_index", f"pack {key}: index range of {part} {ranges.get(part)} is not _meta's "
                         f"{src['shard']}.tar @ {m['offset']}+{m['size']}", shard=name, pack_id=key)
     problems: list[str] = []
-    resolved = sources.resolve(parts, problems)
+    try:
+        resolved = sources.resolve(parts, problems)
+    except ValueError as e:  # a source that names no recorded root (dataset)
+        res.add("bad_index", f"pack {key}: {e}", shard=name, pack_id=key)
+        return {k: v for k, v in parts.items() if k != index_out.INDEX_PART}
     for p in problems:
         res.add("source_changed", f"pack {key}: {p}", shard=name, pack_id=key)
     return resolved
@@ -400,7 +404,7 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
             context, fingerprint = write_context(info), ShardFingerprint
         else:  # index mode: its shards are current only while every source they name is as indexed
             context = index_out.index_context(info)
-            fingerprint = functools.partial(index_out.IndexFingerprint, root=index.get("input_root", ""))
+            fingerprint = functools.partial(index_out.IndexFingerprint, root=index_out.index_root(index))
         for r in current_shards(con, out_dir, context, fingerprint):
             st = (out_dir / r["shard"]).stat()
             stamps[r["shard"]] = [st.st_size, st.st_mtime_ns, r["fingerprint"]]

@@ -370,13 +370,12 @@ class BlendWriteSummary:
 
 def run_blend_write(work: Path, recipe: Recipe, out_dir: Path, workers: int = 0, progress=None,
                     mode: str = "copy") -> BlendWriteSummary:
+    """Every epoch written to ``<output>/epoch-<k>/``, copy or index mode (an index records every dataset's
+    folder: ``index_out``)."""
     from .write import run_write
 
-    if mode != "copy":
-        raise ValueError(f"output mode {mode!r} with a recipe: not supported yet, only mode: copy")
-
-    return BlendWriteSummary([run_write(epoch_work(work, k), recipe.roots, out_dir / epoch_name(k), workers, progress)
-                              for k in range(recipe.epochs)], out_dir)
+    return BlendWriteSummary([run_write(epoch_work(work, k), recipe.roots, out_dir / epoch_name(k), workers, progress,
+                                        mode=mode) for k in range(recipe.epochs)], out_dir)
 
 
 def run_blend_audit(work: Path, recipe: Recipe, out_dir: Path, scope: str = "all") -> AuditResult:

@@ -3,8 +3,10 @@
 Each output shard is a tar with, per pack, ``<pack>.json`` (the same document copy mode writes: full
 conversations, source records and ``_meta``) and ``<pack>.index.json``: for every media and extra part the
 copy would hold, the source shard (path relative to the input root), byte offset, size and sha256, plus each
-source shard's size and mtime as scanned and the input root (absolute). ``pack_index.json`` at the top
-lists the shards and every source's stamp. The shards carry ``.tar.idx``, ``.nv-meta/`` and
+source shard's size and mtime as scanned and the input root (absolute). A recipe's epochs (several inputs)
+record ``roots`` instead (dataset name -> absolute folder); their sources are ``<dataset>/<shard>.tar``, the
+first path component naming the dataset, so a single input's index reads as it always did.
+``pack_index.json`` at the top lists the shards and every source's stamp. The shards carry ``.tar.idx``, ``.nv-meta/`` and
 ``wids-index.json`` like copy-mode shards, so Energon and wids open them as they are; the reader
 (``pack_assets.reader``) reads the media by ``pread`` from the sources, after checking their stamps.
 
@@ -22,6 +24,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from . import owned, store
@@ -31,7 +34,7 @@ from .tario import BLOCK, RECORD, first_pack_meta, member_header, padding
 from .write import (PackJob, ShardFingerprint, ShardJob, SourceChanged, WriteSummary, _Sources, check_sources,
                     current_shards, pack_document, shard_job, write_context, write_energon_meta, write_wids_index)
 
-INDEX_FILE = "pack_index.json"  # top level: input root, output shards, every source's stamp
+INDEX_FILE = "pack_index.json"  # top level: input root (or roots), output shards, every source's stamp
 INDEX_PART = "index.json"  # per pack: `<pack>.index.json`
 FORMAT = "pack_assets-index-1"
 
@@ -46,6 +49,39 @@ class IndexSourceChanged(SourceChanged):
         self.path = path
 
 
+Root = str | Mapping  # one input folder, or a recipe's dataset name -> folder (absolute when recorded)
+
+
+def recorded_roots(input_root) -> Root:
+    """What the index records: the input folder, or every dataset's folder, absolute."""
+    if isinstance(input_root, Mapping):
+        return {name: str(Path(p).resolve()) for name, p in sorted(input_root.items())}
+    return str(Path(input_root).resolve())
+
+
+def index_root(index: dict) -> Root:
+    """The root(s) a pack's index or ``pack_index.json`` recorded (``roots``/``input_roots`` for a recipe)."""
+    return index.get("roots") or index.get("input_roots") or index.get("root") or index.get("input_root") or ""
+
+
+def source_path(recorded: Root, rel: str, override: str | Path | Mapping | None = None) -> Path:
+    """Where source ``rel`` is: under the recorded root, or ``override`` (the data moved). For a recipe's
+    index, ``rel`` is ``<dataset>/<shard>.tar`` and ``override`` a mapping of the datasets that moved (the
+    others stay at their recorded folders)."""
+    if isinstance(recorded, Mapping):
+        if override is not None and not isinstance(override, Mapping):
+            raise ValueError(f"this index names {len(recorded)} dataset folder(s) ({', '.join(recorded)}): give "
+                             "source_root as a mapping dataset name -> folder")
+        name, _, rest = rel.partition("/")
+        base = (override or {}).get(name) or recorded.get(name)
+        if base is None or not rest:
+            raise ValueError(f"source {rel!r} names no dataset of the index ({', '.join(recorded)})")
+        return Path(base) / rest
+    if isinstance(override, Mapping):
+        raise ValueError("this index has one input root: give source_root as a folder, not a mapping")
+    return Path(override if override is not None else recorded) / rel
+
+
 def index_context(info: PlanInfo) -> dict:
     """What every index-mode `_meta` carries: the copy mode's context and the mode."""
     return {**write_context(info), "output_mode": "index"}
@@ -55,9 +91,12 @@ class IndexFingerprint(ShardFingerprint):
     """The copy mode's fingerprint, plus what the index holds besides: the input root and every source's
     stamp (a touched source gets a new index even when its members hash the same)."""
 
-    def __init__(self, context: dict, root: str = "") -> None:
+    def __init__(self, context: dict, root: Root = "") -> None:
         super().__init__(context)
-        self._h.update(f"root|{root}\n".encode())
+        if isinstance(root, Mapping):  # every dataset's folder: moving one gives new indexes
+            self._h.update(f"roots|{json.dumps(dict(sorted(root.items())))}\n".encode())
+        else:
+            self._h.update(f"root|{root}\n".encode())
 
     def sub(self, sample_id, token_len, conversation_sha256, json_member, media, extra, source_stamp=None) -> None:
         super().sub(sample_id, token_len, conversation_sha256, json_member, media, extra, source_stamp)
@@ -69,7 +108,7 @@ def _stamp(sub) -> dict:
     return {"size": int(size) if size else None, "mtime_ns": int(mtime) if mtime else None}
 
 
-def index_document(job: PackJob, context: dict, sources: _Sources, root: str) -> tuple[dict, dict]:
+def index_document(job: PackJob, context: dict, sources: _Sources, root: Root) -> tuple[dict, dict]:
     """The pack's JSON (as copy mode writes it) and its byte-range index."""
     doc, media = pack_document(job, context, sources)
     stamps, parts = {}, {}
@@ -77,10 +116,11 @@ def index_document(job: PackJob, context: dict, sources: _Sources, root: str) ->
         rel = f"{sub.shard}.tar"
         stamps[rel] = _stamp(sub)
         parts[out_name.split(".", 1)[1]] = {"source": rel, "offset": m["offset"], "size": m["size"], "sha256": m["sha256"]}
-    return doc, {"format": FORMAT, "root": root, "sources": dict(sorted(stamps.items())), "parts": parts}
+    where = {"roots": dict(root)} if isinstance(root, Mapping) else {"root": root}
+    return doc, {"format": FORMAT, **where, "sources": dict(sorted(stamps.items())), "parts": parts}
 
 
-def shard_fingerprint(job: ShardJob, context: dict, root: str) -> str:
+def shard_fingerprint(job: ShardJob, context: dict, root: Root) -> str:
     fp = IndexFingerprint(context, root)
     for p in job.packs:
         fp.pack(p.pack_id, p.media_type, p.total_token_len)
@@ -97,7 +137,7 @@ def _member(out, name: str, body: bytes) -> None:
     out.write(padding(len(body)))
 
 
-def write_index_shard(out_dir: Path, job: ShardJob, context: dict, root: str) -> dict:
+def write_index_shard(out_dir: Path, job: ShardJob, context: dict, root: Root) -> dict:
     """One index-mode output shard, atomically; skipped when one with the same fingerprint is there."""
     t0 = time.perf_counter()
     final = out_dir / job.name
@@ -133,11 +173,13 @@ def planned_files(shards: list[str]) -> set[str]:
     return owned.planned_files(shards) | {INDEX_FILE}
 
 
-def run_write_index(work: Path, input_root: Path, out_dir: Path, progress=None) -> WriteSummary:
-    """The packed_shards stage in index mode. One process: no media bytes move, the cost is the records."""
+def run_write_index(work: Path, input_root: Path | Mapping, out_dir: Path, progress=None) -> WriteSummary:
+    """The packed_shards stage in index mode. One process: no media bytes move, the cost is the records.
+    ``input_root``: the input folder, or a recipe's roots (dataset name -> folder) for one of its epochs."""
     t0 = time.perf_counter()
-    check_paths(input_root, work, out_dir)
-    root = str(input_root.resolve())
+    for r in (input_root.values() if isinstance(input_root, Mapping) else [input_root]):
+        check_paths(Path(r), work, out_dir)
+    root = recorded_roots(input_root)
     with store.connect(work, read_only=True) as con:
         info = PlanInfo.load(con)
         used = [s[0] for s in con.execute(
@@ -165,7 +207,8 @@ def run_write_index(work: Path, input_root: Path, out_dir: Path, progress=None) 
                 progress(results[-1], len(results), len(names))
     counts = write_energon_meta(out_dir, names, info.fingerprint)
     write_wids_index(out_dir, counts)
-    doc = {"format": FORMAT, "tool": "pack_assets", "input_root": root, "plan_fingerprint": info.fingerprint,
+    where = {"input_roots": root} if isinstance(root, Mapping) else {"input_root": root}
+    doc = {"format": FORMAT, "tool": "pack_assets", **where, "plan_fingerprint": info.fingerprint,
            "shards": [{"name": n, "packs": counts[n]} for n in names], "sources": stamps}
     store.atomic_write_text(out_dir / INDEX_FILE, json.dumps(doc, indent=1) + "\n")
     owned.finish(out_dir, planned, before)  # only recorded files of an earlier plan (or mode) are deleted
@@ -199,10 +242,11 @@ class SourceFiles:
     """Source shards kept open (a bounded LRU of fds) for reading index-mode packs by ``pread``. Before any
     range of a source is read, its size and mtime are compared (``fstat`` of the kept fd, every pack) with
     the stamp the index recorded; ``verify`` also compares each range's sha256. ``root`` overrides the input
-    root the index recorded (the data moved)."""
+    root the index recorded (the data moved): a folder for a single input's index, or for a recipe's a
+    mapping dataset name -> folder of the datasets that moved."""
 
-    def __init__(self, root: str | Path | None = None, verify: bool = False, limit: int = 64):
-        self.root = Path(root) if root is not None else None
+    def __init__(self, root: str | Path | Mapping | None = None, verify: bool = False, limit: int = 64):
+        self.root = dict(root) if isinstance(root, Mapping) else Path(root) if root is not None else None
         self.verify, self.limit, self.fds = verify, limit, {}
 
     def _fd(self, path: str, pinned: set[str]) -> int:
@@ -235,11 +279,11 @@ class SourceFiles:
         IndexSourceChanged, or with ``problems`` given its message goes there and its parts stay absent."""
         raw = parts[INDEX_PART]
         index = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
-        root = self.root or Path(index["root"])
+        recorded = index_root(index)
         out = {k: v for k, v in parts.items() if k != INDEX_PART}
-        fds, bad, pinned = {}, set(), set()
+        fds, bad, pinned, paths = {}, set(), set(), {}
         for rel, stamp in index.get("sources", {}).items():  # every stamp before the first byte is read
-            path = str(root / rel)
+            path = paths[rel] = str(source_path(recorded, rel, self.root))
             pinned.add(path)
             try:
                 fds[rel] = self._checked(path, stamp, pinned)
@@ -252,7 +296,7 @@ class SourceFiles:
             if r["source"] in bad:
                 continue
             data = os.pread(fds[r["source"]], r["size"], r["offset"])
-            path = str(root / r["source"])
+            path = paths[r["source"]]
             try:
                 if len(data) != r["size"]:
                     raise IndexSourceChanged(path, f"ends inside {part} ({len(data)} of {r['size']} bytes)")
@@ -278,13 +322,13 @@ class SourceFiles:
         self.close()
 
 
-def sources_unchanged(index: dict, root: str | Path | None = None) -> bool:
+def sources_unchanged(index: dict, root: str | Path | Mapping | None = None) -> bool:
     """Every source shard ``pack_index.json`` names has its recorded size and mtime now."""
-    base = Path(root or index.get("input_root", ""))
+    recorded = index_root(index)
     for rel, stamp in index.get("sources", {}).items():
         try:
-            st = os.stat(base / rel)
-        except OSError:
+            st = os.stat(source_path(recorded, rel, root))
+        except (OSError, ValueError):
             return False
         if (st.st_size, st.st_mtime_ns) != (stamp.get("size"), stamp.get("mtime_ns")):
             return False
