@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from .core.settings import AUDIT_SCOPES, DEFAULTS, Settings
-from .runenv import JOBS_FROM_SHARDS, ensure_dagster_yaml, process_start, resolve_dagster_home
+from .runenv import (JOBS_FROM_SHARDS, ShardPrefetch, ensure_dagster_yaml, process_start, resolve_dagster_home,
+                     shards_to_prefetch)
 
 DEMO_INPUT = Path("demo_data/shards")
 
@@ -69,10 +70,18 @@ def _run(args, **extra) -> int:
     with work_lock(settings.work, f"pack-assets {args.command}"):  # a second run on this work folder refuses
         if ensure_dagster_yaml(home):
             print(f"new Dagster home {home}: wrote dagster.yaml (telemetry off, concurrency pools)", file=sys.stderr)
-        from .orchestrate import instance_for, run_pipeline
+        # started before Dagster is imported: the shards are scanned while it loads (runenv.ShardPrefetch)
+        todo = shards_to_prefetch(settings, args.jobs, args.force)
+        prefetch = ShardPrefetch(settings, todo) if todo else None
+        try:
+            from .orchestrate import instance_for, run_pipeline
 
-        instance = instance_for(home)
-        summary = run_pipeline(settings, instance, force=args.force, jobs=args.jobs, started=args.started)
+            instance = instance_for(home)
+            summary = run_pipeline(settings, instance, force=args.force, jobs=args.jobs, started=args.started,
+                                   prefetch=prefetch)
+        finally:
+            if prefetch is not None:
+                prefetch.stop()
     summary.update(dagster_home=str(home), dagster_home_from=home_from)
     _emit(args, summary, _summary_text(summary))
     return verdict_exit(summary.get("verdict") or ("PASS" if summary["violations"] == 0 else "FAIL"))

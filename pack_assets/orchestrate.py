@@ -24,10 +24,11 @@ from .defs.assets import audit_report, manifest, pack_plan, packed_shards, token
 from .defs.partitions import source_shards
 from .defs.resources import PackSettings, summary_io_manager
 from .progress import ShardProgress
-from .runenv import default_jobs, ensure_dagster_yaml
+from .runenv import default_jobs, ensure_dagster_yaml, relax_event_log_sync
 
 
 def instance_for(dagster_home: Path) -> dg.DagsterInstance:
+    relax_event_log_sync()
     home = dagster_home.resolve()
     ensure_dagster_yaml(home)  # without one Dagster warns on every instance load and shows its telemetry banner
     os.environ["DAGSTER_HOME"] = str(home)  # dagster requires an absolute DAGSTER_HOME
@@ -68,6 +69,7 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 def _worker_init(dagster_home: str) -> None:
     os.environ["DAGSTER_HOME"] = dagster_home
+    relax_event_log_sync()
 
 
 def _resources(settings: Settings) -> dict:
@@ -163,10 +165,12 @@ def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progre
 
 
 def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, force: bool = False,
-                 jobs: int = 0, started: float | None = None) -> dict:
+                 jobs: int = 0, started: float | None = None, prefetch=None) -> dict:
     """Register the shards, run each that needs it, then plan → write → audit; the summary comes from the
     stages' own results. `started`: the time.perf_counter() the caller's wall time counts from (the CLI:
-    process start), so the stage seconds, with start-up and other, add up to the seconds the user waited."""
+    process start), so the stage seconds, with start-up and other, add up to the seconds the user waited.
+    `prefetch`: a runenv.ShardPrefetch scanning its shards since before Dagster loaded; they get their shard
+    runs whatever it has done by now, and it is stopped once they are through."""
     progress_log = log
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     t0 = time.perf_counter() if started is None else started
@@ -178,12 +182,15 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
         raise FileNotFoundError(f"no *.tar shards under {root}")
     removed = _sync_partitions(instance, root, shards, log)
     profile = settings.model_profile()
-    todo = [k for k in shards if force or manifest_is_current(root, settings.work, k) is None
+    ahead = set(prefetch.shards) if prefetch is not None else set()
+    todo = [k for k in shards if force or k in ahead or manifest_is_current(root, settings.work, k) is None
             or not token_lengths_are_current(settings.work, k, profile)]
     jobs = max(1, min(jobs or default_jobs(len(todo)), len(todo)))
     t_shards = time.perf_counter()
     order = list(instance.get_dynamic_partitions(source_shards.name))  # the order a partition range follows
     _shard_runs(todo, order, jobs, settings.flat(), progress_log)
+    if prefetch is not None:
+        prefetch.stop()
     shard_seconds = time.perf_counter() - t_shards
     log(f"{len(todo)} shard run(s), {len(shards) - len(todo)} shard(s) unchanged; planning, writing and auditing")
     result = _materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=_resources(settings),

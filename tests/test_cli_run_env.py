@@ -139,3 +139,55 @@ def test_progress_bar_only_on_a_terminal():
         for i in range(50):
             p.update(f"part-{i}", 10)
     assert len(logged) == MAX_LINES
+
+
+def test_the_cli_event_log_commits_without_an_fsync_each_in_wal_mode_only(tmp_path):
+    # a fresh interpreter: the listener is process-wide, as it is in a `pack-assets run`
+    code = f"""
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+from pack_assets.runenv import relax_event_log_sync
+relax_event_log_sync(); relax_event_log_sync()  # once is enough; twice is harmless
+def sync(name, wal):
+    engine = sa.create_engine("sqlite:///{tmp_path}/" + name, poolclass=NullPool)
+    if wal:
+        with engine.connect() as c:
+            c.execute(sa.text("PRAGMA journal_mode=WAL"))
+    with engine.connect() as c:  # a new connection, as Dagster makes one per event
+        return c.execute(sa.text("PRAGMA synchronous")).scalar()
+print(sync("wal.db", True), sync("journal.db", False))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "2"]  # NORMAL in WAL mode; a rollback-journal database keeps FULL
+
+
+def test_prefetch_scans_and_counts_what_the_shard_runs_would_and_only_under_the_default_jobs(dataset, tmp_path):
+    import pyarrow.parquet as pq
+
+    from pack_assets.core.scan import manifest_is_current, run_manifest
+    from pack_assets.core.settings import Settings
+    from pack_assets.core.store import manifest_dir
+    from pack_assets.core.tokens import run_token_lengths, token_lengths_are_current
+    from pack_assets.runenv import ShardPrefetch, shards_to_prefetch
+
+    settings = Settings.from_flat({"input_dir": str(dataset), "work_dir": str(tmp_path / "work"),
+                                   "output_dir": str(tmp_path / "out")})
+    todo = shards_to_prefetch(settings, 0, False)
+    assert todo == ["part-000", "part-001"]
+    assert shards_to_prefetch(settings, 1, False) == [] and shards_to_prefetch(settings, 0, True) == []
+    prefetch = ShardPrefetch(settings, todo)
+    prefetch.proc.join(timeout=120)
+    prefetch.stop()
+    profile = settings.model_profile()
+    assert all(manifest_is_current(dataset, settings.work, k) and token_lengths_are_current(settings.work, k, profile)
+               for k in todo)
+    assert shards_to_prefetch(settings, 0, False) == []  # nothing left to do
+    # the same rows a shard run in this process makes
+    for k in todo:
+        ref = Settings.from_flat({**settings.flat(), "work_dir": str(tmp_path / "ref")})
+        run_manifest(dataset, ref.work, k, ref.scan)
+        run_token_lengths(ref.work, k, profile)
+        for name in ("samples.parquet", "members.parquet"):
+            got, want = (pq.read_table(manifest_dir(w, k) / name) for w in (settings.work, ref.work))
+            assert got.drop_columns([c for c in got.column_names if "path" in c]).equals(
+                want.drop_columns([c for c in want.column_names if "path" in c]))

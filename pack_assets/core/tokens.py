@@ -11,6 +11,7 @@ real token count. ``text_tokens`` excludes those placeholders (it keeps the visi
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -176,12 +177,16 @@ class TokenCounter:
             self.backend = "processor"
             return
         self.template = _environment().from_string(profile.chat_template)
-        self.tokenizer = tokenizer_for(profile)
         self.fast = fast_counter_for(profile) if backend in ("auto", "tiktoken") else None
         if backend == "tiktoken" and self.fast is None:
             raise ValueError(f"the tokenizer of {profile.name} cannot run on tiktoken")
         self.backend = "tiktoken" if self.fast is not None else "tokenizers"
         self._special_split: re.Pattern | None = None
+
+    @functools.cached_property
+    def tokenizer(self):
+        """The Hugging Face tokenizer: built at first use (~1 s), which the tiktoken path never needs."""
+        return tokenizer_for(self.profile)
 
     def lengths(self, texts: list[str]) -> list[int]:
         if self.fast is not None:
