@@ -148,14 +148,24 @@ def _prefetch_shards(flat: dict, shards: list[str]) -> None:
             run_token_lengths(settings.work, shard, profile)
 
 
-def shards_to_prefetch(settings, jobs: int, force: bool) -> list[str]:
-    """The shards a run will scan or count, when `--jobs 0` (the default) keeps them in this process; else
-    none (`--jobs 1` means one process: no prefetch either)."""
+def idle_core() -> bool:
+    """Whether the machine has a core to spare (1-minute load average below cores - 1): on a busy machine a
+    second process only takes CPU from the first (bench/results/small_i21b_prefetch.jsonl: start-up 13-20 s
+    against 4-6 s at a load average of 8 on 2 cores)."""
+    try:
+        return os.getloadavg()[0] < (os.cpu_count() or 1) - 1
+    except OSError:
+        return False
+
+
+def shards_to_prefetch(settings, jobs: int, force: bool, idle: bool | None = None) -> list[str]:
+    """The shards a run will scan or count, when `--jobs 0` (the default) keeps them in this process and a
+    core is idle (``idle``: None asks idle_core()); else none (`--jobs 1` means one process: no prefetch)."""
     from .core import store
     from .core.scan import manifest_is_current
     from .core.tokens import token_lengths_are_current
 
-    if jobs != 0 or force or not settings.input_root.is_dir():
+    if jobs != 0 or force or not settings.input_root.is_dir() or not (idle_core() if idle is None else idle):
         return []
     shards = list(store.find_shards(settings.input_root, settings.recursive))
     profile = settings.model_profile()

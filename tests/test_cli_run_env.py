@@ -172,16 +172,17 @@ def test_prefetch_scans_and_counts_what_the_shard_runs_would_and_only_under_the_
 
     settings = Settings.from_flat({"input_dir": str(dataset), "work_dir": str(tmp_path / "work"),
                                    "output_dir": str(tmp_path / "out")})
-    todo = shards_to_prefetch(settings, 0, False)
+    todo = shards_to_prefetch(settings, 0, False, idle=True)
     assert todo == ["part-000", "part-001"]
-    assert shards_to_prefetch(settings, 1, False) == [] and shards_to_prefetch(settings, 0, True) == []
+    assert shards_to_prefetch(settings, 1, False, idle=True) == [] and shards_to_prefetch(settings, 0, True, idle=True) == []
+    assert shards_to_prefetch(settings, 0, False, idle=False) == []  # a busy machine: no second process
     prefetch = ShardPrefetch(settings, todo)
     prefetch.proc.join(timeout=120)
     prefetch.stop()
     profile = settings.model_profile()
     assert all(manifest_is_current(dataset, settings.work, k) and token_lengths_are_current(settings.work, k, profile)
                for k in todo)
-    assert shards_to_prefetch(settings, 0, False) == []  # nothing left to do
+    assert shards_to_prefetch(settings, 0, False, idle=True) == []  # nothing left to do
     # the same rows a shard run in this process makes
     for k in todo:
         ref = Settings.from_flat({**settings.flat(), "work_dir": str(tmp_path / "ref")})
