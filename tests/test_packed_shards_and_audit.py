@@ -458,10 +458,17 @@ def test_energon_index_kept_while_writing_equals_reading_the_shard_back(tmp_path
     for i, b in enumerate(blobs):
         refs.append({"name": f"k.{i}.jpg", "offset": off, "size": len(b), "sha256": None})
         off += len(b)
-    packs = [PackJob(pid, "image", 5, [SubSample(f"s{i}", "s", f"k{i}", str(src), 5, [], None, refs[i::2])])
+    record = json.dumps({"caption": "x" * (1 << 20)}).encode()  # a record of over 1 MiB is read, not copied
+    with open(src, "ab") as f:
+        f.write(record)
+    rec = {"name": "k.json", "offset": off, "size": len(record), "sha256": None}
+    packs = [PackJob(pid, "image", 5, [SubSample(f"s{i}", "s", f"k{i}", str(src), 5, [], rec if i == 0 else None,
+                                                 refs[i::2])])
              for i, pid in enumerate(pack_ids)]
     result = write_shard(str(tmp_path), ShardJob("out.tar", packs), {"profile": "x"})
     assert result["index"] == _sample_index(tmp_path / "out.tar")
     with tarfile.open(tmp_path / "out.tar") as tf:
         got = [tf.extractfile(m).read() for m in tf.getmembers() if m.name.endswith(".jpg")]
     assert got == [blobs[j] for i in range(len(pack_ids)) for j in range(len(blobs))[i::2]]
+    first = json.loads(tarfile.open(tmp_path / "out.tar").extractfile(f"{pack_ids[0]}.json").read())
+    assert first["samples"][0]["source"] == {"caption": "x" * (1 << 20)}

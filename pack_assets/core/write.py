@@ -150,13 +150,14 @@ def _write_all(fd: int, bufs: list) -> None:
 
 
 def _read_sub(sub: SubSample, sources: _Sources) -> tuple[bytes | None, list]:
-    """The record's bytes and each media/extra member's bytes (None for a member of _SMALL or more: copied in
-    kernel when written). The small members of a sample usually follow each other in its source tar, so they
+    """The record's bytes and each media/extra member's bytes (None for a media or extra member of _SMALL or
+    more: copied in kernel when written). The small members of a sample usually follow each other in its source tar, so they
     are sliced out of one pread of their span; members far apart are read one by one."""
     f = sources.get(sub.source_path)
     fd = f.fileno()
     members = sub.media + sub.extra
-    small = [m for m in ([sub.json_member] if sub.json_member else []) + members if m["size"] < _SMALL]
+    # the record is always read (its text goes into the pack's JSON), media of _SMALL or more are copied later
+    small = ([sub.json_member] if sub.json_member else []) + [m for m in members if m["size"] < _SMALL]
     got: dict[int, bytes | memoryview] = {}
     if len(small) > 1:
         lo = min(m["offset"] for m in small)
