@@ -2,13 +2,19 @@
 
     python bench/bench_stages.py --shards 4 --per-shard 5000 --image-kb 100 --out bench/out
 
-Prints a JSON line per figure; docs/benchmarks.md records the numbers. Warm page cache throughout.
+Prints the figures as JSON and writes them to bench/results/stages-<shards>x<per-shard>-<kb>k-<images>i.json
+(--results); docs/benchmarks.md takes its numbers from there. Warm page cache throughout. The hashing
+baselines: `sha256sum` (coreutils; on some machines a build without SHA extensions, several times slower),
+Python's hashlib and `openssl dgst -sha256` on the same files.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
+import shlex
 import shutil
 import sys
 import time
@@ -40,6 +46,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/out")
     ap.add_argument("--max-len", type=int, default=16384)
     ap.add_argument("--images", type=int, default=1, help="images per sample")
+    ap.add_argument("--results", help="default: bench/results/stages-<shards>x<per-shard>-<kb>k-<images>i.json")
     args = ap.parse_args()
     out = Path(args.out)
     inp = out / f"shards-{args.shards}x{args.per_shard}-{args.image_kb}k-{args.images}i"
@@ -52,6 +59,15 @@ def main() -> None:
     timed(["cat", *files], shell=False)  # warm the cache
     res["cat_s"] = timed("cat " + " ".join(files) + " > /dev/null", shell=True)
     res["sha256sum_s"] = timed(["sha256sum", *files])
+    t0 = time.perf_counter()
+    for f in files:
+        h = hashlib.sha256()
+        with open(f, "rb", buffering=0) as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+    res["hashlib_s"] = time.perf_counter() - t0
+    if shutil.which("openssl"):
+        res["openssl_s"] = timed(["openssl", "dgst", "-sha256", *files])
 
     work = out / "work"
     shutil.rmtree(work, ignore_errors=True)
@@ -65,6 +81,7 @@ def main() -> None:
         run_manifest(inp, out / "work-nohash", s, ScanOptions(hash_members=False), force=True)
     res["manifest_nohash_s"] = time.perf_counter() - t0
     res["manifest_hash_vs_sha256sum"] = res["sha256sum_s"] / res["manifest_hash_s"]
+    res["manifest_hash_vs_hashlib"] = res["hashlib_s"] / res["manifest_hash_s"]
     res["manifest_nohash_members_per_s"] = members / res["manifest_nohash_s"]
 
     profile = load_profile("qwen3-vl")
@@ -90,14 +107,24 @@ def main() -> None:
     shutil.rmtree(cp_dest, ignore_errors=True)
     cp_dest.mkdir()
     res["cp_s"] = timed(["cp", *files, str(cp_dest)])
+    shutil.rmtree(cp_dest, ignore_errors=True)
+    cp_dest.mkdir()
+    res["cp_sync_s"] = timed(f"cp {shlex.join(files)} {shlex.quote(str(cp_dest))} && sync -f {shlex.quote(str(cp_dest))}",
+                             shell=True)  # the writer fsyncs
     res["write_vs_cp"] = (w.bytes / res["write_s"]) / (total_bytes / res["cp_s"])
+    res["write_vs_cp_sync"] = (w.bytes / res["write_s"]) / (total_bytes / res["cp_sync_s"])
     shutil.rmtree(cp_dest, ignore_errors=True)
 
     t0 = time.perf_counter()
     result = run_audit(work, dest)
     res["audit_s"] = time.perf_counter() - t0
     res["audit_ok"] = result.ok
-    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}, indent=1))
+    res["date"], res["load_avg_at_end"] = time.strftime("%Y-%m-%d"), os.getloadavg()
+    text = json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}, indent=1)
+    print(text)
+    path = Path(args.results or f"bench/results/stages-{args.shards}x{args.per_shard}-{args.image_kb}k-{args.images}i.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
 
 
 if __name__ == "__main__":

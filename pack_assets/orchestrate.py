@@ -24,10 +24,11 @@ from .defs.assets import audit_report, manifest, pack_plan, packed_shards, token
 from .defs.partitions import source_shards
 from .defs.resources import PackSettings, summary_io_manager
 from .progress import ShardProgress
-from .runenv import default_jobs, ensure_dagster_yaml
+from .runenv import default_jobs, ensure_dagster_yaml, relax_event_log_sync
 
 
 def instance_for(dagster_home: Path) -> dg.DagsterInstance:
+    relax_event_log_sync()
     home = dagster_home.resolve()
     ensure_dagster_yaml(home)  # without one Dagster warns on every instance load and shows its telemetry banner
     os.environ["DAGSTER_HOME"] = str(home)  # dagster requires an absolute DAGSTER_HOME
@@ -68,6 +69,7 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 def _worker_init(dagster_home: str) -> None:
     os.environ["DAGSTER_HOME"] = dagster_home
+    relax_event_log_sync()
 
 
 def _resources(settings: Settings) -> dict:

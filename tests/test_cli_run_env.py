@@ -139,3 +139,23 @@ def test_progress_bar_only_on_a_terminal():
         for i in range(50):
             p.update(f"part-{i}", 10)
     assert len(logged) == MAX_LINES
+
+
+def test_the_cli_event_log_commits_without_an_fsync_each_in_wal_mode_only(tmp_path):
+    # a fresh interpreter: the listener is process-wide, as it is in a `pack-assets run`
+    code = f"""
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+from pack_assets.runenv import relax_event_log_sync
+relax_event_log_sync(); relax_event_log_sync()  # once is enough; twice is harmless
+def sync(name, wal):
+    engine = sa.create_engine("sqlite:///{tmp_path}/" + name, poolclass=NullPool)
+    if wal:
+        with engine.connect() as c:
+            c.execute(sa.text("PRAGMA journal_mode=WAL"))
+    with engine.connect() as c:  # a new connection, as Dagster makes one per event
+        return c.execute(sa.text("PRAGMA synchronous")).scalar()
+print(sync("wal.db", True), sync("journal.db", False))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "2"]  # NORMAL in WAL mode; a rollback-journal database keeps FULL

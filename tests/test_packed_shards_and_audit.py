@@ -399,3 +399,76 @@ def test_incremental_run_keeps_existing_output_shards_and_adds_new_ones(tmp_path
     # a changed packing setting falls back to a full replan
     s = run_plan(work, first + ["part-002"], PlanConfig(max_len=1400, incremental=True), PROFILE)
     assert s.planning.startswith("full plan: packing settings changed")
+
+
+def _dict_document(job, context, records) -> bytes:
+    """The pack document as the writer built it before conversations were spliced in: a dict, json.dumps."""
+    samples, refs = [], []
+    for i, (sub, raw) in enumerate(zip(job.subs, records)):
+        media = [{**m, "output_name": tario.media_name(job.pack_id, i, j, m["name"])} for j, m in enumerate(sub.media)]
+        extra = [{**m, "output_name": tario.extra_name(job.pack_id, i, j, m["name"])} for j, m in enumerate(sub.extra)]
+        source = None
+        if sub.json_member is not None:
+            text = bytes(raw).decode("utf-8")
+            source = json.loads(text) if sub.json_member["name"].endswith(".json") else text
+        entry = {"sample_id": sub.sample_id, "token_len": sub.token_len,
+                 "messages": sub.messages if sub.messages is not None else json.loads(sub.messages_json),
+                 "media": [m["output_name"].split(".", 1)[1] for m in media], "source": source}
+        if sub.extra:
+            entry["extra"] = [m["output_name"].split(".", 1)[1] for m in extra]
+        samples.append(entry)
+        refs.append(SourceRef(sub.sample_id, sub.shard, sub.key, sub.json_member, media, extra))
+    meta = PackMeta(job.pack_id, job.media_type, [s.sample_id for s in job.subs], [s.token_len for s in job.subs],
+                    job.total_token_len, refs, context)
+    doc = {"pack_id": job.pack_id, "media_type": job.media_type, "samples": samples, "_meta": meta.as_dict()}
+    return json.dumps(doc, ensure_ascii=False).encode("utf-8")
+
+
+def test_spliced_pack_document_is_byte_identical_to_dumping_the_dict():
+    from pack_assets.core.write import PackJob, SubSample, member_key, pack_document
+
+    messages = [{"role": "system", "content": [{"type": "text", "text": 'quote " back\\slash \u2028 ü 😀 \x01'}]},
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x", "w": 1.5e-7}]}]
+    member = lambda name, off, sha: {"name": name, "offset": off, "size": 7, "sha256": sha}  # noqa: E731
+    subs = [
+        SubSample('a/"k"', "s", 'a/"k"', "/x", 12, None, member("k.json", 0, "ab"), [member("k.jpg", 512, None)],
+                  extra=[member('k.ü"x', 1024, "cd")], conversation_sha256="c", messages_json=json.dumps(messages, ensure_ascii=False)),
+        SubSample("b", "s", "b", "/x", 3, messages, member("b.txt", 2048, "ef"), [], messages_json=None),
+        SubSample("c", "s", "c", "/x", 0, [], None, [member("c.png", 4096, "01")]),
+    ]
+    records = [json.dumps({"conversations": [{"from": "human", "value": "é\n"}], "n": [1, 2.5]}).encode(),
+               "plain caption ü".encode(), None]
+    job = PackJob("p0001", "image", 15, subs)
+    context = {"profile": "qwen3-vl", "max_len": 100, "tool": "pack_assets", "shard_fingerprint": "ff"}
+    body, media = pack_document(job, context, records)
+    assert body == _dict_document(job, context, records)
+    assert [name for name, _, _ in media] == ["p0001.s000_00.jpg", "p0001.s000_x00.ü\"x", "p0001.s002_00.png"]
+    for m in [subs[0].json_member, *subs[0].media, *subs[0].extra, {"name": 5, "offset": 1.0, "size": 2, "sha256": 3}]:
+        assert member_key(m) == json.dumps([m["name"], m["offset"], m["size"], m["sha256"]], ensure_ascii=False)
+
+
+@pytest.mark.parametrize("pack_ids", [["p00000001", "p00000002"], ["p.1", "dir/p2", "__p3__"]])
+def test_energon_index_kept_while_writing_equals_reading_the_shard_back(tmp_path, pack_ids):
+    from pack_assets.core.write import PackJob, ShardJob, SubSample, _sample_index, write_shard
+
+    src = tmp_path / "src.bin"
+    blobs = [os.urandom(n) for n in (10, 700, 5000, 1 << 20)]  # the last one is copied in kernel
+    src.write_bytes(b"".join(blobs))
+    refs, off = [], 0
+    for i, b in enumerate(blobs):
+        refs.append({"name": f"k.{i}.jpg", "offset": off, "size": len(b), "sha256": None})
+        off += len(b)
+    record = json.dumps({"caption": "x" * (1 << 20)}).encode()  # a record of over 1 MiB is read, not copied
+    with open(src, "ab") as f:
+        f.write(record)
+    rec = {"name": "k.json", "offset": off, "size": len(record), "sha256": None}
+    packs = [PackJob(pid, "image", 5, [SubSample(f"s{i}", "s", f"k{i}", str(src), 5, [], rec if i == 0 else None,
+                                                 refs[i::2])])
+             for i, pid in enumerate(pack_ids)]
+    result = write_shard(str(tmp_path), ShardJob("out.tar", packs), {"profile": "x"})
+    assert result["index"] == _sample_index(tmp_path / "out.tar")
+    with tarfile.open(tmp_path / "out.tar") as tf:
+        got = [tf.extractfile(m).read() for m in tf.getmembers() if m.name.endswith(".jpg")]
+    assert got == [blobs[j] for i in range(len(pack_ids)) for j in range(len(blobs))[i::2]]
+    first = json.loads(tarfile.open(tmp_path / "out.tar").extractfile(f"{pack_ids[0]}.json").read())
+    assert first["samples"][0]["source"] == {"caption": "x" * (1 << 20)}

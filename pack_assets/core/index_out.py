@@ -32,7 +32,8 @@ from .plan import PlanInfo
 from .safety import check_paths, mkstemp
 from .tario import BLOCK, RECORD, first_pack_meta, member_header, padding
 from .write import (PackJob, ShardFingerprint, ShardJob, SourceChanged, WriteSummary, _Sources, check_sources,
-                    current_shards, pack_document, shard_job, write_context, write_energon_meta, write_wids_index)
+                    current_shards, pack_document, read_record, shard_job, write_context, write_energon_meta,
+                    write_wids_index)
 
 INDEX_FILE = "pack_index.json"  # top level: input root (or roots), output shards, every source's stamp
 INDEX_PART = "index.json"  # per pack: `<pack>.index.json`
@@ -108,9 +109,9 @@ def _stamp(sub) -> dict:
     return {"size": int(size) if size else None, "mtime_ns": int(mtime) if mtime else None}
 
 
-def index_document(job: PackJob, context: dict, sources: _Sources, root: Root) -> tuple[dict, dict]:
+def index_document(job: PackJob, context: dict, sources: _Sources, root: Root) -> tuple[bytes, dict]:
     """The pack's JSON (as copy mode writes it) and its byte-range index."""
-    doc, media = pack_document(job, context, sources)
+    doc, media = pack_document(job, context, [read_record(sub, sources) for sub in job.subs])
     stamps, parts = {}, {}
     for out_name, sub, m in media:
         rel = f"{sub.shard}.tar"
@@ -125,8 +126,7 @@ def shard_fingerprint(job: ShardJob, context: dict, root: Root) -> str:
     for p in job.packs:
         fp.pack(p.pack_id, p.media_type, p.total_token_len)
         for sub in p.subs:
-            conv = sub.conversation_sha256 or hashlib.sha256(
-                json.dumps(sub.messages, ensure_ascii=False).encode()).hexdigest()
+            conv = sub.conversation_sha256 or hashlib.sha256(sub.messages_text().encode()).hexdigest()
             fp.sub(sub.sample_id, sub.token_len, conv, sub.json_member, sub.media, sub.extra, sub.source_stamp)
     return fp.hexdigest()
 
@@ -152,7 +152,7 @@ def write_index_shard(out_dir: Path, job: ShardJob, context: dict, root: Root) -
             for pack in job.packs:
                 doc, index = index_document(pack, context, sources, root)
                 # the record first: first_pack_meta, Energon and the reader find `_meta` where copy mode has it
-                _member(out, f"{pack.pack_id}.json", json.dumps(doc, ensure_ascii=False).encode("utf-8"))
+                _member(out, f"{pack.pack_id}.json", doc)
                 _member(out, f"{pack.pack_id}.{INDEX_PART}", json.dumps(index, ensure_ascii=False).encode("utf-8"))
             out.write(b"\0" * (2 * BLOCK))
             out.write(b"\0" * (-out.tell() % RECORD))

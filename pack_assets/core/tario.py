@@ -366,15 +366,19 @@ def _ustar_template() -> bytes:
 _USTAR_TEMPLATE = _ustar_template()
 
 
+_TEMPLATE_SUM = sum(_USTAR_TEMPLATE)  # name and size fields are zero in the template: they add their own bytes
+_T_MODE_TO_SIZE, _T_MTIME_TO_CHK, _T_AFTER_CHK = _USTAR_TEMPLATE[100:124], _USTAR_TEMPLATE[136:148], _USTAR_TEMPLATE[156:]
+
+
 def member_header(name: str, size: int) -> bytes:
     """The tar header of a regular member with fixed fields (what tarfile writes, built directly for the
-    common short ASCII name; tests check the bytes against tarfile)."""
+    common short ASCII name; tests check the bytes against tarfile). The checksum is the template's plus the
+    name's and the size field's bytes, so the 512 bytes are not summed per member."""
     if len(name) < 100 and name.isascii() and size < 8**11:
-        buf = bytearray(_USTAR_TEMPLATE)
-        buf[0:len(name)] = name.encode("ascii")
-        buf[124:136] = b"%011o\0" % size
-        buf[148:156] = b"%06o\0 " % sum(buf)
-        return bytes(buf)
+        raw = name.encode("ascii")
+        size_field = b"%011o\0" % size
+        chk = b"%06o\0 " % (_TEMPLATE_SUM + sum(raw) + sum(size_field))
+        return b"".join((raw, bytes(100 - len(raw)), _T_MODE_TO_SIZE, size_field, _T_MTIME_TO_CHK, chk, _T_AFTER_CHK))
     return _tarfile_header(name, size)
 
 

@@ -24,7 +24,7 @@ from .plan import PlanInfo, config_fingerprint
 from .records import PackMeta, SourceRef
 from .results import FilePath
 from .safety import check_paths, mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
-from .tario import (BLOCK, RECORD, extra_name, first_pack_meta, group_by_key, iter_entries, media_name,
+from .tario import (BLOCK, RECORD, Entry, extra_name, first_pack_meta, group_by_key, iter_entries, media_name,
                     member_header, padding, split_key)
 
 NV_META = ".nv-meta"
@@ -38,12 +38,18 @@ class SubSample:
     key: str
     source_path: str
     token_len: int
-    messages: list
+    messages: list | None  # None when messages_json holds them
     json_member: dict | None  # {"name", "offset", "size", "sha256"}
     media: list[dict]  # [{"name", "offset", "size", "sha256"}] in media order
     extra: list[dict] = field(default_factory=list)  # members neither the record nor media, same fields
     conversation_sha256: str | None = None  # of the manifest's normalized conversation text
     source_stamp: str | None = None  # "size:mtime_ns" of the source shard as scanned
+    # the manifest's conversation text (json.dumps(messages, ensure_ascii=False), as the scan stored it): spliced
+    # into the pack document as is, the same bytes as dumping ``messages`` again, without parsing it first
+    messages_json: str | None = None
+
+    def messages_text(self) -> str:
+        return self.messages_json if self.messages_json is not None else _dumps(self.messages)
 
 
 @dataclass
@@ -89,39 +95,108 @@ def _prefetch(job: ShardJob, sources: _Sources) -> None:
         return
     ranges = sorted({(sub.source_path, m["offset"], m["size"]) for p in job.packs for sub in p.subs
                      for m in ([sub.json_member] if sub.json_member else []) + sub.media + sub.extra})
+    merged: list[list] = []  # members that lie together (a sample's, consecutive samples') in one call
     for path, offset, size in ranges:
+        last = merged[-1] if merged else None
+        if last and last[0] == path and offset <= last[2] + 8 * BLOCK:  # tar headers and padding between
+            last[2] = max(last[2], offset + size)
+        else:
+            merged.append([path, offset, offset + size])
+    for path, lo, hi in merged:
         try:
-            os.posix_fadvise(sources.get(path).fileno(), offset, size, os.POSIX_FADV_WILLNEED)
+            os.posix_fadvise(sources.get(path).fileno(), lo, hi - lo, os.POSIX_FADV_WILLNEED)
         except OSError:
             return
 
 
-def _read(f, offset: int, size: int) -> bytes:
-    return os.pread(f.fileno(), size, offset)
+_dumps = functools.partial(json.dumps, ensure_ascii=False)
+# a sample's small members are read with one pread of their span when the gaps between them (tar headers and
+# padding, typically 1 KB per member) stay under this: a 16 KB image then costs one slice, not one syscall
+_SPAN_GAP = 64 << 10
+_IOV_MAX = 1024  # buffers per os.writev call (Linux IOV_MAX)
 
 
-def _copy(src, offset: int, size: int, dst) -> None:
-    """Kernel-side copy where the platform has it; plain reads otherwise."""
+def _copy(src_fd: int, offset: int, size: int, dst_fd: int) -> None:
+    """Kernel-side copy where the platform has it; plain reads otherwise (appends at dst_fd's position)."""
     left, pos = size, offset
     while left:
         try:
-            n = os.copy_file_range(src.fileno(), dst.fileno(), left, pos)
+            n = os.copy_file_range(src_fd, dst_fd, left, pos)
         except (AttributeError, OSError):
             n = 0
         if n <= 0:
-            chunk = os.pread(src.fileno(), min(left, 1 << 22), pos)
+            chunk = os.pread(src_fd, min(left, 1 << 22), pos)
             if not chunk:
                 raise OSError(f"source ended {left} bytes early at offset {pos}")
-            dst.write(chunk)
+            _write_all(dst_fd, [chunk])
             n = len(chunk)
         left -= n
         pos += n
 
 
-def pack_document(job: PackJob, context: dict, sources: _Sources) -> tuple[dict, list[tuple[str, SubSample, dict]]]:
-    """The pack's JSON (conversations + ``_meta``) and its media members in output order."""
+def _write_all(fd: int, bufs: list) -> None:
+    """os.writev until every buffer is written (a short write resumes inside the buffer it stopped in)."""
+    i = 0
+    while i < len(bufs):
+        batch = bufs[i:i + _IOV_MAX]
+        n = os.writev(fd, batch)
+        for b in batch:
+            if n >= len(b):
+                n -= len(b)
+                i += 1
+            else:
+                bufs[i] = memoryview(b)[n:]
+                break
+
+
+def read_record(sub: SubSample, sources: _Sources) -> bytes | None:
+    """The sample's record member alone (index mode: its text goes into the pack's JSON, the media stay put)."""
+    m = sub.json_member
+    if m is None:
+        return None
+    data = os.pread(sources.get(sub.source_path).fileno(), m["size"], m["offset"])
+    if len(data) != m["size"]:
+        raise OSError(f"{sub.source_path}: {m['name']} ends early ({len(data)} of {m['size']} bytes)")
+    return data
+
+
+def _read_sub(sub: SubSample, sources: _Sources) -> tuple[bytes | None, list]:
+    """The record's bytes and each media/extra member's bytes (None for a media or extra member of _SMALL or
+    more: copied in kernel when written). The small members of a sample usually follow each other in its source tar, so they
+    are sliced out of one pread of their span; members far apart are read one by one."""
+    f = sources.get(sub.source_path)
+    fd = f.fileno()
+    members = sub.media + sub.extra
+    # the record is always read (its text goes into the pack's JSON), media of _SMALL or more are copied later
+    small = ([sub.json_member] if sub.json_member else []) + [m for m in members if m["size"] < _SMALL]
+    got: dict[int, bytes | memoryview] = {}
+    if len(small) > 1:
+        lo = min(m["offset"] for m in small)
+        hi = max(m["offset"] + m["size"] for m in small)
+        if hi - lo <= sum(m["size"] for m in small) + _SPAN_GAP:
+            buf = os.pread(fd, hi - lo, lo)
+            if len(buf) != hi - lo:
+                raise OSError(f"{sub.source_path}: sample {sub.key} ends early ({len(buf)} of {hi - lo} bytes "
+                              f"at offset {lo})")
+            view = memoryview(buf)
+            got = {id(m): view[m["offset"] - lo:m["offset"] - lo + m["size"]] for m in small}
+    for m in small:
+        if id(m) not in got:
+            data = os.pread(fd, m["size"], m["offset"])
+            if len(data) != m["size"]:
+                raise OSError(f"{sub.source_path}: {m['name']} ends early ({len(data)} of {m['size']} bytes)")
+            got[id(m)] = data
+    return (got[id(sub.json_member)] if sub.json_member else None), [got.get(id(m)) for m in members]
+
+
+def pack_document(job: PackJob, context: dict, records: list) -> tuple[bytes, list[tuple[str, SubSample, dict]]]:
+    """The pack's JSON (conversations + ``_meta``) as bytes and its media members in output order.
+    ``records``: each sub-sample's record member bytes (None without one). The text is the bytes
+    ``json.dumps(doc, ensure_ascii=False)`` gives for the document dict, built piece by piece so that each
+    conversation, already JSON in the manifest, is spliced in instead of parsed and dumped again (a test
+    checks the bytes against json.dumps)."""
     samples, refs, media_out = [], [], []
-    for i, sub in enumerate(job.subs):
+    for i, (sub, raw) in enumerate(zip(job.subs, records)):
         names = []
         src_media = []
         for j, m in enumerate(sub.media):
@@ -137,25 +212,34 @@ def pack_document(job: PackJob, context: dict, sources: _Sources) -> tuple[dict,
             src_extra.append({**m, "output_name": out_name})
         source = None
         if sub.json_member is not None:
-            raw = _read(sources.get(sub.source_path), sub.json_member["offset"], sub.json_member["size"])
-            text = raw.decode("utf-8")
+            text = str(raw, "utf-8")
             source = json.loads(text) if sub.json_member["name"].endswith(".json") else text
-        entry = {"sample_id": sub.sample_id, "token_len": sub.token_len, "messages": sub.messages,
-                 "media": names, "source": source}
-        if sub.extra:  # only when present, so packs without extras keep their bytes
-            entry["extra"] = extra_names
-        samples.append(entry)
+        # key order as the dict {"sample_id", "token_len", "messages", "media", "source"[, "extra"]} dumps
+        samples.append(f'{{"sample_id": {_dumps(sub.sample_id)}, "token_len": {_dumps(sub.token_len)}, '
+                       f'"messages": {sub.messages_text()}, "media": {_dumps(names)}, "source": {_dumps(source)}'
+                       + (f', "extra": {_dumps(extra_names)}}}' if sub.extra else "}"))  # only when present
         refs.append(SourceRef(sub.sample_id, sub.shard, sub.key, sub.json_member, src_media, src_extra))
     meta = PackMeta(job.pack_id, job.media_type, [s.sample_id for s in job.subs], [s.token_len for s in job.subs],
                     job.total_token_len, refs, context)
-    doc = {"pack_id": job.pack_id, "media_type": job.media_type, "samples": samples, "_meta": meta.as_dict()}
-    return doc, media_out
+    body = (f'{{"pack_id": {_dumps(job.pack_id)}, "media_type": {_dumps(job.media_type)}, '
+            f'"samples": [{", ".join(samples)}], "_meta": {_dumps(meta.as_dict())}}}')
+    return body.encode("utf-8"), media_out
+
+
+_encode_str = json.encoder.encode_basestring  # a str as JSON, ensure_ascii=False (json's C encoder)
 
 
 def member_key(m: dict | None) -> str:
     """A source member as the fingerprint sees it: name (the output name's extension), place and content
     (sha256; None when not hashed, then the place stands in for it)."""
-    return "-" if m is None else json.dumps([m["name"], m["offset"], m["size"], m["sha256"]], ensure_ascii=False)
+    if m is None:
+        return "-"
+    # == json.dumps([name, offset, size, sha256], ensure_ascii=False), built directly: this runs per member
+    sha = m["sha256"]
+    if type(m["offset"]) is int and type(m["size"]) is int and (sha is None or type(sha) is str):
+        return (f'[{_encode_str(m["name"])}, {m["offset"]}, {m["size"]}, '
+                f'{"null" if sha is None else _encode_str(sha)}]')
+    return _dumps([m["name"], m["offset"], m["size"], sha])
 
 
 class ShardFingerprint:
@@ -191,8 +275,7 @@ def shard_fingerprint(job: ShardJob, context: dict) -> str:
     for p in job.packs:
         fp.pack(p.pack_id, p.media_type, p.total_token_len)
         for sub in p.subs:
-            conv = sub.conversation_sha256 or hashlib.sha256(
-                json.dumps(sub.messages, ensure_ascii=False).encode()).hexdigest()
+            conv = sub.conversation_sha256 or hashlib.sha256(sub.messages_text().encode()).hexdigest()
             fp.sub(sub.sample_id, sub.token_len, conv, sub.json_member, sub.media, sub.extra, sub.source_stamp)
     return fp.hexdigest()
 
@@ -214,43 +297,77 @@ def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -
     sources = _Sources()
     _prefetch(job, sources)
     fd, tmp = mkstemp(prefix=f".{job.name}.tmp-", dir=out_dir)
-    written = 0
+    # the Energon index of the finished file, kept as it is written instead of read back: per pack (one
+    # WebDataset sample when its id is a plain key) its place and its members' data; other ids go through
+    # the reader's own grouping of the entries a reader would see
+    plain = all(_plain_key(p.pack_id) for p in job.packs)
+    samples: list[tuple[str, int, int]] = []
+    parts: list[tuple[int, str, int, int]] = []
+    entries: list[Entry] = []
+    pos = 0  # bytes written so far
     try:
-        with os.fdopen(fd, "wb") as out:
-            for pack in job.packs:
-                doc, media = pack_document(pack, context, sources)
-                body = json.dumps(doc, ensure_ascii=False, sort_keys=False).encode("utf-8")
-                out.write(member_header(f"{pack.pack_id}.json", len(body)))
-                out.write(body)
-                out.write(padding(len(body)))
-                for out_name, sub, m in media:
-                    out.write(member_header(out_name, m["size"]))
-                    src = sources.get(sub.source_path)
-                    if m["size"] < _SMALL:
-                        data = os.pread(src.fileno(), m["size"], m["offset"])
-                        if len(data) != m["size"]:
-                            raise OSError(f"{sub.source_path}: {m['name']} ends early ({len(data)} of {m['size']} bytes)")
-                        out.write(data)
-                    else:
-                        out.flush()
-                        _copy(src, m["offset"], m["size"], out)
-                    out.write(padding(m["size"]))
-            out.write(b"\0" * (2 * BLOCK))
-            out.flush()
-            end = out.tell()
-            out.write(b"\0" * (-end % RECORD))
-            out.flush()
-            os.fsync(out.fileno())
-            written = out.tell()
+        pending: list = []  # buffers not yet written: one os.writev per pack instead of three writes per member
+        for pack in job.packs:
+            start, cut, k = pos, len(pack.pack_id) + 1, len(samples)
+            records, data = [], []
+            for sub in pack.subs:
+                rec, views = _read_sub(sub, sources)
+                records.append(rec)
+                data += views
+            body, media = pack_document(pack, context, records)
+            name = f"{pack.pack_id}.json"
+            header = member_header(name, len(body))
+            if plain:
+                parts.append((k, "json", pos + len(header), len(body)))
+            else:
+                entries.append(Entry(name, pos + len(header), len(body), "file", header=pos))
+            pending += [header, body, padding(len(body))]
+            pos += len(header) + len(body) + (-len(body) % BLOCK)
+            for (out_name, sub, m), view in zip(media, data):
+                header = member_header(out_name, m["size"])
+                if plain:
+                    parts.append((k, out_name[cut:], pos + len(header), m["size"]))
+                else:
+                    entries.append(Entry(out_name, pos + len(header), m["size"], "file", header=pos))
+                if view is None:  # large: copied in kernel after what is pending
+                    pending.append(header)
+                    _write_all(fd, pending)
+                    pending = []
+                    _copy(sources.get(sub.source_path).fileno(), m["offset"], m["size"], fd)
+                    pending.append(padding(m["size"]))
+                else:
+                    pending += [header, view, padding(m["size"])]
+                pos += len(header) + m["size"] + (-m["size"] % BLOCK)
+            _write_all(fd, pending)
+            pending = []
+            samples.append((pack.pack_id, start, pos - start))
+        end = pos
+        tail = 2 * BLOCK
+        tail += -(end + tail) % RECORD
+        _write_all(fd, [bytes(tail)])
+        os.fsync(fd)
+        written = end + tail
+        os.close(fd)
+        fd = -1
         os.replace(tmp, final)
     except BaseException:
+        if fd >= 0:
+            os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
     finally:
         sources.close()
     return {"shard": job.name, "skipped": False, "bytes": written, "packs": len(job.packs),
-            "samples": sum(len(p.subs) for p in job.packs), "seconds": time.perf_counter() - t0}
+            "samples": sum(len(p.subs) for p in job.packs), "seconds": time.perf_counter() - t0,
+            "index": (samples, parts, end) if plain else _index(entries, end)}
+
+
+def _plain_key(pack_id: str) -> bool:
+    """Whether every member `{pack_id}.{part}` has the key pack_id by the WebDataset rule (no dot, no
+    folder) and is no __meta__ member."""
+    return bool(pack_id) and "." not in pack_id and "/" not in pack_id and not (
+        pack_id.startswith("__") and pack_id.endswith("__"))
 
 
 def _write_shard_star(args):
@@ -286,7 +403,8 @@ def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, wo
                 if progress:
                     progress(r, len(results), total)
     keep = {r["shard"] for r in results}
-    counts = write_energon_meta(out_dir, sorted(keep), plan_fingerprint or context["config_fingerprint"])
+    indexes = {r["shard"]: r.pop("index") for r in results if "index" in r}
+    counts = write_energon_meta(out_dir, sorted(keep), plan_fingerprint or context["config_fingerprint"], indexes)
     write_wids_index(out_dir, counts)
     owned.finish(out_dir, planned, before)  # only recorded files of an earlier plan are deleted
     for r in results:
@@ -298,13 +416,21 @@ def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, wo
 ENERGON_FORMAT = "7.4.1"  # the megatron-energon release whose `energon prepare` output this matches (tested)
 
 
-def _sample_index(path: Path) -> tuple[list[tuple[str, int, int]], list[tuple[int, str, int, int]], int]:
-    """(key, header offset, size) per sample, (sample index, part, data offset, size) per member, end offset."""
+Index = tuple[list[tuple[str, int, int]], list[tuple[int, str, int, int]], int]
+
+
+def _sample_index(path: Path) -> Index:
+    """The index of a shard on disk (one the writer did not just write), read back from its tar headers."""
     trailer: list[int] = []
-    samples, parts = [], []
     with open(path, "rb") as f:
-        groups = list(group_by_key(iter_entries(f, path.stat().st_size, trailer)))
-    end = trailer[0] if trailer else path.stat().st_size
+        entries = list(iter_entries(f, path.stat().st_size, trailer))
+    return _index(entries, trailer[0] if trailer else path.stat().st_size)
+
+
+def _index(entries: list[Entry], end: int) -> Index:
+    """(key, header offset, size) per sample, (sample index, part, data offset, size) per member, end offset."""
+    samples, parts = [], []
+    groups = list(group_by_key(entries))
     for i, (key, entries) in enumerate(groups):
         start = entries[0].header
         stop = groups[i + 1][1][0].header if i + 1 < len(groups) else end
@@ -313,9 +439,11 @@ def _sample_index(path: Path) -> tuple[list[tuple[str, int, int]], list[tuple[in
     return samples, parts, end
 
 
-def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str) -> dict[str, int]:
+def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str,
+                       indexes: dict[str, Index] | None = None) -> dict[str, int]:
     """`.nv-meta/` as `energon prepare` writes it (dataset.yaml, split.yaml, .info.json, index.sqlite,
-    index.uuid) plus each shard's `.tar.idx`, so Megatron-Energon loads the output as it is."""
+    index.uuid) plus each shard's `.tar.idx`, so Megatron-Energon loads the output as it is. ``indexes``: the
+    shards this run wrote, indexed as they were written; the others are read back."""
     import sqlite3
     import struct
     import uuid
@@ -334,7 +462,7 @@ def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str) 
     db.execute("CREATE TABLE sample_parts (tar_file_id INTEGER, sample_index INTEGER, part_name TEXT, "
                "content_byte_offset INTEGER, content_byte_size INTEGER)")
     for tar_id, name in enumerate(names):
-        samples, parts, end = _sample_index(out_dir / name)
+        samples, parts, end = (indexes or {}).get(name) or _sample_index(out_dir / name)
         counts[name] = len(samples)
         db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?)",
                        [(tar_id, k, i, off, size) for i, (k, off, size) in enumerate(samples)])
@@ -426,7 +554,7 @@ def shard_job(con, input_root: Path, name: str) -> ShardJob:
     for pack_id, sid, shard, key, json_member, media_members, conv, tokens, extra_members, conv_sha, stamp in subs_rows:
         subs.setdefault(pack_id, []).append(SubSample(
             sample_id=sid, shard=shard, key=key, source_path=str(store.source_tar(input_root, shard)), token_len=tokens,
-            messages=json.loads(conv), json_member=members.get((sid, json_member)) if json_member else None,
+            messages=None, messages_json=conv, json_member=members.get((sid, json_member)) if json_member else None,
             media=[members[(sid, n)] for n in media_members or []],
             extra=[members[(sid, n)] for n in extra_members or []], conversation_sha256=conv_sha, source_stamp=stamp,
         ))

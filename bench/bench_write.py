@@ -1,0 +1,140 @@
+"""The writer on small members next to `cp` of the same bytes, this code against a baseline copy of the code.
+
+    git archive <commit before> pack_assets | tar -x -C /tmp/base
+    python bench/bench_write.py --baseline-src /tmp/base --repeats 5
+
+One set (default: 2 shards x 5,000 samples, 4 images of 16 KB each: 50,000 members, 0.7 GB), scanned,
+counted and planned once (max_len 16,384, Qwen3-VL). Then, in rounds, each in a fresh process: `run_write`
+of this code, `run_write` of the baseline code (each into an emptied output folder, one writer process:
+`workers=1`), `cp` of the source shards, and `cp` + `sync` of them. Wall and CPU seconds of the writer are
+measured inside its process around `run_write` (the DuckDB reads, Energon index and every fsync included;
+imports not); `cp` from outside. Ratios are taken round by round (MB/s of the writer over MB/s of `cp`), so
+drift on a shared machine does not favour one side. Writes bench/results/write.json (--results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, make_shards  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+WRITE = """
+import json, shutil, sys, time
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from pack_assets.core.write import run_write
+out = Path(sys.argv[4])
+shutil.rmtree(out, ignore_errors=True)
+t, c = time.perf_counter(), time.process_time()
+w = run_write(Path(sys.argv[3]), Path(sys.argv[2]), out, workers=1)
+print(json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": time.process_time() - c, "bytes": w.bytes}))
+"""
+
+
+def prepare(inp: Path, work: Path, max_len: int) -> None:
+    from pack_assets.core import store
+    from pack_assets.core.plan import PlanConfig, run_plan
+    from pack_assets.core.profiles import load_profile
+    from pack_assets.core.scan import ScanOptions, run_manifest
+    from pack_assets.core.tokens import run_token_lengths
+
+    shutil.rmtree(work, ignore_errors=True)
+    shards = list(store.find_shards(inp))
+    profile = load_profile("qwen3-vl")
+    for s in shards:
+        run_manifest(inp, work, s, ScanOptions(hash_members=True), force=True)
+        run_token_lengths(work, s, profile, force=True)
+    run_plan(work, shards, PlanConfig(max_len=max_len), profile)
+
+
+def write_once(src: Path, inp: Path, work: Path, out: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-c", WRITE, str(src), str(inp), str(work), str(out)],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(proc.stderr[-4000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def cp_once(files: list[str], dest: Path, sync: bool) -> float:
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    t0 = time.perf_counter()
+    subprocess.run(["cp", *files, str(dest)], check=True)
+    if sync:
+        subprocess.run(["sync", "-f", str(dest)], check=True)
+    took = time.perf_counter() - t0
+    shutil.rmtree(dest, ignore_errors=True)
+    return took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline-src", help="a folder holding the baseline's pack_assets package (optional)")
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--per-shard", type=int, default=5000)
+    ap.add_argument("--image-kb", type=int, default=16)
+    ap.add_argument("--images", type=int, default=4)
+    ap.add_argument("--max-len", type=int, default=16384)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default="bench/out/write")
+    ap.add_argument("--results", default="bench/results/write.json")
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    inp = out / f"set-{args.shards}x{args.per_shard}-{args.image_kb}k-{args.images}i"
+    paths = make_shards(inp, args.shards, args.per_shard, args.image_kb, images=args.images)
+    files = [str(p) for p in paths]
+    src_bytes = sum(p.stat().st_size for p in paths)
+    work = out / "work"
+    prepare(inp, work, args.max_len)
+    subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+    codes = {"this": REPO, **({"baseline": Path(args.baseline_src).resolve()} if args.baseline_src else {})}
+    for code, src in codes.items():  # untimed warm-up of each writer
+        write_once(src, inp, work, out / f"packed-{code}")
+    rounds = []
+    for r in range(args.repeats):
+        rec: dict = {"round": r}
+        for code, src in codes.items():
+            rec[code] = write_once(src, inp, work, out / f"packed-{code}")
+        rec["cp_s"] = cp_once(files, out / "cp", sync=False)
+        rec["cp_sync_s"] = cp_once(files, out / "cp", sync=True)
+        for code in codes:
+            speed = rec[code]["bytes"] / rec[code]["wall_s"]
+            rec[f"{code}_vs_cp"] = round(speed / (src_bytes / rec["cp_s"]), 3)
+            rec[f"{code}_vs_cp_sync"] = round(speed / (src_bytes / rec["cp_sync_s"]), 3)
+        if "baseline" in codes:
+            rec["this_to_baseline_wall"] = round(rec["this"]["wall_s"] / rec["baseline"]["wall_s"], 3)
+            rec["this_to_baseline_cpu"] = round(rec["this"]["cpu_s"] / rec["baseline"]["cpu_s"], 3)
+        rec["load_avg"] = os.getloadavg()
+        print(json.dumps(rec), flush=True)
+        rounds.append(rec)
+    med = {k: round(statistics.median(r[k] for r in rounds), 3) for k in rounds[0]
+           if k.endswith(("_vs_cp", "_vs_cp_sync", "_wall", "_cpu")) or k in ("cp_s", "cp_sync_s")}
+    for code in codes:
+        med[f"{code}_wall_s"] = round(statistics.median(r[code]["wall_s"] for r in rounds), 3)
+        med[f"{code}_cpu_s"] = round(statistics.median(r[code]["cpu_s"] for r in rounds), 3)
+    result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "load_avg_at_end": os.getloadavg(),
+              "config": {k: getattr(args, k) for k in ("shards", "per_shard", "image_kb", "images", "max_len",
+                                                       "repeats", "baseline_src")},
+              "source_bytes": src_bytes, "members": args.shards * args.per_shard * (1 + args.images),
+              "medians": med, "rounds": rounds}
+    path = Path(args.results)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)
+    print(json.dumps(med), flush=True)
+
+
+if __name__ == "__main__":
+    main()
