@@ -6,14 +6,14 @@ import dataclasses
 import json
 import math
 import os
-import tarfile
 import shutil
+import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import small_dataset
+
 from pack_assets.core import blend, store
 from pack_assets.core import recipe as rc
 from pack_assets.core.plan import PlanConfig

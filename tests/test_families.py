@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from family_fixtures import FAMILY_DIRS, materialize
+
 from pack_assets.core.profiles import FAMILIES, profile_from_model_dir
 from pack_assets.core.reasons import ReasonError
 from pack_assets.core.tokens import TokenCounter, media_image_tokens
@@ -121,6 +121,7 @@ def test_profiles_lists_the_fast_families():
 def test_count_with_model_dir_reads_inline_media_and_gives_the_oracle(family, dirs, tmp_path):
     """`pack-assets count --model-dir`: HF-native records with inline image paths, real image files."""
     from conftest import image_bytes
+
     from pack_assets.core.ingest import count_records
 
     oracle = _oracle(family)
@@ -140,8 +141,8 @@ def test_count_with_model_dir_reads_inline_media_and_gives_the_oracle(family, di
 
 def test_shard_stage_counts_a_fast_family_and_records_counted_by(dirs, tmp_path):
     import pyarrow.parquet as pq
-
     from conftest import image_bytes, write_tar
+
     from pack_assets.core.scan import run_manifest
     from pack_assets.core.tokens import run_token_lengths, token_lengths_are_current
 

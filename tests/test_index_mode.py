@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import image_bytes, needs, small_dataset, write_tar
 
 from pack_assets.core import store
 from pack_assets.core.audit import run_audit
@@ -24,8 +25,6 @@ from pack_assets.core.scan import run_manifest
 from pack_assets.core.tokens import run_token_lengths
 from pack_assets.core.write import SourceChanged, run_write
 from pack_assets.reader import PackEncoder, iter_packs
-
-from conftest import image_bytes, needs, small_dataset, write_tar
 
 PROFILE = load_profile("qwen3-vl")
 MODE_KEYS = ("shard_fingerprint", "output_mode")  # what `_meta` says about the output itself, not the pack
@@ -264,8 +263,15 @@ def test_a_pack_naming_more_sources_than_the_open_file_limit_reads_them_all(tmp_
 @needs(importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.energon") is None,
        "megatron-energon not installed (extra `energon`)")
 def test_energon_loads_an_index_folder_and_pack_from_parts_reads_its_media(both):
-    from megatron.energon import (Cooker, DefaultTaskEncoder, WorkerConfig, basic_sample_keys, get_loader,
-                                  get_train_dataset, stateless)
+    from megatron.energon import (
+        Cooker,
+        DefaultTaskEncoder,
+        WorkerConfig,
+        basic_sample_keys,
+        get_loader,
+        get_train_dataset,
+        stateless,
+    )
 
     from pack_assets.reader import pack_from_parts
 

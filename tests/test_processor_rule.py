@@ -14,8 +14,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import image_bytes, write_tar
+
 from pack_assets.cli import main
 from pack_assets.core.ingest import count_records
 from pack_assets.core.profiles import FAMILIES, load_profile, profile_from_model_dir

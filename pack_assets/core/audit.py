@@ -25,10 +25,10 @@ import duckdb
 from . import index_out, store
 from .plan import PlanConfig, PlanInfo, check_plan
 from .profiles import ProfileError, resolve_profile
+from .reasons import ReasonError
 from .report import write_report
 from .results import AuditResult
 from .settings import AUDIT_SCOPES
-from .reasons import ReasonError
 from .tario import iter_entries, split_key
 from .tokens import TokenCounter
 from .write import ShardFingerprint, current_shards, write_context

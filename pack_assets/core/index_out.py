@@ -27,13 +27,26 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import owned, store
+from . import owned, store, write
 from .plan import PlanInfo
 from .safety import check_paths, mkstemp
 from .tario import BLOCK, RECORD, first_pack_meta, member_header, padding
-from .write import (PackJob, ShardFingerprint, ShardJob, SourceChanged, WriteSummary, _Sources, check_sources,
-                    current_shards, pack_document, read_record, shard_job, write_context, write_energon_meta,
-                    write_wids_index)
+from .write import (
+    PackJob,
+    ShardFingerprint,
+    ShardJob,
+    SourceChanged,
+    WriteSummary,
+    _Sources,
+    check_sources,
+    current_shards,
+    pack_document,
+    read_record,
+    shard_job,
+    write_context,
+    write_energon_meta,
+    write_wids_index,
+)
 
 INDEX_FILE = "pack_index.json"  # top level: input root (or roots), output shards, every source's stamp
 INDEX_PART = "index.json"  # per pack: `<pack>.index.json`
@@ -122,13 +135,7 @@ def index_document(job: PackJob, context: dict, sources: _Sources, root: Root) -
 
 
 def shard_fingerprint(job: ShardJob, context: dict, root: Root) -> str:
-    fp = IndexFingerprint(context, root)
-    for p in job.packs:
-        fp.pack(p.pack_id, p.media_type, p.total_token_len)
-        for sub in p.subs:
-            conv = sub.conversation_sha256 or hashlib.sha256(sub.messages_text().encode()).hexdigest()
-            fp.sub(sub.sample_id, sub.token_len, conv, sub.json_member, sub.media, sub.extra, sub.source_stamp)
-    return fp.hexdigest()
+    return write.shard_fingerprint(job, context, IndexFingerprint(context, root))
 
 
 def _member(out, name: str, body: bytes) -> None:

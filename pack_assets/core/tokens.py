@@ -266,11 +266,6 @@ class TokenCounter:
         """The profile's ``tokenizers`` tokenizer, built on first use (a tiktoken counter never needs it)."""
         return tokenizer_for(self.profile)
 
-    @functools.cached_property
-    def tokenizer(self):
-        """The Hugging Face tokenizer: built at first use (~1 s), which the tiktoken path never needs."""
-        return tokenizer_for(self.profile)
-
     def lengths(self, texts: list[str]) -> list[int]:
         if self.fast is not None:
             encode = self.fast.encode

@@ -24,8 +24,19 @@ from .plan import PlanInfo, config_fingerprint
 from .records import PackMeta, SourceRef
 from .results import FilePath
 from .safety import check_paths, mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
-from .tario import (BLOCK, RECORD, Entry, extra_name, first_pack_meta, group_by_key, iter_entries, media_name,
-                    member_header, padding, split_key)
+from .tario import (
+    BLOCK,
+    RECORD,
+    Entry,
+    extra_name,
+    first_pack_meta,
+    group_by_key,
+    iter_entries,
+    media_name,
+    member_header,
+    padding,
+    split_key,
+)
 
 NV_META = ".nv-meta"
 _SMALL = 1 << 20  # below this, pread + buffered write beats a copy_file_range call per member
@@ -270,8 +281,9 @@ class ShardFingerprint:
         return self._h.hexdigest()[:16]
 
 
-def shard_fingerprint(job: ShardJob, context: dict) -> str:
-    fp = ShardFingerprint(context)
+def shard_fingerprint(job: ShardJob, context: dict, fp: ShardFingerprint | None = None) -> str:
+    """``fp``: the fingerprint to feed (index mode's covers its roots too); by default copy mode's."""
+    fp = ShardFingerprint(context) if fp is None else fp
     for p in job.packs:
         fp.pack(p.pack_id, p.media_type, p.total_token_len)
         for sub in p.subs:

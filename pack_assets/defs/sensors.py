@@ -4,7 +4,6 @@ and removes the partitions of shards that are gone; replan_sensor: plan → writ
 import hashlib
 import json
 import os
-
 from pathlib import Path
 
 import dagster as dg
