@@ -26,22 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from . import store
-from .plan import (
-    DRIFT_WINDOW,
-    Pack,
-    PlanConfig,
-    PlanInfo,
-    PlanResult,
-    PlanSummary,
-    _assign_shards,
-    _pack_group,
-    _plan_stats,
-    fingerprint,
-    ok_lengths,
-    pack_checks,
-    plan_jsonl,
-    plannable,
-)
+from .plan import (DRIFT_WINDOW, Pack, PlanConfig, PlanInfo, PlanResult, PlanSummary, _assign_shards, _pack_group,
+                   _plan_stats, fingerprint, ok_lengths, pack_checks, plan_jsonl, plannable)
 from .profiles import ModelProfile
 from .recipe import Recipe, blend_seed, copies, dataset_of, expected_copies
 from .results import AuditResult, FilePath, Markdown

@@ -31,22 +31,9 @@ from . import owned, store, write
 from .plan import PlanInfo
 from .safety import check_paths, mkstemp
 from .tario import BLOCK, RECORD, first_pack_meta, member_header, padding
-from .write import (
-    PackJob,
-    ShardFingerprint,
-    ShardJob,
-    SourceChanged,
-    WriteSummary,
-    _Sources,
-    check_sources,
-    current_shards,
-    pack_document,
-    read_record,
-    shard_job,
-    write_context,
-    write_energon_meta,
-    write_wids_index,
-)
+from .write import (PackJob, ShardFingerprint, ShardJob, SourceChanged, WriteSummary, _Sources, check_sources,
+                    current_shards, pack_document, read_record, shard_job, write_context, write_energon_meta,
+                    write_wids_index)
 
 INDEX_FILE = "pack_index.json"  # top level: input root (or roots), output shards, every source's stamp
 INDEX_PART = "index.json"  # per pack: `<pack>.index.json`

@@ -24,19 +24,8 @@ from .plan import PlanInfo, config_fingerprint
 from .records import PackMeta, SourceRef
 from .results import FilePath
 from .safety import check_paths, mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
-from .tario import (
-    BLOCK,
-    RECORD,
-    Entry,
-    extra_name,
-    first_pack_meta,
-    group_by_key,
-    iter_entries,
-    media_name,
-    member_header,
-    padding,
-    split_key,
-)
+from .tario import (BLOCK, RECORD, Entry, extra_name, first_pack_meta, group_by_key, iter_entries, media_name,
+                    member_header, padding, split_key)
 
 NV_META = ".nv-meta"
 _SMALL = 1 << 20  # below this, pread + buffered write beats a copy_file_range call per member
