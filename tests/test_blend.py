@@ -158,10 +158,12 @@ def test_proportions_hold_in_every_window_of_the_written_plan(tmp_path, algorith
     means = [spp[a:a + 256].mean() for a in range(0, n_packs - 255, 256)]
     assert max(means) / min(means) <= 1.25
     bound = plan.stats["lower_bound"]
-    # BFD reaches the bound; mix re-packs its packs under 98 % fill: +0.5 % on this small set (3,183 packs),
-    # +0.075 % at 1M (docs/benchmarks.md)
-    assert n_packs <= bound * (1.001 if algorithm == "bfd" else 1.005) + 1
+    # +0.1 % on this small set (3,183 packs) too: mix alone is +0.5 % here, so the recipe's default falls back
+    # to `spread` (bench/results/blend_small.json); at 1M mix meets all three itself (docs/benchmarks.md)
+    assert n_packs <= bound * 1.001 + 1
     b = plan.stats["blend"]
+    tried = [t["algorithm"] for t in b["tried"]]
+    assert b["algorithm"] == tried[-1] and (tried == ["bfd"] if algorithm == "bfd" else tried[0] == "mix")
     assert b["share_ok"] and b["drift_ok"] and set(b["datasets"]) == set(names)
     # and the counts add up per dataset, with ⌊r⌋·n + round(frac·n) copies
     got = dict(con.execute("SELECT dataset, count(*) FROM pack_members GROUP BY 1").fetchall())
