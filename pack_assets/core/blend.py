@@ -20,7 +20,6 @@ import dataclasses
 import hashlib
 import json
 import time
-from copy import deepcopy
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,15 +27,13 @@ import numpy as np
 
 from . import store
 from .plan import (DRIFT_WINDOW, Pack, PlanConfig, PlanInfo, PlanResult, PlanSummary, _assign_shards, _pack_group,
-                   _plan_stats, drift, fingerprint, ok_lengths, pack_checks, plan_jsonl, plannable)
+                   _plan_stats, fingerprint, ok_lengths, pack_checks, plan_jsonl, plannable)
 from .profiles import ModelProfile
 from .recipe import Recipe, blend_seed, copies, dataset_of, expected_copies
 from .results import AuditResult, FilePath, Markdown
 
-FALLBACK = ("spread", "bfd")  # tried in this order when `mix` misses a target
 SHARE_TOLERANCE = 0.10  # each dataset's token share per window within ±10 % (relative) of its global share
 DRIFT_LIMIT = 1.25
-BOUND_TOLERANCE = 0.001  # packs over the L2 lower bound, as a fraction of it
 
 
 def epoch_name(epoch: int) -> str:
@@ -113,26 +110,6 @@ def _deal_blend(tokens: np.ndarray, spp: np.ndarray, media: np.ndarray, rng: np.
     return out
 
 
-@dataclass
-class _Candidate:
-    """One algorithm's packs for the epoch, dealt, with the three targets measured on that order."""
-
-    algorithm: str
-    raw: list
-    dropped: list
-    per_type: dict
-    unit_tokens: np.ndarray
-    order: np.ndarray
-    over: float
-    share_error: float
-    drift: float
-
-    @property
-    def missed(self) -> list[str]:
-        return [name for name, ok in (("bound", self.over <= BOUND_TOLERANCE), ("share", self.share_error <= SHARE_TOLERANCE),
-                                      ("drift", self.drift <= DRIFT_LIMIT)) if not ok]
-
-
 def make_blend_plan(rows: dict[str, np.ndarray], repeats: dict[str, float], config: PlanConfig, epoch: int,
                     profile: str = "") -> PlanResult:
     """Epoch ``epoch`` of the blend: ``rows`` as `plan.ok_lengths` gives them (sample ids ``<dataset>/...``),
@@ -171,41 +148,21 @@ def make_blend_plan(rows: dict[str, np.ndarray], repeats: dict[str, float], conf
         return {"sample_id": ids[item[i]], "total_tokens": int(lengths[i]), "reason": reason,
                 "dataset": names[ds_idx[item[i]]], "epoch": epoch, "copy": int(copy[i])}
 
-    mt_list = sorted(set(mtypes.tolist())) if config.pack_per_media_type else ["mixed"]
-
-    def pack_and_deal(algorithm: str, deal_rng: np.random.Generator) -> _Candidate:
-        c = dataclasses.replace(cfg, algorithm=algorithm)
-        raw: list = []
-        dropped: list[dict] = []
-        per_type: dict[str, dict] = {}
-        for mt in mt_list:
-            idx = np.flatnonzero(mtypes == mt) if config.pack_per_media_type else np.arange(len(item))
-            groups, per_type[mt] = _pack_group(idx, None, lengths, n_media, vision, c, dropped, raw, mt, drop_row)
-            raw += [(mt, g, False) for g in groups]
-        unit_tokens = np.zeros((len(raw), len(names)))
-        for u, (_, items, _) in enumerate(raw):
-            unit_tokens[u] = np.bincount(ds_idx[item[items]], weights=lengths[items], minlength=len(names))
-        spp = np.asarray([len(u[1]) for u in raw], dtype=np.float64)
-        mt_names = sorted({u[0] for u in raw})
-        media = np.asarray([mt_names.index(u[0]) for u in raw], dtype=np.int64)
-        order = _deal_blend(unit_tokens, spp, media, deal_rng)
-        bound = sum(v["lower_bound"] for v in per_type.values())
-        over = len(raw) - bound - sum(u[2] for u in raw)
-        return _Candidate(algorithm, raw, dropped, per_type, unit_tokens, order, over / bound if bound else 0.0,
-                          float(share_errors(unit_tokens[order]).max(initial=0.0)), drift(spp[order]))
-
-    # `mix` keeps every dataset in proportion but is +0.5 % over the bound on small blends (~3,000 packs);
-    # `spread` and `bfd` reach the bound there but can pack a short dataset apart (1M: windows 270 % off).
-    # So: mix's plan when it meets all three targets, else the first fallback that does (measured:
-    # bench/results/blend_small.json); the same inputs give the same choice, and mix is planned exactly as before.
-    tries = [config.algorithm] + ([a for a in FALLBACK if a != config.algorithm] if config.algorithm == "mix" else [])
-    tried: list[_Candidate] = []
-    for algorithm in tries:
-        tried.append(pack_and_deal(algorithm, deepcopy(rng)))
-        if not tried[-1].missed:
-            break
-    best = min(tried, key=lambda c: len(c.missed))  # the first with the fewest targets missed
-    raw, dropped, per_type, unit_tokens, order = best.raw, best.dropped, best.per_type, best.unit_tokens, best.order
+    raw: list = []
+    dropped: list[dict] = []
+    per_type: dict[str, dict] = {}
+    for mt in (sorted(set(mtypes.tolist())) if config.pack_per_media_type else ["mixed"]):
+        idx = np.flatnonzero(mtypes == mt) if config.pack_per_media_type else np.arange(len(item))
+        groups, per_type[mt] = _pack_group(idx, None, lengths, n_media, vision, cfg, dropped, raw, mt, drop_row)
+        raw += [(mt, g, False) for g in groups]
+    d = len(names)
+    unit_tokens = np.zeros((len(raw), d))
+    for u, (_, items, _) in enumerate(raw):
+        unit_tokens[u] = np.bincount(ds_idx[item[items]], weights=lengths[items], minlength=d)
+    spp = np.asarray([len(u[1]) for u in raw], dtype=np.float64)
+    mt_names = sorted({u[0] for u in raw})
+    media = np.asarray([mt_names.index(u[0]) for u in raw], dtype=np.int64)
+    order = _deal_blend(unit_tokens, spp, media, rng)
     packs: list[Pack] = []
     for k, u in enumerate(order.tolist()):
         mt, items, over = raw[u]
@@ -215,13 +172,9 @@ def make_blend_plan(rows: dict[str, np.ndarray], repeats: dict[str, float], conf
                           media_bytes=int(media_bytes[items].sum()), overlong=bool(over),
                           datasets=[names[j] for j in ds_idx[src].tolist()], copies=copy[items].tolist(), epoch=epoch))
     _assign_shards(packs, config)
-    stats = _plan_stats(packs, dropped, per_type, {}, len(item), dataclasses.replace(config, algorithm=best.algorithm))
+    stats = _plan_stats(packs, dropped, per_type, {}, len(item), config)
     stats["blend"] = blend_stats(unit_tokens[order], names, repeats, ds_idx, n_copies, dropped, stats, epoch,
                                  config.seed)
-    stats["blend"]["algorithm"] = best.algorithm
-    stats["blend"]["tried"] = [{"algorithm": c.algorithm, "packs_over_bound_fraction": c.over,
-                                "worst_window_share_error": c.share_error, "drift": c.drift, "missed": c.missed}
-                               for c in tried]
     stats["seconds"] = time.perf_counter() - t0
     h = hashlib.sha256(json.dumps([fingerprint(config, profile, ids.tolist(), rows["lengths"].tolist()), repeats,
                                    epoch]).encode()).hexdigest()[:16]
@@ -249,7 +202,7 @@ def blend_stats(tokens: np.ndarray, names: list[str], repeats: dict[str, float],
     return {"epoch": epoch, "seed": seed, "repeats": repeats, "datasets": per, "window": DRIFT_WINDOW,
             "worst_window_share_error": worst, "share_ok": worst <= SHARE_TOLERANCE,
             "drift": stats["drift"], "drift_ok": stats["drift"] <= DRIFT_LIMIT,
-            "packs_over_bound_fraction": over, "bound_ok": over <= BOUND_TOLERANCE}
+            "packs_over_bound_fraction": over, "bound_ok": over <= 0.001}
 
 
 # -- the plan's own invariants (plan.check_plan with repeats) -----------------------------------------------

@@ -31,7 +31,7 @@ from .safety import UnsafePaths, check_paths
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 RECIPE_KEYS = ("datasets", "epochs", "seed", "mode")
 DATASET_KEYS = ("name", "input", "repeat")
-BLEND_ALGORITHM = "mix"
+BLEND_ALGORITHM = "mixfill"
 
 
 class RecipeError(ValueError):
