@@ -3,6 +3,8 @@
 
     python bench/bench_blend.py --n 1000000 --epochs 2 --repeats 3     # writes bench/results/blend.json
     python bench/bench_blend.py --n 1000000 --epochs 1 --repeats 1 --algorithm bfd --out bench/results/blend_bfd.json
+    python bench/bench_blend.py --n 1000000 --epochs 2 --repeats 3 --algorithm mix --out bench/results/blend_mix.json
+    python bench/bench_blend.py --n 1000000 --epochs 1 --repeats 3 --against mix --out bench/results/blend_vs_mix.json
 
 Per epoch, in the same process and alternating (the ratio taken pair by pair): `make_blend_plan` (draw the
 copies, bin-pack them together, deal the packs) vs numpy loading nothing and stable-argsorting the epoch's
@@ -15,6 +17,7 @@ single-input order (`plan._deal`, stratified by samples per pack only) gives the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -29,7 +32,7 @@ from common import machine  # noqa: E402
 
 from pack_assets.core.blend import make_blend_plan, share_errors  # noqa: E402
 from pack_assets.core.plan import PlanConfig, _deal, drift  # noqa: E402
-from pack_assets.core.recipe import copies  # noqa: E402
+from pack_assets.core.recipe import BLEND_ALGORITHM, copies  # noqa: E402
 
 # (name, fraction of the samples, median length, p95 length, repeat): chat-like, long OCR pages, short captions
 MIX = [("chat", 0.55, 700, 3000, 1.0), ("ocr", 0.15, 3500, 9000, 2.5), ("caption", 0.30, 120, 300, 0.5)]
@@ -86,8 +89,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--max-len", type=int, default=16384)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--algorithm", default="mix", help="mix: what a recipe packs with unless it names another")
+    ap.add_argument("--algorithm", default=BLEND_ALGORITHM, help="default: what a recipe packs with unless it names another")
     ap.add_argument("--out", default="bench/results/blend.json")
+    ap.add_argument("--against", default="", help="also time this algorithm, alternating: the ratio pair by pair")
     args = ap.parse_args()
     r = rows(args.n)
     repeats = {name: rep for name, _, _, _, rep in MIX}
@@ -95,18 +99,25 @@ def main() -> None:
     cfg = PlanConfig(max_len=args.max_len, algorithm=args.algorithm)
     epochs = []
     for k in range(args.epochs):
-        plan_s, base_s, ratios = [], [], []
+        plan_s, base_s, ratios, other_s = [], [], [], []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
             plan = make_blend_plan(r, repeats, cfg, k)
             plan_s.append(time.perf_counter() - t0)
             base_s.append(baseline(r, repeats, k))
             ratios.append(plan_s[-1] / base_s[-1])
+            if args.against:
+                t0 = time.perf_counter()
+                make_blend_plan(r, repeats, dataclasses.replace(cfg, algorithm=args.against), k)
+                other_s.append(time.perf_counter() - t0)
+        vs = {} if not args.against else {
+            f"{args.against}_seconds_median": round(statistics.median(other_s), 3),
+            f"ratio_to_{args.against}": [round(a / b, 3) for a, b in zip(plan_s, other_s)]}
         epochs.append({"epoch": k, "copies": sum(len(p.sample_ids) for p in plan.packs) + len(plan.dropped),
                        "plan_seconds_median": round(statistics.median(plan_s), 3),
                        "numpy_seconds_median": round(statistics.median(base_s), 3),
                        "ratio_median": round(statistics.median(ratios), 2), "ratios": [round(x, 2) for x in ratios],
-                       **quality(plan, names)})
+                       **vs, **quality(plan, names)})
         print(json.dumps(epochs[-1]), flush=True)
     out = {"machine": machine(), "load_before": os.getloadavg(), "command": " ".join(["python"] + sys.argv),
            "n": args.n, "mix": MIX, "max_len": args.max_len, "algorithm": args.algorithm, "epochs": epochs}

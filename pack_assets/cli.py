@@ -284,7 +284,7 @@ def _trust(p: argparse.ArgumentParser) -> None:
 def _caps(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-samples-per-pack", type=int, default=0, help="cap on samples per pack (0: none)")
     p.add_argument("--pad-multiple", type=int, default=1, help="pad each pack's length to a multiple of k")
-    p.add_argument("--seed", type=int, default=0, help="seed of the mix algorithm")
+    p.add_argument("--seed", type=int, default=0, help="seed of the mix and mixfill algorithms")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -328,7 +328,7 @@ def _planner_commands(sub) -> None:
     p = sub.add_parser("plan", help="the planner on a list of lengths (.npy, or text with one integer a line)")
     p.add_argument("--lengths", required=True)
     p.add_argument("--max-len", type=int, required=True)
-    p.add_argument("--algorithm", default="bfd", help="bfd, ffd, first_fit, next_fit, window_N, mix")
+    p.add_argument("--algorithm", default="bfd", help="bfd, ffd, first_fit, next_fit, window_N, mix, mixfill")
     _caps(p)
     p.add_argument("--out", help="write the pack index of every item (.npy or text; -1 = dropped)")
     p.add_argument("--json", action="store_true")

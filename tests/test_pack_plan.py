@@ -167,6 +167,19 @@ def test_mix_packs_near_bfd_with_random_composition():
     assert (assign(lengths, 20_000, "mix", seed=1) == mix).all()
 
 
+def test_mixfill_packs_at_bfds_count_with_random_composition():
+    """mixfill: BFD's count (mix is ~0.4 % over on these long-against-capacity lengths), packs not sorted by length."""
+    rng = np.random.default_rng(12)
+    lengths = np.clip(rng.lognormal(np.log(900), 0.9, 20_000).astype(np.int64), 8, 4096)
+    bound = lower_bounds(lengths, 4096)[1]
+    fill = assign(lengths, 4096, "mixfill", seed=1)
+    assert fill.max() + 1 <= bound * 1.001 + 1 < assign(lengths, 4096, "mix", seed=1).max() + 1
+    first = [lengths[fill == p].max() for p in range(0, fill.max() + 1, 37)]
+    assert np.corrcoef(np.arange(len(first)), first)[0, 1] > -0.5
+    assert (assign(lengths, 4096, "mixfill", seed=1) == fill).all()
+    assert not (assign(lengths, 4096, "mixfill", seed=2) == fill).all()
+
+
 def test_world_size_gives_a_multiple_of_w_per_media_type_and_balanced_groups():
     rng = np.random.default_rng(5)
     n = 4000

@@ -2,7 +2,7 @@
 
 Epoch k's plan is a function of (the counted samples, the packing settings, the recipe's repeats and seed, k)
 only: `make_blend_plan` draws each dataset's copies for k (`recipe.copies`), permutes the copies with the
-epoch's seed (so the grouping differs per epoch: `mix`'s seeded order, BFD's ties), packs all datasets
+epoch's seed (so the grouping differs per epoch: `mixfill`'s seeded order, BFD's ties), packs all datasets
 together per media type (the planner's `_pack_group`, near the lower bound), and orders the packs so that
 every window of 256 packs holds each dataset's share of tokens and an even number of samples per pack
 (`_deal_blend`, a greedy walk that keeps every prefix in proportion). Nothing depends on another epoch, so
