@@ -64,12 +64,32 @@ def _settings(args, **extra) -> Settings:
             raise ValueError("--input and --recipe: a recipe names its inputs under `datasets:`; give one of them")
         fields = {k: v for k, v in fields.items() if k != "input_dir" and v is not None}
         fields["recipe"] = str(Path(args.recipe).resolve())
+        _refuse_default_over_recipe(args, fields)
     elif args.input is None or args.max_len is None:
         raise ValueError("pack-assets run needs --input and --max-len (or --recipe FILE)")
+    fields = {k: v for k, v in fields.items() if v is not None}  # a flag not given: the default
     if getattr(args, "config", None):
         fields.update(json.loads(Path(args.config).read_text()))
     fields.update(extra)
     return Settings.from_flat(fields)
+
+
+# flags whose argparse default is None, so that a flag given with the default's value can be told apart
+_RECIPE_FLAGS = {"max_len": "--max-len", "profile": "--profile", "algorithm": "--algorithm", "seed": "--seed",
+                 "audit_scope": "--audit-scope", "output_mode": "--mode"}
+
+
+def _refuse_default_over_recipe(args, fields: dict) -> None:
+    """A flag equal to its default cannot override the recipe (settings travel as flat values, and there a
+    default means "not set": `Settings.from_flat`); refuse it instead of silently using the recipe's value."""
+    from .core.recipe import load
+
+    recipe = load(fields["recipe"]).flat()
+    for name, flag in _RECIPE_FLAGS.items():
+        given = fields.get(name)
+        if given is not None and given == DEFAULTS[name] and name in recipe and recipe[name] != given:
+            raise ValueError(f"{flag} {given} is the default, which cannot override the recipe's {name}: "
+                             f"{recipe[name]!r}; change it in {args.recipe}")
 
 
 def _run(args, **extra) -> int:
@@ -251,20 +271,20 @@ def cmd_verify(args) -> int:
 def _common_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work", default=DEFAULTS["work_dir"], help="work directory (manifest, token lengths, DuckDB, plan, report)")
     p.add_argument("--output", default=DEFAULTS["output_dir"], help="output directory for packed shards")
-    p.add_argument("--profile", default=DEFAULTS["profile"], help="model profile: qwen2-vl, qwen2.5-vl, qwen3-vl")
+    p.add_argument("--profile", help="model profile: qwen2-vl, qwen2.5-vl, qwen3-vl")
     p.add_argument("--model-dir", help="a local HF checkpoint folder (overrides --profile)")
     _trust(p)
-    p.add_argument("--algorithm", default=DEFAULTS["algorithm"], help="packing algorithm (bfd, next_fit)")
-    p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seed of the pack order shuffle")
+    p.add_argument("--algorithm", help="packing algorithm (bfd, next_fit)")
+    p.add_argument("--seed", type=int, help="seed of the pack order shuffle")
     p.add_argument("--dagster-home", help="Dagster instance directory (default: $DAGSTER_HOME if set, else "
                    "./dagster_home); a dagster.yaml with the project's settings is written if it has none")
     p.add_argument("--force", action="store_true", help="rescan and recount every shard even if unchanged")
     p.add_argument("--incremental", action="store_true",
                    help="keep the previous plan's packs and output shards; new samples go into new ones")
-    p.add_argument("--audit-scope", choices=AUDIT_SCOPES, default=DEFAULTS["audit_scope"],
+    p.add_argument("--audit-scope", choices=AUDIT_SCOPES,
                    help="changed: re-read only output shards new or changed since the last clean audit "
                         "(the others are trusted by size, mtime and content fingerprint); default all")
-    p.add_argument("--mode", choices=OUTPUT_MODES, default=DEFAULTS["output_mode"],
+    p.add_argument("--mode", choices=OUTPUT_MODES,
                    help="copy: output shards hold the media (self-contained); index: they hold the conversations "
                         "and byte ranges into the input shards, read from there at training time (small output; "
                         "the inputs must stay in place). See docs/usage.md, 'Copy or index?'")

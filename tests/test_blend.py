@@ -265,6 +265,16 @@ def test_a_trainer_resuming_at_epoch_k_reads_the_same_packs(tmp_path, counted):
         a = sorted((out1 / blend.epoch_name(k)).glob("*.tar"))
         assert [p.read_bytes() for p in a] == [(out2 / blend.epoch_name(k) / p.name).read_bytes() for p in a]
     assert json.loads(all_epochs.splitlines()[0])["epoch"] == 1
+    # the recipe drops to one epoch: epoch-001's files of ours go (no stale epoch for an `epoch-*` glob), a
+    # user's file there stays, with its folder
+    (out1 / blend.epoch_name(1) / "notes.txt").write_text("mine")
+    one = dataclasses.replace(recipe, epochs=1)
+    summary = blend.run_blend_write(work, one, out1, workers=1)
+    assert summary.retired == [out1 / blend.epoch_name(1)]
+    assert [p.name for p in (out1 / blend.epoch_name(1)).rglob("*")] == ["notes.txt"]
+    summary = blend.run_blend_write(work, one, out2, workers=1)
+    assert summary.retired == [out2 / blend.epoch_name(1)] and not (out2 / blend.epoch_name(1)).exists()
+    assert sorted(p.name for p in out2.iterdir()) == [blend.epoch_name(0)]
 
 
 def test_a_shard_added_to_one_dataset_is_planned_and_counted_on_the_next_run(tmp_path, counted):
@@ -313,6 +323,16 @@ def test_run_recipe_refuses_bad_input_before_anything_is_written(tmp_path, capsy
     assert main([*base, "--recipe", str(ok), "--input", str(tmp_path / "a")]) == 2
     assert "--input and --recipe" in capsys.readouterr().err
     assert main([*base]) == 2 and "--input and --max-len" in capsys.readouterr().err
+    # a flag equal to the default cannot win over the recipe (flat settings: default = not set): refused, not
+    # silently replaced by the recipe's value; any other value overrides it
+    long = write_recipe(tmp_path / "l.yaml", "datasets: [{name: a, input: a}]\nmax_len: 16384\nseed: 3\n")
+    assert main([*base, "--recipe", str(long), "--max-len", "8192"]) == 2
+    assert "--max-len 8192 is the default, which cannot override the recipe's max_len: 16384" in capsys.readouterr().err
+    assert main([*base, "--recipe", str(long), "--seed", "0"]) == 2 and "recipe's seed: 3" in capsys.readouterr().err
+    from pack_assets.cli import _settings, build_parser
+
+    given = build_parser().parse_args([*base, "--recipe", str(long), "--max-len", "4096"])
+    assert _settings(given).plan.max_len == 4096 and _settings(given).plan.seed == 3
     assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
 
 
@@ -453,3 +473,16 @@ def test_moved_blend_data_is_read_with_a_source_root_mapping_and_reindexed_from_
     assert json.loads((index / "epoch-001" / INDEX_FILE).read_text())["input_roots"]["a"] == str(moved.resolve())
     assert epoch_packs(index, 1) == epoch_packs(copy, 1)
     assert blend.run_blend_audit(work, recipe2, index).verdict == "PASS"
+
+
+def test_a_partition_of_no_dataset_of_the_recipe_counts_as_removed_not_a_crash(tmp_path):
+    """Under `dagster dev`, `recipe` switched on (or a dataset dropped) while old partitions are registered:
+    the plan lists them as removed instead of raising KeyError."""
+    from pack_assets.core.plan import plannable
+    from pack_assets.core.profiles import load_profile
+
+    (tmp_path / "a").mkdir()
+    # both count as removed; nothing is left to plan, which is the usual refusal, not a KeyError
+    with pytest.raises(FileNotFoundError, match="no shard has token lengths yet"):
+        plannable(tmp_path / "work", ["part-0001", "gone/part-0001"], load_profile("qwen2.5-vl"),
+                  {"a": tmp_path / "a"}, allow_missing=True)

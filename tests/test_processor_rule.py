@@ -379,3 +379,22 @@ def test_run_refuses_before_any_shard_run_when_the_processor_cannot_be_built(gem
                  "--model-dir", str(gemma_dir), "--jobs", "1"])
     assert code == 2 and "pip install 'pack_assets[processor]'" in capsys.readouterr().err
     assert not (tmp_path / "work" / "manifest").exists() and not (tmp_path / "out").exists()
+
+
+def test_an_image_size_checked_alone_is_checked_again_in_a_multi_image_sample(tmp_path):
+    """LLaVA-OneVision expands one image by anyres but each of several by 729 + 1: the direct path's check
+    of a size in a one-image sample does not vouch for that size among several (it over-counted ~4x)."""
+    from family_fixtures import materialize
+
+    from pack_assets.core.procount import ProcessorCounter
+    from pack_assets.core.profiles import processor_profile
+
+    counter = ProcessorCounter(processor_profile(materialize(tmp_path, ("llava-onevision",))["llava-onevision"]))
+    one = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]},
+           {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
+    two = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "hi"}]},
+           {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
+    size = (640, 480)
+    batched = [r["total_tokens"] for r in counter.count_many([(one, [size], []), (two, [size, size], [])])]
+    assert batched == [counter.count(one, [size], [])["total_tokens"], counter.count(two, [size, size], [])["total_tokens"]]
+    assert batched[1] < batched[0]  # several images: 729 + 1 each, less than one anyres image

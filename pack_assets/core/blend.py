@@ -16,6 +16,7 @@ writer and the audit run on it unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -74,6 +75,9 @@ def share_errors(tokens: np.ndarray, window: int = DRIFT_WINDOW) -> np.ndarray:
     return worst
 
 
+_MAX_KINDS = 256
+
+
 def _deal_blend(tokens: np.ndarray, spp: np.ndarray, media: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """A seeded output order (pack indices) whose every prefix holds each dataset's tokens and the samples
     per pack in proportion, so every window does too. Each pack is a vector (tokens per dataset, samples),
@@ -90,9 +94,12 @@ def _deal_blend(tokens: np.ndarray, spp: np.ndarray, media: np.ndarray, rng: np.
     x /= np.where(mean > 0, mean, 1.0)
     # quartiles by rank, not by value: one outlier pack (hundreds of tiny samples) must not put all others in
     # one level, which left the walk a handful of mixed pools to choose from and windows 12 % off at 1M
+    # each step scans every pool: 4 levels per coordinate up to 3 datasets (4^4 kinds), fewer with more
+    # datasets so the kinds stay near _MAX_KINDS (8 datasets at 4 levels: 4^9 pools, mostly of one pack)
+    q = max(1, min(4, round(_MAX_KINDS ** (1 / (d + 1)))))
     levels = np.empty(x.shape, dtype=np.int64)
     for j in range(d + 1):
-        levels[np.argsort(x[:, j], kind="stable"), j] = np.arange(n) * 4 // n
+        levels[np.argsort(x[:, j], kind="stable"), j] = np.arange(n) * q // n
     kind = np.unique(np.concatenate([levels, media[:, None]], axis=1), axis=0, return_inverse=True)[1].ravel()
     pools = [rng.permutation(np.flatnonzero(kind == k)).tolist() for k in range(int(kind.max()) + 1)]
     heads = np.asarray([p[-1] for p in pools], dtype=np.int64)
@@ -319,7 +326,8 @@ def plan_epoch(work: Path, shards: list[str], config: PlanConfig, profile: Model
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=list(waiting),
                           shards_removed=list(removed))
         store.atomic_write_text(edir / "pack_plan.jsonl", blend_jsonl(plan))
-        info = PlanInfo(plan.fingerprint, profile.name, profile.fingerprint, profile.model_dir, shards, cfg, plan.stats)
+        info = PlanInfo(plan.fingerprint, profile.name, profile.fingerprint, profile.model_dir, shards, cfg, plan.stats,
+                        profile.trust_remote_code)
         store.save_plan(con, [asdict(p) for p in plan.packs], plan.dropped, info.as_dict(), blend=True)
         violations = check_blend(con, cfg, recipe.repeats)
     return PlanSummary(plan.fingerprint, edir / "pack_plan.jsonl", why, plan.stats, len(shards), list(waiting),
@@ -348,6 +356,7 @@ def run_blend_plan(work: Path, shards: list[str], config: PlanConfig, profile: M
 class BlendWriteSummary:
     epochs: list  # WriteSummary per epoch
     output_dir: Path
+    retired: list = dataclasses.field(default_factory=list)  # epoch folders past the recipe's epochs, emptied
 
     @property
     def shards(self) -> int:
@@ -365,7 +374,29 @@ class BlendWriteSummary:
         return {"dagster/row_count": sum(e.packs for e in self.epochs), "epochs": len(self.epochs),
                 "output_shards": self.shards, "written": self.written,
                 "skipped": sum(e.skipped for e in self.epochs), "bytes": sum(e.bytes for e in self.epochs),
-                "dagster/uri": FilePath(self.output_dir), "epoch_folders": [str(e.output_dir) for e in self.epochs]}
+                "dagster/uri": FilePath(self.output_dir), "epoch_folders": [str(e.output_dir) for e in self.epochs],
+                "retired_epoch_folders": [str(p) for p in self.retired]}
+
+
+def retire_epochs(out_dir: Path, epochs: int) -> list[Path]:
+    """The output folders of epochs the recipe no longer has (its `epochs` went down): their files the tool
+    wrote are deleted, as an earlier plan's shards are, so a trainer globbing ``epoch-*`` finds no stale
+    epoch; files the tool did not write stay, and so does a folder that holds any."""
+    from . import owned
+
+    retired = []
+    for d in sorted(out_dir.glob("epoch-[0-9][0-9][0-9]")):
+        if not d.is_dir() or int(d.name.split("-")[1]) < epochs or (before := owned.load(d)) is None:
+            continue
+        owned.finish(d, set(), before)
+        (d / owned.RECORD).unlink(missing_ok=True)
+        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), reverse=True):
+            with contextlib.suppress(OSError):
+                sub.rmdir()  # only empty folders
+        with contextlib.suppress(OSError):
+            d.rmdir()
+        retired.append(d)
+    return retired
 
 
 def run_blend_write(work: Path, recipe: Recipe, out_dir: Path, workers: int = 0, progress=None,
@@ -374,8 +405,9 @@ def run_blend_write(work: Path, recipe: Recipe, out_dir: Path, workers: int = 0,
     folder: ``index_out``)."""
     from .write import run_write
 
-    return BlendWriteSummary([run_write(epoch_work(work, k), recipe.roots, out_dir / epoch_name(k), workers, progress,
-                                        mode=mode) for k in range(recipe.epochs)], out_dir)
+    written = [run_write(epoch_work(work, k), recipe.roots, out_dir / epoch_name(k), workers, progress, mode=mode)
+               for k in range(recipe.epochs)]
+    return BlendWriteSummary(written, out_dir, retire_epochs(out_dir, recipe.epochs))
 
 
 def run_blend_audit(work: Path, recipe: Recipe, out_dir: Path, scope: str = "all") -> AuditResult:

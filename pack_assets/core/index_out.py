@@ -179,8 +179,9 @@ def run_write_index(work: Path, input_root: Path | Mapping, out_dir: Path, progr
         used = [s[0] for s in con.execute(
             "SELECT DISTINCT shard FROM pack_members JOIN manifest_samples USING (sample_id) ORDER BY 1").fetchall()]
         check_sources(con, input_root, used)
+        in_use = set(used)
         stamps = {f"{r[0]}.tar": {"size": r[1], "mtime_ns": r[2]} for r in con.execute(
-            "SELECT shard, size, mtime_ns FROM shards ORDER BY 1").fetchall() if r[0] in set(used)}
+            "SELECT shard, size, mtime_ns FROM shards ORDER BY 1").fetchall() if r[0] in in_use}
         names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
         context = index_context(info)
         done = current_shards(con, out_dir, context, functools.partial(IndexFingerprint, root=root))

@@ -505,6 +505,13 @@ def pack_checks(con, config: PlanConfig) -> list[tuple[str, int, str]]:
     return found
 
 
+def _tar_exists(input_root, shard: str) -> bool:
+    try:
+        return store.source_tar(input_root, shard).is_file()
+    except KeyError:  # a partition of no dataset of the recipe (switched on, or a dataset dropped): gone
+        return False
+
+
 def plannable(work: Path, shards: list[str], profile: ModelProfile, input_root: Path | None,
               allow_missing: bool) -> tuple[list[str], list[str], list[str]]:
     """(shards to plan, shards waiting for current counts, shards whose tar is gone)."""
@@ -513,8 +520,9 @@ def plannable(work: Path, shards: list[str], profile: ModelProfile, input_root: 
 
     removed: list[str] = []
     if input_root is not None:
-        removed = [s for s in shards if not store.source_tar(input_root, s).is_file()]
-        shards = [s for s in shards if s not in set(removed)]
+        removed = [s for s in shards if not _tar_exists(input_root, s)]
+        gone = set(removed)
+        shards = [s for s in shards if s not in gone]
     missing = [s for s in shards if not token_lengths_are_current(work, s, profile)
                or (input_root is not None and manifest_is_current(input_root, work, s) is None)]
     if missing and not allow_missing:

@@ -216,7 +216,9 @@ class ProcessorCounter:
                                  if k not in ("return_mm_token_type_ids", "return_text_replacement_offsets",
                                               "return_tensors")}
         self._image_rep: dict[tuple[int, int], tuple[str, int]] = {}  # size -> (replacement, tokens folded)
-        self._checked: set[tuple[int, int]] = set()
+        # (size, alone): sizes the direct path was checked on, in a sample with one image or with several (a
+        # processor may expand an image by how many the sample has: LLaVA-OneVision's anyres for one only)
+        self._checked: set[tuple[tuple[int, int], bool]] = set()
         self.fallbacks = 0  # self-checks the direct path failed (it is then off: whole calls only)
         self.direct_counts = 0  # samples counted by the direct path
 
@@ -293,7 +295,8 @@ class ProcessorCounter:
         if videos or not self._direct:  # videos, or a failed self-check: the whole call
             return _Whole()
         sizes = [(int(w), int(h)) for w, h in image_sizes]
-        if any(s not in self._checked for s in sizes):
+        alone = len(sizes) == 1
+        if any((s, alone) not in self._checked for s in sizes):
             return _Whole()
         return self._expand(messages, sizes)
 
@@ -343,7 +346,7 @@ class ProcessorCounter:
         except Exception:
             direct = None
         if direct == whole:
-            self._checked.update(sizes)
+            self._checked.update((s, len(sizes) == 1) for s in sizes)
         else:  # this processor does not expand the way the direct path assumes: whole calls only
             self._direct = False
             self.fallbacks += 1
