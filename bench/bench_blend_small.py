@@ -22,13 +22,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_blend import MIX as bench_mix  # noqa: E402
 from bench_blend import quality  # noqa: E402
 from bench_blend import rows as bench_rows  # noqa: E402
 from common import machine  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_blend import synthetic_rows  # noqa: E402  the test's blend, one definition
 
 from pack_assets.core import binpack, blend  # noqa: E402
 from pack_assets.core.plan import PlanConfig  # noqa: E402
@@ -38,15 +40,7 @@ REPEATS = {"chat": 1.0, "ocr": 2.5, "caption": 0.5}
 
 
 def rows(seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    ids, lens = [], []
-    for name, n, mean in SPEC:
-        ids += [f"{name}/s/{i:07d}" for i in range(n)]
-        lens += np.clip(rng.lognormal(np.log(mean), 0.6, n).astype(np.int64), 8, 4000).tolist()
-    n = len(ids)
-    return {"sample_ids": np.asarray(ids, dtype=object), "media_types": np.asarray(["text"] * n, dtype=object),
-            "lengths": np.asarray(lens, dtype=np.int64), "media_bytes": np.zeros(n, np.int64),
-            "n_media": np.zeros(n, np.int64), "vision_tokens": np.zeros(n, np.int64)}
+    return synthetic_rows(SPEC, seed)
 
 
 # (label, algorithm, mixfill's re-pack threshold)

@@ -233,13 +233,9 @@ class ProcessorCounter:
     # -- per sample ------------------------------------------------------------------------------------------
 
     def count_many(self, items: Iterable[tuple[list[dict], list, list]]):
-        batch: list = []
-        for item in items:
-            batch.append(item)
-            if len(batch) >= _BATCH:
-                yield from self._count_batch(batch)
-                batch = []
-        if batch:
+        from .tokens import batched
+
+        for batch in batched(items, _BATCH):
             yield from self._count_batch(batch)
 
     def _count_batch(self, batch) -> list:

@@ -132,6 +132,18 @@ def media_image_tokens(width: int, height: int, n_images: int, rule: MediaRule) 
     return n - 1 if rule.drop_cls else n
 
 
+
+def batched(items: Iterable, size: int) -> Iterator[list]:
+    """Lists of up to ``size`` items in order (itertools.batched from Python 3.12)."""
+    batch: list = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
 @dataclass(frozen=True, slots=True)
 class VideoCount:
     pad_tokens: int  # tokens that replace the one <|video_pad|>, timestamps excluded
@@ -322,13 +334,7 @@ class TokenCounter:
         if self._processor is not None:
             yield from self._processor.count_many(items)
             return
-        batch: list = []
-        for item in items:
-            batch.append(item)
-            if len(batch) >= _BATCH:
-                yield from self._count_batch(batch)
-                batch = []
-        if batch:
+        for batch in batched(items, _BATCH):
             yield from self._count_batch(batch)
 
     def _count_batch(self, batch) -> list[dict | ReasonError]:
