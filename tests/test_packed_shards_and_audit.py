@@ -472,3 +472,51 @@ def test_energon_index_kept_while_writing_equals_reading_the_shard_back(tmp_path
     assert got == [blobs[j] for i in range(len(pack_ids)) for j in range(len(blobs))[i::2]]
     first = json.loads(tarfile.open(tmp_path / "out.tar").extractfile(f"{pack_ids[0]}.json").read())
     assert first["samples"][0]["source"] == {"caption": "x" * (1 << 20)}
+
+
+def test_the_audit_uses_the_writers_fingerprints_only_while_they_hold(packed):
+    """The writer records each output shard's fingerprint so the audit skips the query over every sample:
+    the audit vouches for the same stamps either way, and an edited source voids the record even when the
+    plan (ids and lengths) stays the same."""
+    inp, work, out, _ = packed
+    assert run_audit(work, out).ok
+    from_record = json.loads((work / "audited_shards.json").read_text())
+    (work / write_stage.WRITTEN).unlink()
+    assert run_audit(work, out).ok
+    assert json.loads((work / "audited_shards.json").read_text()) == from_record and from_record
+    run_write(work, inp, out, workers=1)  # all current: the record is written again, nothing rewritten
+    assert (work / write_stage.WRITTEN).exists()
+    # flip one byte inside an image of a source shard: same size, same header, so same token count and plan
+    with store.connect(work, read_only=True) as con:
+        sid, offset, size = con.execute(
+            """SELECT m.sample_id, m."offset", m.size FROM members m JOIN pack_members USING (sample_id)
+               WHERE m.name LIKE '%.jpg' ORDER BY 1 LIMIT 1""").fetchone()
+        plan_before = PlanInfo.load(con).fingerprint
+    src = inp / f"{sid.split('/')[0]}.tar"
+    with open(src, "r+b") as f:
+        f.seek(offset + size // 2)
+        byte = f.read(1)
+        f.seek(offset + size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    shards = list(store.find_shards(inp))
+    for s in shards:
+        run_manifest(inp, work, s)
+        run_token_lengths(work, s, PROFILE)
+    run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
+    with store.connect(work, read_only=True) as con:
+        assert PlanInfo.load(con).fingerprint == plan_before
+    # the writer did not run since: the quick audit must not trust the shard that now differs from its source
+    quick = run_audit(work, out, scope="changed")
+    assert "media_hash_mismatch" in {v["check"] for v in quick.violations}
+    run_write(work, inp, out, workers=1)
+    assert run_audit(work, out, scope="changed").ok
+
+
+def test_a_bad_duckdb_memory_limit_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv(store.MEMORY_ENV, "lots")
+    with pytest.raises(ValueError, match="PACK_ASSETS_DUCKDB_MEMORY='lots'"):
+        store.connect(tmp_path)
+    monkeypatch.setenv(store.MEMORY_ENV, "300MB")
+    with store.connect(tmp_path) as con:
+        assert con.execute("SELECT current_setting('memory_limit'), current_setting('enable_progress_bar')").fetchone() \
+            == ("286.1 MiB", False)

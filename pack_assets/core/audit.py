@@ -31,7 +31,7 @@ from .results import AuditResult
 from .settings import AUDIT_SCOPES
 from .tario import iter_entries, split_key
 from .tokens import TokenCounter
-from .write import ShardFingerprint, current_shards, write_context
+from .write import ShardFingerprint, current_shards, write_context, written_key, written_stamps
 
 # Below this much output a second process costs more (spawn + imports, ~2 s) than it saves.
 PARALLEL_MIN_BYTES = 512 << 20
@@ -398,16 +398,21 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
         raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
     with store.connect(work, read_only=True) as con:
         info = PlanInfo.load(con)
-        stamps = {}
+        stamps = None
         index = index_out.load_index(out_dir)
         if index is None:
             context, fingerprint = write_context(info), ShardFingerprint
+            # the writer's record, while it holds, spares the fingerprint query over every sample
+            names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
+            stamps = written_stamps(work, written_key(con, info, context), out_dir, names)
         else:  # index mode: its shards are current only while every source they name is as indexed
             context = index_out.index_context(info)
             fingerprint = functools.partial(index_out.IndexFingerprint, root=index_out.index_root(index))
-        for r in current_shards(con, out_dir, context, fingerprint):
-            st = (out_dir / r["shard"]).stat()
-            stamps[r["shard"]] = [st.st_size, st.st_mtime_ns, r["fingerprint"]]
+        if stamps is None:
+            stamps = {}
+            for r in current_shards(con, out_dir, context, fingerprint):
+                st = (out_dir / r["shard"]).stat()
+                stamps[r["shard"]] = [st.st_size, st.st_mtime_ns, r["fingerprint"]]
         if index is not None and not index_out.sources_unchanged(index):
             stamps = {}
         before = _audited(work) if scope == "changed" else {}

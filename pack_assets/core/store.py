@@ -96,7 +96,7 @@ def recorded_stats(work: Path, shards: Iterable[str]) -> dict[str, tuple[int, in
     if not paths:
         return {}
     source = f"read_parquet({_files(paths)}, union_by_name = true)"
-    with duckdb.connect() as con:
+    with _configured(duckdb.connect()) as con:
         fmt = "manifest_format" if "manifest_format" in con.sql(f"SELECT * FROM {source} LIMIT 0").columns else "NULL"
         rows = con.execute(f"SELECT shard, size, mtime_ns, {fmt} FROM {source}").fetchall()
     # an older version's manifest counts as changed, so the sensor requests its rescan as the CLI does
@@ -262,8 +262,25 @@ SELECT pm.pack_id, pm.position, p.output_shard, p.media_type, p.total_token_len,
 FROM pack_members pm JOIN pack_plan p USING (pack_id) JOIN manifest_samples s USING (sample_id)"""
 
 
+MEMORY_ENV = "PACK_ASSETS_DUCKDB_MEMORY"  # DuckDB's memory limit per connection (default 1GB; e.g. "4GB")
+
+
+def _configured(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    # DuckDB's own default limit is 80 % of RAM: the fingerprint query over 1M samples then held 5 GB where
+    # it spills past a bound at the same speed. Its progress bar writes to stdout, into `run --json`.
+    limit = os.environ.get(MEMORY_ENV) or "1GB"
+    try:
+        con.execute("SELECT current_setting('memory_limit')")  # the connection works before blaming the value
+        con.execute(f"SET memory_limit = '{limit}'")
+    except duckdb.Error as e:
+        con.close()
+        raise ValueError(f"{MEMORY_ENV}={limit!r} is not a DuckDB memory limit (e.g. 1GB, 512MB): {e}") from None
+    con.execute("SET enable_progress_bar = false")
+    return con
+
+
 def connect(work: Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect(str(work / DB_NAME), read_only=read_only)
+    con = _configured(duckdb.connect(str(work / DB_NAME), read_only=read_only))
     # SQL reads only catalog tables and what is registered by name: a Python local must never stand in for
     # (or be shadowed by) a table of the same name, as `dropped` once was
     con.execute("SET python_enable_replacements = false")

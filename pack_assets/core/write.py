@@ -294,7 +294,8 @@ def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -
         meta = first_pack_meta(final)
         if meta and meta.get("shard_fingerprint") == context["shard_fingerprint"]:
             return {"shard": job.name, "skipped": True, "bytes": final.stat().st_size, "packs": len(job.packs),
-                    "samples": sum(len(p.subs) for p in job.packs), "seconds": time.perf_counter() - t0}
+                    "samples": sum(len(p.subs) for p in job.packs), "seconds": time.perf_counter() - t0,
+                    "fingerprint": context["shard_fingerprint"]}
     sources = _Sources()
     _prefetch(job, sources)
     fd, tmp = mkstemp(prefix=f".{job.name}.tmp-", dir=out_dir)
@@ -361,7 +362,7 @@ def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -
         sources.close()
     return {"shard": job.name, "skipped": False, "bytes": written, "packs": len(job.packs),
             "samples": sum(len(p.subs) for p in job.packs), "seconds": time.perf_counter() - t0,
-            "index": (samples, parts, end) if plain else _index(entries, end)}
+            "fingerprint": context["shard_fingerprint"], "index": (samples, parts, end) if plain else _index(entries, end)}
 
 
 def _plain_key(pack_id: str) -> bool:
@@ -587,9 +588,11 @@ _FINGERPRINT_ROWS = f"""WITH packed AS (SELECT DISTINCT pm.sample_id, s.media_me
                 media AS ({_listed("media")}),
                 extra AS ({_listed("extra")})
            SELECT p.output_shard, p.pack_id, p.media_type, p.total_token_len, pm.sample_id, t.total_tokens,
-                  sha256(s.conversation), CASE WHEN m.name IS NOT NULL THEN {_MEMBER} END, md.media, ex.extra,
+                  s.conv_sha, CASE WHEN m.name IS NOT NULL THEN {_MEMBER} END, md.media, ex.extra,
                   sh.size || ':' || sh.mtime_ns
-           FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
+           FROM pack_plan p JOIN pack_members pm USING (pack_id)
+           -- hashed before the joins: carried through them, the conversations were most of the memory (~2.6 KB a sample)
+           JOIN (SELECT sample_id, shard, json_member, sha256(conversation) AS conv_sha FROM samples) s USING (sample_id)
            JOIN token_lengths t USING (sample_id) LEFT JOIN media md USING (sample_id)
            LEFT JOIN extra ex USING (sample_id) LEFT JOIN members m ON m.sample_id = s.sample_id AND m.name = s.json_member
            LEFT JOIN shards sh ON sh.shard = s.shard
@@ -630,6 +633,49 @@ def current_shards(con, out_dir: Path, context: dict, fingerprint=ShardFingerpri
     return found
 
 
+WRITTEN = "written_shards.json"
+
+
+def written_key(con, info: PlanInfo, context: dict) -> str:
+    """What the writer's record is valid for: this plan, this context and every source shard as scanned
+    (an edited source can keep the plan's fingerprint, ids and lengths, yet change the bytes to copy)."""
+    sources = con.execute("SELECT shard, size, mtime_ns, status FROM shards ORDER BY 1").fetchall()
+    return hashlib.sha256(json.dumps([info.fingerprint, context, sources], sort_keys=True, default=str)
+                          .encode()).hexdigest()
+
+
+def record_written(work: Path, key: str, out_dir: Path, results: list[dict]) -> None:
+    """Each output shard's content fingerprint as the writer wrote or found it, with the file's (size,
+    mtime_ns) then, so the audit need not compute them again (one query over every sample)."""
+    shards = {}
+    for r in results:
+        st = (out_dir / r["shard"]).stat()
+        shards[r["shard"]] = [st.st_size, st.st_mtime_ns, r["fingerprint"]]
+    store.atomic_write_text(work / WRITTEN, json.dumps({"key": key, "shards": shards}, sort_keys=True))
+
+
+def written_stamps(work: Path, key: str, out_dir: Path, names: list[str]) -> dict[str, list] | None:
+    """[size, mtime_ns, fingerprint] of every planned output shard from the writer's record, or None when the
+    record is for another plan, context or source state, or a shard is missing or not as the writer left it."""
+    try:
+        record = json.loads((work / WRITTEN).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("key") != key:
+        return None
+    stamps = {}
+    for name in names:
+        stamp = record["shards"].get(name)
+        try:
+            st = (out_dir / name).stat()
+        except OSError:
+            return None
+        if stamp is None or stamp[:2] != [st.st_size, st.st_mtime_ns]:
+            return None
+        stamps[name] = stamp
+    return stamps
+
+
 def check_sources(con, input_root: Path, shards: list[str]) -> None:
     """Refuse to copy byte ranges out of a shard that is not the one the manifest scanned."""
     recorded = {r[0]: (r[1], r[2], r[3]) for r in con.execute("SELECT shard, size, mtime_ns, status FROM shards").fetchall()}
@@ -668,11 +714,13 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, pro
             "SELECT DISTINCT shard FROM pack_members JOIN manifest_samples USING (sample_id)").fetchall()])
         names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
         context = write_context(info)
+        key = written_key(con, info, context)
         done = current_shards(con, out_dir, context)
     skip = {r["shard"] for r in done}
     results = write_all(out_dir, [n for n in names if n not in skip], context, workers=workers, progress=progress,
                         loader=functools.partial(load_shard_job, str(work), input_root if isinstance(input_root, dict) else str(input_root)), done=done,
                         plan_fingerprint=info.fingerprint)
+    record_written(work, key, out_dir, results)
     first = out_dir / names[0] if names else None
     return WriteSummary(
         output_dir=out_dir, shards=len(results), written=sum(not r["skipped"] for r in results),
