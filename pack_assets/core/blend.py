@@ -328,7 +328,7 @@ def plan_epoch(work: Path, shards: list[str], config: PlanConfig, profile: Model
         store.atomic_write_text(edir / "pack_plan.jsonl", blend_jsonl(plan))
         info = PlanInfo(plan.fingerprint, profile.name, profile.fingerprint, profile.model_dir, shards, cfg, plan.stats,
                         profile.trust_remote_code)
-        store.save_plan(con, [asdict(p) for p in plan.packs], plan.dropped, info.as_dict(), blend=True)
+        store.save_plan(con, [vars(p) for p in plan.packs], plan.dropped, info.as_dict(), blend=True)
         violations = check_blend(con, cfg, recipe.repeats)
     return PlanSummary(plan.fingerprint, edir / "pack_plan.jsonl", why, plan.stats, len(shards), list(waiting),
                        list(removed), violations)
