@@ -520,3 +520,31 @@ def test_a_bad_duckdb_memory_limit_is_named(tmp_path, monkeypatch):
     with store.connect(tmp_path) as con:
         assert con.execute("SELECT current_setting('memory_limit'), current_setting('enable_progress_bar')").fetchone() \
             == ("286.1 MiB", False)
+
+
+def _energon_rows(out: Path) -> tuple[list, list]:
+    import sqlite3
+
+    with sqlite3.connect(out / ".nv-meta" / "index.sqlite") as db:
+        return (db.execute("SELECT * FROM samples ORDER BY tar_file_id, sample_index").fetchall(),
+                db.execute("SELECT * FROM sample_parts ORDER BY tar_file_id, sample_index, content_byte_offset").fetchall())
+
+
+def test_a_rerun_keeps_the_energon_index_rows_of_untouched_shards_only_while_the_record_vouches(packed, monkeypatch):
+    inp, work, out, _ = packed
+    fresh = _energon_rows(out)
+    read_back = []
+    real = write_stage._sample_index
+    monkeypatch.setattr(write_stage, "_sample_index", lambda p: read_back.append(p.name) or real(p))
+    run_write(work, inp, out, workers=1)  # every shard current: their rows come from the last index
+    assert read_back == [] and _energon_rows(out) == fresh
+    # a shard touched since (new mtime) and an index not the one the record hashed are read back instead
+    shards = sorted(out.glob("*.tar"))
+    os.utime(shards[0], ns=(shards[0].stat().st_atime_ns, shards[0].stat().st_mtime_ns + 1000))
+    run_write(work, inp, out, workers=1)
+    assert read_back == [shards[0].name] and _energon_rows(out) == fresh
+    read_back.clear()
+    with open(out / ".nv-meta" / "index.sqlite", "ab") as f:
+        f.write(b"\0")
+    run_write(work, inp, out, workers=1)
+    assert sorted(read_back) == [s.name for s in shards] and _energon_rows(out) == fresh
