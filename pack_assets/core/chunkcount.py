@@ -133,17 +133,16 @@ class ChunkCounts:
                     todo.append((i, [first] + [" " + p for p in rest]))
         if todo:
             new = list({c: None for _, chunks in todo for c in chunks if c not in cache})
-            fresh = dict(zip(new, self._count(new)))
             self.misses += len(new)
+            cache.update(zip(new, self._count(new)))  # every new chunk in, for the sums; then the bounds
             for i, chunks in todo:
-                out[i] = sum(fresh[c] if c in fresh else cache[c] for c in chunks)
-            if len(cache) + len(lead) + 2 * len(fresh) > self.max_entries:
-                self.clear()
-                cache, lead = self._cache, self._lead
+                out[i] = sum(map(get, chunks))
             keep = self.max_chunk
-            for c, n in fresh.items():
-                if len(c) <= keep:
-                    cache[c] = n
-                    if c[:1] == " " and " " not in c[1:]:
-                        lead[c[1:]] = n
+            for c in new:
+                if len(c) > keep:
+                    del cache[c]
+                elif c[:1] == " " and " " not in c[1:]:
+                    lead[c[1:]] = cache[c]
+            if len(cache) + len(lead) > self.max_entries:
+                self.clear()
         return out
