@@ -61,12 +61,23 @@ def qwen_folder(tmp: Path) -> Path:
     return d
 
 
+ZIPF = False  # --zipf: words from bench_counts' 50k pseudo-word Zipf vocabulary (k // 4 of them per k words)
+
+
 def samples(n: int, warm: bool, seed: int = 0) -> list[tuple[list[dict], list, list]]:
     rng = random.Random(seed)
     pool = [[640, 480], [1024, 768], [1280, 720], [512, 512], [800, 600], [1920, 1080], [720, 1280], [336, 336]]
     out = []
+    if ZIPF:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_counts import zipf_words
+
+        vocab, cum = zipf_words()
     for i in range(n):
-        words = lambda k: " ".join(rng.choice(WORDS) for _ in range(k))  # noqa: E731
+        if ZIPF:
+            words = lambda k: " ".join(rng.choices(vocab, cum_weights=cum, k=k // 4))  # noqa: E731
+        else:
+            words = lambda k: " ".join(rng.choice(WORDS) for _ in range(k))  # noqa: E731
         size = rng.choice(pool) if warm else [300 + i % 997, 200 + (i * 7919) % 1201]  # every pair distinct
         msgs = [{"role": "system", "content": [{"type": "text", "text": "You are a careful assistant."}]},
                 {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": words(120)}]},
@@ -149,13 +160,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=2000)
     ap.add_argument("--label", default="")
+    ap.add_argument("--zipf", action="store_true", help="text from a 50k pseudo-word Zipf vocabulary")
     ap.add_argument("--results", help="append the run to this JSON file (a list of runs)")
     a = ap.parse_args()
+    global ZIPF
+    ZIPF = a.zipf
     load = os.getloadavg()
     run = {"label": a.label, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                                        f"Python {platform.python_version()}",
            "cpus_allowed": sorted(os.sched_getaffinity(0)), "loadavg_start": [round(x, 2) for x in load],
-           "command": " ".join(["python", *sys.argv]), "models": []}
+           "command": " ".join(["python", *sys.argv]), "text": "zipf" if a.zipf else "28 words", "models": []}
     with tempfile.TemporaryDirectory() as tmp:
         for name, folder, fast in (("gemma3", gemma_folder(Path(tmp)), False), ("qwen3-vl", qwen_folder(Path(tmp)), True)):
             r = bench_model(name, folder, a.n, fast)

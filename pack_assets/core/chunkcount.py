@@ -87,14 +87,15 @@ def tokenizer_rule(tokenizer) -> tuple[str | None, str]:
 class ChunkCounts:
     """Per-text sums of per-chunk values, each distinct chunk computed once by ``count`` (a batch of chunks ->
     one int each). Bounded: emptied when it holds ``max_entries``; chunks longer than ``max_chunk`` characters
-    are counted every time, never kept.
+    (a URL, a line of code, text without spaces) are counted every time, never kept: words are short, and
+    long chunks rarely repeat, so 2^18 short keys bound a worker's cache to some tens of MB.
 
     ``glue``: the characters no cut may follow (``split_rule``'s). A text with no "  ", no "▁" and no glue
     character before " " is cut by ``str.split(" ")`` (every cut then falls between a plain character and
     one space, a cut of the rule; several times faster than the regex); any other text by the regex."""
 
     def __init__(self, pattern: str, count: Callable[[list[str]], list[int]], glue: str = "",
-                 max_entries: int = 1 << 18, max_chunk: int = 256):
+                 max_entries: int = 1 << 18, max_chunk: int = 64):
         self._split = re.compile(pattern).findall
         self._count = count
         self._needles = ("  ", SPACE) + tuple(g + " " for g in glue)

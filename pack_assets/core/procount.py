@@ -11,7 +11,9 @@ size alone (the pixels never decide a count). So, per distinct image size, the p
 the template is rendered once (transformers' ``render_jinja_template``), the processor's own
 ``get_text_with_replacements`` puts the kept strings in, and the tokenizer runs once, batched over many
 samples. A run of one repeated media token (Gemma 3's 256 ``<image_soft_token>``) is tokenized as one and
-the rest added back (each is an added token, split off before anything else). The first sample that shows a
+the rest added back (each is an added token, split off before anything else); where the tokenizer is of the
+shape core/chunkcount.py proves (Gemma 3), the expanded texts are counted through its chunk -> count cache,
+each distinct chunk by the same tokenizer call. The first sample that shows a
 new image size is also counted the slow way (the whole processor call); if the two ever differ the counter
 falls back to the whole call for every sample, so an unusual processor costs speed, never exactness.
 """
