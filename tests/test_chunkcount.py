@@ -144,6 +144,8 @@ def _changed(spec, how) -> dict:
         {"id": 999999, "content": "a b", "single_word": False, "lstrip": False, "rstrip": False,
          "normalized": False, "special": False})),
     ("byte token glued to '▁'", lambda s: s["model"].__setitem__("merges", s["model"]["merges"] + [["<0xE2>", SPACE]])),
+    ("byte tokens merged", lambda s: s["model"].__setitem__("merges", s["model"]["merges"] + [["<0xE2>", "<0x96>"]])),
+    ("no byte fallback", lambda s: s["model"].__setitem__("byte_fallback", False)),
 ])
 def test_the_guard_refuses_definitions_the_proof_does_not_cover(spec, name, how):
     pattern, why = split_rule(_changed(spec, how))

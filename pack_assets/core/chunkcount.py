@@ -18,8 +18,9 @@ the loaded tokenizer's own definition; any other shape gets no cache):
    merge joins the symbol ending at the cut (last character x) with the one starting at it (first character
    "▁"), the two sides evolve exactly as they would alone. Such a merge (L, R) has R starting with "▁" and L
    ending with x. So cutting only where x is not the last character of any merge's L whose R starts with "▁"
-   (Gemma 3: one merge, ">" + "▁</") keeps the ids of a+b equal to those of a then b. Byte-fallback symbols
-   are in no such merge (checked), and "▁" is a vocabulary symbol, so no unknown-token fusion crosses the cut.
+   (Gemma 3: one merge, ">" + "▁</") keeps the ids of a+b equal to those of a then b. An x outside the
+   vocabulary is a byte symbol, and byte symbols are in no merge (checked); byte fallback covers every byte
+   and "▁" is a vocabulary symbol, so no <unk> fusion crosses the cut.
 
 So a text's count is the sum of its chunks' counts. tests/test_chunkcount.py compares with the plain tokenizer.
 """
@@ -53,8 +54,8 @@ def split_rule(spec: dict) -> tuple[str | None, str]:
     vocab = model.get("vocab") or {}
     if SPACE not in vocab:
         return None, "no '▁' in the vocabulary"
-    if model.get("byte_fallback") and not all(f"<0x{b:02X}>" in vocab for b in range(256)):
-        return None, "byte fallback without all 256 byte tokens"
+    if not model.get("byte_fallback") or not all(f"<0x{b:02X}>" in vocab for b in range(256)):
+        return None, "no byte fallback over all 256 byte tokens (an unknown character could fuse into <unk>)"
     inner = re.compile(f"[^{_SPACES}][{_SPACES}]")
     for t in spec.get("added_tokens") or []:
         if t.get("normalized") or t.get("lstrip") or t.get("rstrip") or t.get("single_word"):
@@ -64,9 +65,10 @@ def split_rule(spec: dict) -> tuple[str | None, str]:
     glue: set[str] = set()  # last characters of a merge's left part whose right part starts with "▁"
     for m in model.get("merges") or []:
         left, right = m if isinstance(m, list) else m.split(" ", 1)
+        for part in (left, right):  # a byte symbol never merges: the one ending at a cut stays alone
+            if len(part) == 6 and part.startswith("<0x") and _BYTE.fullmatch(part):
+                return None, f"a byte token merges: {left!r} + {right!r}"
         if right.startswith(SPACE) and not left.endswith(SPACE):
-            if _BYTE.fullmatch(left):
-                return None, f"a byte token merges with '▁': {left!r} + {right!r}"
             glue.add(left[-1])
     if " " in glue:  # impossible after the normalizer, but the rule below relies on it
         return None, "a merge glues ' ' to '▁'"
