@@ -94,7 +94,10 @@ class ChunkCounts:
 
     ``glue``: the characters no cut may follow (``split_rule``'s). A text with no "  ", no "▁" and no glue
     character before " " is cut by ``str.split(" ")`` (every cut then falls between a plain character and
-    one space, a cut of the rule; several times faster than the regex); any other text by the regex."""
+    one space, a cut of the rule; several times faster than the regex); any other text by the regex.
+
+    Meant for one thread at a time (as the counters that hold it). Every stored value is the tokenizer's
+    count of its exact key, so a race could only miss a key (KeyError), never give a wrong count."""
 
     def __init__(self, pattern: str, count: Callable[[list[str]], list[int]], glue: str = "",
                  max_entries: int = 1 << 18, max_chunk: int = 64):
@@ -137,15 +140,16 @@ class ChunkCounts:
         if todo:
             new = list({c: None for _, chunks in todo for c in chunks if c not in cache})
             self.misses += len(new)
-            cache.update(zip(new, self._count(new)))  # every new chunk in, for the sums; then the bounds
+            fresh = dict(zip(new, self._count(new)))
+            cache.update(fresh)  # every new chunk in, for the sums; then the bounds
             for i, chunks in todo:
                 out[i] = sum(map(get, chunks))
             keep = self.max_chunk
-            for c in new:
+            for c, n in fresh.items():
                 if len(c) > keep:
-                    del cache[c]
+                    cache.pop(c, None)
                 elif c[:1] == " " and " " not in c[1:]:
-                    lead[c[1:]] = cache[c]
+                    lead[c[1:]] = n
             if len(cache) + len(lead) > self.max_entries:
                 self.clear()
         return out

@@ -295,7 +295,7 @@ class TokenCounter:
     @functools.cached_property
     def chunks(self) -> ChunkCounts | None:
         """The chunk -> count cache (core/chunkcount.py) where its proof holds for this tokenizer, else None."""
-        if self.fast is not None or not self._use_chunks:
+        if self._processor is not None or self.fast is not None or not self._use_chunks:
             return None
         return _chunk_counts(self.profile.tokenizer_file, self.profile.last_added_id)
 
