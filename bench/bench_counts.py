@@ -4,7 +4,9 @@ Synthetic multi-turn samples (system, 1-2 images of a few repeated sizes, tools 
 pass is the cold figure (processor rule: every size new to the cache), the second the warm one.
 ``--one-image``: the issue's yardstick instead, one image and ~400 text tokens per sample. ``--family F``
 (internvl, llava-onevision, gemma3): the checkpoint folder the tests use (tests/fixtures/models), unpacked
-to a temp folder.
+to a temp folder. A ``tokenizers`` family with the chunk -> count cache (Gemma 3) starts each pass with it
+empty; ``--no-chunk-cache`` runs every text through the tokenizer (the rule before it). ``--zipf``: the
+one-image samples' words from a 50k pseudo-word Zipf vocabulary (k // 4 words: ~the same tokens, pseudo-words being rarer pieces).
 """
 
 from __future__ import annotations
@@ -42,12 +44,37 @@ def samples(n: int, seed: int = 0) -> list[tuple[list[dict], list, list]]:
     return out
 
 
-def one_image_samples(n: int, seed: int = 0) -> list[tuple[list[dict], list, list]]:
-    """One image of a few repeated sizes + ~400 text tokens (system, two turns each way)."""
+def zipf_words(n_words: int = 50_000, s: float = 1.1, seed: int = 7) -> tuple[list[str], list[float]]:
+    """A vocabulary of pseudo-words (2-12 letters, some capitalized or with punctuation) and Zipf cumulative
+    weights: text whose distinct words keep coming, as natural text's do (the chunk cache's hard case)."""
+    rng = random.Random(seed)
+    letters = "etaoinshrdlcumwfgypbvkjxqz"
+    words, seen = [], set()
+    while len(words) < n_words:
+        w = "".join(rng.choice(letters) for _ in range(rng.randint(2, 12)))
+        w = w.capitalize() if rng.random() < 0.1 else w
+        w = w + rng.choice(".,;:!?") if rng.random() < 0.08 else w
+        if w not in seen:
+            seen.add(w)
+            words.append(w)
+    cum, total = [], 0.0
+    for r in range(1, n_words + 1):
+        total += 1 / r**s
+        cum.append(total)
+    return words, cum
+
+
+def one_image_samples(n: int, seed: int = 0, zipf: bool = False) -> list[tuple[list[dict], list, list]]:
+    """One image of a few repeated sizes + ~400 text tokens (system, two turns each way); ``zipf``: words
+    from a 50k pseudo-word Zipf vocabulary instead of 16 words."""
     rng = random.Random(seed)
     sizes = [[640, 480], [1024, 768], [1280, 720], [512, 512], [800, 600]]
-    words = "the a cat dog sat on mat red blue image shows large small tree house car".split()
-    text = lambda k: {"type": "text", "text": " ".join(rng.choice(words) for _ in range(k))}  # noqa: E731
+    if zipf:
+        vocab, cum = zipf_words()
+        text = lambda k: {"type": "text", "text": " ".join(rng.choices(vocab, cum_weights=cum, k=k // 4))}  # noqa: E731
+    else:
+        words = "the a cat dog sat on mat red blue image shows large small tree house car".split()
+        text = lambda k: {"type": "text", "text": " ".join(rng.choice(words) for _ in range(k))}  # noqa: E731
     return [([{"role": "system", "content": [{"type": "text", "text": "You are helpful."}]},
               {"role": "user", "content": [{"type": "image"}, text(rng.randint(60, 100))]},
               {"role": "assistant", "content": [text(rng.randint(140, 180))]},
@@ -72,26 +99,37 @@ def main() -> None:
     ap.add_argument("--model-dir")
     ap.add_argument("--family", help="internvl | llava-onevision | gemma3: the test fixtures' folder")
     ap.add_argument("--one-image", action="store_true", help="1 image + ~400 text tokens per sample")
+    ap.add_argument("--zipf", action="store_true", help="with --one-image: 50k pseudo-words, Zipf-drawn")
+    ap.add_argument("--no-chunk-cache", action="store_true",
+                    help="every text through the tokenizer (the rule before the chunk -> count cache)")
     ap.add_argument("-n", type=int, default=5000)
     ap.add_argument("--label", default="", help="what code this is (e.g. a commit), kept in the results file")
     ap.add_argument("--results", help="append the figures to this JSON file (a list of runs)")
     a = ap.parse_args()
-    counter = TokenCounter(resolve_profile(a.profile, family_dir(a.family) if a.family else a.model_dir))
-    data = one_image_samples(a.n) if a.one_image else samples(a.n)
+    counter = TokenCounter(resolve_profile(a.profile, family_dir(a.family) if a.family else a.model_dir),
+                           chunk_cache=not a.no_chunk_cache)
+    data = one_image_samples(a.n, zipf=a.zipf) if a.one_image else samples(a.n)
     if counter.backend != "processor":
         counter.lengths([""])  # builds the tokenizer (lazy) outside the timed passes
+    chunks = counter.chunks if counter.backend == "tokenizers" else None
     run = {"label": a.label, "profile": counter.profile.name, "backend": counter.backend, "n": a.n,
-           "shape": "one-image" if a.one_image else "mixed",
+           "chunk_cache": chunks is not None,
+           "shape": ("one-image-zipf" if a.zipf else "one-image") if a.one_image else "mixed",
            "load": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None,
            "machine": f"{platform.processor() or platform.machine()}, Python {platform.python_version()}"}
     for label in ("cold", "warm"):
+        if chunks is not None:  # each pass starts with an empty chunk cache: the warm pass is no replay
+            chunks.clear()
+            misses_before = chunks.misses
         t0 = time.perf_counter()
         res = list(counter.count_many(data))
         dt = time.perf_counter() - t0
         bad = sum(isinstance(r, Exception) for r in res)
         run[f"{label}_samples_per_s"] = round(a.n / dt, 1)
-        print(f"{counter.profile.name} [{counter.backend}] {label}: {a.n / dt:,.0f} samples/s ({a.n} in {dt:.2f} s, "
-              f"{bad} rejected)")
+        print(f"{counter.profile.name} [{counter.backend}{', chunk cache' if chunks else ''}] {label}: "
+              f"{a.n / dt:,.0f} samples/s ({a.n} in {dt:.2f} s, {bad} rejected)")
+    if chunks is not None:
+        run["chunk_misses_last_pass"] = chunks.misses - misses_before
     ok = [r for r in res if isinstance(r, dict)]
     run["mean_text_tokens"] = round(sum(r["text_tokens"] for r in ok) / max(1, len(ok)))
     run["mean_total_tokens"] = round(sum(r["total_tokens"] for r in ok) / max(1, len(ok)))

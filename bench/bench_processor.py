@@ -9,7 +9,9 @@ a size never seen (n/5 of them; each one runs the processor's image path and the
 the bundled tokenizer) counted by the processor rule and, on the same samples, by the fast rule. Also, in
 the same run: the whole processor call per sample (the rule before this change) and the tokenizer alone on
 the expanded texts (the floor of any exact rule that runs that tokenizer). One thread for the tokenizer
-(RAYON_NUM_THREADS=1): figures per core.
+(RAYON_NUM_THREADS=1): figures per core. Where the processor's tokenizer takes the chunk -> count cache
+(Gemma 3), each round also runs the direct path without it (``processor_warm_no_chunk_cache``), the cache
+emptied before each round.
 """
 
 from __future__ import annotations
@@ -59,12 +61,23 @@ def qwen_folder(tmp: Path) -> Path:
     return d
 
 
+ZIPF = False  # --zipf: words from bench_counts' 50k pseudo-word Zipf vocabulary (k // 4 of them per k words)
+
+
 def samples(n: int, warm: bool, seed: int = 0) -> list[tuple[list[dict], list, list]]:
     rng = random.Random(seed)
     pool = [[640, 480], [1024, 768], [1280, 720], [512, 512], [800, 600], [1920, 1080], [720, 1280], [336, 336]]
     out = []
+    if ZIPF:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_counts import zipf_words
+
+        vocab, cum = zipf_words()
     for i in range(n):
-        words = lambda k: " ".join(rng.choice(WORDS) for _ in range(k))  # noqa: E731
+        if ZIPF:
+            words = lambda k: " ".join(rng.choices(vocab, cum_weights=cum, k=k // 4))  # noqa: E731
+        else:
+            words = lambda k: " ".join(rng.choice(WORDS) for _ in range(k))  # noqa: E731
         size = rng.choice(pool) if warm else [300 + i % 997, 200 + (i * 7919) % 1201]  # every pair distinct
         msgs = [{"role": "system", "content": [{"type": "text", "text": "You are a careful assistant."}]},
                 {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": words(120)}]},
@@ -94,10 +107,19 @@ def bench_model(name: str, folder: Path, n: int, fast: bool) -> dict:
     out["processor_cold"], _ = rate(tc, cold)
     texts = [pc._prepare(*item)[0] for item in warm]  # the expanded texts, media runs folded
     quarter = warm[: n // 4]
-    rounds = {"processor_warm": [], "whole_call_warm": [], "tokenizer_only": []}
-    for _ in range(ROUNDS):  # in turn, so a change in the machine's load hits all three alike
+    rounds = {"processor_warm": [], "processor_warm_no_chunk_cache": [], "whole_call_warm": [], "tokenizer_only": []}
+    chunks = pc.chunks
+    out["chunk_cache"] = chunks is not None
+    for _ in range(ROUNDS):  # in turn, so a change in the machine's load hits all alike
+        if chunks is not None:
+            chunks.clear()  # each round starts empty: no replay of the last round's chunks
         r, res_warm = rate(tc, warm)
         rounds["processor_warm"].append(r)
+        pc.chunks = None  # every text through the tokenizer: the direct path before the chunk cache
+        r, res_plain = rate(tc, warm)
+        rounds["processor_warm_no_chunk_cache"].append(r)
+        pc.chunks = chunks
+        out["chunk_cache_equal_to_plain"] = out.get("chunk_cache_equal_to_plain", True) and res_plain == res_warm
         pc._direct = False  # the whole processor call per sample: the rule as it was before
         r, res_whole = rate(tc, quarter)
         rounds["whole_call_warm"].append(r)
@@ -110,6 +132,8 @@ def bench_model(name: str, folder: Path, n: int, fast: bool) -> dict:
     out["rounds"] = {k: [round(x, 1) for x in v] for k, v in rounds.items()}
     out["warm_over_whole_call"] = round(statistics.median(
         a / b for a, b in zip(rounds["processor_warm"], rounds["whole_call_warm"])), 2)
+    out["chunk_cache_speedup"] = round(statistics.median(
+        a / b for a, b in zip(rounds["processor_warm"], rounds["processor_warm_no_chunk_cache"])), 2)
     out["warm_over_tokenizer_only"] = round(statistics.median(
         a / b for a, b in zip(rounds["processor_warm"], rounds["tokenizer_only"])), 2)
     out["direct_counts"], out["self_check_failures"] = pc.direct_counts, pc.fallbacks
@@ -136,13 +160,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=2000)
     ap.add_argument("--label", default="")
+    ap.add_argument("--zipf", action="store_true", help="text from a 50k pseudo-word Zipf vocabulary")
     ap.add_argument("--results", help="append the run to this JSON file (a list of runs)")
     a = ap.parse_args()
+    global ZIPF
+    ZIPF = a.zipf
     load = os.getloadavg()
     run = {"label": a.label, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                                        f"Python {platform.python_version()}",
            "cpus_allowed": sorted(os.sched_getaffinity(0)), "loadavg_start": [round(x, 2) for x in load],
-           "command": " ".join(["python", *sys.argv]), "models": []}
+           "command": " ".join(["python", *sys.argv]), "text": "zipf" if a.zipf else "28 words", "models": []}
     with tempfile.TemporaryDirectory() as tmp:
         for name, folder, fast in (("gemma3", gemma_folder(Path(tmp)), False), ("qwen3-vl", qwen_folder(Path(tmp)), True)):
             r = bench_model(name, folder, a.n, fast)

@@ -11,7 +11,9 @@ size alone (the pixels never decide a count). So, per distinct image size, the p
 the template is rendered once (transformers' ``render_jinja_template``), the processor's own
 ``get_text_with_replacements`` puts the kept strings in, and the tokenizer runs once, batched over many
 samples. A run of one repeated media token (Gemma 3's 256 ``<image_soft_token>``) is tokenized as one and
-the rest added back (each is an added token, split off before anything else). The first sample that shows a
+the rest added back (each is an added token, split off before anything else); where the tokenizer is of the
+shape core/chunkcount.py proves (Gemma 3), the expanded texts are counted through its chunk -> count cache,
+each distinct chunk by the same tokenizer call. The first sample that shows a
 new image size is also counted the slow way (the whole processor call); if the two ever differ the counter
 falls back to the whole call for every sample, so an unusual processor costs speed, never exactness.
 """
@@ -215,6 +217,8 @@ class ProcessorCounter:
             self._text_kwargs = {k: v for k, v in merged["text_kwargs"].items()
                                  if k not in ("return_mm_token_type_ids", "return_text_replacement_offsets",
                                               "return_tensors")}
+        # chunk -> (tokens, media tokens) cache where its proof holds for this tokenizer (core/chunkcount.py)
+        self.chunks = _chunk_counts(tok, self._text_kwargs, self._media_ids) if self._direct else None
         self._image_rep: dict[tuple[int, int], tuple[str, int]] = {}  # size -> (replacement, tokens folded)
         # (size, alone): sizes the direct path was checked on, in a sample with one image or with several (a
         # processor may expand an image by how many the sample has: LLaVA-OneVision's anyres for one only)
@@ -251,6 +255,20 @@ class ProcessorCounter:
             except ReasonError as e:
                 prepared.append(e)
         texts = [p[0] for p in prepared if isinstance(p, tuple)]
+        if self.chunks is not None and texts:
+            try:
+                packed = self.chunks.lengths(texts)
+            except Exception:  # one text the tokenizer refuses: the plain path finds it
+                packed = None
+            if packed is not None:
+                it = iter(packed)
+                out = []
+                for p in prepared:
+                    if isinstance(p, tuple):
+                        self.direct_counts += 1
+                        p = _unpack(next(it), p[1])
+                    out.append(p)
+                return out
         try:
             all_ids = self.tokenizer(texts, **self._text_kwargs)["input_ids"] if texts else []
         except Exception:  # one text the tokenizer refuses: find it sample by sample
@@ -338,7 +356,9 @@ class ProcessorCounter:
             for s in sizes:
                 self._rep_for(s)
             text, folded = self._expand(messages, sizes)
-            direct = self._from_ids((text, folded), None)
+            # the self-check covers the path the batch takes: the chunk cache where it is on
+            direct = _unpack(self.chunks.lengths([text])[0], folded) if self.chunks is not None else \
+                self._from_ids((text, folded), None)
         except Exception:
             direct = None
         if direct == whole:
@@ -410,6 +430,42 @@ def _has_replacements(proc) -> bool:
     return (hasattr(ProcessorMixin, "get_text_with_replacements") and hasattr(proc, "_process_images")
             and getattr(cls, "replace_image_token", None) is not ProcessorMixin.replace_image_token
             and getattr(proc, "image_token", None) is not None)
+
+
+_HIGH = 32  # a chunk's value: tokens + (media tokens << 32), so a text's sum carries both
+
+
+def _chunk_counts(tok, text_kwargs: dict, media_ids: tuple[int, ...]):
+    """A ChunkCounts over the processor's tokenizer, or None. The proof (core/chunkcount.py) is about its
+    ``tokenizers`` backend; the call the direct path makes must be that backend's plain encode: transformers'
+    own ``__call__``/``_encode_plus`` (which hand the texts to ``encode_batch`` unchanged), no kwargs but
+    add_special_tokens=False, special tokens not split."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    from .chunkcount import ChunkCounts, tokenizer_rule
+
+    cls = type(tok)
+    if (not isinstance(tok, TokenizersBackend) or cls.__call__ is not PreTrainedTokenizerBase.__call__
+            or cls._encode_plus is not TokenizersBackend._encode_plus or text_kwargs != {"add_special_tokens": False}
+            or getattr(tok, "split_special_tokens", True)):
+        return None
+    pattern, glue = tokenizer_rule(tok.backend_tokenizer)
+    if pattern is None:
+        return None
+
+    def count(chunks: list[str]) -> list[int]:
+        ids = tok(chunks, **text_kwargs)["input_ids"]  # the same call as the plain direct path
+        return [len(x) + (sum(x.count(i) for i in media_ids) << _HIGH) for x in ids]
+
+    return ChunkCounts(pattern, count, glue)
+
+
+def _unpack(value: int, folded: int) -> dict:
+    media = (value >> _HIGH) + folded
+    return _result((value & ((1 << _HIGH) - 1)) + folded, media, 0)
 
 
 def _result(total: int, image: int, video: int) -> dict:

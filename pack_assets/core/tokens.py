@@ -33,7 +33,8 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from . import store
-from .profiles import ImageRule, MediaRule, ModelProfile, VideoRule, fast_counter_for, tokenizer_for
+from .chunkcount import ChunkCounts, tokenizer_rule
+from .profiles import ImageRule, MediaRule, ModelProfile, VideoRule, _tokenizer, fast_counter_for, tokenizer_for
 from .reasons import ReasonError
 from .records import TOKEN_LENGTHS_SCHEMA, Rejection
 from .results import FilePath
@@ -248,17 +249,30 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+def _plain_lengths(tokenizer, texts: list[str]) -> list[int]:
+    return [len(e) for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+@functools.lru_cache(maxsize=8)  # one per tokenizer and worker process: every shard it counts shares the cache
+def _chunk_counts(path: str, last_added_id: int) -> ChunkCounts | None:
+    tok = _tokenizer(path, last_added_id)
+    pattern, glue = tokenizer_rule(tok)
+    return ChunkCounts(pattern, functools.partial(_plain_lengths, tok), glue) if pattern else None
+
+
 class TokenCounter:
     """Counts for one profile; batches the tokenizer calls.
 
     Token counts come from tiktoken built from the profile's own tokenizer.json where that file is a plain
     byte-level BPE (the Qwen family): same ids as Hugging Face ``tokenizers`` (tested), several times
-    faster. Any other tokenizer file is run by ``tokenizers`` itself.
+    faster. Any other tokenizer file is run by ``tokenizers`` itself, through the chunk -> count cache where
+    its proof holds for that file (Gemma 3; core/chunkcount.py).
     """
 
-    def __init__(self, profile: ModelProfile, backend: str = "auto"):
+    def __init__(self, profile: ModelProfile, backend: str = "auto", chunk_cache: bool = True):
         self.profile = profile
         self._processor = None
+        self._use_chunks = chunk_cache  # False: every text through the tokenizer (benchmarks' "before")
         if profile.rule == "processor":  # the folder's own processor counts (core/procount.py)
             from .procount import processor_counter
 
@@ -278,11 +292,20 @@ class TokenCounter:
         """The profile's ``tokenizers`` tokenizer, built on first use (a tiktoken counter never needs it)."""
         return tokenizer_for(self.profile)
 
+    @functools.cached_property
+    def chunks(self) -> ChunkCounts | None:
+        """The chunk -> count cache (core/chunkcount.py) where its proof holds for this tokenizer, else None."""
+        if self._processor is not None or self.fast is not None or not self._use_chunks:
+            return None
+        return _chunk_counts(self.profile.tokenizer_file, self.profile.last_added_id)
+
     def lengths(self, texts: list[str]) -> list[int]:
         if self.fast is not None:
             encode = self.fast.encode
             return [len(encode(self._nfc(t), allowed_special="all")) for t in texts]
-        return [len(e) for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+        if self.chunks is not None:
+            return self.chunks.lengths(texts)
+        return _plain_lengths(self.tokenizer, texts)
 
     def _nfc(self, text: str) -> str:
         """NFC as HF applies it: after the added tokens are split off ("<|vision_end|>\u0338" must not
