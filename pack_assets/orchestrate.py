@@ -97,11 +97,12 @@ def _shard_listener(on_shard):
     return listen
 
 
-def _batch_run(keys: list[str], flat: dict, on_shard=None) -> dict[str, int]:
+def _batch_run(keys: list[str], flat: dict, on_shard=None, instance: dg.DagsterInstance | None = None) -> dict[str, int]:
     """ONE run of `manifest` + `token_lengths` over consecutive partitions `keys` (a partition range; one
     materialization per shard in the instance, under DAGSTER_HOME); returns each shard's sample count.
-    (Settings travel flat: resource objects do not pickle across processes.)"""
-    instance, run_id = dg.DagsterInstance.get(), str(uuid.uuid4())
+    (Settings travel flat: resource objects do not pickle across processes; a worker loads its instance,
+    the parent passes its own: loading another costs ~0.5 s.)"""
+    instance, run_id = instance or dg.DagsterInstance.get(), str(uuid.uuid4())
     if on_shard is not None:
         instance.add_event_listener(run_id, _shard_listener(on_shard))
     tags = {} if len(keys) == 1 else {RANGE_START: keys[0], RANGE_END: keys[-1]}
@@ -142,7 +143,8 @@ def _sync_partitions(instance: dg.DagsterInstance, root: Path, shards: list[str]
     return removed
 
 
-def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progress_log) -> int:
+def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progress_log,
+                instance: dg.DagsterInstance | None = None) -> int:
     """Scan and count the shards of `todo`: one Dagster run per range of consecutive partitions in this
     process (--jobs 1), or ranges of a few shards each spread over `jobs` worker processes, started once.
     Returns how many Dagster runs that took."""
@@ -150,7 +152,7 @@ def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progre
         if jobs == 1:
             batches = _batches(todo, order, len(todo) or 1)
             for keys in batches:
-                _batch_run(keys, flat, on_shard=progress.update)
+                _batch_run(keys, flat, on_shard=progress.update, instance=instance)
             return len(batches)
         # shard runs write only their own Parquet files, so they run side by side; a few shards per run keeps
         # the workers evenly loaded and the progress lines coming
@@ -188,7 +190,7 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
     jobs = max(1, min(jobs or default_jobs(len(todo)), len(todo)))
     t_shards = time.perf_counter()
     order = list(instance.get_dynamic_partitions(source_shards.name))  # the order a partition range follows
-    _shard_runs(todo, order, jobs, settings.flat(), progress_log)
+    _shard_runs(todo, order, jobs, settings.flat(), progress_log, instance)
     shard_seconds = time.perf_counter() - t_shards
     log(f"{len(todo)} shard run(s), {len(shards) - len(todo)} shard(s) unchanged; planning, writing and auditing")
     result = _materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=_resources(settings),

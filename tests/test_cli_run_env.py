@@ -159,3 +159,31 @@ print(sync("wal.db", True), sync("journal.db", False))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "2"]  # NORMAL in WAL mode; a rollback-journal database keeps FULL
+
+
+def test_the_cli_event_log_is_created_in_wal_mode_and_not_checkpointed_at_each_close(tmp_path):
+    # Dagster makes each run's database in rollback-journal mode, then switches it to WAL; and SQLite
+    # checkpoints a WAL database (fsyncs, the -wal file deleted) whenever its last connection closes
+    home = tmp_path / "dh"
+    home.mkdir()
+    code = f"""
+import os, sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+os.environ["DAGSTER_HOME"] = "{home}"
+from pack_assets.runenv import relax_event_log_sync
+relax_event_log_sync()
+def event(path):
+    engine = sa.create_engine("sqlite:///" + path, poolclass=NullPool)
+    with engine.connect() as c:  # a new connection per event, as Dagster makes them
+        c.execute(sa.text("CREATE TABLE IF NOT EXISTS e (x)"))
+        c.execute(sa.text("INSERT INTO e VALUES (1)"))
+        c.commit()
+        mode = c.execute(sa.text("PRAGMA journal_mode")).scalar()
+    engine.dispose()
+    return mode, os.path.exists(path + "-wal")
+print(*event("{home}/run.db"), *event("{home}/run.db"), *event("{tmp_path}/elsewhere.db"))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # under DAGSTER_HOME: WAL from the start, and the -wal file outlives each connection (no checkpoint);
+    # any other new database keeps SQLite's default
+    assert out.stdout.split() == ["wal", "True", "wal", "True", "delete", "False"]

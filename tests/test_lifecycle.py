@@ -115,9 +115,9 @@ def test_the_nothing_lost_check_fails_and_run_exits_non_zero_while_a_shard_waits
     inp = small_dataset(tmp_path / "in", n_shards=2)
     real = orchestrate._batch_run
 
-    def batch_run(keys, flat, on_shard=None):  # part-001's counting never finishes: scanned only
+    def batch_run(keys, flat, on_shard=None, instance=None):  # part-001's counting never finishes: scanned only
         rest = [k for k in keys if k != "part-001"]
-        done = real(rest, flat, on_shard) if rest else {}
+        done = real(rest, flat, on_shard, instance) if rest else {}
         if "part-001" in keys:
             dg.materialize([manifest], partition_key="part-001", instance=dg.DagsterInstance.get(),
                            resources={"settings": PackSettings(**flat)})
