@@ -262,7 +262,7 @@ def test_audit_reports_a_duplicated_pack_and_a_deleted_shard(packed):
     assert {"duplicate_pack", "duplicate_sample", "missing_shard", "missing_pack", "lost_sample"} <= checks
 
 
-def test_audit_in_two_processes_reports_what_one_process_reports(packed):
+def test_audit_in_two_processes_or_threads_reports_what_one_process_reports(packed):
     _, work, out, _ = packed
     shards = sorted(out.glob("*.tar"))
     _rewrite(shards[0], lambda items: _flip_media(items) + items[:1])
@@ -270,8 +270,9 @@ def test_audit_in_two_processes_reports_what_one_process_reports(packed):
     one = run_audit(work, out, workers=1)
     two = run_audit(work, out, workers=2, parallel_min_bytes=0)
     assert {"media_hash_mismatch", "duplicate_pack", "missing_shard", "lost_sample"} <= {v["check"] for v in one.violations}
-    assert two.violations == one.violations
-    assert two.stats == one.stats
+    threads = run_audit(work, out, workers=2)  # below PARALLEL_MIN_BYTES: two threads
+    assert two.violations == one.violations == threads.violations
+    assert two.stats == one.stats == threads.stats
 
 
 def test_audit_scope_changed_rereads_only_what_changed_since_a_clean_audit(packed):
