@@ -659,6 +659,23 @@ def record_written(work: Path, key: str, out_dir: Path, results: list[dict]) -> 
         sort_keys=True))
 
 
+def _record(work: Path) -> dict | None:
+    try:
+        record = json.loads((work / WRITTEN).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("shards"), dict) else None
+
+
+def _as_left(out_dir: Path, name: str, stamp: list | None) -> bool:
+    """Whether an output shard is still as the writer recorded it (size and mtime)."""
+    try:
+        st = (out_dir / name).stat()
+    except OSError:
+        return False
+    return stamp is not None and stamp[:2] == [st.st_size, st.st_mtime_ns]
+
+
 def kept_indexes(work: Path, out_dir: Path, names: set[str]) -> dict[str, Index]:
     """The Energon index rows of the shards ``names`` (found current, not rewritten) from the index the last
     write left, when the writer's record vouches for that index (its hash) and for each file (size and mtime
@@ -666,23 +683,18 @@ def kept_indexes(work: Path, out_dir: Path, names: set[str]) -> dict[str, Index]
     import sqlite3
 
     index = out_dir / NV_META / "index.sqlite"
+    record = _record(work)
     try:
-        record = json.loads((work / WRITTEN).read_text())
-        if record.get("index_sha256") != hashlib.sha256(index.read_bytes()).hexdigest():
+        if record is None or record.get("index_sha256") != hashlib.sha256(index.read_bytes()).hexdigest():
             return {}
-    except (OSError, ValueError, AttributeError):
+    except OSError:
         return {}
     listed = sorted(record["shards"])  # write_energon_meta numbers the tars in this order
     out: dict[str, Index] = {}
     db = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
     try:
         for name in sorted(names):
-            stamp = record["shards"].get(name)
-            try:
-                st = (out_dir / name).stat()
-            except OSError:
-                continue
-            if stamp is None or stamp[:2] != [st.st_size, st.st_mtime_ns]:
+            if not _as_left(out_dir, name, record["shards"].get(name)):
                 continue
             tar_id = listed.index(name)
             samples = db.execute("SELECT sample_key, byte_offset, byte_size FROM samples WHERE tar_file_id = ? "
@@ -701,23 +713,11 @@ def kept_indexes(work: Path, out_dir: Path, names: set[str]) -> dict[str, Index]
 def written_stamps(work: Path, key: str, out_dir: Path, names: list[str]) -> dict[str, list] | None:
     """[size, mtime_ns, fingerprint] of every planned output shard from the writer's record, or None when the
     record is for another plan, context or source state, or a shard is missing or not as the writer left it."""
-    try:
-        record = json.loads((work / WRITTEN).read_text())
-    except (OSError, ValueError):
+    record = _record(work)
+    if record is None or record.get("key") != key:
         return None
-    if not isinstance(record, dict) or record.get("key") != key:
-        return None
-    stamps = {}
-    for name in names:
-        stamp = record["shards"].get(name)
-        try:
-            st = (out_dir / name).stat()
-        except OSError:
-            return None
-        if stamp is None or stamp[:2] != [st.st_size, st.st_mtime_ns]:
-            return None
-        stamps[name] = stamp
-    return stamps
+    stamps = {name: record["shards"].get(name) for name in names}
+    return stamps if all(_as_left(out_dir, n, stamp) for n, stamp in stamps.items()) else None
 
 
 def check_sources(con, input_root: Path, shards: list[str]) -> None:
