@@ -71,29 +71,10 @@ def process_start() -> float:
 
 
 _RELAXED = False  # the listener is process-wide: installed once
-# One idle connection kept open per Dagster WAL database this process wrote (the most recent few): SQLite
-# checkpoints the WAL into the database (two fsyncs, and deletes and recreates the -wal file: a directory
-# fsync) whenever the LAST connection to it closes, and Dagster opens and closes one per event. With this
-# one open, no event's close is the last; the checkpoints happen at SQLite's own threshold (1,000 pages) and
-# once when the process ends. strace of a 1-shard `pack-assets run`: 564 fsyncs on the Dagster home before,
-# 28 after (this and the WAL-first creation below).
-_KEEP_MAX = 16
-_kept: dict[str, object] = {}
 
 
 def _main_file(cur) -> str:
     return next((row[2] for row in cur.execute("PRAGMA database_list") if row[1] == "main"), "")
-
-
-def _keep_open(sqlite3, cur) -> None:
-    path = _main_file(cur)
-    if not path or path in _kept:
-        return
-    keeper = sqlite3.connect(path, check_same_thread=False)
-    keeper.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # opens the WAL: holds its shared lock
-    _kept[path] = keeper
-    if len(_kept) > _KEEP_MAX:  # oldest first: its checkpoint happens now
-        _kept.pop(next(iter(_kept))).close()
 
 
 def _new_in_dagster_home(cur) -> bool:
@@ -107,8 +88,10 @@ def _new_in_dagster_home(cur) -> bool:
 
 def relax_event_log_sync() -> None:
     """Commit this process's Dagster SQLite writes (run and event log, one commit per event) without an fsync
-    each: `synchronous=NORMAL` on every SQLAlchemy SQLite connection in WAL mode (Dagster's own), with an
-    idle connection kept open to each such database so closing one does not checkpoint it (`_kept`). SQLite's
+    each: `synchronous=NORMAL` on every SQLAlchemy SQLite connection in WAL mode (Dagster's own), and new run
+    databases under DAGSTER_HOME made WAL before their tables. (Holding a connection open to skip the
+    checkpoint at each close was tried: `dagster dev` watches the .db file itself, not its -wal, so a UI
+    following the run would stall until a checkpoint.) SQLite's
     documented trade-off: a WAL database stays consistent; a power cut may lose the last events, never the
     run's outputs, which the stages fsync themselves. On a busy disk each fsync took 10-80 ms, ~100 events
     per `pack-assets run`. Only the CLI's processes do this; `dagster dev` keeps Dagster's settings."""
@@ -131,7 +114,6 @@ def relax_event_log_sync() -> None:
                     mode = cur.execute("PRAGMA journal_mode=WAL").fetchone()[0]
                 if mode == "wal":
                     cur.execute("PRAGMA synchronous=NORMAL")
-                    _keep_open(sqlite3, cur)
             finally:
                 cur.close()
 

@@ -549,3 +549,20 @@ def test_a_rerun_keeps_the_energon_index_rows_of_untouched_shards_only_while_the
         f.write(b"\0")
     run_write(work, inp, out, workers=1)
     assert sorted(read_back) == [s.name for s in shards] and _energon_rows(out) == fresh
+
+
+def test_the_writers_record_is_keyed_by_every_catalog_file(packed):
+    """A forced rescan or a recount rewrites a catalog file without changing the plan's fingerprint: the
+    record must then no longer hold."""
+    _, work, out, _ = packed
+    with store.connect(work, read_only=True) as con:
+        files = store.catalog_files(con)
+        info = PlanInfo.load(con)
+        key = write_stage.written_key(con, info, write_context(info))
+    assert any("/manifest/" in f and f.endswith("samples.parquet") for f in files)
+    assert any("/token_lengths/" in f for f in files) and all(Path(f).exists() for f in files)
+    token_file = next(Path(f) for f in files if "/token_lengths/" in f)
+    st = token_file.stat()
+    os.utime(token_file, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+    with store.connect(work, read_only=True) as con:
+        assert write_stage.written_key(con, info, write_context(info)) != key

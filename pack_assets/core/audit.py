@@ -252,7 +252,9 @@ def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, wo
         # the GIL, and threads cost no spawn and no imports (a process: ~1 s of CPU before its first byte)
         cursors = queue.SimpleQueue()  # made here, in this thread: one per worker, lent per shard
         for _ in range(workers):
-            cursors.put(con.cursor())
+            cur = con.cursor()
+            cur.execute("SET python_enable_replacements = false")  # a cursor does not inherit it (store.connect)
+            cursors.put(cur)
 
         def one(name: str):
             cur = cursors.get()

@@ -42,6 +42,8 @@ def split_rule(spec: dict) -> tuple[str | None, str]:
     """(chunk regex, glue characters) for a tokenizer definition (tokenizer.json as a dict); (None, why not)
     when a premise of the proof above does not hold."""
     model = spec.get("model") or {}
+    if spec.get("truncation") or spec.get("padding"):  # a padded batch would count every chunk as its longest
+        return None, "truncation or padding set"
     if model.get("type") != "BPE":
         return None, "model is not BPE"
     if model.get("dropout") or model.get("ignore_merges") or model.get("continuing_subword_prefix") \

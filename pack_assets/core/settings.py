@@ -13,7 +13,7 @@ Environment variables exist only for what a Dagster deployment cannot pass as ru
 | `PACK_ASSETS_MAX_LEN`, `PACK_ASSETS_PROFILE`, `PACK_ASSETS_MODEL_DIR` | `definitions.py` | the resource's packing defaults under `dagster dev` |
 | `PACK_ASSETS_SENSOR_INTERVAL` | `defs/sensors.py` | seconds between new-shard checks (default 30; replanning 2×) |
 | `PACK_ASSETS_LOCK_WAIT` | `core/safety.py` | seconds a single-writer step waits for the work folder's lock (default 600) |
-| `PACK_ASSETS_DUCKDB_MEMORY` | `core/store.py` | DuckDB's memory limit per catalog connection (default `1GB`; it spills past it) |
+| `PACK_ASSETS_DUCKDB_MEMORY` | `core/store.py` | DuckDB's memory limit for the catalog, shared by a process's connections to it (default `1GB`; it spills past it) |
 | `DAGSTER_HOME` | `runenv.py` | the Dagster instance (`--dagster-home` overrides it) |
 """
 

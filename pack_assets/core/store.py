@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -262,7 +263,7 @@ SELECT pm.pack_id, pm.position, p.output_shard, p.media_type, p.total_token_len,
 FROM pack_members pm JOIN pack_plan p USING (pack_id) JOIN manifest_samples s USING (sample_id)"""
 
 
-MEMORY_ENV = "PACK_ASSETS_DUCKDB_MEMORY"  # DuckDB's memory limit per connection (default 1GB; e.g. "4GB")
+MEMORY_ENV = "PACK_ASSETS_DUCKDB_MEMORY"  # DuckDB's memory limit for the catalog (default 1GB; e.g. "4GB")
 
 
 def _configured(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
@@ -285,6 +286,12 @@ def connect(work: Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     # (or be shadowed by) a table of the same name, as `dropped` once was
     con.execute("SET python_enable_replacements = false")
     return con
+
+
+def catalog_files(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Every Parquet file the catalog's views read (the paths `_files` wrote into their SQL)."""
+    sql = " ".join(r[0] or "" for r in con.execute("SELECT sql FROM duckdb_views() WHERE NOT internal").fetchall())
+    return sorted({m.replace("''", "'") for m in re.findall(r"'((?:[^']|'')*?\.parquet)'", sql)})
 
 
 def build_catalog(con: duckdb.DuckDBPyConnection, work: Path, shards: list[str], profile: str) -> None:

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import time
+import urllib.parse
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -638,10 +639,18 @@ WRITTEN = "written_shards.json"
 
 
 def written_key(con, info: PlanInfo, context: dict) -> str:
-    """What the writer's record is valid for: this plan, this context and every source shard as scanned
-    (an edited source can keep the plan's fingerprint, ids and lengths, yet change the bytes to copy)."""
+    """What the writer's record is valid for: this plan, this context, every source shard as scanned and
+    every catalog file as written (an edited source, a forced rescan or a recount can keep the plan's
+    fingerprint, ids and lengths, yet change the bytes to copy or the conversations)."""
     sources = con.execute("SELECT shard, size, mtime_ns, status FROM shards ORDER BY 1").fetchall()
-    return hashlib.sha256(json.dumps([info.fingerprint, context, sources], sort_keys=True, default=str)
+    files = []
+    for f in store.catalog_files(con):
+        try:
+            st = os.stat(f)
+            files.append([f, st.st_size, st.st_mtime_ns])
+        except OSError:
+            files.append([f, None, None])
+    return hashlib.sha256(json.dumps([info.fingerprint, context, sources, files], sort_keys=True, default=str)
                           .encode()).hexdigest()
 
 
@@ -691,8 +700,9 @@ def kept_indexes(work: Path, out_dir: Path, names: set[str]) -> dict[str, Index]
         return {}
     listed = sorted(record["shards"])  # write_energon_meta numbers the tars in this order
     out: dict[str, Index] = {}
-    db = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
+    db = None
     try:
+        db = sqlite3.connect(f"file:{urllib.parse.quote(index.as_posix())}?mode=ro", uri=True)
         for name in sorted(names):
             if not _as_left(out_dir, name, record["shards"].get(name)):
                 continue
@@ -706,7 +716,8 @@ def kept_indexes(work: Path, out_dir: Path, names: set[str]) -> dict[str, Index]
     except sqlite3.Error:
         return {}
     finally:
-        db.close()
+        if db is not None:
+            db.close()
     return out
 
 
