@@ -271,7 +271,6 @@ def _configured(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     # it spills past a bound at the same speed. Its progress bar writes to stdout, into `run --json`.
     limit = os.environ.get(MEMORY_ENV) or "1GB"
     try:
-        con.execute("SELECT current_setting('memory_limit')")  # the connection works before blaming the value
         con.execute(f"SET memory_limit = '{limit}'")
     except duckdb.Error as e:
         con.close()

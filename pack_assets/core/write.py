@@ -691,6 +691,8 @@ def kept_indexes(work: Path, out_dir: Path, names: set[str]) -> dict[str, Index]
     unchanged since): reading 1M tar headers back took 86 s of a 1M-sample incremental write."""
     import sqlite3
 
+    if not names:  # a first write or a full rewrite: nothing to keep, no index to hash
+        return {}
     index = out_dir / NV_META / "index.sqlite"
     record = _record(work)
     try:
