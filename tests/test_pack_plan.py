@@ -64,6 +64,18 @@ def test_bfd_on_the_histogram_is_item_by_item_best_fit_decreasing(units, capacit
     assert np.array_equal(_renumber(assign(arr, capacity, "bfd")), _renumber(expect))
 
 
+@given(st.lists(st.integers(1, 1000), max_size=400), st.sampled_from([1, 7, 100, 999, 1000, 2048]))
+@settings(max_examples=200, deadline=None)
+def test_next_fit_without_caps_is_the_one_item_at_a_time_next_fit(lengths, capacity):
+    """The vectorized next fit (one searchsorted for every pack start, the what-if sweep's baseline) puts
+    every item where the item-by-item loop does, overlong items dropped in both."""
+    from pack_assets.core.binpack import _Limits, _next_fit
+
+    arr = np.asarray(lengths, dtype=np.int64)
+    expect = _next_fit(arr, capacity, 1, _Limits(Caps(), None, None, len(arr)))
+    assert np.array_equal(assign(arr, capacity, "next_fit"), expect)
+
+
 @given(
     st.lists(st.tuples(st.integers(1, 120), st.integers(0, 6), st.integers(0, 400)), min_size=1, max_size=200),
     st.integers(60, 150), st.sampled_from(ALL), st.integers(0, 5), st.integers(0, 8), st.integers(0, 600),
