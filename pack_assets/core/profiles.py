@@ -518,8 +518,13 @@ def _fast_counter(path: str, last_added_id: int):
     ids = [vocab.get("".join(m) if isinstance(m, list) else m.replace(" ", "", 1)) for m in merges[:1000]]
     if any(i is None for i in ids) or ids != sorted(ids):
         return None
-    dec = _byte_decoder()
-    ranks = {bytes(dec[ch] for ch in tok): i for tok, i in vocab.items()}
+    # each symbol to the byte it stands for, in C (str.translate + latin-1) rather than a generator per token;
+    # a character outside the alphabet maps past latin-1, so the encode fails as the lookup would have
+    table = dict.fromkeys(range(256), "\uffff") | {ord(ch): b for ch, b in _byte_decoder().items()}
+    try:
+        ranks = {tok.translate(table).encode("latin-1"): i for tok, i in vocab.items()}
+    except UnicodeEncodeError:
+        return None
     special = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t["id"] <= last_added_id}
     return tiktoken.Encoding(f"pack_assets:{Path(path).name}", pat_str=steps[0]["pattern"]["Regex"],
                              mergeable_ranks=ranks, special_tokens=special)
