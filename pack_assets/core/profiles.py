@@ -65,19 +65,23 @@ FAMILIES = (
            ("config.json", "preprocessor_config.json", "processor_config.json (image_seq_length)",
             "tokenizer.json and tokenizer_config.json", "chat_template.json (or .jinja)"),
            "--model-dir; 256 tokens per image inside \\n\\n wrappers tokenized in context; pan-and-scan on "
-           "(do_pan_and_scan) -> processor rule"),
+           "(do_pan_and_scan) -> processor rule; takes no video (video_not_supported)"),
     Family("internvl", ("internvl",), "fast",
            ("config.json", "preprocessor_config.json (size, min_patches, max_patches)",
-            "processor_config.json (image_seq_length)", _TOKENIZER_FILES, "chat_template.json (or .jinja)"),
-           "--model-dir (InternVL3 / InternVL3.5 -hf); 448-px tiles + thumbnail, <img></img> wrappers; "
-           "videos -> video_not_supported; proven on InternVL3-2B-hf files rebuilt by transformers' conversion "
-           "recipe (no Hub files reachable)"),
+            "processor_config.json (image_seq_length)", _TOKENIZER_FILES, "chat_template.json (or .jinja)",
+            "video_preprocessor_config.json (optional: do_sample_frames, num_frames, fps, initial_shift)"),
+           "--model-dir (InternVL3 / InternVL3.5 -hf); 448-px tiles + thumbnail, <img></img> wrappers; videos: "
+           "'FrameN: <img>' + 256 + '</img>' per frame, every frame unless the video processor config samples "
+           "(do_sample_frames + num_frames / fps, initial_shift); proven on InternVL3-2B-hf files rebuilt by "
+           "transformers' conversion recipe (no Hub files reachable)"),
     Family("llava-onevision", ("llava_onevision",), "fast",
            ("config.json", "preprocessor_config.json (image_grid_pinpoints, size)",
             "processor_config.json (num_image_tokens, vision_aspect_ratio, vision_feature_select_strategy)",
-            _TOKENIZER_FILES, "chat_template.json (or .jinja)"),
+            _TOKENIZER_FILES, "chat_template.json (or .jinja)",
+            "video_preprocessor_config.json (optional: do_sample_frames, num_frames, fps)"),
            "--model-dir; anyres grid + unpad + newline tokens for one image, 729+1 per image for several; "
-           "videos -> video_not_supported; proven on llava-onevision-qwen2-7b-ov-hf files rebuilt by the "
+           "videos: 196 per frame + 1, every frame unless the video processor config samples (do_sample_frames "
+           "+ num_frames / fps); proven on llava-onevision-qwen2-7b-ov-hf files rebuilt by the "
            "conversion recipe (LLaVA-OneVision-1.5 is remote code: processor rule)"),
     Family("glm4v", ("glm4v", "glm4v_moe"), "processor", _PROCESSOR_FILES,
            "fast rule not proven yet (no tokenizer files to prove it against)"),
