@@ -182,3 +182,38 @@ def test_sampling_follows_the_folder_video_config(dirs, tmp_path):
             "internvl", 0, 0, 0, 0.0, 0, 0, 0, 0, num_frames=n)) == n
     lo = profile_from_model_dir(dirs["llava-onevision"])
     assert lo.video.sampler == "all-frames" and (lo.media.video, lo.media.frame_tokens) == ("<video>", 196)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_count_with_model_dir_reads_inline_videos_and_gives_the_oracle(family, dirs, tmp_path):
+    """`pack-assets count --model-dir`: HF-native records naming the committed clips inline."""
+    from pack_assets.core.ingest import count_records
+
+    oracle = _oracle(family)
+    samples = [s for s in oracle["configs"]["default"]["samples"]
+               if isinstance(s["input_ids"], int) and all(oracle["videos"][n]["committed"] for n in s["videos"])]
+    assert len(samples) >= 8
+    recs = []
+    for s in samples:
+        msgs, vids = copy.deepcopy(s["messages"]), iter(s["videos"])
+        for m in msgs:
+            for part in m["content"]:
+                if part["type"] == "video":
+                    part["video"] = str(VIDEOS / next(vids))
+        rec = {"messages": msgs, **({"tools": s["tools"]} if s.get("tools") else {})}
+        if s["image_sizes"]:
+            from conftest import image_bytes
+
+            names = []
+            for i, (w, h) in enumerate(s["image_sizes"]):
+                (tmp_path / f"{len(recs)}_{i}.png").write_bytes(image_bytes(w, h, "PNG"))
+                names.append(str(tmp_path / f"{len(recs)}_{i}.png"))
+            imgs = iter(names)
+            for m in msgs:
+                for part in m["content"]:
+                    if part["type"] == "image":
+                        part["image"] = next(imgs)
+        recs.append(rec)
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    got = count_records(tmp_path / "r.jsonl", None, None, str(dirs[family]))
+    assert [g.get("total_tokens") for g in got] == [s["input_ids"] for s in samples], got
