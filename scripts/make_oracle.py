@@ -28,6 +28,7 @@ is: every frame; and sampling by num_frames / fps). The videos: the small ones c
 tests/fixtures/videos (``--make-videos`` wrote the generated ones with PyAV) and, with ``--shared``, a few
 larger real clips from the shared fixtures that are not committed: for those the oracle keeps the container
 metadata ``pack_assets.core.media.probe_video`` reads (what the fast rule counts from) next to the counts.
+The committed video oracles were made with ``--shared`` (tests/test_family_videos.py expects those clips).
 """
 
 from __future__ import annotations
