@@ -143,9 +143,16 @@ def test_unreadable_metadata_and_refusals_are_reasons_not_crashes(dirs):
     counter = TokenCounter(profile_from_model_dir(dirs["internvl"]))
     msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What?"}]},
             {"role": "assistant", "content": [{"type": "text", "text": "A ball."}]}]
-    metas = [{"fps": 10.0}, {"frames": "many", "fps": 10.0}, {"frames": 0, "fps": 10.0}, {"frames": 40, "fps": None}]
+    metas = [{"fps": 10.0}, {"frames": "many", "fps": 10.0}, {"frames": 0, "fps": 10.0}, {"frames": 2**31, "fps": 1.0},
+             None]
     res = list(counter.count_many([(msgs, [], [m]) for m in metas] + [(msgs, [], [])]))
-    assert [r.reason for r in res] == ["bad_video"] * 4 + ["placeholder_mismatch"]
+    assert [r.reason for r in res] == ["bad_video"] * 5 + ["placeholder_mismatch"], res
+    # every frame needs no rate; sampling by fps does
+    (ok,) = counter.count_many([(msgs, [], [{"frames": 4, "fps": None}])])
+    assert ok["video_tokens"] > 4 * 258
+    by_fps = TokenCounter(profile_from_model_dir(video_variant(dirs["internvl"], "internvl", "fps_10")))
+    (res,) = by_fps.count_many([(msgs, [], [{"frames": 40, "fps": None}])])
+    assert res.reason == "bad_video"
 
 
 def test_gemma3_takes_no_video():

@@ -219,16 +219,19 @@ def video_count(meta: dict, rule: VideoRule) -> VideoCount:
                       (grid_t, h_bar // rule.patch_size, w_bar // rule.patch_size), frame_seqlen)
 
 
+_MAX_FRAMES = 10_000_000  # ~93 h at 30 fps: a header claiming more is not believed (InternVL tokenizes a label per frame)
+
+
 def _video_meta(meta: dict) -> tuple[int, float]:
-    """(frames, the decoder's fps) of a probed video; a malformed entry is a reason, not a crash."""
+    """(frames, the header's fps or 0) of a probed video; a malformed entry is a reason, not a crash."""
     try:
         # the header's average rate, as transformers' PyAV loader reports it; torchcodec (its default loader)
-        # measures the decoded stream instead and can differ by a frame's duration (docs/formats.md)
+        # measures the decoded stream instead and can differ by a frame's duration (docs/usage.md)
         total, fps = int(meta["frames"]), float(meta.get("fps") or 0)
     except (KeyError, TypeError, ValueError) as e:
         raise ReasonError("bad_video", f"unreadable video metadata {meta!r}: {e}") from None
-    if total <= 0 or not fps > 0:
-        raise ReasonError("bad_video", f"video metadata says {total} frames at {fps} fps")
+    if not 0 < total <= _MAX_FRAMES:
+        raise ReasonError("bad_video", f"video metadata says {total} frames")
     return total, fps
 
 
@@ -242,6 +245,8 @@ def sampled_frames(meta: dict, rule: VideoRule) -> int:
     if rule.sampler == "uniform" and num is not None and fps is not None:
         raise ReasonError("video_sampling", "num_frames and fps are both set: the processor takes one of them")
     if num is None and fps is not None:
+        if not src_fps > 0:
+            raise ReasonError("bad_video", f"video metadata has no frame rate to sample {fps} fps by")
         num = int(total / src_fps * fps)
         if rule.sampler == "uniform":
             num = max(1, num)
