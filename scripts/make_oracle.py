@@ -14,6 +14,21 @@ torchvision, which the project venv cannot import, so this runs in a separate ve
 ``materialize`` below; they are the same files.) A count is ``len(input_ids)`` of
 ``processor.apply_chat_template(messages, tokenize=True, return_dict=True)`` with real (blank) PIL images of
 each size in the image parts: the processor's own image processor, text expansion and tokenizer.
+
+Videos (InternVL, LLaVA-OneVision; tests/fixtures/oracle/<family>.videos.json): the video parts name real
+video files, which the processor decodes itself with its default loader, torchcodec (it needs FFmpeg's shared
+libraries: on Debian 12 ``apt-get install libavcodec59 libavformat59 libavutil57 libswscale6 libswresample4
+libavfilter8 libavdevice59``), so the same venv also needs::
+
+    /tmp/tv/bin/pip install torchcodec==0.17.0 av==18.1.0 imagesize==2.0.1
+    /tmp/tv/bin/python scripts/make_oracle.py --models /tmp/oracle-models --videos-only --shared /work/shared
+
+Each family is counted with each video processor setting in ``family_fixtures.VIDEO_CONFIGS`` (the folder as
+is: every frame; and sampling by num_frames / fps). The videos: the small ones committed under
+tests/fixtures/videos (``--make-videos`` wrote the generated ones with PyAV) and, with ``--shared``, a few
+larger real clips from the shared fixtures that are not committed: for those the oracle keeps the container
+metadata ``pack_assets.core.media.probe_video`` reads (what the fast rule counts from) next to the counts.
+The committed video oracles were made with ``--shared`` (tests/test_family_videos.py expects those clips).
 """
 
 from __future__ import annotations
@@ -26,7 +41,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from family_fixtures import FAMILY_DIRS, materialize  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from family_fixtures import FAMILY_DIRS, VIDEO_CONFIGS, VIDEOS, materialize, video_variant  # noqa: E402
+
+# generated clips (committed): name -> (codec, width, height, fps, frames); odd sizes, 1 frame, NTSC rate, WebM
+# (no frame count in its header: the probe counts packets)
+GENERATED = {
+    "g12_64x48_30fps.mp4": ("libx264", 64, 48, 30, 12),
+    "g50_200x120_25fps.mp4": ("mpeg4", 200, 120, 25, 50),
+    "g7_32x320_10fps.webm": ("libvpx", 32, 320, 10, 7),
+    "g1_96x64_24fps.mp4": ("libx264", 96, 64, 24, 1),
+    "g40_80x60_ntsc.mov": ("mpeg4", 80, 60, "30000/1001", 40),
+}
+# real clips in the shared fixtures, too big to commit (--shared): 243/146 frames at 25.0/23.976 fps (header)
+# vs 25.10/24.14 (torchcodec, from the stream's content), a 29.92-fps AVI, a 3-fps 491-frame clip
+SHARED = {"lf_1.mp4": "datasets/llama-factory/mllm_demo_data/1.mp4",
+          "lf_3.mp4": "datasets/llama-factory/mllm_demo_data/3.mp4",
+          "lf_2.avi": "datasets/llama-factory/mllm_demo_data/2.avi",
+          "qwen3_v_TpB.mp4": "datasets/qwen3-vl-finetune-demo/videos/v_TpB_zMG3XBA.mp4"}
 
 
 def sizes() -> list[tuple[int, int]]:
@@ -85,6 +117,113 @@ def samples() -> list[dict]:
     return out
 
 
+def make_videos(out: Path) -> None:
+    """Write the GENERATED clips (a moving gradient, deterministic) with PyAV."""
+    from fractions import Fraction
+
+    import av
+    import numpy as np
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (codec, w, h, fps, n) in GENERATED.items():
+        with av.open(str(out / name), "w") as c:
+            s = c.add_stream(codec, rate=Fraction(fps))
+            s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+            yy, xx = np.mgrid[0:h, 0:w]
+            for i in range(n):
+                img = np.stack([(xx * 4 + i * 9) % 256, (yy * 4 + i * 5) % 256, (xx + yy + i * 3) % 256], -1)
+                for p in s.encode(av.VideoFrame.from_ndarray(img.astype(np.uint8), format="rgb24")):
+                    c.mux(p)
+            for p in s.encode():
+                c.mux(p)
+        print("wrote", out / name)
+
+
+def video_samples(names: list[str]) -> list[dict]:
+    """Whole samples with videos: each clip alone, then system, multi-turn, tools, text glued to the video, an
+    image and a video together, several images and a video, two videos of one length, two of different lengths."""
+    t = lambda s: {"type": "text", "text": s}  # noqa: E731
+    vid, img = {"type": "video"}, {"type": "image"}
+    tools = [{"type": "function", "function": {"name": "seek", "description": "Seek to a time.",
+                                               "parameters": {"type": "object", "properties": {"t": {"type": "number"}}}}}]
+    out = [{"messages": [{"role": "user", "content": [vid, t("What happens?")]},
+                         {"role": "assistant", "content": [t("Colors move.")]}], "videos": [n], "image_sizes": []}
+           for n in names]
+    a, b = "g12_64x48_30fps.mp4", "g50_200x120_25fps.mp4"
+    whole = [
+        ([{"role": "system", "content": [t("You watch clips.")]}, {"role": "user", "content": [vid, t("\nDescribe.")]},
+          {"role": "assistant", "content": [t("A gradient.")]}, {"role": "user", "content": [t("Faster?")]},
+          {"role": "assistant", "content": [t("No.\n")]}], [b], []),
+        ([{"role": "user", "content": [t("clip"), vid, t("what?")]}, {"role": "assistant", "content": [t("Noise.")]}],
+         [a], [], tools),
+        ([{"role": "user", "content": [t("Look: "), img, t(" then "), vid, t(" same?")]},
+          {"role": "assistant", "content": [t("Yes.")]}], [a], [[640, 480]]),
+        ([{"role": "user", "content": [img, img, vid, t("Ünïcödé ✓ 数据 — Cafe\u0301")]},
+          {"role": "assistant", "content": [t("Three.")]}], [b], [[300, 200], [1920, 1080]]),
+        ([{"role": "user", "content": [vid, vid, t("Which is longer?")]}, {"role": "assistant", "content": [t("Same.")]}],
+         [a, a], []),
+        ([{"role": "user", "content": [vid, t("First.")]}, {"role": "assistant", "content": [t("Ok.")]},
+          {"role": "user", "content": [vid, t("Second.")]}, {"role": "assistant", "content": [t("Longer.")]}], [a, b], []),
+    ]
+    for w in whole:
+        out.append({"messages": w[0], "videos": w[1], "image_sizes": w[2], **({"tools": w[3]} if len(w) > 3 else {})})
+    return out
+
+
+def count_video(proc, sample: dict, paths: dict[str, str]) -> int | str:
+    from PIL import Image
+
+    imgs, vids = iter(sample["image_sizes"]), iter(sample["videos"])
+    msgs = [{**m, "content": [{**p, "image": Image.new("RGB", tuple(next(imgs)))} if p["type"] == "image" else
+                              {**p, "video": paths[next(vids)]} if p["type"] == "video" else p for p in m["content"]]}
+            for m in sample["messages"]]
+    try:
+        out = proc.apply_chat_template(msgs, tools=sample.get("tools"), tokenize=True, return_dict=True)
+    except Exception as e:  # the processor's refusal is an oracle too
+        return f"error: {type(e).__name__}: {str(e)[:160]}"
+    return len(out["input_ids"][0])
+
+
+def video_files(shared: str | None) -> dict[str, str]:
+    files = {p.name: str(p) for p in sorted(VIDEOS.iterdir()) if p.suffix in (".mp4", ".webm", ".mov", ".avi")}
+    if shared:
+        files.update({name: str(Path(shared) / "fixtures" / rel) for name, rel in SHARED.items()})
+    return files
+
+
+def video_oracle(family: str, folder: Path, shared: str | None) -> dict:
+    import torchcodec
+    import transformers
+    from torchcodec.decoders import VideoDecoder
+    from transformers import AutoProcessor
+
+    from pack_assets.core.media import probe_video
+
+    files = video_files(shared)
+    meta = {}
+    for name, path in files.items():
+        with open(path, "rb") as f:
+            m = probe_video(f)
+        tc = VideoDecoder(path, seek_mode="exact").metadata  # what the processor's loader reports
+        meta[name] = {"probe": m, "torchcodec": {"num_frames": tc.num_frames, "average_fps": tc.average_fps},
+                      "committed": name not in SHARED}
+    names = list(files)
+    configs = {}
+    for config, cfg in VIDEO_CONFIGS[family].items():
+        proc = AutoProcessor.from_pretrained(video_variant(folder, family, config), local_files_only=True)
+        rows = []
+        for s in video_samples(names):
+            rows.append({**s, "input_ids": count_video(proc, s, files)})
+            print(family, config, s["videos"], rows[-1]["input_ids"], flush=True)
+        configs[config] = {"video_preprocessor_config": cfg, "video_processor": type(proc.video_processor).__name__,
+                           "samples": rows}
+    return {"family": family, "folder": FAMILY_DIRS[family],
+            "made_with": {"transformers": transformers.__version__, "torchcodec": torchcodec.__version__},
+            "how": "len(processor.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True)"
+                   "['input_ids'][0]) with each video part naming the file (the processor decodes it), blank PIL "
+                   "images (scripts/make_oracle.py)", "videos": meta, "configs": configs}
+
+
 def count(proc, messages: list[dict], image_sizes: list, tools=None) -> int | str:
     from PIL import Image
 
@@ -99,6 +238,9 @@ def count(proc, messages: list[dict], image_sizes: list, tools=None) -> int | st
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--make-videos"]:  # once, in any venv with PyAV: the committed generated clips
+        make_videos(VIDEOS)
+        return
     import tokenizers
     import torch
     import torchvision
@@ -109,8 +251,19 @@ def main() -> None:
     ap.add_argument("--models", required=True, help="a scratch folder for the checkpoint folders")
     ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "oracle"))
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--videos-only", action="store_true", help="only the video oracles (<family>.videos.json)")
+    ap.add_argument("--shared", help="the shared fixtures folder: also count its larger real clips (not committed)")
     a = ap.parse_args()
     dirs = materialize(Path(a.models))
+    for family in ("internvl", "llava-onevision"):
+        if a.only and family not in a.only:
+            continue
+        doc = video_oracle(family, dirs[family], a.shared)
+        path = Path(a.out) / f"{family}.videos.json"
+        path.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        print(family, "videos ->", path)
+    if a.videos_only:
+        return
     one = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe this."}]},
            {"role": "assistant", "content": [{"type": "text", "text": "It is an image."}]}]
     for family in FAMILY_DIRS:

@@ -5,6 +5,7 @@ oracle and the tests read the same files."""
 from __future__ import annotations
 
 import gzip
+import json
 import lzma
 import shutil
 from pathlib import Path
@@ -13,6 +14,20 @@ MODELS = Path(__file__).resolve().parent / "fixtures" / "models"
 FAMILY_DIRS = {"internvl": "InternVL3-2B-hf.RECONSTRUCTED", "llava-onevision": "llava-onevision-qwen2-7b-ov-hf.RECONSTRUCTED",
                "gemma3": "gemma-3-4b-it"}
 _QWEN2_BPE = ("internvl", "llava-onevision")  # vocab.json + merges.txt stored once in qwen2-bpe/
+VIDEOS = Path(__file__).resolve().parent / "fixtures" / "videos"
+_VIDEO_PROCESSOR = {"internvl": "InternVLVideoProcessor", "llava-onevision": "LlavaOnevisionVideoProcessor"}
+# the video processor settings the video oracles were made with: name -> the video_preprocessor_config.json
+# written into a copy of the folder (None: the folder as the conversion script leaves it, no such file)
+VIDEO_CONFIGS = {
+    "internvl": {"default": None,
+                 "num_frames_8": {"do_sample_frames": True, "num_frames": 8},
+                 "fps_10": {"do_sample_frames": True, "fps": 10},
+                 "fps_2_no_shift": {"do_sample_frames": True, "fps": 2, "initial_shift": False}},
+    "llava-onevision": {"default": None,
+                        "num_frames_8": {"do_sample_frames": True, "num_frames": 8},
+                        "fps_10": {"do_sample_frames": True, "fps": 10},
+                        "fps_and_num_frames": {"do_sample_frames": True, "fps": 2, "num_frames": 8}},
+}
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -37,3 +52,16 @@ def materialize(root: Path, families=tuple(FAMILY_DIRS)) -> dict[str, Path]:
                 _copy(MODELS / "qwen2-bpe", d)
         out[family] = d
     return out
+
+
+def video_variant(folder: Path, family: str, config: str) -> Path:
+    """``folder`` itself for "default"; else a sibling copy with that video_preprocessor_config.json."""
+    cfg = VIDEO_CONFIGS[family][config]
+    if cfg is None:
+        return folder
+    d = folder.parent / f"{folder.name}.{config}"
+    if not (d / "video_preprocessor_config.json").exists():
+        shutil.copytree(folder, d, dirs_exist_ok=True)
+        (d / "video_preprocessor_config.json").write_text(
+            json.dumps({"video_processor_type": _VIDEO_PROCESSOR[family], **cfg}, indent=2) + "\n")
+    return d

@@ -105,11 +105,16 @@ def test_rules_follow_the_folder_files(dirs, tmp_path):
     assert media_image_tokens(640, 480, 2, lo) == 730 and media_image_tokens(640, 480, 1, lo) > 730
 
 
-def test_videos_are_refused_not_guessed(counters):
+def test_videos_are_refused_where_the_model_takes_none(counters):
+    """Gemma 3 takes no video; InternVL and LLaVA-OneVision count it (tests/test_family_videos.py)."""
     msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What?"}]},
             {"role": "assistant", "content": [{"type": "text", "text": "A ball."}]}]
-    (res,) = counters["internvl"].count_many([(msgs, [], [{"frames": 40, "fps": 10.0, "width": 64, "height": 48}])])
+    meta = {"frames": 40, "fps": 10.0, "width": 64, "height": 48}
+    (res,) = counters["gemma3"].count_many([(msgs, [], [meta])])
     assert isinstance(res, ReasonError) and res.reason == "video_not_supported"
+    for family in ("internvl", "llava-onevision"):
+        (res,) = counters[family].count_many([(msgs, [], [meta])])
+        assert not isinstance(res, ReasonError) and res["video_tokens"] > 0
 
 
 def test_profiles_lists_the_fast_families():

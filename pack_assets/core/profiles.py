@@ -15,6 +15,7 @@ import functools
 import hashlib
 import importlib.util
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -64,19 +65,23 @@ FAMILIES = (
            ("config.json", "preprocessor_config.json", "processor_config.json (image_seq_length)",
             "tokenizer.json and tokenizer_config.json", "chat_template.json (or .jinja)"),
            "--model-dir; 256 tokens per image inside \\n\\n wrappers tokenized in context; pan-and-scan on "
-           "(do_pan_and_scan) -> processor rule"),
+           "(do_pan_and_scan) -> processor rule; takes no video (video_not_supported)"),
     Family("internvl", ("internvl",), "fast",
            ("config.json", "preprocessor_config.json (size, min_patches, max_patches)",
-            "processor_config.json (image_seq_length)", _TOKENIZER_FILES, "chat_template.json (or .jinja)"),
-           "--model-dir (InternVL3 / InternVL3.5 -hf); 448-px tiles + thumbnail, <img></img> wrappers; "
-           "videos -> video_not_supported; proven on InternVL3-2B-hf files rebuilt by transformers' conversion "
-           "recipe (no Hub files reachable)"),
+            "processor_config.json (image_seq_length)", _TOKENIZER_FILES, "chat_template.json (or .jinja)",
+            "video_preprocessor_config.json (optional: do_sample_frames, num_frames, fps, initial_shift)"),
+           "--model-dir (InternVL3 / InternVL3.5 -hf); 448-px tiles + thumbnail, <img></img> wrappers; videos: "
+           "'FrameN: <img>' + 256 + '</img>' per frame, every frame unless the video processor config samples "
+           "(do_sample_frames + num_frames / fps, initial_shift); proven on InternVL3-2B-hf files rebuilt by "
+           "transformers' conversion recipe (no Hub files reachable)"),
     Family("llava-onevision", ("llava_onevision",), "fast",
            ("config.json", "preprocessor_config.json (image_grid_pinpoints, size)",
             "processor_config.json (num_image_tokens, vision_aspect_ratio, vision_feature_select_strategy)",
-            _TOKENIZER_FILES, "chat_template.json (or .jinja)"),
+            _TOKENIZER_FILES, "chat_template.json (or .jinja)",
+            "video_preprocessor_config.json (optional: do_sample_frames, num_frames, fps)"),
            "--model-dir; anyres grid + unpad + newline tokens for one image, 729+1 per image for several; "
-           "videos -> video_not_supported; proven on llava-onevision-qwen2-7b-ov-hf files rebuilt by the "
+           "videos: 196 per frame + 1, every frame unless the video processor config samples (do_sample_frames "
+           "+ num_frames / fps); proven on llava-onevision-qwen2-7b-ov-hf files rebuilt by the "
            "conversion recipe (LLaVA-OneVision-1.5 is remote code: processor rule)"),
     Family("glm4v", ("glm4v", "glm4v_moe"), "processor", _PROCESSOR_FILES,
            "fast rule not proven yet (no tokenizer files to prove it against)"),
@@ -114,6 +119,15 @@ class VideoRule:
     ``frame_max_pixels`` key of a --model-dir's video_preprocessor_config.json): frames are first brought
     within that many pixels by qwen-vl-utils' resize (as its ``VIDEO_FRAME_MAX_PIXELS`` does), then the
     processor's rule applies.
+
+    InternVL and LLaVA-OneVision (``--model-dir``; the keys of the folder's video processor config): their
+    processors count frames only, so only the frame count is sampled. ``sampler="all-frames"``
+    (``do_sample_frames`` off, both classes' default and what the conversion scripts leave): every frame the
+    container holds. ``sampler="internvl"``: ``InternVLVideoProcessor.sample_frames``,
+    n = ``num_frames`` or int(T / fps_src · ``sample_fps``), kept frames = len(arange(shift, T, T / n)) with
+    shift = T / n / 2 (``initial_shift`` true, None here) or ``initial_shift``. ``sampler="uniform"``:
+    ``BaseVideoProcessor.sample_frames`` (LLaVA-OneVision), n = ``num_frames`` or max(1, int(T / fps_src ·
+    ``sample_fps``)), every frame when neither is set. fps_src is the container header's average rate.
     """
 
     sampler: str
@@ -127,6 +141,9 @@ class VideoRule:
     max_pixels: int
     total_pixels: int = 0
     frame_max_pixels: int = 0
+    num_frames: int | None = None  # internvl / uniform: None = unset, as in the processor
+    sample_fps: float | None = None
+    initial_shift: float | None = None  # internvl: None = true (start half a step in)
 
     @property
     def factor(self) -> int:
@@ -147,6 +164,11 @@ class MediaRule:
     ``kind="fixed"`` (Gemma 3 without pan-and-scan): ``tokens``.
     ``kind="anyres"`` (LLaVA-OneVision): a sample with one image gets base + unpadded grid + newline features
     (``LlavaOnevisionProcessor._get_number_of_features``); with several, ``tokens`` + 1 each.
+
+    Videos (``video`` = the placeholder the template writes; "" = the model takes none, e.g. Gemma 3), n
+    frames as the profile's ``VideoRule`` samples them: tiles (InternVL) write "Frame{i}: " + ``prefix`` +
+    ``token`` × ``frame_tokens`` + ``suffix`` per frame, joined by "\n"; anyres (LLaVA-OneVision) writes
+    ``video`` × (n · ``frame_tokens`` + 1), ``frame_tokens`` = ceil(sqrt(``tokens``) / 2)² (2×2 pooling).
     """
 
     kind: str
@@ -161,6 +183,8 @@ class MediaRule:
     pinpoints: tuple[tuple[int, int], ...] = ()  # anyres: (height, width) canvases
     max_crops: int = 9  # anyres_max_N
     drop_cls: bool = False  # vision_feature_select_strategy "default": one token fewer per image
+    video: str = ""
+    frame_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -394,6 +418,9 @@ def _media_profile(folder: Path, family: str, config: dict) -> ModelProfile | No
     pre = _json(folder / "preprocessor_config.json")
     proc = {**pre, **_json(folder / "processor_config.json")}
     tok = _special_tokens(folder)
+    video_rule = VideoRule("none", 0, 0, 0, 0.0, 0, 0, 0, 0)
+    if family in ("internvl", "llava-onevision"):
+        video_rule = _frame_sampling(family, _video_processor_config(folder))
     if family == "internvl":
         size = pre.get("size") or {}
         if size.get("height") != size.get("width") or not size.get("height"):
@@ -402,7 +429,8 @@ def _media_profile(folder: Path, family: str, config: dict) -> ModelProfile | No
                           tok.get("context_image_token", "<IMG_CONTEXT>"), int(proc.get("image_seq_length", 256)),
                           prefix=tok.get("start_image_token", "<img>"), suffix=tok.get("end_image_token", "</img>"),
                           tile=int(size["height"]), min_tiles=int(pre.get("min_patches", 1)),
-                          max_tiles=int(pre.get("max_patches", 12)))
+                          max_tiles=int(pre.get("max_patches", 12)), video=tok.get("video_token", "<video>"),
+                          frame_tokens=int(proc.get("image_seq_length", 256)))
     elif family == "gemma3":
         if pre.get("do_pan_and_scan"):  # crops depend on the image: not proven here, the processor counts
             return None
@@ -416,16 +444,51 @@ def _media_profile(folder: Path, family: str, config: dict) -> ModelProfile | No
         pins = pre.get("image_grid_pinpoints") or config.get("image_grid_pinpoints")
         if not edge or not pins or not ratio.startswith("anyres_max_"):
             return None
+        tokens = int(proc.get("num_image_tokens") or 729)
+        video = tok.get("video_token", "<video>")
         media = MediaRule("anyres", tok.get("image_token", "<image>"), tok.get("image_token", "<image>"),
-                          int(proc.get("num_image_tokens") or 729), tile=int(edge),
-                          pinpoints=tuple((int(h), int(w)) for h, w in pins),
+                          tokens, tile=int(edge), pinpoints=tuple((int(h), int(w)) for h, w in pins),
                           max_crops=int(ratio[len("anyres_max_"):]),
-                          drop_cls=proc.get("vision_feature_select_strategy") == "default")
+                          drop_cls=proc.get("vision_feature_select_strategy") == "default",
+                          # the count is of repeated video tokens: exact only while that is one added token
+                          video=video if video in _added_tokens(folder) else "",
+                          frame_tokens=math.ceil(int(math.sqrt(tokens)) / 2) ** 2)
     template_vars = tuple(sorted((k, v) for k, v in tok.items() if k in ("bos_token", "eos_token", "pad_token", "unk_token")))
     return ModelProfile(name=f"{family}@{folder.name}", family=family, chat_template=_read_template(folder),
                         tokenizer_file=source, last_added_id=10**9, image=ImageRule(0, 0, 0, 0),
-                        video=VideoRule("none", 0, 0, 0, 0.0, 0, 0, 0, 0), model_dir=str(folder.resolve()),
-                        media=media, template_vars=template_vars)
+                        video=video_rule, model_dir=str(folder.resolve()), media=media, template_vars=template_vars)
+
+
+def _added_tokens(folder: Path) -> set[str]:
+    """The tokenizer's added tokens (tokenizer.json, tokenizer_config.json's added_tokens_decoder)."""
+    tj = _json(folder / "tokenizer.json") if (folder / "tokenizer.json").exists() else {}
+    names = {t.get("content") for t in tj.get("added_tokens", [])}
+    names |= {t.get("content") for t in _json(folder / "tokenizer_config.json").get("added_tokens_decoder", {}).values()}
+    return names
+
+
+def _video_processor_config(folder: Path) -> dict:
+    """The dict transformers builds the folder's video processor from (``get_video_processor_dict``):
+    processor_config.json's nested ``video_processor``, else video_preprocessor_config.json, else
+    preprocessor_config.json (the image processor's, which names no sampling: the class defaults apply)."""
+    nested = _json(folder / "processor_config.json").get("video_processor")
+    if isinstance(nested, dict):
+        return nested
+    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+        if (folder / name).exists():
+            return _json(folder / name)
+    return {}
+
+
+def _frame_sampling(family: str, cfg: dict) -> VideoRule:
+    """The frames InternVL's / LLaVA-OneVision's video processor keeps by default (the config's
+    ``do_sample_frames``, ``num_frames``, ``fps``, ``initial_shift``; both classes default to every frame)."""
+    if not cfg.get("do_sample_frames", False):
+        return VideoRule("all-frames", 0, 0, 0, 0.0, 0, 0, 0, 0)
+    num, fps, shift = cfg.get("num_frames"), cfg.get("fps"), cfg.get("initial_shift", True)
+    return VideoRule("internvl" if family == "internvl" else "uniform", 0, 0, 0, 0.0, 0, 0, 0, 0,
+                     num_frames=None if num is None else int(num), sample_fps=None if fps is None else float(fps),
+                     initial_shift=None if shift is True else float(shift))
 
 
 def _processor_profile(folder: Path, model_type: str | None, trust_remote_code: bool) -> ModelProfile:

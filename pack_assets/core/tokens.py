@@ -219,6 +219,55 @@ def video_count(meta: dict, rule: VideoRule) -> VideoCount:
                       (grid_t, h_bar // rule.patch_size, w_bar // rule.patch_size), frame_seqlen)
 
 
+_MAX_FRAMES = 10_000_000  # ~93 h at 30 fps: a header claiming more is not believed (InternVL tokenizes a label per frame)
+
+
+def _video_meta(meta: dict) -> tuple[int, float]:
+    """(frames, the header's fps or 0) of a probed video; a malformed entry is a reason, not a crash."""
+    try:
+        # the header's average rate, as transformers' PyAV loader reports it; torchcodec (its default loader)
+        # measures the decoded stream instead and can differ by a frame's duration (docs/usage.md)
+        total, fps = int(meta["frames"]), float(meta.get("fps") or 0)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReasonError("bad_video", f"unreadable video metadata {meta!r}: {e}") from None
+    if not 0 < total <= _MAX_FRAMES:
+        raise ReasonError("bad_video", f"video metadata says {total} frames")
+    return total, fps
+
+
+def sampled_frames(meta: dict, rule: VideoRule) -> int:
+    """Frames InternVL's / LLaVA-OneVision's video processor keeps of a video (see ``VideoRule``); what the
+    processor refuses is a ``video_sampling`` reason."""
+    total, src_fps = _video_meta(meta)
+    if rule.sampler == "all-frames":
+        return total
+    num, fps = rule.num_frames, rule.sample_fps
+    if rule.sampler == "uniform" and num is not None and fps is not None:
+        raise ReasonError("video_sampling", "num_frames and fps are both set: the processor takes one of them")
+    if num is None and fps is not None:
+        if not src_fps > 0:
+            raise ReasonError("bad_video", f"video metadata has no frame rate to sample {fps} fps by")
+        num = int(total / src_fps * fps)
+        if rule.sampler == "uniform":
+            num = max(1, num)
+    if num is None:
+        if rule.sampler == "uniform":
+            return total
+        raise ReasonError("video_sampling", "do_sample_frames with neither num_frames nor fps: InternVL's sampler fails")
+    if num <= 0:
+        raise ReasonError("video_sampling", f"{total} frames at {src_fps:.3f} fps sample {num} frames")
+    if num > total:
+        raise ReasonError("video_sampling", f"{num} frames asked of a video of {total}")
+    if rule.sampler == "uniform":
+        return num
+    step = total / num  # torch.arange(shift, T, step): its length is ceil((T - shift) / step), in doubles
+    shift = step / 2 if rule.initial_shift is None else rule.initial_shift
+    n = math.ceil((total - shift) / step)
+    if n <= 0:
+        raise ReasonError("video_sampling", f"initial_shift {shift} is past the video's {total} frames")
+    return n
+
+
 class _Generation(jinja2.ext.Extension):
     """``{% generation %}...{% endgeneration %}`` (transformers' assistant-mask tag): renders its body."""
 
@@ -286,6 +335,8 @@ class TokenCounter:
         self.backend = "tiktoken" if self.fast is not None else "tokenizers"
         self._special_split: re.Pattern | None = None
         self._media_cache: dict[tuple[int, int, bool], int] = {}  # sizes repeat: hashing a MediaRule does not pay
+        self._labels: list[int] = [0, 0]  # InternVL videos: [k] = tokens of "\nFrame2: " ... "\nFrame{k}: "
+        self._first_label = 0  # tokens of "Frame1: " on its own
 
     @functools.cached_property
     def tokenizer(self):
@@ -343,10 +394,44 @@ class TokenCounter:
             img += per
         return text.replace(rule.placeholder, rule.prefix + rule.token + rule.suffix) if n else text, img
 
+    def _expand_videos(self, text: str, videos: list[dict]) -> tuple[str, int, int]:
+        """A media rule's videos: (text, video tokens, tokens to add to the text's length). InternVL: each
+        placeholder becomes its first frame, "Frame1: <img><IMG_CONTEXT></img>", tokenized in context (it
+        touches the text before it); the rest is added: the other context tokens and frames 2..n, whose
+        "\nFrame{i}: " sits between two special tokens, so its length is the same everywhere (cached).
+        LLaVA-OneVision: the one <video> token stays and grows to n · frame_tokens + 1."""
+        rule = self.profile.media
+        if text.count(rule.video) != len(videos):
+            raise ReasonError("placeholder_mismatch", f"the template wrote {text.count(rule.video)} {rule.video} "
+                              f"for {len(videos)} video(s)")
+        if not videos:
+            return text, 0, 0
+        frames = [sampled_frames(v, self.profile.video) for v in videos]
+        if rule.kind == "anyres":
+            return text, sum(n * rule.frame_tokens + 1 for n in frames), sum(n * rule.frame_tokens for n in frames)
+        if len(set(frames)) > 1:  # InternVLProcessor stacks the videos of a sample into one tensor
+            raise ReasonError("video_frames_differ", f"videos of {', '.join(map(str, frames))} frames in one sample")
+        self._frame_labels(frames[0])
+        per = rule.frame_tokens + 2  # the context tokens and <img> </img>
+        # "Frame1: " counts in video_tokens on its own; the total takes it in context
+        video = sum(self._first_label + self._labels[n] + n * per for n in frames)
+        extra = sum(rule.frame_tokens - 1 + self._labels[n] + (n - 1) * per for n in frames)
+        return text.replace(rule.video, f"Frame1: {rule.prefix}{rule.token}{rule.suffix}"), video, extra
+
+    def _frame_labels(self, n: int) -> None:
+        """Grow the cumulative label lengths to n frames."""
+        if not self._first_label:
+            self._first_label = self.lengths(["Frame1: "])[0]
+        have = len(self._labels)
+        if n >= have:
+            more = self.lengths([f"\nFrame{i}: " for i in range(have, n + 1)])
+            for k in more:
+                self._labels.append(self._labels[-1] + k)
+
     def _vision(self, image_sizes, videos) -> tuple[int, int, list[VideoCount]]:
         if self.profile.media is not None:
-            if videos:
-                raise ReasonError("video_not_supported", f"{self.profile.family}: videos have no fast rule yet")
+            if videos and not self.profile.media.video:
+                raise ReasonError("video_not_supported", f"{self.profile.family}: the model takes no video")
             return 0, len(image_sizes), []
         img = sum(image_tokens(w, h, self.profile.image) for w, h in image_sizes)
         vids = [video_count(v, self.profile.video) for v in videos]
@@ -364,11 +449,15 @@ class TokenCounter:
         prepared: list = []
         texts: list[str] = []
         for messages, image_sizes, videos in batch:
+            media_video = None  # a media rule's (video tokens, tokens added to the text's length)
             try:
                 img, n_img, vids = self._vision(image_sizes, videos)
                 text = self.render(messages)
                 if self.profile.media is not None:
                     text, img = self._expand(text, image_sizes)
+                    media_video = (0, 0)
+                    if self.profile.media.video:
+                        text, *media_video = self._expand_videos(text, videos)
             except ReasonError as e:
                 prepared.append(e)
                 continue
@@ -379,18 +468,22 @@ class TokenCounter:
             texts.append(text)
             for v in vids:
                 texts.extend(v.timestamps)
-            prepared.append((first, len(texts), img, n_img, vids))
+            prepared.append((first, len(texts), img, n_img, vids, media_video))
         lengths = self.lengths(texts) if texts else []
         out: list[dict | ReasonError] = []
         for p in prepared:
             if isinstance(p, ReasonError):
                 out.append(p)
                 continue
-            first, end, img, n_img, vids = p
+            first, end, img, n_img, vids, media_video = p
             rendered = lengths[first]
-            stamps = sum(lengths[first + 1 : end])
-            video = sum(v.pad_tokens for v in vids) + stamps
-            text_tokens = rendered - n_img - len(vids)
+            if media_video is not None:  # one image token per image in the text; videos added whole
+                video, extra = media_video
+                text_tokens = rendered - n_img + extra - video
+            else:
+                stamps = sum(lengths[first + 1 : end])
+                video = sum(v.pad_tokens for v in vids) + stamps
+                text_tokens = rendered - n_img - len(vids)
             out.append(
                 {
                     "text_tokens": text_tokens,
