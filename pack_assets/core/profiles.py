@@ -62,7 +62,8 @@ FAMILIES = (
     Family("qwen3-vl", ("qwen3_vl", "qwen3_vl_moe"), "fast", (*_QWEN_FILES, "video_preprocessor_config.json"),
            "built in (--profile qwen3-vl, the default); tokenizer bundled"),
     Family("gemma3", ("gemma3",), "fast",
-           ("config.json", "preprocessor_config.json", "processor_config.json (image_seq_length)",
+           ("config.json", "preprocessor_config.json (do_pan_and_scan, pan_and_scan_*)",
+            "processor_config.json (image_seq_length)",
             "tokenizer.json and tokenizer_config.json", "chat_template.json (or .jinja)"),
            "--model-dir; 256 tokens per image inside \\n\\n wrappers tokenized in context; do_pan_and_scan: true "
            "in preprocessor_config.json -> the processor's crops (pan_and_scan_* from the file, 256/4/1.2 for "
