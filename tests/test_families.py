@@ -247,3 +247,29 @@ def test_pan_and_scan_bad_settings_and_sizes_get_a_reason(dirs, tmp_path):
     counter = TokenCounter(profile_from_model_dir(_pan_and_scan_dir(dirs, tmp_path, {"do_pan_and_scan": True})))
     (res,) = counter.count_many([_item(_PAS["single_image_messages"], [[0, 500]])])
     assert isinstance(res, ReasonError) and res.reason == "bad_image"
+
+
+def test_pan_and_scan_count_with_model_dir_reads_image_headers_and_gives_the_oracle(dirs, tmp_path):
+    """`pack-assets count --model-dir` on the pan-and-scan folder: real image files of sizes with 0, 2, 3 and 4
+    crops, their sizes read from the headers."""
+    from conftest import image_bytes
+
+    from pack_assets.core.ingest import count_records
+
+    (setting,) = [s for s in _PAS["settings"] if s["name"] == "defaults"]
+    picked = {}
+    for w, h, n, c in setting["sizes"]:
+        if max(w, h) <= 2000 and c not in picked:
+            picked[c] = (w, h, n)
+    assert sorted(picked) == [0, 2, 3, 4]
+    recs = []
+    for i, (w, h, _) in enumerate(picked.values()):
+        (tmp_path / f"{i}.png").write_bytes(image_bytes(w, h, "PNG"))
+        msgs = copy.deepcopy(_PAS["single_image_messages"])
+        msgs[0]["content"][0]["image"] = str(tmp_path / f"{i}.png")
+        recs.append({"messages": msgs})
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    folder = _pan_and_scan_dir(dirs, tmp_path, setting["preprocessor_config"])
+    got = count_records(tmp_path / "r.jsonl", None, None, str(folder))
+    assert [g.get("total_tokens") for g in got] == [n for _, _, n in picked.values()], got
+    assert all(g["counted_by"] == "fast" for g in got)
