@@ -7,6 +7,8 @@ pass is the cold figure (processor rule: every size new to the cache), the secon
 to a temp folder. A ``tokenizers`` family with the chunk -> count cache (Gemma 3) starts each pass with it
 empty; ``--no-chunk-cache`` runs every text through the tokenizer (the rule before it). ``--zipf``: the
 one-image samples' words from a 50k pseudo-word Zipf vocabulary (k // 4 words: ~the same tokens, pseudo-words being rarer pieces).
+``--pan-and-scan``: the folder's preprocessor_config.json with ``do_pan_and_scan: true`` (Gemma 3; four of the
+five bench sizes get 2 crops each, 512x512 none).
 """
 
 from __future__ import annotations
@@ -93,6 +95,18 @@ def family_dir(family: str) -> str:
     return str(materialize(Path(tempfile.mkdtemp(prefix="bench-counts-")), (family,))[family])
 
 
+def pan_and_scan_dir(folder: str) -> str:
+    """A copy of a Gemma 3 folder with pan-and-scan on (the other pan_and_scan_* keys as they are)."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="bench-counts-pas-")) / Path(folder).name
+    shutil.copytree(folder, d)
+    cfg = json.loads((d / "preprocessor_config.json").read_text(encoding="utf-8"))
+    (d / "preprocessor_config.json").write_text(json.dumps({**cfg, "do_pan_and_scan": True}), encoding="utf-8")
+    return str(d)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default="qwen3-vl")
@@ -102,12 +116,18 @@ def main() -> None:
     ap.add_argument("--zipf", action="store_true", help="with --one-image: 50k pseudo-words, Zipf-drawn")
     ap.add_argument("--no-chunk-cache", action="store_true",
                     help="every text through the tokenizer (the rule before the chunk -> count cache)")
+    ap.add_argument("--pan-and-scan", action="store_true",
+                    help="Gemma 3 (--family gemma3 or --model-dir): the folder with do_pan_and_scan on")
     ap.add_argument("-n", type=int, default=5000)
     ap.add_argument("--label", default="", help="what code this is (e.g. a commit), kept in the results file")
     ap.add_argument("--results", help="append the figures to this JSON file (a list of runs)")
     a = ap.parse_args()
-    counter = TokenCounter(resolve_profile(a.profile, family_dir(a.family) if a.family else a.model_dir),
-                           chunk_cache=not a.no_chunk_cache)
+    model_dir = family_dir(a.family) if a.family else a.model_dir
+    if a.pan_and_scan:
+        if not model_dir:
+            ap.error("--pan-and-scan needs --family gemma3 or --model-dir")
+        model_dir = pan_and_scan_dir(model_dir)
+    counter = TokenCounter(resolve_profile(a.profile, model_dir), chunk_cache=not a.no_chunk_cache)
     data = one_image_samples(a.n, zipf=a.zipf) if a.one_image else samples(a.n)
     if counter.backend != "processor":
         counter.lengths([""])  # builds the tokenizer (lazy) outside the timed passes
@@ -115,6 +135,7 @@ def main() -> None:
     run = {"label": a.label, "profile": counter.profile.name, "backend": counter.backend, "n": a.n,
            "chunk_cache": chunks is not None,
            "shape": ("one-image-zipf" if a.zipf else "one-image") if a.one_image else "mixed",
+           "pan_and_scan": a.pan_and_scan,
            "load": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None,
            "machine": f"{platform.processor() or platform.machine()}, Python {platform.python_version()}"}
     for label in ("cold", "warm"):

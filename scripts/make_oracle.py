@@ -29,6 +29,16 @@ tests/fixtures/videos (``--make-videos`` wrote the generated ones with PyAV) and
 larger real clips from the shared fixtures that are not committed: for those the oracle keeps the container
 metadata ``pack_assets.core.media.probe_video`` reads (what the fast rule counts from) next to the counts.
 The committed video oracles were made with ``--shared`` (tests/test_family_videos.py expects those clips).
+
+Gemma 3 with pan-and-scan (tests/fixtures/oracle/gemma3_pan_and_scan.json) needs no torch: the project venv
+runs it alone (Gemma3Processor has a PIL backend):
+
+    PYTHONPATH=. .venv/bin/python scripts/make_oracle.py --models /tmp/oracle-models --only gemma3_pan_and_scan
+
+transformers 5.23's Gemma3Processor passes its own call defaults (do_pan_and_scan False, 256, 4, 1.2) over
+the folder's preprocessor_config.json, so crops appear only when the call asks; each setting here is the
+folder's file with do_pan_and_scan true (and the listed pan_and_scan_* values) AND the same values passed at
+call time (``processor_kwargs``), as the fast rule reads such a folder (core/profiles.py ``_pan_and_scan``).
 """
 
 from __future__ import annotations
@@ -224,39 +234,135 @@ def video_oracle(family: str, folder: Path, shared: str | None) -> dict:
                    "images (scripts/make_oracle.py)", "videos": meta, "configs": configs}
 
 
-def count(proc, messages: list[dict], image_sizes: list, tools=None) -> int | str:
+def pan_and_scan_sizes() -> list[tuple[int, int]]:
+    """Gemma 3 crop boundaries (defaults 256 / 4 / 1.2), both orientations: the activation ratio (1.2 ± 1 px),
+    the half-up rounding of the ratio (x.5 ± 1 px), the min crop size on the short side and on the crop width
+    (255/256/257), the crop-count cap (ratios 4.5 to 40) and the floor(long / min_crop) cap."""
+    out = []
+    for short in (5, 100, 255, 256, 257, 300, 500, 833, 1000, 1024):
+        for ratio in (1.2, 1.5, 2.5, 3.5, 4.5):
+            long = round(short * ratio)
+            out += [(long + d, short) for d in (-1, 0, 1)]
+    out += [(2 * c + d, 600) for c in (255, 256, 257) for d in (-1, 0, 1)]  # two crops of ~min_crop width
+    out += [(3 * c + d, 600) for c in (256,) for d in (-2, -1, 0, 1)]
+    out += [(w, 256) for w in (767, 768, 769, 1023, 1024, 1025, 1279, 1280, 1281)]  # floor(w/256) limits
+    out += [(r * 300, 300) for r in (5, 6, 10, 20, 40)] + [(1000, 1000), (1200, 1000), (1199, 1000), (1201, 1000)]
+    out += [(h, w) for w, h in out]
+    seen: set = set()
+    return [s for s in out if not (s in seen or seen.add(s))]
+
+
+# (name, preprocessor_config.json pan_and_scan_* values, sizes): null = Gemma3Processor's call default
+PAN_AND_SCAN_SETTINGS = (
+    ("defaults", {}, "all"),  # the Hub files: every pan_and_scan_* is null
+    ("min_crop_300_max_3_ratio_2", {"pan_and_scan_min_crop_size": 300, "pan_and_scan_max_num_crops": 3,
+                                    "pan_and_scan_min_ratio_to_activate": 2.0}, "boundaries"),
+    ("min_crop_100_max_8_ratio_1", {"pan_and_scan_min_crop_size": 100, "pan_and_scan_max_num_crops": 8,
+                                    "pan_and_scan_min_ratio_to_activate": 1.0}, "boundaries"),
+)
+
+
+def pan_and_scan_samples() -> list[dict]:
+    """samples(), then the same conversations with sizes that get crops (text right next to cropped images)."""
+    base = samples()
+    rng = random.Random(5)
+    cropped = [[1920, 1080], [1080, 1920], [3000, 600], [600, 3000], [2600, 1000], [1000, 1000], [900, 2700],
+               [513, 300], [4000, 1000], [640, 480]]
+    again = [{**s, "image_sizes": [rng.choice(cropped) for _ in s["image_sizes"]]} for s in base if s["image_sizes"]]
+    return base + again
+
+
+def count(proc, messages: list[dict], image_sizes: list, tools=None, call: dict | None = None):
+    """len(input_ids); with ``call`` (processor kwargs) also the crops the image processor made (pixel_values
+    holds each image and its crops)."""
     from PIL import Image
 
     it = iter(image_sizes)
     msgs = [{**m, "content": [{**p, "image": Image.new("RGB", tuple(next(it)))} if p["type"] == "image" else p
                               for p in m["content"]]} for m in messages]
     try:
-        out = proc.apply_chat_template(msgs, tools=tools, tokenize=True, return_dict=True)
+        kw = {"processor_kwargs": dict(call)} if call else {}  # a fresh dict: apply_chat_template adds to it
+        out = proc.apply_chat_template(msgs, tools=tools, tokenize=True, return_dict=True, **kw)
     except Exception as e:  # the processor's refusal is an oracle too
         return f"error: {type(e).__name__}"
-    return len(out["input_ids"][0])
+    if call is None:
+        return len(out["input_ids"][0])
+    return len(out["input_ids"][0]), len(out.get("pixel_values", [])) - len(image_sizes)
+
+
+def _pan_and_scan_oracle(models: Path, out: Path, one: list[dict]) -> None:
+    import shutil
+
+    import tokenizers
+    import transformers
+    from transformers import AutoProcessor
+
+    src = materialize(models, ("gemma3",))["gemma3"]
+    size_list, boundaries = sizes(), pan_and_scan_sizes()
+    seen = set(size_list)
+    size_list += [s for s in boundaries if s not in seen]
+    settings = []
+    for name, values, which in PAN_AND_SCAN_SETTINGS:
+        folder = models / f"{FAMILY_DIRS['gemma3']}.pan-and-scan.{name}"
+        if not folder.exists():
+            shutil.copytree(src, folder)
+        cfg = json.loads((folder / "preprocessor_config.json").read_text(encoding="utf-8"))
+        cfg.update(do_pan_and_scan=True, **values)
+        (folder / "preprocessor_config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+        proc = AutoProcessor.from_pretrained(folder, local_files_only=True)
+        call = {"do_pan_and_scan": True, **values}
+        rows = []
+        for w, h in (size_list if which == "all" else boundaries):
+            got = count(proc, one, [[w, h]], call=call)
+            rows.append([w, h, *got] if isinstance(got, tuple) else [w, h, got, None])
+        whole = []
+        if which == "all":
+            for s in pan_and_scan_samples():
+                got = count(proc, s["messages"], s["image_sizes"], s.get("tools"), call=call)
+                whole.append({**s, "input_ids": got[0] if isinstance(got, tuple) else got})
+        settings.append({"name": name, "preprocessor_config": {"do_pan_and_scan": True, **values},
+                         "processor_kwargs": call, "sizes": rows, "samples": whole})
+        print(name, len(rows), "sizes,", len(whole), "samples,", len({r[3] for r in rows}), "crop counts")
+    doc = {"family": "gemma3", "folder": FAMILY_DIRS["gemma3"],
+           "made_with": {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
+                         "processor": type(proc).__name__, "image_processor": type(proc.image_processor).__name__},
+           "how": "the folder's preprocessor_config.json with do_pan_and_scan true and the setting's values; "
+                  "len(processor.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True, "
+                  "processor_kwargs=<the same values>)['input_ids'][0]) with blank PIL images of each size; "
+                  "crops = len(pixel_values) - images (scripts/make_oracle.py)",
+           "single_image_messages": one, "settings": settings}
+    path = out / "gemma3_pan_and_scan.json"
+    path.write_text(json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
+    print("->", path)
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--make-videos"]:  # once, in any venv with PyAV: the committed generated clips
         make_videos(VIDEOS)
         return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", required=True, help="a scratch folder for the checkpoint folders")
+    ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "oracle"))
+    ap.add_argument("--only", nargs="*", help=f"some of {', '.join(FAMILY_DIRS)}, gemma3_pan_and_scan")
+    ap.add_argument("--videos-only", action="store_true", help="only the video oracles (<family>.videos.json)")
+    ap.add_argument("--shared", help="the shared fixtures folder: also count its larger real clips (not committed)")
+    a = ap.parse_args()
+    one = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe this."}]},
+           {"role": "assistant", "content": [{"type": "text", "text": "It is an image."}]}]
+    if not a.videos_only and (not a.only or "gemma3_pan_and_scan" in a.only):
+        _pan_and_scan_oracle(Path(a.models), Path(a.out), one)
+    families = [f for f in FAMILY_DIRS if not a.only or f in a.only]
+    if not families:
+        return
     import tokenizers
-    import torch
+    import torch  # the InternVL and LLaVA-OneVision processors need torchvision
     import torchvision
     import transformers
     from transformers import AutoProcessor
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--models", required=True, help="a scratch folder for the checkpoint folders")
-    ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "oracle"))
-    ap.add_argument("--only", nargs="*")
-    ap.add_argument("--videos-only", action="store_true", help="only the video oracles (<family>.videos.json)")
-    ap.add_argument("--shared", help="the shared fixtures folder: also count its larger real clips (not committed)")
-    a = ap.parse_args()
-    dirs = materialize(Path(a.models))
+    dirs = materialize(Path(a.models), families)
     for family in ("internvl", "llava-onevision"):
-        if a.only and family not in a.only:
+        if family not in families:
             continue
         doc = video_oracle(family, dirs[family], a.shared)
         path = Path(a.out) / f"{family}.videos.json"
@@ -264,11 +370,7 @@ def main() -> None:
         print(family, "videos ->", path)
     if a.videos_only:
         return
-    one = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe this."}]},
-           {"role": "assistant", "content": [{"type": "text", "text": "It is an image."}]}]
-    for family in FAMILY_DIRS:
-        if a.only and family not in a.only:
-            continue
+    for family in families:
         proc = AutoProcessor.from_pretrained(dirs[family], local_files_only=True)
         size_counts = [[w, h, count(proc, one, [[w, h]])] for w, h in sizes()]
         whole = [{**s, "input_ids": count(proc, s["messages"], s["image_sizes"], s.get("tools"))} for s in samples()]

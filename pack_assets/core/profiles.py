@@ -62,10 +62,14 @@ FAMILIES = (
     Family("qwen3-vl", ("qwen3_vl", "qwen3_vl_moe"), "fast", (*_QWEN_FILES, "video_preprocessor_config.json"),
            "built in (--profile qwen3-vl, the default); tokenizer bundled"),
     Family("gemma3", ("gemma3",), "fast",
-           ("config.json", "preprocessor_config.json", "processor_config.json (image_seq_length)",
+           ("config.json", "preprocessor_config.json (do_pan_and_scan, pan_and_scan_*)",
+            "processor_config.json (image_seq_length)",
             "tokenizer.json and tokenizer_config.json", "chat_template.json (or .jinja)"),
-           "--model-dir; 256 tokens per image inside \\n\\n wrappers tokenized in context; pan-and-scan on "
-           "(do_pan_and_scan) -> processor rule; takes no video (video_not_supported)"),
+           "--model-dir; 256 tokens per image inside \\n\\n wrappers tokenized in context; do_pan_and_scan: true "
+           "in preprocessor_config.json -> the processor's crops (pan_and_scan_* from the file, 256/4/1.2 for "
+           "nulls) and its \"Here is the original image ...\" text, as processor(..., do_pan_and_scan=True, "
+           "pan_and_scan_*=...) counts them (transformers 5.23's default call ignores the file's pan-and-scan keys); "
+           "takes no video (video_not_supported)"),
     Family("internvl", ("internvl",), "fast",
            ("config.json", "preprocessor_config.json (size, min_patches, max_patches)",
             "processor_config.json (image_seq_length)", _TOKENIZER_FILES, "chat_template.json (or .jinja)",
@@ -161,7 +165,9 @@ class MediaRule:
 
     ``kind="tiles"`` (InternVL, GotOcr2 ``crop_to_patches``): ``tokens`` × (cols·rows + a thumbnail when
     cols·rows > 1), the grid the closest aspect ratio with ``min_tiles`` ≤ cols·rows ≤ ``max_tiles``.
-    ``kind="fixed"`` (Gemma 3 without pan-and-scan): ``tokens``.
+    ``kind="fixed"`` (Gemma 3): ``tokens``; with pan-and-scan (``crops`` set) ``tokens`` × (1 + crops), and
+    the placeholder of an image with crops becomes the processor's "Here is the original image ... and here
+    are some crops to help you see better ..." text with one wrapped block per image and crop.
     ``kind="anyres"`` (LLaVA-OneVision): a sample with one image gets base + unpadded grid + newline features
     (``LlavaOnevisionProcessor._get_number_of_features``); with several, ``tokens`` + 1 each.
 
@@ -185,6 +191,8 @@ class MediaRule:
     drop_cls: bool = False  # vision_feature_select_strategy "default": one token fewer per image
     video: str = ""
     frame_tokens: int = 0
+    # Gemma 3 pan-and-scan: (min_crop_size, max_num_crops, min_ratio_to_activate); () = off
+    crops: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -432,11 +440,10 @@ def _media_profile(folder: Path, family: str, config: dict) -> ModelProfile | No
                           max_tiles=int(pre.get("max_patches", 12)), video=tok.get("video_token", "<video>"),
                           frame_tokens=int(proc.get("image_seq_length", 256)))
     elif family == "gemma3":
-        if pre.get("do_pan_and_scan"):  # crops depend on the image: not proven here, the processor counts
-            return None
         boi, eoi = tok.get("boi_token", "<start_of_image>"), tok.get("eoi_token", "<end_of_image>")
         media = MediaRule("fixed", boi, tok.get("image_token", "<image_soft_token>"),
-                          int(proc.get("image_seq_length", 256)), prefix=f"\n\n{boi}", suffix=f"{eoi}\n\n")
+                          int(proc.get("image_seq_length", 256)), prefix=f"\n\n{boi}", suffix=f"{eoi}\n\n",
+                          crops=_pan_and_scan(pre, folder))
     else:  # llava-onevision
         size = pre.get("size") or {}
         edge = size.get("shortest_edge") or min(size.get("height", 0), size.get("width", 0))
@@ -489,6 +496,39 @@ def _frame_sampling(family: str, cfg: dict) -> VideoRule:
     return VideoRule("internvl" if family == "internvl" else "uniform", 0, 0, 0, 0.0, 0, 0, 0, 0,
                      num_frames=None if num is None else int(num), sample_fps=None if fps is None else float(fps),
                      initial_shift=None if shift is True else float(shift))
+
+
+# Gemma3Processor.images_kwargs in transformers 5.23: what a null in preprocessor_config.json means
+_PAN_AND_SCAN_DEFAULTS = (("pan_and_scan_min_crop_size", 256), ("pan_and_scan_max_num_crops", 4),
+                          ("pan_and_scan_min_ratio_to_activate", 1.2))
+
+
+def _pan_and_scan(pre: dict, folder: Path) -> tuple:
+    """Gemma 3's pan-and-scan settings from preprocessor_config.json, () when off.
+
+    transformers 5.23's Gemma3Processor passes its own call defaults (do_pan_and_scan False, 256, 4, 1.2) to
+    the image processor, so a default ``processor(...)`` call ignores these keys of the file; crops appear
+    only when the caller passes ``do_pan_and_scan=True``. A folder that turns it on is read as "training
+    calls the processor with these settings" (the file's values, the defaults for nulls): the counts equal
+    ``processor(..., do_pan_and_scan=True, pan_and_scan_*=<these>)`` (tests/fixtures/oracle/gemma3_pan_and_scan.json).
+    """
+    on = pre.get("do_pan_and_scan")
+    if on is None or on is False:
+        return ()
+    where = folder / "preprocessor_config.json"
+    if on is not True:
+        raise ProfileError(f"do_pan_and_scan in {where} is {on!r}: expected true, false or null")
+    out = []
+    for key, default in _PAN_AND_SCAN_DEFAULTS:
+        v = pre.get(key)
+        v = default if v is None else v
+        ok = (isinstance(v, int) and not isinstance(v, bool) and v >= 1 if isinstance(default, int)
+              else isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+        if not ok:  # the processor would divide by it or compare with it: refused before any count
+            raise ProfileError(f"{key} in {where} is {v!r}: expected "
+                               f"{'an integer >= 1' if isinstance(default, int) else 'a finite number'} or null")
+        out.append(v)
+    return tuple(out)
 
 
 def _processor_profile(folder: Path, model_type: str | None, trust_remote_code: bool) -> ModelProfile:

@@ -121,10 +121,34 @@ def _anyres_features(height: int, width: int, rule: MediaRule) -> int:
     return unpadded + newlines + rule.tokens
 
 
+def pan_and_scan_crops(width: int, height: int, min_crop: int, max_crops: int, min_ratio: float) -> int:
+    """Gemma 3's crop count (transformers 5.23 ``Gemma3ImageProcessor[Pil].pan_and_scan``, the same arithmetic
+    in both backends): crops along the long side only (a square counts as landscape), about one per aspect
+    ratio unit (half rounds up), at least 2 and at most ``max_crops``, none below ``min_ratio`` or when a crop
+    would be under ``min_crop`` px. Floats and floors as the processor does them, so boundaries agree. Only
+    the long and short sides matter (the two branches mirror each other), so an EXIF 90° rotation cannot
+    change the count: the header's stored size is as good as the rotated image's."""
+    if width < 1 or height < 1:
+        raise ReasonError("bad_image", f"image size {width}x{height}")
+    long, short = (width, height) if width >= height else (height, width)
+    if long / short < min_ratio:
+        return 0
+    n = min(int(math.floor(long / min_crop)), int(math.floor(long / short + 0.5)))
+    n = min(max_crops, max(2, n))
+    if min(int(math.ceil(long / n)), short) < min_crop:
+        return 0
+    return n
+
+
+def media_crops(width: int, height: int, rule: MediaRule) -> int:
+    """Extra images an image becomes (Gemma 3 pan-and-scan crops); 0 for every other rule."""
+    return pan_and_scan_crops(width, height, *rule.crops) if rule.crops else 0
+
+
 def media_image_tokens(width: int, height: int, n_images: int, rule: MediaRule) -> int:
     """Image tokens (the repeated token only, wrappers excluded) for one image of a sample with n_images."""
     if rule.kind == "fixed":
-        return rule.tokens
+        return rule.tokens * (1 + media_crops(width, height, rule))
     if rule.kind == "tiles":
         cols, rows = _tile_grid(height, width, rule.tile, rule.min_tiles, rule.max_tiles) if rule.max_tiles > 1 else (1, 1)
         n = cols * rows
@@ -375,24 +399,38 @@ class TokenCounter:
         return self.template.render(messages=messages, tools=tools, add_generation_prompt=False,
                                     **dict(self.profile.template_vars))
 
-    def _expand(self, text: str, image_sizes) -> tuple[str, int]:
-        """A media rule's text: each placeholder as the processor writes it with one image token (its
-        wrappers tokenized in context) and the image tokens of all images."""
+    def _expand(self, text: str, image_sizes) -> tuple[str, int, int]:
+        """A media rule's text: each placeholder as the processor writes it with one image token per image
+        block (its wrappers and, with Gemma 3 crops, its words tokenized in context); the image tokens of all
+        images; how many image tokens the text holds."""
         rule = self.profile.media
         if text.count(rule.placeholder) != len(image_sizes):  # the processor would refuse the sample
             raise ReasonError("placeholder_mismatch", f"the template wrote {text.count(rule.placeholder)} "
                               f"{rule.placeholder} for {len(image_sizes)} image(s)")
         n = len(image_sizes)
         img = 0
+        crops = []
         for w, h in image_sizes:
             key = (int(w), int(h), n == 1)  # the rule depends on the size and on one image or several
-            per = self._media_cache.get(key)
-            if per is None:
+            got = self._media_cache.get(key)
+            if got is None:
                 if len(self._media_cache) >= 65536:  # bounded: a set of all-distinct sizes stays small
                     self._media_cache.clear()
-                per = self._media_cache[key] = media_image_tokens(int(w), int(h), n, rule)
-            img += per
-        return text.replace(rule.placeholder, rule.prefix + rule.token + rule.suffix) if n else text, img
+                got = self._media_cache[key] = (media_image_tokens(int(w), int(h), n, rule),
+                                                media_crops(int(w), int(h), rule))
+            img += got[0]
+            crops.append(got[1])
+        block = rule.prefix + rule.token + rule.suffix
+        if not any(crops):
+            return (text.replace(rule.placeholder, block) if n else text), img, n
+        # split, not replace: the replacement holds the placeholder (<start_of_image>) itself
+        parts = text.split(rule.placeholder)
+        out = [parts[0]]
+        for k, part in zip(crops, parts[1:]):
+            # Gemma3Processor.replace_image_token's text, one image token per block
+            out += [f"Here is the original image {block} and here are some crops to help you see better "
+                    + " ".join([block] * k) if k else block, part]
+        return "".join(out), img, n + sum(crops)
 
     def _expand_videos(self, text: str, videos: list[dict]) -> tuple[str, int, int]:
         """A media rule's videos: (text, video tokens, tokens to add to the text's length). InternVL: each
@@ -454,7 +492,7 @@ class TokenCounter:
                 img, n_img, vids = self._vision(image_sizes, videos)
                 text = self.render(messages)
                 if self.profile.media is not None:
-                    text, img = self._expand(text, image_sizes)
+                    text, img, n_img = self._expand(text, image_sizes)
                     media_video = (0, 0)
                     if self.profile.media.video:
                         text, *media_video = self._expand_videos(text, videos)
