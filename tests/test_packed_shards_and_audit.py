@@ -566,3 +566,47 @@ def test_the_writers_record_is_keyed_by_every_catalog_file(packed):
     os.utime(token_file, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
     with store.connect(work, read_only=True) as con:
         assert write_stage.written_key(con, info, write_context(info)) != key
+
+
+def test_a_rerun_vouches_for_its_own_shards_by_content_digest_and_for_nothing_it_did_not_check(packed, monkeypatch):
+    """The writer's record keeps a DuckDB digest of each shard's planned content: a rerun with the same
+    content finds every shard current without the fingerprint query; an image byte edited in place (size and
+    mtime kept, a forced rescan) changes only the digest of the shard holding that image, so only that shard
+    goes to the fingerprint query, and it is rewritten."""
+    inp, work, out, _ = packed
+    run_write(work, inp, out, workers=1)  # the record now holds digests
+    asked: list = []
+    real = write_stage.current_shards
+    monkeypatch.setattr(write_stage, "current_shards", lambda *a, **k: asked.append(k.get("only")) or real(*a, **k))
+    names = sorted(p.name for p in out.glob("*.tar"))
+    res = run_write(work, inp, out, workers=1)
+    assert asked == [set()] and (res.written, res.skipped) == (0, len(names)) and len(names) >= 2
+    record = json.loads((work / write_stage.WRITTEN).read_text())
+    assert {n: s[2] for n, s in record["shards"].items()} == \
+        {n: tario.first_pack_meta(out / n)["shard_fingerprint"] for n in names}
+    with store.connect(work, read_only=True) as con:
+        sid, offset, size, shard = con.execute(
+            """SELECT m.sample_id, m."offset", m.size, p.output_shard FROM members m JOIN pack_members pm USING (sample_id)
+               JOIN pack_plan p USING (pack_id) WHERE m.name LIKE '%.jpg' ORDER BY 1 LIMIT 1""").fetchone()
+        plan_before = PlanInfo.load(con).fingerprint
+    src = inp / f"{sid.split('/')[0]}.tar"
+    st = src.stat()
+    with open(src, "r+b") as f:
+        f.seek(offset + size // 2)
+        byte = f.read(1)
+        f.seek(offset + size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    shards = list(store.find_shards(inp))
+    run_manifest(inp, work, sid.split("/")[0], force=True)
+    for s in shards:
+        run_token_lengths(work, s, PROFILE)
+    run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
+    with store.connect(work, read_only=True) as con:
+        assert PlanInfo.load(con).fingerprint == plan_before
+    before = {n: sha(out / n) for n in names}
+    asked.clear()
+    res = run_write(work, inp, out, workers=1)
+    assert asked == [{shard}] and res.written == 1
+    assert {n for n in names if sha(out / n) != before[n]} == {shard}
+    assert run_audit(work, out).ok
