@@ -5,7 +5,8 @@ pass is the cold figure (processor rule: every size new to the cache), the secon
 ``--one-image``: the issue's yardstick instead, one image and ~400 text tokens per sample. ``--family F``
 (internvl, llava-onevision, gemma3): the checkpoint folder the tests use (tests/fixtures/models), unpacked
 to a temp folder. A ``tokenizers`` family with the chunk -> count cache (Gemma 3) starts each pass with it
-empty; ``--no-chunk-cache`` runs every text through the tokenizer (the rule before it). ``--zipf``: the
+empty; ``--no-chunk-cache`` runs every text through the tokenizer (the rule before it). ``--backend
+tokenizers``: a byte-level BPE (Qwen) off tiktoken, through the cache. ``--zipf``: the
 one-image samples' words from a 50k pseudo-word Zipf vocabulary (k // 4 words: ~the same tokens, pseudo-words being rarer pieces).
 """
 
@@ -102,12 +103,14 @@ def main() -> None:
     ap.add_argument("--zipf", action="store_true", help="with --one-image: 50k pseudo-words, Zipf-drawn")
     ap.add_argument("--no-chunk-cache", action="store_true",
                     help="every text through the tokenizer (the rule before the chunk -> count cache)")
+    ap.add_argument("--backend", default="auto", choices=("auto", "tiktoken", "tokenizers"),
+                    help="tokenizers: a byte-level BPE off tiktoken, through the chunk -> count cache")
     ap.add_argument("-n", type=int, default=5000)
     ap.add_argument("--label", default="", help="what code this is (e.g. a commit), kept in the results file")
     ap.add_argument("--results", help="append the figures to this JSON file (a list of runs)")
     a = ap.parse_args()
     counter = TokenCounter(resolve_profile(a.profile, family_dir(a.family) if a.family else a.model_dir),
-                           chunk_cache=not a.no_chunk_cache)
+                           backend=a.backend, chunk_cache=not a.no_chunk_cache)
     data = one_image_samples(a.n, zipf=a.zipf) if a.one_image else samples(a.n)
     if counter.backend != "processor":
         counter.lengths([""])  # builds the tokenizer (lazy) outside the timed passes

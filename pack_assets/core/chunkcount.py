@@ -59,12 +59,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from itertools import filterfalse, repeat
+from operator import itemgetter
 
 SPACE = "\u2581"  # SentencePiece's visible space
 _SPACES = " " + SPACE
 _NORMALIZER = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
 _PRE = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
 _BYTE = re.compile(r"<0x[0-9A-F]{2}>")
+_last = itemgetter(-1)
 
 # B: the split regexes proven above, exact strings (the Qwen2 vocabulary's: Qwen2/2.5/3-VL, InternVL3,
 # LLaVA-OneVision; Llama 3's, numbers in runs of up to three)
@@ -176,8 +179,9 @@ class ChunkCounts:
     ``glue``: the characters no cut may follow (``split_rule``'s), " " and "▁" always among them. A text is first
     cut by ``str.split(" ")`` (several times faster than the regex): every piece but the last is followed by a
     " ", so the cuts are the rule's when the first piece is empty or ends outside the glue (checked) and every
-    middle piece does too (``_lead`` holds only such pieces: any other is a KeyError). Any other text, or one
-    with a chunk not yet counted, is cut by the regex.
+    middle piece does too (``_lead`` holds only such pieces: any other is a KeyError). On a KeyError the pieces
+    are checked: a text whose cuts are the rule's is counted by its pieces (one not counted yet, or longer than
+    ``max_chunk``, goes to the tokenizer), any other text is cut by the regex.
 
     Meant for one thread at a time (as the counters that hold it). Every stored value is the tokenizer's
     count of its exact key, so a race could only miss a key (KeyError), never give a wrong count."""
@@ -209,34 +213,39 @@ class ChunkCounts:
         return [first] + [" " + p for p in rest]
 
     def lengths(self, texts: list[str]) -> list[int]:
-        cache, split, glue = self._cache, self._split, self._glue
-        get, lead_get, tail_get = cache.__getitem__, self._lead.__getitem__, self._tail.__getitem__
+        cache, split, glue, lead = self._cache, self._split, self._glue, self._lead
+        get, lead_get, tail_get = cache.__getitem__, lead.__getitem__, self._tail.__getitem__
         out = [0] * len(texts)
-        todo: list[tuple[int, list[str]]] = []
+        todo: list[tuple[int, int, list[str]]] = []  # (text, sum of its pieces known, chunks to add once counted)
         for i, t in enumerate(texts):
             parts = t.split(" ")
-            first = parts[0]
+            first, mid = parts[0], parts[1:-1]
             try:
                 if len(parts) == 1:
                     out[i] = get(t)
                     continue
                 if first and first[-1] in glue:
                     raise KeyError(first)
-                out[i] = get(first) + sum(map(lead_get, parts[1:-1])) + tail_get(parts[-1])
+                out[i] = get(first) + sum(map(lead_get, mid)) + tail_get(parts[-1])
                 continue
-            except KeyError:  # a cut the rule refuses, or a piece not counted yet: the regex's chunks
-                chunks = split(t)
+            except KeyError:  # a cut the rule refuses (the regex's chunks then), or a piece not counted yet
+                if len(parts) == 1 or (first and first[-1] in glue) or "" in mid \
+                        or not glue.isdisjoint(map(_last, mid)):
+                    base, chunks = 0, split(t)
+                else:  # the cuts are the rule's (checked in C, cheaper than the regex): only new pieces wait
+                    base = sum(map(lead.get, mid, repeat(0)))
+                    chunks = [first, " " + parts[-1], *(" " + p for p in filterfalse(lead.__contains__, mid))]
             try:
-                out[i] = sum(map(get, chunks))
+                out[i] = base + sum(map(get, chunks))
             except KeyError:
-                todo.append((i, chunks))
+                todo.append((i, base, chunks))
         if todo:
-            new = list({c: None for _, chunks in todo for c in chunks if c not in cache})
+            new = list({c: None for _, _, chunks in todo for c in chunks if c not in cache})
             self.misses += len(new)
             fresh = dict(zip(new, self._count(new)))
             cache.update(fresh)  # every new chunk in, for the sums; then the bounds
-            for i, chunks in todo:
-                out[i] = sum(map(get, chunks))
+            for i, base, chunks in todo:
+                out[i] = base + sum(map(get, chunks))
             keep, lead, tail = self.max_chunk, self._lead, self._tail
             for c, n in fresh.items():
                 if len(c) > keep:
