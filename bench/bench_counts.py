@@ -5,7 +5,8 @@ pass is the cold figure (processor rule: every size new to the cache), the secon
 ``--one-image``: the issue's yardstick instead, one image and ~400 text tokens per sample. ``--family F``
 (internvl, llava-onevision, gemma3): the checkpoint folder the tests use (tests/fixtures/models), unpacked
 to a temp folder. A ``tokenizers`` family with the chunk -> count cache (Gemma 3) starts each pass with it
-empty; ``--no-chunk-cache`` runs every text through the tokenizer (the rule before it). ``--zipf``: the
+empty; ``--no-chunk-cache`` runs every text through the tokenizer (the rule before it). ``--backend
+tokenizers``: a byte-level BPE (Qwen) off tiktoken, through the cache. ``--zipf``: the
 one-image samples' words from a 50k pseudo-word Zipf vocabulary (k // 4 words: ~the same tokens, pseudo-words being rarer pieces).
 ``--pan-and-scan``: the folder's preprocessor_config.json with ``do_pan_and_scan: true`` (Gemma 3; four of the
 five bench sizes get 2 crops each, 512x512 none).
@@ -118,6 +119,8 @@ def main() -> None:
                     help="every text through the tokenizer (the rule before the chunk -> count cache)")
     ap.add_argument("--pan-and-scan", action="store_true",
                     help="Gemma 3 (--family gemma3 or --model-dir): the folder with do_pan_and_scan on")
+    ap.add_argument("--backend", default="auto", choices=("auto", "tiktoken", "tokenizers"),
+                    help="tokenizers: a byte-level BPE off tiktoken, through the chunk -> count cache")
     ap.add_argument("-n", type=int, default=5000)
     ap.add_argument("--label", default="", help="what code this is (e.g. a commit), kept in the results file")
     ap.add_argument("--results", help="append the figures to this JSON file (a list of runs)")
@@ -127,7 +130,8 @@ def main() -> None:
         if not model_dir:
             ap.error("--pan-and-scan needs --family gemma3 or --model-dir")
         model_dir = pan_and_scan_dir(model_dir)
-    counter = TokenCounter(resolve_profile(a.profile, model_dir), chunk_cache=not a.no_chunk_cache)
+    counter = TokenCounter(resolve_profile(a.profile, model_dir), backend=a.backend,
+                          chunk_cache=not a.no_chunk_cache)
     data = one_image_samples(a.n, zipf=a.zipf) if a.one_image else samples(a.n)
     if counter.backend != "processor":
         counter.lengths([""])  # builds the tokenizer (lazy) outside the timed passes

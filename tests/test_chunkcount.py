@@ -1,4 +1,6 @@
-"""The chunk -> count cache (core/chunkcount.py) against the plain Gemma 3 tokenizer (tests/fixtures/models).
+"""The chunk -> count cache (core/chunkcount.py) against the plain tokenizers (tests/fixtures/models): Gemma 3
+(SentencePiece-style BPE) and the byte-level BPEs (Qwen3-VL's bundled tokenizer.json, InternVL3's and
+LLaVA-OneVision's Qwen2 vocab.json + merges.txt as transformers converts them).
 
 Counts must equal the tokenizer's on every text, adversarial ones included; the guard must refuse every
 tokenizer definition the proof does not cover."""
@@ -7,13 +9,18 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import sys
+import unicodedata
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Regex, Tokenizer, pre_tokenizers
 
-from pack_assets.core.chunkcount import SPACE, ChunkCounts, split_rule, tokenizer_rule
+from pack_assets.core.chunkcount import (BYTE_LEVEL_CHUNK, BYTE_LEVEL_PATTERNS, SPACE, WHITESPACE, ChunkCounts,
+                                         split_rule, tokenizer_rule)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from family_fixtures import materialize  # noqa: E402
@@ -208,3 +215,277 @@ def test_the_processor_path_counts_through_the_cache_and_equals_the_plain_path(g
     assert _chunk_counts(pc.tokenizer, {"add_special_tokens": False, "truncation": True}, pc._media_ids) is None
     assert _chunk_counts(pc.tokenizer, {"add_special_tokens": True}, pc._media_ids) is None
     pc.chunks = chunks
+
+
+
+# -- byte-level BPE (proof B) -------------------------------------------------------------------------------------
+
+BYTE_LEVEL = ("qwen3", "internvl", "llava-onevision")
+
+
+@pytest.fixture(scope="module")
+def byte_level(tmp_path_factory) -> dict[str, Tokenizer]:
+    """The byte-level tokenizers of the fixtures, as the counters load them (a ``tokenizers.Tokenizer`` each)."""
+    transformers = pytest.importorskip("transformers")
+    from pack_assets.core.profiles import bundled_tokenizer_file
+
+    dirs = materialize(tmp_path_factory.mktemp("bytelevel"), ("internvl", "llava-onevision"))
+    out = {"qwen3": Tokenizer.from_file(str(bundled_tokenizer_file()))}
+    for family, d in dirs.items():  # vocab.json + merges.txt: the tokenizers definition transformers builds
+        out[family] = transformers.AutoTokenizer.from_pretrained(str(d)).backend_tokenizer
+    return out
+
+
+def _spec_of(tok) -> dict:
+    return json.loads(tok.to_str())
+
+
+def _with(tok, how) -> Tokenizer:
+    """A tokenizer whose definition is the given one's, changed."""
+    s = _spec_of(tok)
+    how(s)
+    return Tokenizer.from_str(json.dumps(s))
+
+
+# the pieces the proof has to get right: contractions (any case), digits, every kind of whitespace before and
+# after a " ", NFD text NFC composes (and a combining mark after a space), added tokens glued to words
+BL_PIECES = ["the", "cat", "Hello", "'s", "'S", "'t", "'T", "'re", "'LL", "'d", "it's", "DON'T", "'", "''", "'x",
+             "1", "42", "2024", "3.14", "1,000", "x2", "日本語", "東京", "한국어", "\u1100\u1161", "ملف", "١٢٣",
+             "e\u0301", "\u0301", "A\u030a", "\u212b", "\u0958", "ﬁ", "Ω", "😀", "👩\u200d👩\u200d👧", "🇫🇷",
+             "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|endoftext|>",
+             "<tool_call>", "</tool_call>", "<think>", "<|im_start", "im_end|>", ".", ",", "!", "?!", "...", "-", "#",
+             "//", "(", ")", "\\", "\u200b", "\u180e", "\x00", "\x1c", "\x7f", "\u00ad", "x" * 90, "ab" * 50,
+             "\u00a0", "\u3000", "\u2028", "\u2003", "\u0085", "\r", "\r\n", "\n", "\t", "\x0b", "\x0c"]
+BL_SEPS = [" ", " ", " ", "  ", "   ", "    ", "", "", "\n", "\n\n", " \n", "\n ", "\n  ", "  \n", "\t", " \t", "\t ",
+           "\r\n", " \r\n ", "\u00a0 ", " \u00a0", "\u3000 ", "\u2028 ", "\x1c "]
+BL_FIXED = ["", " ", "  ", "   ", "\n", "\n ", " \n", "a", " a", "a ", "a  ", "a   b", "x   y", "a    b", "a\tb",
+            "a\t b", "a \t b", "a\n b", "a\n  b", "a \n b", "code:\n    indented line\n    more  ", "it's  THE'S 'T",
+            "I'M here 'll do", "12 345  6789", "e\u0301 e\u0301\u0301  a\u030a", " \u0301 \u0301", "a \u0308",
+            "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n", "<|vision_start|>word <|im_end|> end",
+            "word<|vision_start|><|image_pad|><|vision_end|>word", "trailing spaces   ", "trailing tab\t", "\t\t x",
+            "😀 😀😀  😀", "日本語 東京  한국어", "\u00a0 \u00a0", "\u3000 x", "x\u3000 y", "\x1c x", "a\x1c b",
+            "word" * 500, " " + "word " * 300 + " end"]
+
+
+def _bl_texts(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(BL_SEPS) + rng.choice(BL_PIECES) for _ in range(rng.randint(0, 40)))
+            + rng.choice(BL_SEPS) for _ in range(n)]
+
+
+_RULES: dict[int, tuple] = {}  # id(tokenizer) -> its rule: reading a 150k-token definition takes ~0.5 s
+
+
+def _bl_counter(tok, **kw) -> ChunkCounts:
+    if id(tok) not in _RULES:
+        _RULES[id(tok)] = (tok, tokenizer_rule(tok))  # the tokenizer kept too: its id is never reused
+    pattern, glue = _RULES[id(tok)][1]
+    assert pattern is not None, glue
+    return ChunkCounts(pattern, lambda chunks: _plain(tok, chunks), glue, **kw)
+
+
+def _mismatches(tok, texts, **kw) -> list:
+    counts = _bl_counter(tok, **kw)
+    got = []
+    for i in range(0, len(texts), 89):
+        got.extend(counts.lengths(texts[i:i + 89]))
+    return [(t, g, w) for t, g, w in zip(texts, got, _plain(tok, texts)) if g != w]
+
+
+def test_the_byte_level_rule_holds_for_each_fixture_tokenizer(byte_level):
+    for name, tok in byte_level.items():
+        pattern, glue = tokenizer_rule(tok)
+        assert (pattern, glue) == (BYTE_LEVEL_CHUNK, WHITESPACE), (name, glue)
+        assert _spec_of(tok)["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] == BYTE_LEVEL_PATTERNS[0]
+
+
+@pytest.mark.parametrize("name", BYTE_LEVEL)
+def test_byte_level_counts_equal_the_tokenizer_on_adversarial_texts(byte_level, name):
+    tok = byte_level[name]
+    texts = BL_FIXED + _bl_texts(3000, seed=11)
+    assert not _mismatches(tok, texts, max_entries=4000, max_chunk=24)[:5]  # small bounds: clearing runs too
+    counts = _bl_counter(tok)
+    assert counts.lengths(texts) == counts.lengths(texts) == _plain(tok, texts)  # the second from the cache
+
+
+@pytest.mark.parametrize("name", BYTE_LEVEL)
+def test_each_byte_level_chunk_is_tokenized_apart_as_it_is_in_the_whole(byte_level, name):
+    """Stronger than equal counts: the chunks' ids, put together, are the whole text's ids."""
+    tok, counts = byte_level[name], ChunkCounts(BYTE_LEVEL_CHUNK, lambda c: [0] * len(c), WHITESPACE)
+    for text in BL_FIXED + _bl_texts(400, seed=12):
+        chunks = counts.chunks(text)
+        assert "".join(chunks) == text
+        assert [c for c in chunks if c] == [c for c in counts._split(text) if c]  # the fast cut is the regex's
+        ids = [i for e in tok.encode_batch(chunks, add_special_tokens=False) for i in e.ids]
+        assert ids == tok.encode(text, add_special_tokens=False).ids, (text, chunks)
+
+
+_piece = st.sampled_from(BL_PIECES + BL_SEPS)
+_char = st.characters(blacklist_categories=("Cs",))  # a lone surrogate is no str the tokenizer takes
+_text = st.lists(st.one_of(_piece, _piece, st.text(_char, max_size=4), _char), max_size=30).map("".join)
+
+
+@pytest.mark.parametrize("name", BYTE_LEVEL)
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(_text, min_size=1, max_size=20))
+def test_byte_level_counts_equal_the_tokenizer_on_generated_texts(byte_level, name, texts):
+    """Arbitrary code points among the adversarial pieces (hypothesis, derandomized: the same texts each run)."""
+    assert not _mismatches(byte_level[name], texts)
+
+
+def test_the_llama3_pattern_counts_as_the_tokenizer_does(byte_level):
+    """The second whitelisted regex (numbers in runs of up to three; Llama 3 has no normalizer), run by the
+    tokenizers library on the Qwen vocabulary: the proof does not depend on the vocabulary."""
+    def llama3(s):
+        s["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = BYTE_LEVEL_PATTERNS[1]
+        s["normalizer"] = None
+    tok = _with(byte_level["qwen3"], llama3)
+    assert tokenizer_rule(tok)[0] == BYTE_LEVEL_CHUNK
+    texts = BL_FIXED + _bl_texts(2000, seed=13) + ["1234567 89 1 22 333 4444", "x12345 y"]
+    assert not _mismatches(tok, texts)[:5]
+
+
+def test_an_added_token_that_starts_with_a_space_needs_no_refusal(byte_level):
+    """" a" holds no cut (a cut lies before the space, not after it): accepted, and still exact."""
+    def add(s):
+        s["added_tokens"].append({"id": 151669, "content": " a", "single_word": False, "lstrip": False,
+                                  "rstrip": False, "normalized": False, "special": False})
+    tok = _with(byte_level["qwen3"], add)
+    assert tokenizer_rule(tok)[0] == BYTE_LEVEL_CHUNK
+    assert not _mismatches(tok, BL_FIXED + ["x a", "x  a", "a a a", "\n a", "x\u3000 a"] + _bl_texts(500, seed=14))
+
+
+def test_a_cut_after_whitespace_would_be_wrong(byte_level):
+    """The rule's glue is needed: cutting before every " " (after a space or a newline too) miscounts."""
+    tok = byte_level["qwen3"]
+    naive = ChunkCounts("[^ ]*| [^ ]*", lambda chunks: _plain(tok, chunks))
+    naive._glue = frozenset()  # the fast cut too, at every " "
+    texts = ["x   y", "code:\n    indented", "a    b"]
+    assert naive.lengths(texts) != _plain(tok, texts)
+    assert _bl_counter(tok).lengths(texts) == _plain(tok, texts)
+
+
+def test_whitespace_holds_the_tokenizers_regex_whitespace():
+    """Premise of proof B: W holds every code point Oniguruma's \\s matches (the engine the tokenizer runs)."""
+    every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+    kept = "".join(p for p, _ in pre_tokenizers.Split(Regex(r"\s"), "removed").pre_tokenize_str(every))
+    matched = set(every) - set(kept)
+    assert " " in matched and "\u3000" in matched and not matched - set(WHITESPACE)
+
+
+def test_nfc_never_ends_a_piece_in_whitespace_that_was_not():
+    """Premise of proof B.2: no character outside W decomposes to one holding W, and no W character is a
+    composite (then NFC(a) ends outside W when a does)."""
+    for c in range(0x110000):
+        d = unicodedata.normalize("NFD", chr(c))
+        if any(x in WHITESPACE for x in d):
+            assert chr(c) in WHITESPACE and len(d) == 1, hex(c)
+
+
+_OTHER_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"  # GPT-2's
+
+
+def _pre(s) -> list:
+    return s["pre_tokenizer"]["pretokenizers"]
+
+
+def _added(content):
+    return lambda s: s["added_tokens"].append({"id": 151669, "content": content, "single_word": False,
+                                               "lstrip": False, "rstrip": False, "normalized": False,
+                                               "special": True})
+
+
+@pytest.mark.parametrize("name, how", [
+    ("another regex", lambda s: _pre(s)[0]["pattern"].__setitem__("Regex", _OTHER_REGEX)),
+    ("the regex, one character changed", lambda s: _pre(s)[0]["pattern"].__setitem__(
+        "Regex", BYTE_LEVEL_PATTERNS[0].replace(" ?[^", "\\s?[^"))),
+    ("a string pattern", lambda s: _pre(s)[0].__setitem__("pattern", {"String": " "})),
+    ("merged with previous", lambda s: _pre(s)[0].__setitem__("behavior", "MergedWithPrevious")),
+    ("inverted", lambda s: _pre(s)[0].__setitem__("invert", True)),
+    ("use_regex", lambda s: _pre(s)[1].__setitem__("use_regex", True)),
+    ("add_prefix_space", lambda s: _pre(s)[1].__setitem__("add_prefix_space", True)),
+    ("a third pre-tokenizer", lambda s: _pre(s).append({"type": "Digits", "individual_digits": True})),
+    ("ByteLevel alone", lambda s: s.__setitem__("pre_tokenizer", _pre(s)[1])),
+    ("NFKC", lambda s: s.__setitem__("normalizer", {"type": "NFKC"})),
+    ("NFD", lambda s: s.__setitem__("normalizer", {"type": "NFD"})),
+    ("lowercase after NFC", lambda s: s.__setitem__("normalizer", {"type": "Sequence", "normalizers": [
+        {"type": "NFC"}, {"type": "Lowercase"}]})),
+    ("dropout", lambda s: s["model"].__setitem__("dropout", 0.1)),
+    ("Roberta post-processor", lambda s: s.__setitem__("post_processor", {
+        "type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0], "trim_offsets": True,
+        "add_prefix_space": False})),
+    ("added token ' a' inside", _added("x a")),
+    ("added token ending in a space", _added("<|x|> ")),
+    ("normalized added token", lambda s: s["added_tokens"][0].__setitem__("normalized", True)),
+    ("rstrip added token", lambda s: s["added_tokens"][3].__setitem__("rstrip", True)),
+    ("truncation", lambda s: s.__setitem__("truncation", {"direction": "Right", "max_length": 8, "strategy":
+                                                          "LongestFirst", "stride": 0})),
+])
+def test_the_guard_refuses_byte_level_definitions_the_proof_does_not_cover(byte_level, name, how):
+    s = _spec_of(byte_level["qwen3"])
+    how(s)
+    pattern, why = split_rule(s)
+    assert pattern is None, name
+    assert why
+
+
+def _media_free(texts: list[str]) -> list[str]:
+    """Without the image placeholder's tokens (a sample writing more placeholders than it has images is refused)."""
+    return [t for t in texts if not any(m in t for m in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"))]
+
+
+def test_the_fast_rule_takes_the_cache_only_off_tiktoken(tmp_path):
+    """A Qwen profile counts through tiktoken (no cache there); forced onto tokenizers it takes the cache and
+    counts the same."""
+    from pack_assets.core.profiles import bundled_tokenizer_file, profile_from_model_dir
+    from pack_assets.core.tokens import TokenCounter
+
+    d = tmp_path / "qwen3"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "models" / "Qwen3-VL-8B-Instruct", d)
+    shutil.copy(bundled_tokenizer_file(), d / "tokenizer.json")
+    profile = profile_from_model_dir(d)
+    fast, cached = TokenCounter(profile), TokenCounter(profile, backend="tokenizers")
+    assert fast.backend == "tiktoken" and fast.chunks is None and cached.chunks is not None
+    texts = _media_free(BL_FIXED + _bl_texts(300, seed=15))
+    rng = random.Random(16)
+    items = [([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t}]},
+               {"role": "assistant", "content": [{"type": "text", "text": rng.choice(texts)}]}], [[640, 480]], [])
+             for t in texts]
+    got, want = list(cached.count_many(items)), list(fast.count_many(items))
+    assert [r if isinstance(r, dict) else (r.reason, r.detail) for r in got] == \
+        [r if isinstance(r, dict) else (r.reason, r.detail) for r in want]
+    assert all(isinstance(r, dict) for r in got) and len(got) > 150 and cached.chunks.misses > 0
+
+
+def test_the_qwen3_processor_path_counts_through_the_cache_and_equals_the_whole_call(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("PIL")
+    from pack_assets.core.procount import ProcessorCounter, _chunk_counts
+    from pack_assets.core.profiles import bundled_tokenizer_file, processor_profile
+
+    d = tmp_path / "qwen3"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "models" / "Qwen3-VL-8B-Instruct", d)
+    shutil.copy(bundled_tokenizer_file(), d / "tokenizer.json")
+    pc = ProcessorCounter(processor_profile(d))
+    assert pc.chunks is not None
+    texts = _media_free(BL_FIXED + _bl_texts(150, seed=17))
+    items = [([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t}]},
+               {"role": "assistant", "content": [{"type": "text", "text": t[::-1]}]}], [[640, 480]], [])
+             for t in texts]
+
+    def same(results):
+        return [r if isinstance(r, dict) else (r.reason, r.detail) for r in results]
+
+    cached = same(pc.count_many(items))
+    assert pc.fallbacks == 0 and pc.direct_counts > 0 and all(isinstance(r, dict) for r in cached) and len(cached) > 80
+    assert pc.chunks.misses > 0
+    chunks, pc.chunks = pc.chunks, None
+    try:
+        assert same(pc.count_many(items)) == cached
+        assert same(pc._safe(pc.count, *item) for item in items[:40]) == cached[:40]  # the whole processor call
+    finally:
+        pc.chunks = chunks
+    assert pc._text_kwargs == {"add_special_tokens": False, "return_token_type_ids": False}  # an output pick only
+    for extra in ({"truncation": True}, {"max_length": 8}, {"add_special_tokens": True}):
+        assert _chunk_counts(pc.tokenizer, {**pc._text_kwargs, **extra}, pc._media_ids) is None, extra

@@ -11,11 +11,12 @@ size alone (the pixels never decide a count). So, per distinct image size, the p
 the template is rendered once (transformers' ``render_jinja_template``), the processor's own
 ``get_text_with_replacements`` puts the kept strings in, and the tokenizer runs once, batched over many
 samples. A run of one repeated media token (Gemma 3's 256 ``<image_soft_token>``) is tokenized as one and
-the rest added back (each is an added token, split off before anything else); where the tokenizer is of the
-shape core/chunkcount.py proves (Gemma 3), the expanded texts are counted through its chunk -> count cache,
-each distinct chunk by the same tokenizer call. The first sample that shows a
-new image size is also counted the slow way (the whole processor call); if the two ever differ the counter
-falls back to the whole call for every sample, so an unusual processor costs speed, never exactness.
+the rest added back (each is an added token, split off before anything else); where the tokenizer is of a
+shape core/chunkcount.py proves (Gemma 3; the byte-level BPE of Qwen2/2.5/3-VL, InternVL3, LLaVA-OneVision),
+the expanded texts are counted through its chunk -> count cache, each distinct chunk by the same tokenizer
+call. The first sample that shows a new image size is also counted the slow way (the whole processor
+call); if the two ever differ the counter falls back to the whole call for every sample, so an unusual
+processor costs speed, never exactness.
 """
 
 from __future__ import annotations
@@ -432,6 +433,7 @@ def _has_replacements(proc) -> bool:
             and getattr(proc, "image_token", None) is not None)
 
 
+_OUTPUT_PICKS = ("return_token_type_ids", "return_attention_mask")  # text kwargs that never change input_ids
 _HIGH = 32  # a chunk's value: tokens + (media tokens << 32), so a text's sum carries both
 
 
@@ -439,7 +441,8 @@ def _chunk_counts(tok, text_kwargs: dict, media_ids: tuple[int, ...]):
     """A ChunkCounts over the processor's tokenizer, or None. The proof (core/chunkcount.py) is about its
     ``tokenizers`` backend; the call the direct path makes must be that backend's plain encode: transformers'
     own ``__call__``/``_encode_plus`` (which hand the texts to ``encode_batch`` unchanged), no kwargs but
-    add_special_tokens=False, special tokens not split."""
+    add_special_tokens=False and ones that only pick outputs (Qwen3-VL's processor sets
+    return_token_type_ids=False), special tokens not split."""
     try:
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
@@ -449,7 +452,8 @@ def _chunk_counts(tok, text_kwargs: dict, media_ids: tuple[int, ...]):
 
     cls = type(tok)
     if (not isinstance(tok, TokenizersBackend) or cls.__call__ is not PreTrainedTokenizerBase.__call__
-            or cls._encode_plus is not TokenizersBackend._encode_plus or text_kwargs != {"add_special_tokens": False}
+            or cls._encode_plus is not TokenizersBackend._encode_plus
+            or text_kwargs.get("add_special_tokens") is not False or set(text_kwargs) - {"add_special_tokens", *_OUTPUT_PICKS}
             or getattr(tok, "split_special_tokens", True)):
         return None
     pattern, glue = tokenizer_rule(tok.backend_tokenizer)

@@ -338,8 +338,9 @@ class TokenCounter:
 
     Token counts come from tiktoken built from the profile's own tokenizer.json where that file is a plain
     byte-level BPE (the Qwen family): same ids as Hugging Face ``tokenizers`` (tested), several times
-    faster. Any other tokenizer file is run by ``tokenizers`` itself, through the chunk -> count cache where
-    its proof holds for that file (Gemma 3; core/chunkcount.py).
+    faster (the chunk -> count cache is not used there). Any other tokenizer file, or a byte-level BPE with
+    ``backend="tokenizers"``, is run by ``tokenizers`` itself, through the chunk -> count cache where its proof
+    holds for that file (Gemma 3, byte-level BPE; core/chunkcount.py).
     """
 
     def __init__(self, profile: ModelProfile, backend: str = "auto", chunk_cache: bool = True):
