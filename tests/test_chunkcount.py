@@ -346,6 +346,32 @@ def test_the_llama3_pattern_counts_as_the_tokenizer_does(byte_level):
     assert not _mismatches(tok, texts)[:5]
 
 
+def test_llama3s_post_processor_sequence_keeps_the_cache_and_its_counts(byte_level):
+    """Llama 3's tokenizer.json post-processes with Sequence[ByteLevel, TemplateProcessing] (a BOS in front):
+    neither adds a token at add_special_tokens=False, so the rule holds; a step that is not one of those is
+    refused."""
+    template = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                                                          {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [151644], "tokens": ["<|im_start|>"]}}}
+    byte = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+
+    def llama3(s):
+        s["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = BYTE_LEVEL_PATTERNS[1]
+        s["normalizer"] = None
+        s["post_processor"] = {"type": "Sequence", "processors": [byte, template]}
+    tok = _with(byte_level["qwen3"], llama3)
+    assert tok.encode("hi", add_special_tokens=True).ids[0] == 151644  # the template does add its token...
+    assert tokenizer_rule(tok)[0] == BYTE_LEVEL_CHUNK  # ...but not at add_special_tokens=False
+    assert not _mismatches(tok, BL_FIXED + _bl_texts(1000, seed=15))[:5]
+
+    def other(s):
+        llama3(s)
+        s["post_processor"]["processors"].append({"type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0],
+                                                  "trim_offsets": True, "add_prefix_space": False})
+    assert tokenizer_rule(_with(byte_level["qwen3"], other))[0] is None
+
+
 def test_an_added_token_that_starts_with_a_space_needs_no_refusal(byte_level):
     """" a" holds no cut (a cut lies before the space, not after it): accepted, and still exact."""
     def add(s):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from family_fixtures import VIDEO_CONFIGS, VIDEOS, materialize, video_variant
 
-from pack_assets.core.profiles import profile_from_model_dir
+from pack_assets.core.profiles import ProfileError, profile_from_model_dir
 from pack_assets.core.reasons import ReasonError
 from pack_assets.core.tokens import TokenCounter, sampled_frames
 
@@ -143,7 +143,7 @@ def test_unreadable_metadata_and_refusals_are_reasons_not_crashes(dirs):
     counter = TokenCounter(profile_from_model_dir(dirs["internvl"]))
     msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What?"}]},
             {"role": "assistant", "content": [{"type": "text", "text": "A ball."}]}]
-    metas = [{"fps": 10.0}, {"frames": "many", "fps": 10.0}, {"frames": 0, "fps": 10.0}, {"frames": 2**31, "fps": 1.0},
+    metas = [{"fps": 10.0}, {"frames": "many", "fps": 10.0}, {"frames": 0, "fps": 10.0}, {"frames": 1_000_001, "fps": 30.0},
              None]
     res = list(counter.count_many([(msgs, [], [m]) for m in metas] + [(msgs, [], [])]))
     assert [r.reason for r in res] == ["bad_video"] * 5 + ["placeholder_mismatch"], res
@@ -183,6 +183,14 @@ def test_sampling_follows_the_folder_video_config(dirs, tmp_path):
     (d / "processor_config.json").write_text(json.dumps(proc))
     p1 = profile_from_model_dir(d)
     assert (p1.video.sample_fps, p1.video.initial_shift) == (1.0, 0.0) and sampled_frames(meta, p1.video) == 4
+    # a null is the class default (transformers reads it so): initial_shift true, as when the key is absent
+    proc["video_processor"] = {"do_sample_frames": True, "num_frames": 16, "initial_shift": None}
+    (d / "processor_config.json").write_text(json.dumps(proc))
+    assert profile_from_model_dir(d).video == p16.video
+    proc["video_processor"] = {"do_sample_frames": True, "num_frames": "sixteen"}
+    (d / "processor_config.json").write_text(json.dumps(proc))
+    with pytest.raises(ProfileError, match="num_frames 'sixteen'"):
+        profile_from_model_dir(d)
     # InternVL's arange(shift, T, T / n): n frames for a half-step shift, T / (T / n) rounding kept
     for total, n in ((100, 16), (7, 3), (1000, 999), (491, 327)):
         assert sampled_frames({"frames": total, "fps": 1.0}, p16.video.__class__(

@@ -102,8 +102,11 @@ def _byte_level_rule(spec: dict, model: dict) -> tuple[str | None, str]:
         return None, f"normalizer {spec.get('normalizer')!r} (only NFC or none)"
     if model.get("dropout"):
         return None, "BPE with dropout"
-    if (spec.get("post_processor") or {}).get("type") not in _POST:
-        return None, f"post-processor {spec['post_processor'].get('type')!r}"
+    post = spec.get("post_processor") or {}
+    # Llama 3's is Sequence[ByteLevel, TemplateProcessing]: a sequence of these adds nothing either
+    steps = post.get("processors") or [] if post.get("type") == "Sequence" else [post]
+    if not steps and post.get("type") == "Sequence" or any((q or {}).get("type") not in _POST for q in steps):
+        return None, f"post-processor {post!r}"
     inner = re.compile(f"[^{_W}] ")
     for t in spec.get("added_tokens") or []:
         if t.get("normalized") or t.get("lstrip") or t.get("rstrip") or t.get("single_word"):

@@ -492,10 +492,17 @@ def _frame_sampling(family: str, cfg: dict) -> VideoRule:
     ``do_sample_frames``, ``num_frames``, ``fps``, ``initial_shift``; both classes default to every frame)."""
     if not cfg.get("do_sample_frames", False):
         return VideoRule("all-frames", 0, 0, 0, 0.0, 0, 0, 0, 0)
-    num, fps, shift = cfg.get("num_frames"), cfg.get("fps"), cfg.get("initial_shift", True)
-    return VideoRule("internvl" if family == "internvl" else "uniform", 0, 0, 0, 0.0, 0, 0, 0, 0,
-                     num_frames=None if num is None else int(num), sample_fps=None if fps is None else float(fps),
-                     initial_shift=None if shift is True else float(shift))
+    # a null is the class default, as transformers reads it (InternVL: initial_shift true)
+    num, fps, shift = cfg.get("num_frames"), cfg.get("fps"), cfg.get("initial_shift")
+    shift = True if shift is None else shift
+    try:
+        return VideoRule("internvl" if family == "internvl" else "uniform", 0, 0, 0, 0.0, 0, 0, 0, 0,
+                         num_frames=None if num is None else int(num),
+                         sample_fps=None if fps is None else float(fps),
+                         initial_shift=None if shift is True else float(shift))
+    except (TypeError, ValueError) as e:
+        raise ProfileError(f"video processor config: num_frames {num!r}, fps {fps!r}, initial_shift {shift!r}: "
+                           f"{e}") from None
 
 
 # Gemma3Processor.images_kwargs in transformers 5.23: what a null in preprocessor_config.json means

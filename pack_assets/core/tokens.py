@@ -243,7 +243,9 @@ def video_count(meta: dict, rule: VideoRule) -> VideoCount:
                       (grid_t, h_bar // rule.patch_size, w_bar // rule.patch_size), frame_seqlen)
 
 
-_MAX_FRAMES = 10_000_000  # ~93 h at 30 fps: a header claiming more is not believed (InternVL tokenizes a label per frame)
+# ~9 h at 30 fps: a header claiming more is not believed. InternVL tokenizes a "FrameN: " label per frame (kept
+# per worker), and such a video is millions of tokens for every family: over any max length.
+_MAX_FRAMES = 1_000_000
 
 
 def _video_meta(meta: dict) -> tuple[int, float]:

@@ -673,7 +673,7 @@ def written_key(con, info: PlanInfo, context: dict) -> str:
 # unchanged without handing every sample to Python (at 205k samples 0.9 s instead of 4.8 s).
 _DIGEST_ROWS = """
 WITH mem AS (SELECT sample_id, string_agg(concat_ws(',', to_json(name), "offset", size, coalesce(sha256, '-')), ';'
-                                          ORDER BY name) AS members
+                                          ORDER BY name, "offset") AS members
              FROM members WHERE sample_id IN (SELECT sample_id FROM pack_members) GROUP BY sample_id)
 SELECT p.output_shard,
        sha256(string_agg(concat_ws('|', to_json(p.pack_id), p.media_type, p.total_token_len, pm.position,
