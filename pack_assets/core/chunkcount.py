@@ -107,13 +107,19 @@ def _byte_level_rule(spec: dict, model: dict) -> tuple[str | None, str]:
     steps = post.get("processors") or [] if post.get("type") == "Sequence" else [post]
     if not steps and post.get("type") == "Sequence" or any((q or {}).get("type") not in _POST for q in steps):
         return None, f"post-processor {post!r}"
-    inner = re.compile(f"[^{_W}] ")
+    why = _added_tokens_refused(spec, re.compile(f"[^{_W}] "))
+    return (None, why) if why else (BYTE_LEVEL_CHUNK, WHITESPACE)
+
+
+def _added_tokens_refused(spec: dict, inner: re.Pattern) -> str:
+    """Why the added tokens break premise 1 (matched on the raw text, none across a cut: ``inner`` finds a
+    cut inside a token), or "" when they do not."""
     for t in spec.get("added_tokens") or []:
         if t.get("normalized") or t.get("lstrip") or t.get("rstrip") or t.get("single_word"):
-            return None, f"added token {t.get('content')!r} is normalized or strips"
+            return f"added token {t.get('content')!r} is normalized or strips"
         if inner.search(t["content"]):
-            return None, f"added token {t['content']!r} spans a cut"
-    return BYTE_LEVEL_CHUNK, WHITESPACE
+            return f"added token {t['content']!r} spans a cut"
+    return ""
 
 
 def _is_byte_level(pre) -> bool:
@@ -143,12 +149,8 @@ def split_rule(spec: dict) -> tuple[str | None, str]:
         return None, "no '▁' in the vocabulary"
     if not model.get("byte_fallback") or not all(f"<0x{b:02X}>" in vocab for b in range(256)):
         return None, "no byte fallback over all 256 byte tokens (an unknown character could fuse into <unk>)"
-    inner = re.compile(f"[^{_SPACES}][{_SPACES}]")
-    for t in spec.get("added_tokens") or []:
-        if t.get("normalized") or t.get("lstrip") or t.get("rstrip") or t.get("single_word"):
-            return None, f"added token {t.get('content')!r} is normalized or strips"
-        if inner.search(t["content"]):
-            return None, f"added token {t['content']!r} spans a cut"
+    if why := _added_tokens_refused(spec, re.compile(f"[^{_SPACES}][{_SPACES}]")):
+        return None, why
     glue: set[str] = set()  # last characters of a merge's left part whose right part starts with "▁"
     for m in model.get("merges") or []:
         left, right = m if isinstance(m, list) else m.split(" ", 1)
