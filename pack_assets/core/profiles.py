@@ -424,11 +424,12 @@ def _media_profile(folder: Path, family: str, config: dict) -> ModelProfile | No
     if source is None:
         return None
     pre = _json(folder / "preprocessor_config.json")
-    proc = {**pre, **_json(folder / "processor_config.json")}
+    processor_cfg = _json(folder / "processor_config.json")
+    proc = {**pre, **processor_cfg}
     tok = _special_tokens(folder)
     video_rule = VideoRule("none", 0, 0, 0, 0.0, 0, 0, 0, 0)
     if family in ("internvl", "llava-onevision"):
-        video_rule = _frame_sampling(family, _video_processor_config(folder))
+        video_rule = _frame_sampling(family, _video_processor_config(folder, processor_cfg, pre))
     if family == "internvl":
         size = pre.get("size") or {}
         if size.get("height") != size.get("width") or not size.get("height"):
@@ -458,7 +459,7 @@ def _media_profile(folder: Path, family: str, config: dict) -> ModelProfile | No
                           max_crops=int(ratio[len("anyres_max_"):]),
                           drop_cls=proc.get("vision_feature_select_strategy") == "default",
                           # the count is of repeated video tokens: exact only while that is one added token
-                          video=video if video in _added_tokens(folder) else "",
+                          video=video if _is_added_token(folder, video) else "",
                           frame_tokens=math.ceil(int(math.sqrt(tokens)) / 2) ** 2)
     template_vars = tuple(sorted((k, v) for k, v in tok.items() if k in ("bos_token", "eos_token", "pad_token", "unk_token")))
     return ModelProfile(name=f"{family}@{folder.name}", family=family, chat_template=_read_template(folder),
@@ -466,25 +467,25 @@ def _media_profile(folder: Path, family: str, config: dict) -> ModelProfile | No
                         video=video_rule, model_dir=str(folder.resolve()), media=media, template_vars=template_vars)
 
 
-def _added_tokens(folder: Path) -> set[str]:
-    """The tokenizer's added tokens (tokenizer.json, tokenizer_config.json's added_tokens_decoder)."""
-    tj = _json(folder / "tokenizer.json") if (folder / "tokenizer.json").exists() else {}
-    names = {t.get("content") for t in tj.get("added_tokens", [])}
-    names |= {t.get("content") for t in _json(folder / "tokenizer_config.json").get("added_tokens_decoder", {}).values()}
-    return names
+def _is_added_token(folder: Path, content: str) -> bool:
+    """Whether the tokenizer has ``content`` as an added token (tokenizer_config.json's added_tokens_decoder,
+    else tokenizer.json's added_tokens: read only when needed, it is a large file to parse)."""
+    decoder = _json(folder / "tokenizer_config.json").get("added_tokens_decoder", {})
+    if any(t.get("content") == content for t in decoder.values()):
+        return True
+    return any(t.get("content") == content for t in _json(folder / "tokenizer.json").get("added_tokens", []))
 
 
-def _video_processor_config(folder: Path) -> dict:
+def _video_processor_config(folder: Path, processor_cfg: dict, pre: dict) -> dict:
     """The dict transformers builds the folder's video processor from (``get_video_processor_dict``):
     processor_config.json's nested ``video_processor``, else video_preprocessor_config.json, else
-    preprocessor_config.json (the image processor's, which names no sampling: the class defaults apply)."""
-    nested = _json(folder / "processor_config.json").get("video_processor")
+    preprocessor_config.json (the image processor's, which names no sampling: the class defaults apply).
+    ``processor_cfg``, ``pre``: those two files as already read."""
+    nested = processor_cfg.get("video_processor")
     if isinstance(nested, dict):
         return nested
-    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
-        if (folder / name).exists():
-            return _json(folder / name)
-    return {}
+    video = folder / "video_preprocessor_config.json"
+    return _json(video) if video.exists() else pre
 
 
 def _frame_sampling(family: str, cfg: dict) -> VideoRule:

@@ -719,8 +719,8 @@ def vouched_shards(work: Path, out_dir: Path, context: dict, digests: dict[str, 
     return out
 
 
-def record_written(work: Path, key: str, out_dir: Path, results: list[dict], context: dict | None = None,
-                   digests: dict[str, tuple[str, int, int]] | None = None) -> None:
+def record_written(work: Path, key: str, out_dir: Path, results: list[dict], context: dict,
+                   digests: dict[str, tuple[str, int, int]]) -> None:
     """Each output shard's content fingerprint as the writer wrote or found it, with the file's (size,
     mtime_ns) then, so the audit need not compute them again (one query over every sample); the hash of
     the Energon index written with them, whose rows the next run may keep for the shards it does not touch;
@@ -730,10 +730,10 @@ def record_written(work: Path, key: str, out_dir: Path, results: list[dict], con
         st = (out_dir / r["shard"]).stat()
         shards[r["shard"]] = [st.st_size, st.st_mtime_ns, r["fingerprint"]]
     index = out_dir / NV_META / "index.sqlite"
-    doc = {"key": key, "shards": shards, "index_sha256": hashlib.sha256(index.read_bytes()).hexdigest()}
-    if context is not None and digests is not None:
-        doc |= {"context": _context_digest(context), "digests": {n: digests[n][0] for n in shards if n in digests}}
-    store.atomic_write_text(work / WRITTEN, json.dumps(doc, sort_keys=True))
+    store.atomic_write_text(work / WRITTEN, json.dumps(
+        {"key": key, "shards": shards, "index_sha256": hashlib.sha256(index.read_bytes()).hexdigest(),
+         "context": _context_digest(context), "digests": {n: digests[n][0] for n in shards if n in digests}},
+        sort_keys=True))
 
 
 def _record(work: Path) -> dict | None:
