@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from .core.settings import AUDIT_SCOPES, DEFAULTS, OUTPUT_MODES, Settings
-from .runenv import JOBS_FROM_SHARDS, ensure_dagster_yaml, process_start, resolve_dagster_home
+from .runenv import (JOBS_FROM_SHARDS, ensure_dagster_yaml, exit_without_teardown, process_start, relax_gc,
+                     resolve_dagster_home)
 
 DEMO_INPUT = Path("demo_data/shards")
 
@@ -394,13 +395,18 @@ def _tool_commands(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     # run as the command (argv from sys.argv): time counts from process start, interpreter and imports included
     started = process_start() if argv is None else time.perf_counter()
+    if argv is None:
+        relax_gc()
     args = build_parser().parse_args(argv)
     args.started = started
     try:
-        return args.func(args)
+        code = args.func(args)
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        code = 2
+    if argv is None:  # the command: done, no teardown (called from Python, main returns)
+        exit_without_teardown(code or 0)
+    return code
 
 
 if __name__ == "__main__":

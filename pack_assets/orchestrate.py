@@ -24,7 +24,7 @@ from .defs.assets import audit_report, manifest, pack_plan, packed_shards, token
 from .defs.partitions import source_shards
 from .defs.resources import PackSettings, summary_io_manager
 from .progress import ShardProgress
-from .runenv import default_jobs, ensure_dagster_yaml, relax_event_log_sync
+from .runenv import default_jobs, ensure_dagster_yaml, relax_event_log_sync, relax_gc
 
 
 def instance_for(dagster_home: Path) -> dg.DagsterInstance:
@@ -70,6 +70,7 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 def _worker_init(dagster_home: str) -> None:
     os.environ["DAGSTER_HOME"] = dagster_home
     relax_event_log_sync()
+    relax_gc()
 
 
 def _resources(settings: Settings) -> dict:

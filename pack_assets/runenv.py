@@ -4,7 +4,10 @@ default, when the process started."""
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -119,3 +122,32 @@ def relax_event_log_sync() -> None:
 
     event.listen(Engine, "connect", on_connect)
     _RELAXED = True
+
+
+# CPython's default thresholds (700, 10, 10) run full collections again and again while a run loads ~1M
+# long-lived objects (Dagster, the tokenizer's vocabulary, DuckDB's and matplotlib's modules): py-spy put 17 %
+# of a one-shard run in the collector. A CLI process collects far less often; cycles are still collected.
+GC_THRESHOLDS = (50_000, 20, 20)
+
+
+def relax_gc() -> None:
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+def exit_without_teardown(code: int):
+    """Leave the process as sys.exit would (non-daemon threads joined, atexit handlers run, output flushed)
+    without the interpreter's teardown: freeing every module and object took ~0.8 s after a run's summary
+    (one last full collection). Every file the tool writes is closed and renamed into place before this;
+    Dagster's SQLite commits are in its WAL files."""
+    for t in threading.enumerate():
+        if t is not threading.main_thread() and not t.daemon:
+            t.join()
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`): nothing left to say
+            pass
+    os._exit(code)
