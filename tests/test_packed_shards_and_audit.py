@@ -21,7 +21,7 @@ from pack_assets.core.lookup import lookup
 from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
 from pack_assets.core.profiles import load_profile
 from pack_assets.core.records import PackMeta, SourceRef
-from pack_assets.core.scan import run_manifest
+from pack_assets.core.scan import manifest_is_current, run_manifest
 from pack_assets.core.tokens import run_token_lengths
 from pack_assets.core.write import current_shards, load_shard_job, run_write, shard_job, write_context
 
@@ -571,8 +571,9 @@ def test_the_writers_record_is_keyed_by_every_catalog_file(packed):
 def test_a_rerun_vouches_for_its_own_shards_by_content_digest_and_for_nothing_it_did_not_check(packed, monkeypatch):
     """The writer's record keeps a DuckDB digest of each shard's planned content: a rerun with the same
     content finds every shard current without the fingerprint query; an image byte edited in place (size and
-    mtime kept, a forced rescan) changes only the digest of the shard holding that image, so only that shard
-    goes to the fingerprint query, and it is rewritten."""
+    mtime kept, a forced rescan) changes only the digest of the shard holding that image, so the record
+    refutes that shard alone (no fingerprint query either), and only it is rewritten. A shard that is not as
+    the writer left it, or a record of another digest format, goes to the fingerprint query."""
     inp, work, out, _ = packed
     run_write(work, inp, out, workers=1)  # the record now holds digests
     asked: list = []
@@ -607,6 +608,56 @@ def test_a_rerun_vouches_for_its_own_shards_by_content_digest_and_for_nothing_it
     before = {n: sha(out / n) for n in names}
     asked.clear()
     res = run_write(work, inp, out, workers=1)
-    assert asked == [{shard}] and res.written == 1
+    assert asked == [set()] and res.written == 1
     assert {n for n in names if sha(out / n) != before[n]} == {shard}
+    assert run_audit(work, out).ok
+    # a shard touched since the writer left it, and then every shard under a record of another format: the
+    # fingerprint query decides, and finds them current
+    other = next(n for n in names if n != shard)
+    os.utime(out / other)
+    asked.clear()
+    res = run_write(work, inp, out, workers=1)
+    assert asked == [{other}] and res.written == 0
+    record = json.loads((work / write_stage.WRITTEN).read_text())
+    (work / write_stage.WRITTEN).write_text(json.dumps({**record, "digest_format": 1}))
+    asked.clear()
+    res = run_write(work, inp, out, workers=1)
+    assert asked == [set(names)] and res.written == 0
+
+
+def test_a_touched_source_is_rescanned_and_its_output_shards_are_kept_a_new_plan_refutes_every_shard(packed, monkeypatch):
+    """A source shard copied or touched (new mtime, same bytes) is rescanned; its members are hashed, so the
+    digest, like the fingerprint, leaves its mtime out: every output shard is vouched for, none rewritten.
+    A full replan that moves samples between packs changes every digest: the record refutes every shard
+    (no fingerprint query) and each is rewritten, byte for byte what a write into an empty folder gives."""
+    inp, work, out, _ = packed
+    run_write(work, inp, out, workers=1)
+    names = sorted(p.name for p in out.glob("*.tar"))
+    asked: list = []
+    real = write_stage.current_shards
+    monkeypatch.setattr(write_stage, "current_shards", lambda *a, **k: asked.append(k.get("only")) or real(*a, **k))
+    shards = list(store.find_shards(inp))
+    src = inp / f"{shards[0]}.tar"
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert manifest_is_current(inp, work, shards[0]) is None
+    run_manifest(inp, work, shards[0])
+    for s in shards:
+        run_token_lengths(work, s, PROFILE)
+    run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
+    with store.connect(work, read_only=True) as con:
+        vouched, refuted = write_stage.vouched_shards(work, out, write_context(PlanInfo.load(con)),
+                                                      write_stage.shard_digests(con))
+    assert sorted(r["shard"] for r in vouched) == names and not refuted
+    res = run_write(work, inp, out, workers=1)
+    assert asked == [set()] and (res.written, res.skipped) == (0, len(names))
+    run_plan(work, shards, PlanConfig(max_len=1400, max_packs_per_shard=2), PROFILE)  # other packs
+    asked.clear()
+    res = run_write(work, inp, out, workers=1)
+    new_names = sorted(p.name for p in out.glob("*.tar"))
+    assert len(asked) == 1 and not asked[0] & set(names)  # nothing on disk needed the fingerprint query
+    assert res.written == len(new_names) and res.skipped == 0
+    fresh = out.parent / "fresh"
+    run_write(work, inp, fresh, workers=1)
+    assert {n: sha(out / n) for n in new_names} == {n: sha(fresh / n) for n in new_names}
     assert run_audit(work, out).ok

@@ -11,6 +11,7 @@ ranges its index names, after the sources' stamps (``source_changed``, ``bad_ind
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import json
 import multiprocessing
@@ -227,8 +228,9 @@ def _resolve_index(res: AuditResult, name: str, key: str, parts: dict, sources: 
 _worker_con: duckdb.DuckDBPyConnection | None = None
 
 
-def _worker_init(work: str) -> None:
+def _worker_init(work: str, gc_thresholds: tuple[int, ...]) -> None:
     global _worker_con
+    gc.set_threshold(*gc_thresholds)  # as the parent collects (the CLI's are relaxed: runenv.relax_gc)
     _worker_con = store.connect(Path(work), read_only=True)
 
 
@@ -272,7 +274,7 @@ def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, wo
         return
     # spawn, not fork: a forked child would inherit DuckDB's cached instance of this database without its threads
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-                             initargs=(str(work),)) as pool:
+                             initargs=(str(work), gc.get_threshold())) as pool:
         yield from pool.map(_audit_shard_in_worker, [str(out_dir)] * len(shards), shards, [config] * len(shards))
 
 

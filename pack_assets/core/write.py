@@ -555,9 +555,12 @@ def shard_job(con, input_root: Path, name: str) -> ShardJob:
            JOIN members m USING (sample_id) WHERE p.output_shard = ?""", [name]).fetchall()
     members = {(r[0], r[1]): {"name": r[1], "offset": r[2], "size": r[3], "sha256": r[4]} for r in member_rows}
     subs: dict[str, list[SubSample]] = {}
+    paths: dict[str, str] = {}  # per source shard, not per sample
     for pack_id, sid, shard, key, json_member, media_members, conv, tokens, extra_members, conv_sha, stamp in subs_rows:
+        if (path := paths.get(shard)) is None:
+            path = paths[shard] = str(store.source_tar(input_root, shard))
         subs.setdefault(pack_id, []).append(SubSample(
-            sample_id=sid, shard=shard, key=key, source_path=str(store.source_tar(input_root, shard)), token_len=tokens,
+            sample_id=sid, shard=shard, key=key, source_path=path, token_len=tokens,
             messages=None, messages_json=conv, json_member=members.get((sid, json_member)) if json_member else None,
             media=[members[(sid, n)] for n in media_members or []],
             extra=[members[(sid, n)] for n in extra_members or []], conversation_sha256=conv_sha, source_stamp=stamp,
@@ -668,21 +671,27 @@ def written_key(con, info: PlanInfo, context: dict) -> str:
 
 # A planned output shard's content as DuckDB hashes it: per sample a line with every value ShardFingerprint
 # takes (pack, position, tokens, conversation, record/media/extra member names in order, every member's
-# place and sha256, the source's size and mtime), the context left out (the record keeps it apart); the
-# lines' 128-bit md5 XORed per shard. Not equal to the fingerprint, but equal whenever its inputs are (each
-# line holds its pack id and position, so no two lines of a shard are alike). Aggregates that stream: at 1M
-# samples 3.4 s and 0.55 GB, where an ordered string_agg ran out of DuckDB's 1 GB and the fingerprint query
-# hands every sample to Python (~35 s). Conversations are hashed before the joins, as in _FINGERPRINT_ROWS.
+# place and sha256, the source's size and mtime where a member is unhashed), the context left out (the record
+# keeps it apart); the lines' 128-bit md5 XORed per shard. Not equal to the fingerprint, but equal exactly when
+# its inputs are (each line holds its pack id and position, so no two lines of a shard are alike): so a
+# recorded digest that differs refutes a shard as surely as its fingerprint would. Aggregates that stream: at
+# 1M samples 3.4 s and 0.55 GB, where an ordered string_agg ran out of DuckDB's 1 GB and the fingerprint
+# query hands every sample to Python (~35 s). Conversations are hashed before the joins, as in
+# _FINGERPRINT_ROWS. DIGEST_FORMAT: bumped when the lines change (a record of another format vouches for
+# nothing and refutes nothing).
+DIGEST_FORMAT = 2
 _DIGEST_ROWS = """
-WITH mem AS (SELECT sample_id, bit_xor(md5_number_lower(m)) AS lo, bit_xor(md5_number_upper(m)) AS hi
-             FROM (SELECT sample_id, concat_ws(',', to_json(name), "offset", size, coalesce(sha256, '-')) AS m
+WITH mem AS (SELECT sample_id, bit_xor(md5_number_lower(m)) AS lo, bit_xor(md5_number_upper(m)) AS hi,
+                    bool_or(unhashed) AS unhashed
+             FROM (SELECT sample_id, concat_ws(',', to_json(name), "offset", size, coalesce(sha256, '-')) AS m,
+                          sha256 IS NULL AS unhashed
                    FROM members WHERE sample_id IN (SELECT sample_id FROM pack_members))
              GROUP BY sample_id),
 lines AS (SELECT p.output_shard, p.pack_id,
                  concat_ws('|', to_json(p.pack_id), p.media_type, p.total_token_len, pm.position, to_json(pm.sample_id),
                            t.total_tokens, s.conv, to_json(s.json_member), to_json(s.media_members),
                            to_json(s.extra_members), coalesce(mem.lo || ':' || mem.hi, ''),
-                           coalesce(sh.size || ':' || sh.mtime_ns, '')) AS line
+                           CASE WHEN mem.unhashed THEN coalesce(sh.size || ':' || sh.mtime_ns, '') END) AS line
           FROM pack_plan p JOIN pack_members pm USING (pack_id)
           JOIN (SELECT sample_id, shard, json_member, media_members, extra_members, md5(conversation) AS conv
                 FROM samples) s USING (sample_id)
@@ -702,21 +711,29 @@ def _context_digest(context: dict) -> str:
     return hashlib.sha256(json.dumps(context, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def vouched_shards(work: Path, out_dir: Path, context: dict, digests: dict[str, tuple[str, int, int]]) -> list[dict]:
-    """The planned output shards the writer's record vouches for: written under this context with this
-    content digest and not touched since (size, mtime); their fingerprints are the recorded ones. An
-    incremental plan keeps its old packs, so its old shards are found here, not by the fingerprint query."""
+def vouched_shards(work: Path, out_dir: Path, context: dict,
+                   digests: dict[str, tuple[str, int, int]]) -> tuple[list[dict], set[str]]:
+    """What the writer's record says of the planned output shards on disk that it wrote and that were not
+    touched since (size, mtime): written under this context with this content digest, a shard is current
+    (vouched: its recorded fingerprint stands); with another digest or context it holds other content
+    (refuted: rewritten without the fingerprint query, which hands every sample to Python). An incremental
+    plan keeps its old packs, so its old shards are vouched for; a full replan's are refuted."""
     record = _record(work)
-    if record is None or record.get("context") != _context_digest(context):
-        return []
+    if record is None or record.get("digest_format") != DIGEST_FORMAT:
+        return [], set()
+    same_context = record.get("context") == _context_digest(context)
     recorded = record.get("digests") or {}
-    out = []
+    vouched, refuted = [], set()
     for name, (digest, packs, samples) in sorted(digests.items()):
         stamp = record["shards"].get(name)
-        if recorded.get(name) == digest and _as_left(out_dir, name, stamp):
-            out.append({"shard": name, "skipped": True, "bytes": stamp[0], "packs": packs, "samples": samples,
-                        "seconds": 0.0, "fingerprint": stamp[2]})
-    return out
+        if name not in recorded or not _as_left(out_dir, name, stamp):
+            continue  # not the writer's as it left it: only the fingerprint can tell
+        if same_context and recorded[name] == digest:
+            vouched.append({"shard": name, "skipped": True, "bytes": stamp[0], "packs": packs, "samples": samples,
+                            "seconds": 0.0, "fingerprint": stamp[2]})
+        else:
+            refuted.add(name)
+    return vouched, refuted
 
 
 def record_written(work: Path, key: str, out_dir: Path, results: list[dict], context: dict,
@@ -732,7 +749,8 @@ def record_written(work: Path, key: str, out_dir: Path, results: list[dict], con
     index = out_dir / NV_META / "index.sqlite"
     store.atomic_write_text(work / WRITTEN, json.dumps(
         {"key": key, "shards": shards, "index_sha256": hashlib.sha256(index.read_bytes()).hexdigest(),
-         "context": _context_digest(context), "digests": {n: digests[n][0] for n in shards if n in digests}},
+         "context": _context_digest(context), "digest_format": DIGEST_FORMAT,
+         "digests": {n: digests[n][0] for n in shards if n in digests}},
         sort_keys=True))
 
 
@@ -841,9 +859,9 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, pro
         context = write_context(info)
         key = written_key(con, info, context)
         digests = shard_digests(con)
-        done = vouched_shards(work, out_dir, context, digests)
-        # the rest of what is on disk (no record, another context, changed content) by its fingerprint
-        done += current_shards(con, out_dir, context, only=set(names) - {r["shard"] for r in done})
+        done, refuted = vouched_shards(work, out_dir, context, digests)
+        # the rest of what is on disk (not as the writer left it, or no record of it) by its fingerprint
+        done += current_shards(con, out_dir, context, only=set(names) - {r["shard"] for r in done} - refuted)
     skip = {r["shard"] for r in done}
     known = kept_indexes(work, out_dir, skip)
     results = write_all(out_dir, [n for n in names if n not in skip], context, workers=workers, progress=progress,
