@@ -6,7 +6,9 @@
 One set (default: 2 shards x 5,000 samples, 4 images of 16 KB each: 50,000 members, 0.7 GB), scanned,
 counted and planned once (max_len 16,384, Qwen3-VL). Then, in rounds, each in a fresh process: `run_write`
 of this code, `run_write` of the baseline code (each into an emptied output folder, one writer process:
-`workers=1`), `cp` of the source shards, and `cp` + `sync` of them. Wall and CPU seconds of the writer are
+`workers=1`), the syscall floor (FLOOR: the same sample bytes read and written pack by pack with one pread
+per sample, one writev per pack, an fsync per shard, nothing else), `cp` of the source shards, and `cp` +
+`sync` of them. Wall and CPU seconds of the writer are
 measured inside its process around `run_write` (the DuckDB reads, Energon index and every fsync included;
 imports not); `cp` from outside. Ratios are taken round by round (MB/s of the writer over MB/s of `cp`), so
 drift on a shared machine does not favour one side. Writes bench/results/write.json (--results).
@@ -40,6 +42,56 @@ t, c = time.perf_counter(), time.process_time()
 w = run_write(Path(sys.argv[3]), Path(sys.argv[2]), out, workers=1)
 print(json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": time.process_time() - c, "bytes": w.bytes}))
 """
+
+
+# The syscall floor of any writer of these packs: each sample's members read with one pread of their span and
+# each pack's bytes written with one os.writev, shard by shard in the planned order, then an fsync per shard;
+# no tar headers, no JSON, no catalog beyond one query (not timed). What a writer in Python cannot go under.
+FLOOR = """
+import json, os, sys, time
+from pathlib import Path
+import duckdb
+work, inp, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+con = duckdb.connect(str(work / "pack_assets.duckdb"), read_only=True)
+rows = con.execute('''SELECT p.output_shard, p.pack_id, s.shard, min(m."offset"), max(m."offset" + m.size)
+    FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id) JOIN members m USING (sample_id)
+    GROUP BY p.output_shard, p.pack_id, pm.position, s.shard, s.sample_id ORDER BY 1, 2, pm.position''').fetchall()
+con.close()
+out.mkdir(parents=True, exist_ok=True)
+src = {}
+t, c = time.perf_counter(), time.process_time()
+total, fd, shard, pack, bufs = 0, -1, None, None, []
+def flush():
+    global bufs
+    if bufs:
+        os.writev(fd, bufs)
+        bufs = []
+for out_shard, pack_id, source, lo, hi in rows:
+    if out_shard != shard:
+        flush()
+        if fd >= 0:
+            os.fsync(fd); os.close(fd)
+        shard, fd = out_shard, os.open(out / out_shard, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    if pack_id != pack:
+        flush()
+        pack = pack_id
+    if source not in src:
+        src[source] = os.open(inp / f"{source}.tar", os.O_RDONLY)
+    bufs.append(os.pread(src[source], hi - lo, lo))
+    total += hi - lo
+flush()
+os.fsync(fd); os.close(fd)
+print(json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": time.process_time() - c, "bytes": total}))
+"""
+
+
+def floor_once(inp: Path, work: Path, out: Path) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    proc = subprocess.run([sys.executable, "-c", FLOOR, str(work), str(inp), str(out)], capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(proc.stderr[-4000:])
+    shutil.rmtree(out, ignore_errors=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def prepare(inp: Path, work: Path, max_len: int) -> None:
@@ -106,12 +158,14 @@ def main() -> None:
         rec: dict = {"round": r}
         for code, src in codes.items():
             rec[code] = write_once(src, inp, work, out / f"packed-{code}")
+        rec["floor"] = floor_once(inp, work, out / "floor")
         rec["cp_s"] = cp_once(files, out / "cp", sync=False)
         rec["cp_sync_s"] = cp_once(files, out / "cp", sync=True)
-        for code in codes:
+        for code in (*codes, "floor"):
             speed = rec[code]["bytes"] / rec[code]["wall_s"]
             rec[f"{code}_vs_cp"] = round(speed / (src_bytes / rec["cp_s"]), 3)
             rec[f"{code}_vs_cp_sync"] = round(speed / (src_bytes / rec["cp_sync_s"]), 3)
+        rec["this_to_floor_wall"] = round(rec["this"]["wall_s"] / rec["floor"]["wall_s"], 3)
         if "baseline" in codes:
             rec["this_to_baseline_wall"] = round(rec["this"]["wall_s"] / rec["baseline"]["wall_s"], 3)
             rec["this_to_baseline_cpu"] = round(rec["this"]["cpu_s"] / rec["baseline"]["cpu_s"], 3)
@@ -120,7 +174,7 @@ def main() -> None:
         rounds.append(rec)
     med = {k: round(statistics.median(r[k] for r in rounds), 3) for k in rounds[0]
            if k.endswith(("_vs_cp", "_vs_cp_sync", "_wall", "_cpu")) or k in ("cp_s", "cp_sync_s")}
-    for code in codes:
+    for code in (*codes, "floor"):
         med[f"{code}_wall_s"] = round(statistics.median(r[code]["wall_s"] for r in rounds), 3)
         med[f"{code}_cpu_s"] = round(statistics.median(r[code]["cpu_s"] for r in rounds), 3)
     result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "load_avg_at_end": os.getloadavg(),
