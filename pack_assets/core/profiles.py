@@ -330,6 +330,13 @@ def load_profile(name: str = DEFAULT_PROFILE) -> ModelProfile:
     )
 
 
+def _qwen3_sampling_unmodelled(vid: dict) -> bool:
+    """A Qwen3-VL video config the fast rule does not model (it samples by fps, as the published config
+    does): num_frames set, fps null, or do_sample_frames off. Such a folder is counted by its processor."""
+    return vid.get("num_frames") is not None or ("fps" in vid and vid["fps"] is None) \
+        or vid.get("do_sample_frames") is False
+
+
 def profile_from_model_dir(model_dir: str | Path, trust_remote_code: bool = False) -> ModelProfile:
     """A profile from a local HF checkpoint folder; counts then follow that folder's files. A family with a
     fast rule gets it; any other folder with processor files is counted by its own processor."""
@@ -344,7 +351,10 @@ def profile_from_model_dir(model_dir: str | Path, trust_remote_code: bool = Fals
     family = _MODEL_TYPES.get(model_type or "")
     if family is None:
         return _processor_profile(folder, model_type, trust_remote_code)
-    image, video = _rules(family, _json(folder / "preprocessor_config.json"), _json(folder / "video_preprocessor_config.json"))
+    vid_cfg = _json(folder / "video_preprocessor_config.json")
+    if family == "qwen3-vl" and _qwen3_sampling_unmodelled(vid_cfg):
+        return _processor_profile(folder, model_type, trust_remote_code)
+    image, video = _rules(family, _json(folder / "preprocessor_config.json"), vid_cfg)
     tok = folder / "tokenizer.json"
     base = load_profile(family)
     return replace(
