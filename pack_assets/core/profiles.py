@@ -60,7 +60,8 @@ FAMILIES = (
     Family("qwen2-vl", ("qwen2_vl",), "fast", _QWEN_FILES, "built in (--profile qwen2-vl); tokenizer bundled"),
     Family("qwen2.5-vl", ("qwen2_5_vl",), "fast", _QWEN_FILES, "built in (--profile qwen2.5-vl); tokenizer bundled"),
     Family("qwen3-vl", ("qwen3_vl", "qwen3_vl_moe"), "fast", (*_QWEN_FILES, "video_preprocessor_config.json"),
-           "built in (--profile qwen3-vl, the default); tokenizer bundled"),
+           "built in (--profile qwen3-vl, the default); tokenizer bundled; videos sampled by fps (a folder whose "
+           "video config sets num_frames, fps null or do_sample_frames false is counted by its processor)"),
     Family("gemma3", ("gemma3",), "fast",
            ("config.json", "preprocessor_config.json (do_pan_and_scan, pan_and_scan_*)",
             "processor_config.json (image_seq_length)",
@@ -91,7 +92,8 @@ FAMILIES = (
            "fast rule not proven yet (no tokenizer files to prove it against)"),
     Family("any", (), "processor", _PROCESSOR_FILES,
            "any other folder AutoProcessor.from_pretrained(dir, local_files_only=True) builds; remote code only "
-           "with --trust-remote-code"),
+           "with --trust-remote-code; images by blank stand-ins per size, videos by blank stand-in frames with "
+           "the manifest's metadata (its own frame sampling; needs torch + torchvision: the processor extra)"),
 )
 
 
