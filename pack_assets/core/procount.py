@@ -17,6 +17,16 @@ the expanded texts are counted through its chunk -> count cache, each distinct c
 call. The first sample that shows a new image size is also counted the slow way (the whole processor
 call); if the two ever differ the counter falls back to the whole call for every sample, so an unusual
 processor costs speed, never exactness.
+
+Videos the same way: a video's replacement string depends on its metadata alone (frame count, fps, width,
+height, duration; the manifest stores them, nothing is decoded). The processor's own ``_process_videos`` runs
+once per distinct metadata on blank zero-stride frames ``(frames, H, W, 3)`` uint8 with a transformers
+``VideoMetadata`` of those values, so its own frame sampling (``do_sample_frames``, ``num_frames``, ``fps``)
+decides the frames, and Qwen3-VL's timestamps come from the same fps and sampled indices (all in the key).
+The whole call (``processor(..., videos=..., video_metadata=...)``) stays the reference: a sample whose set
+of video keys is new is counted by it and compared. Missing or implausible metadata is ``bad_video`` (as for
+the fast rules); what the processor refuses is ``processor_error`` with its message; without torchvision,
+``missing_dependency`` (``_NoVideo``).
 """
 
 from __future__ import annotations
