@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv (if needed) and install pack_assets with its extras (default: dev). Used by demo.sh and test.sh.
-# PACK_ASSETS_EXTRAS=dev,energon adds the Megatron-Energon output test (pulls torch 2.13.0, CPU build);
+# PACK_ASSETS_EXTRAS=dev,energon adds the Megatron-Energon output test (pulls torch 2.14.1 + torchvision 0.29.1);
 # `celery` adds dagster-celery + redis for the scale-out in deploy/celery/ (redis-server comes from apt);
-# `train` adds torch (same pin) for PackCollator and the packed-equals-unpacked proof.
+# `train` adds torch (same pair) for PackCollator and the packed-equals-unpacked proof; `processor` adds the
+# same pair + sentencepiece for the processor rule (videos included). All three pin one pair: they mix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$(command -v python3.11 || command -v python3)}

@@ -17,6 +17,16 @@ the expanded texts are counted through its chunk -> count cache, each distinct c
 call. The first sample that shows a new image size is also counted the slow way (the whole processor
 call); if the two ever differ the counter falls back to the whole call for every sample, so an unusual
 processor costs speed, never exactness.
+
+Videos the same way: a video's replacement string depends on its metadata alone (frame count, fps, width,
+height, duration; the manifest stores them, nothing is decoded). The processor's own ``_process_videos`` runs
+once per distinct metadata on blank zero-stride frames ``(frames, H, W, 3)`` uint8 with a transformers
+``VideoMetadata`` of those values, so its own frame sampling (``do_sample_frames``, ``num_frames``, ``fps``)
+decides the frames, and Qwen3-VL's timestamps come from the same fps and sampled indices (all in the key).
+The whole call (``processor(..., videos=..., video_metadata=...)``) stays the reference: a sample whose set
+of video keys is new is counted by it and compared. Missing or implausible metadata is ``bad_video`` (as for
+the fast rules); what the processor refuses is ``processor_error`` with its message; without torchvision,
+``missing_dependency`` (``_NoVideo``).
 """
 
 from __future__ import annotations
@@ -63,11 +73,11 @@ def _same(image, *args, **kwargs):
     return image
 
 
-def _shapes_only(inner, images, args, kwargs):
+def _shapes_only(inner, images, args, kwargs, names=_ELEMENTWISE):
     """The image processor's output with its per-pixel arithmetic (rescale, normalize) skipped: the shapes and
     metadata are the real ones (the stand-in images are blank anyway); tests compare with real images. A
     processor that objects gets the real run."""
-    saved = {n: inner.__dict__.get(n, _UNSET) for n in _ELEMENTWISE if hasattr(inner, n)}
+    saved = {n: inner.__dict__.get(n, _UNSET) for n in names if hasattr(inner, n)}
     try:
         for n in saved:
             setattr(inner, n, _same)
@@ -106,6 +116,65 @@ class _CachedImageProcessor:
             self._cache[key] = hit
         cls, data, _ = hit
         return cls(dict(data))  # a fresh container: processors pop keys from it
+
+
+def _meta_key(meta) -> tuple:
+    """A VideoMetadata (or dict) as a hashable key: every field the video processor can read."""
+    if meta is None:
+        return (None,)
+    get = meta.get if hasattr(meta, "get") else (lambda k, d=None: getattr(meta, k, d))
+    return tuple((k, repr(get(k))) for k in ("total_num_frames", "fps", "width", "height", "duration",
+                                                "video_backend", "frames_indices"))
+
+
+def _video_key(videos, kwargs) -> tuple:
+    """The shapes of a video batch and its metadata: all the video processor's output depends on."""
+    metas = kwargs.get("video_metadata")
+    rest = repr(sorted(((k, v) for k, v in kwargs.items() if k != "video_metadata"), key=lambda kv: kv[0]))
+    metas = list(metas) if isinstance(metas, (list, tuple)) else [metas]
+    return (_shape_key_video(videos), tuple(_meta_key(m) for m in metas), rest)
+
+
+def _shape_key_video(videos):
+    if isinstance(videos, (list, tuple)):
+        return tuple(_shape_key_video(v) for v in videos)
+    return (type(videos).__name__, tuple(getattr(videos, "shape", ())), str(getattr(videos, "dtype", "")))
+
+
+def _hollow_any(value):
+    """_hollow for torch tensors too (video processors return them)."""
+    if type(value).__module__.startswith("torch") and hasattr(value, "expand") and value.numel() > 64:
+        import torch
+
+        return torch.zeros((), dtype=value.dtype).expand(value.shape)
+    if isinstance(value, list):
+        return [_hollow_any(v) for v in value]
+    return _hollow(value)
+
+
+class _CachedVideoProcessor(_CachedImageProcessor):
+    """Stands in for ``processor.video_processor``: calls memoized by frame shapes and video metadata (the
+    stand-in frames are blank; the metadata decides the sampling). The metadata objects the processor returns
+    (it writes the sampled ``frames_indices`` into them, Qwen3-VL reads them for its timestamps) are copied
+    per call."""
+
+    def __call__(self, videos=None, *args, **kwargs):
+        import copy
+
+        key = (_video_key(videos, kwargs), repr(args))
+        hit = self._cache.get(key)
+        if hit is None:
+            # a fresh copy of the metadata for the run: the processor writes the sampled frames_indices into it
+            run_kw = {**kwargs, "video_metadata": copy.deepcopy(kwargs["video_metadata"])} \
+                if "video_metadata" in kwargs else kwargs
+            out = _shapes_only(self._inner, videos, args, run_kw, _ELEMENTWISE + ("rescale_and_normalize",))
+            object.__setattr__(self, "misses", self.misses + 1)
+            if len(self._cache) >= _CACHE_MAX:
+                self._cache.pop(next(iter(self._cache)))
+            hit = (type(out), {k: _hollow_any(v) for k, v in out.items()})
+            self._cache[key] = hit
+        cls, data = hit
+        return cls({k: copy.deepcopy(v) if k == "video_metadata" else v for k, v in data.items()})
 
 
 def _missing(e: BaseException) -> str:
@@ -185,6 +254,9 @@ def load_processor(model_dir: str, trust_remote_code: bool = False):
         raise ProfileError(f"transformers cannot build a processor from {model_dir}: {e}{hint}") from None
     if getattr(proc, "image_processor", None) is not None:
         proc.image_processor = _CachedImageProcessor(proc.image_processor)
+    vp = getattr(proc, "video_processor", None)
+    if vp is not None and not isinstance(vp, _NoVideo):
+        proc.video_processor = _CachedVideoProcessor(vp)
     return proc
 
 
@@ -212,9 +284,14 @@ class ProcessorCounter:
         self._runs = [(t, re.compile(f"(?:{re.escape(t)}){{2,}}")) for t in self._media_strings()]
         self._template = proc._resolve_chat_template(None) if hasattr(proc, "_resolve_chat_template") else None
         self._direct = self._template is not None and _has_replacements(proc)
+        vp = getattr(proc, "video_processor", None)
+        # videos the direct way too: the processor expands them through replace_video_token
+        self._direct_video = self._direct and vp is not None and not isinstance(vp, _NoVideo) \
+            and _has_video_replacements(proc)
         if self._direct:
             merged = proc._merge_kwargs(tokenizer_init_kwargs=tok.init_kwargs, add_special_tokens=False)
             self._images_kwargs = merged["images_kwargs"]
+            self._videos_kwargs = {k: v for k, v in merged.get("videos_kwargs", {}).items() if k != "video_metadata"}
             self._text_kwargs = {k: v for k, v in merged["text_kwargs"].items()
                                  if k not in ("return_mm_token_type_ids", "return_text_replacement_offsets",
                                               "return_tensors")}
@@ -224,6 +301,11 @@ class ProcessorCounter:
         # (size, alone): sizes the direct path was checked on, in a sample with one image or with several (a
         # processor may expand an image by how many the sample has: LLaVA-OneVision's anyres for one only)
         self._checked: set[tuple[tuple[int, int], bool]] = set()
+        # video metadata key -> (replacement, tokens folded, media tokens in it, its tokens); per video, alone
+        self._video_reps: dict[tuple, tuple[str, int, int, int]] = {}
+        # the video keys of a sample (all of them, in order: a processor may treat a sample's videos together,
+        # InternVL stacks them) the direct path was checked on
+        self._checked_videos: set[tuple] = set()
         self.fallbacks = 0  # self-checks the direct path failed (it is then off: whole calls only)
         self.direct_counts = 0  # samples counted by the direct path
 
@@ -267,7 +349,7 @@ class ProcessorCounter:
                 for p in prepared:
                     if isinstance(p, tuple):
                         self.direct_counts += 1
-                        p = _unpack(next(it), p[1])
+                        p = _unpack(next(it), p[1], p[2])
                     out.append(p)
                 return out
         try:
@@ -304,35 +386,41 @@ class ProcessorCounter:
         return prompts[0]
 
     def _prepare(self, messages, image_sizes, videos):
-        """(expanded text, tokens folded) for the batched tokenizer, or _Whole for a sample showing a size not
-        checked yet."""
-        self._no_video(videos)
-        if videos or not self._direct:  # videos, or a failed self-check: the whole call
+        """(expanded text, tokens folded, video tokens) for the batched tokenizer, or _Whole for a sample
+        showing a size or video metadata not checked yet."""
+        vkeys = self._video_keys(videos)
+        if not self._direct or (videos and not self._direct_video):  # a failed self-check: the whole call
             return _Whole()
         sizes = [(int(w), int(h)) for w, h in image_sizes]
         alone = len(sizes) == 1
-        if any((s, alone) not in self._checked for s in sizes):
+        if any((s, alone) not in self._checked for s in sizes) or (vkeys and vkeys not in self._checked_videos):
             return _Whole()
-        return self._expand(messages, sizes)
+        return self._expand(messages, sizes, vkeys)
 
-    def _expand(self, messages, sizes) -> tuple[str, int]:
+    def _expand(self, messages, sizes, vkeys=()) -> tuple[str, int, tuple[int, int]]:
         text = self._render(messages)
         if (found := text.count(self.processor.image_token)) != len(sizes):  # as the processor's own check
             raise ReasonError("processor_error", f"the rendered text has {found} image placeholder(s) for "
                                                  f"{len(sizes)} image(s)")
+        if vkeys and (found := text.count(self.processor.video_token)) != len(vkeys):
+            raise ReasonError("processor_error", f"the rendered text has {found} video placeholder(s) for "
+                                                 f"{len(vkeys)} video(s)")
         reps = [self._image_rep[s] for s in sizes]
-        (expanded,), _ = self.processor.get_text_with_replacements([text], [r for r, _ in reps], [], [])
-        return expanded, sum(n for _, n in reps)
+        vreps = [self._video_reps[k] for k in vkeys]
+        (expanded,), _ = self.processor.get_text_with_replacements([text], [r for r, _ in reps],
+                                                                   [v[0] for v in vreps], [])
+        return expanded, sum(n for _, n in reps) + sum(v[1] for v in vreps), \
+            (sum(v[2] for v in vreps), sum(v[3] for v in vreps))
 
     def _from_ids(self, prepared, ids) -> dict:
-        text, folded = prepared
+        text, folded, video = prepared
         if ids is None:
             try:
                 ids = self.tokenizer([text], **self._text_kwargs)["input_ids"][0]
             except Exception as e:
                 raise ReasonError("processor_error", f"{type(e).__name__}: {e}") from None
         media = sum(ids.count(i) for i in self._media_ids) + folded
-        return _result(len(ids) + folded, media, 0)
+        return _result(len(ids) + folded, media - video[0], video[1])
 
     def _rep_for(self, size: tuple[int, int]) -> tuple[str, int]:
         """The processor's own replacement string for one image of this size, media-token runs folded."""
@@ -347,55 +435,118 @@ class ProcessorCounter:
             hit = self._image_rep[size] = (rep, folded)
         return hit
 
+    # -- videos: stand-in frames + the manifest's metadata, through the processor's own video path -----------
+
+    def _video_keys(self, videos) -> tuple:
+        """One hashable key per video (its metadata, checked as the fast rules check it); a reason where the
+        processor cannot take it here."""
+        if not videos:
+            return ()
+        self._no_video(videos)
+        if getattr(self.processor, "video_processor", None) is None:
+            raise ReasonError("video_not_supported", f"{type(self.processor).__name__} takes no video")
+        return tuple(_video_meta_key(v) for v in videos)
+
+    def _video_rep(self, key: tuple) -> tuple[str, int, int, int]:
+        """The processor's own replacement string for one video of this metadata (alone), media-token runs
+        folded; how many media tokens it holds; how many tokens it is on its own (a sample's video_tokens, as
+        the fast rules count them: timestamps, frame labels and per-frame wrappers included)."""
+        hit = self._video_reps.get(key)
+        if hit is None:
+            frames, metas = _stand_ins([key])
+            _, (rep,) = self.processor._process_videos(frames, video_metadata=metas, **self._videos_kwargs)
+            media = sum(rep.count(unit) for unit, _ in self._runs)
+            folded = 0
+            for unit, run in self._runs:
+                rep, folded = _fold(unit, run, rep, folded)
+            own = len(self.tokenizer([rep], **self._text_kwargs)["input_ids"][0]) + folded
+            if len(self._video_reps) >= _CACHE_MAX:
+                self._video_reps.pop(next(iter(self._video_reps)))
+                self._checked_videos.clear()  # a checked key must keep its replacement: check anew
+            hit = self._video_reps[key] = (rep, folded, media, own)
+        return hit
+
     def _checked_count(self, messages, image_sizes, videos) -> dict:
-        """The whole processor call (the reference); for a new size also the direct path, compared."""
+        """The whole processor call (the reference); for a new size or video also the direct path, compared."""
         whole = self.count(messages, image_sizes, videos)
-        if videos or not self._direct:
+        if not self._direct or (videos and not self._direct_video):
             return whole
         sizes = [(int(w), int(h)) for w, h in image_sizes]
+        vkeys = self._video_keys(videos)
         try:
             for s in sizes:
                 self._rep_for(s)
-            text, folded = self._expand(messages, sizes)
+            for k in vkeys:
+                self._video_rep(k)
+            text, folded, video = self._expand(messages, sizes, vkeys)
             # the self-check covers the path the batch takes: the chunk cache where it is on
-            direct = _unpack(self.chunks.lengths([text])[0], folded) if self.chunks is not None else \
-                self._from_ids((text, folded), None)
+            direct = _unpack(self.chunks.lengths([text])[0], folded, video) if self.chunks is not None else \
+                self._from_ids((text, folded, video), None)
         except Exception:
             direct = None
         if direct == whole:
             self._checked.update((s, len(sizes) == 1) for s in sizes)
+            if vkeys:
+                self._checked_videos.add(vkeys)
         else:  # this processor does not expand the way the direct path assumes: whole calls only
             self._direct = False
             self.fallbacks += 1
         return whole
 
     def count(self, messages: list[dict], image_sizes: list, videos: list) -> dict:
-        """The whole processor call: template, then ``processor(text=..., images=...)`` (image work memoized)."""
-        self._no_video(videos)
-        if videos:
-            raise ReasonError("processor_error", "videos are not counted by the processor rule yet")
+        """The whole processor call: template, then ``processor(text=..., images=..., videos=...,
+        video_metadata=...)`` with blank stand-ins (image and video work memoized)."""
+        vkeys = self._video_keys(videos)
         tools = messages[0].get("tools") if messages else None
         msgs = [{k: v for k, v in m.items() if k != "tools"} for m in messages]
         try:
             text = self.processor.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False)
             images = [_blank(int(w), int(h)) for w, h in image_sizes] or None
-            out = self.processor(text=[text], images=[images] if images else None, add_special_tokens=False)
+            kw = {}
+            if vkeys:
+                frames, metas = _stand_ins(vkeys)
+                kw = {"videos": frames, "video_metadata": metas}
+            out = self.processor(text=[text], images=[images] if images else None, add_special_tokens=False, **kw)
         except ReasonError:
             raise
         except Exception as e:  # the processor's own refusal (bad aspect ratio, template error, ...)
+            if vkeys and any(dict(k)["fps"] is None for k in vkeys) and "fps" in str(e):
+                raise ReasonError("bad_video", f"video metadata has no frame rate; the processor: "
+                                               f"{type(e).__name__}: {e}") from None
             raise ReasonError("processor_error", f"{type(e).__name__}: {e}") from None
         ids = list(out["input_ids"][0])
-        # image_tokens: the processor's image token ids (its wrappers, e.g. <start_of_image>, count as text)
-        image = sum(ids.count(i) for i in self._media_ids) if images else 0
-        return _result(len(ids), image, 0)
+        # image_tokens: the processor's media token ids (its wrappers, e.g. <start_of_image>, count as text);
+        # video_tokens: those of the videos' replacement strings (InternVL writes a video as image tokens)
+        media = sum(ids.count(i) for i in self._media_ids) if images or vkeys else 0
+        vmedia, video = self._video_media(vkeys, ids)
+        return _result(len(ids), media - vmedia, video)
+
+    def _video_media(self, vkeys: tuple, ids: list) -> tuple[int, int]:
+        """(media tokens, tokens) of a sample's videos: from each video's replacement string where the direct
+        path has it, else the video token id's count for both."""
+        if not vkeys:
+            return 0, 0
+        if self._direct_video:
+            try:
+                reps = [self._video_rep(k) for k in vkeys]
+                return sum(r[2] for r in reps), sum(r[3] for r in reps)
+            except Exception:
+                pass
+        vid = getattr(self.processor, "video_token_id", None)
+        img = getattr(self.processor, "image_token_id", None)
+        n = ids.count(vid) if isinstance(vid, int) and vid != img else 0
+        return n, n
 
     def video_status(self) -> str:
         vp = getattr(self.processor, "video_processor", None)
         if vp is None:
-            return "none (the processor takes no video)"
+            return "none (the processor takes no video): video samples are rejected (video_not_supported)"
         if isinstance(vp, _NoVideo):
             return f"refused per sample (missing_dependency): {vp.why}"
-        return "refused per sample (processor_error): videos through the processor rule are not built yet"
+        how = "replacement string cached per video metadata, self-checked against the whole call" \
+            if self._direct_video else "the whole processor call per sample"
+        return (f"counted by {type(getattr(vp, '_inner', vp)).__name__} on blank stand-in frames with the "
+                f"manifest's metadata (frames, fps, size, duration), its own frame sampling; {how}")
 
     def _no_video(self, videos) -> None:
         vp = getattr(self.processor, "video_processor", None)
@@ -421,6 +572,51 @@ def _fold(unit: str, run: re.Pattern, text: str, folded: int) -> tuple[str, int]
         return unit
 
     return run.sub(one, text), folded
+
+
+def _has_video_replacements(proc) -> bool:
+    from transformers.processing_utils import ProcessorMixin
+
+    cls = type(proc)
+    return (hasattr(proc, "_process_videos") and getattr(proc, "video_token", None) is not None
+            and getattr(cls, "replace_video_token", None) is not ProcessorMixin.replace_video_token)
+
+
+def _video_meta_key(meta) -> tuple:
+    """A manifest video entry as the key of its replacement string: every field the VideoMetadata handed to
+    the processor carries (frames, fps, width, height, duration: Qwen3-VL's timestamps depend on fps and
+    the sampled indices, which depend on frames and fps). Missing or implausible metadata is the fast rules'
+    reason (bad_video)."""
+    from .tokens import _video_meta
+
+    total, fps = _video_meta(meta)
+    try:
+        width, height = int(meta["width"]), int(meta["height"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReasonError("bad_video", f"unreadable video size in {meta!r}: {e}") from None
+    if width <= 0 or height <= 0 or width * height > 1 << 28:
+        raise ReasonError("bad_video", f"video metadata says {width}x{height}")
+    fps = fps if fps > 0 else None
+    duration = meta.get("duration")
+    try:
+        duration = float(duration) if duration else (total / fps if fps else None)
+    except (TypeError, ValueError):
+        duration = total / fps if fps else None
+    return (("total_num_frames", total), ("fps", fps), ("width", width), ("height", height),
+            ("duration", duration))
+
+
+def _stand_ins(keys) -> tuple[list, list]:
+    """Blank zero-stride frames (frames, H, W, 3) uint8 and a transformers VideoMetadata per video key."""
+    from transformers.video_utils import VideoMetadata
+
+    frames, metas = [], []
+    for key in keys:
+        m = dict(key)
+        shape = (m["total_num_frames"], m["height"], m["width"], 3)
+        frames.append(np.broadcast_to(np.zeros((), np.uint8), shape))
+        metas.append(VideoMetadata(**m, video_backend="pyav"))
+    return frames, metas
 
 
 def _has_replacements(proc) -> bool:
@@ -467,9 +663,10 @@ def _chunk_counts(tok, text_kwargs: dict, media_ids: tuple[int, ...]):
     return ChunkCounts(pattern, count, glue)
 
 
-def _unpack(value: int, folded: int) -> dict:
+def _unpack(value: int, folded: int, video: tuple[int, int] = (0, 0)) -> dict:
+    """A chunk-cache value as counts; ``video``: (media tokens, tokens) of the sample's videos."""
     media = (value >> _HIGH) + folded
-    return _result((value & ((1 << _HIGH) - 1)) + folded, media, 0)
+    return _result((value & ((1 << _HIGH) - 1)) + folded, media - video[0], video[1])
 
 
 def _result(total: int, image: int, video: int) -> dict:

@@ -60,7 +60,8 @@ FAMILIES = (
     Family("qwen2-vl", ("qwen2_vl",), "fast", _QWEN_FILES, "built in (--profile qwen2-vl); tokenizer bundled"),
     Family("qwen2.5-vl", ("qwen2_5_vl",), "fast", _QWEN_FILES, "built in (--profile qwen2.5-vl); tokenizer bundled"),
     Family("qwen3-vl", ("qwen3_vl", "qwen3_vl_moe"), "fast", (*_QWEN_FILES, "video_preprocessor_config.json"),
-           "built in (--profile qwen3-vl, the default); tokenizer bundled"),
+           "built in (--profile qwen3-vl, the default); tokenizer bundled; videos sampled by fps (a folder whose "
+           "video config sets num_frames, fps null or do_sample_frames false is counted by its processor)"),
     Family("gemma3", ("gemma3",), "fast",
            ("config.json", "preprocessor_config.json (do_pan_and_scan, pan_and_scan_*)",
             "processor_config.json (image_seq_length)",
@@ -91,7 +92,8 @@ FAMILIES = (
            "fast rule not proven yet (no tokenizer files to prove it against)"),
     Family("any", (), "processor", _PROCESSOR_FILES,
            "any other folder AutoProcessor.from_pretrained(dir, local_files_only=True) builds; remote code only "
-           "with --trust-remote-code"),
+           "with --trust-remote-code; images by blank stand-ins per size, videos by blank stand-in frames with "
+           "the manifest's metadata (its own frame sampling; needs torch + torchvision: the processor extra)"),
 )
 
 
@@ -330,6 +332,13 @@ def load_profile(name: str = DEFAULT_PROFILE) -> ModelProfile:
     )
 
 
+def _qwen3_sampling_unmodelled(vid: dict) -> bool:
+    """A Qwen3-VL video config the fast rule does not model (it samples by fps, as the published config
+    does): num_frames set, fps null, or do_sample_frames off. Such a folder is counted by its processor."""
+    return vid.get("num_frames") is not None or ("fps" in vid and vid["fps"] is None) \
+        or vid.get("do_sample_frames") is False
+
+
 def profile_from_model_dir(model_dir: str | Path, trust_remote_code: bool = False) -> ModelProfile:
     """A profile from a local HF checkpoint folder; counts then follow that folder's files. A family with a
     fast rule gets it; any other folder with processor files is counted by its own processor."""
@@ -344,7 +353,10 @@ def profile_from_model_dir(model_dir: str | Path, trust_remote_code: bool = Fals
     family = _MODEL_TYPES.get(model_type or "")
     if family is None:
         return _processor_profile(folder, model_type, trust_remote_code)
-    image, video = _rules(family, _json(folder / "preprocessor_config.json"), _json(folder / "video_preprocessor_config.json"))
+    vid_cfg = _json(folder / "video_preprocessor_config.json")
+    if family == "qwen3-vl" and _qwen3_sampling_unmodelled(vid_cfg):
+        return _processor_profile(folder, model_type, trust_remote_code)
+    image, video = _rules(family, _json(folder / "preprocessor_config.json"), vid_cfg)
     tok = folder / "tokenizer.json"
     base = load_profile(family)
     return replace(
