@@ -20,13 +20,14 @@ processor costs speed, never exactness.
 
 Videos the same way: a video's replacement string depends on its metadata alone (frame count, fps, width,
 height, duration; the manifest stores them, nothing is decoded). The processor's own ``_process_videos`` runs
-once per distinct metadata on blank zero-stride frames ``(frames, H, W, 3)`` uint8 with a transformers
-``VideoMetadata`` of those values, so its own frame sampling (``do_sample_frames``, ``num_frames``, ``fps``)
+once per distinct metadata on blank stride-0 frames ``(frames, 3, H, W)`` uint8 (torch, as torchcodec hands
+a decoded file over) with a transformers ``VideoMetadata`` of those values, so its own frame sampling (``do_sample_frames``, ``num_frames``, ``fps``)
 decides the frames, and Qwen3-VL's timestamps come from the same fps and sampled indices (all in the key).
 The whole call (``processor(..., videos=..., video_metadata=...)``) stays the reference: a sample whose set
 of video keys is new is counted by it and compared. Missing or implausible metadata is ``bad_video`` (as for
-the fast rules); what the processor refuses is ``processor_error`` with its message; without torchvision,
-``missing_dependency`` (``_NoVideo``).
+the fast rules); what the processor refuses is ``processor_error`` with its message, and so is a video whose
+kept frames would pass the memory budget (VIDEO_BUDGET: the processor materializes what it keeps); without
+torchvision, ``missing_dependency`` (``_NoVideo``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -306,6 +308,7 @@ class ProcessorCounter:
         # the video keys of a sample (all of them, in order: a processor may treat a sample's videos together,
         # InternVL stacks them) the direct path was checked on
         self._checked_videos: set[tuple] = set()
+        self._kept: dict[tuple, int] = {}  # video key -> frames the video processor keeps (for the budget)
         self.fallbacks = 0  # self-checks the direct path failed (it is then off: whole calls only)
         self.direct_counts = 0  # samples counted by the direct path
 
@@ -445,7 +448,26 @@ class ProcessorCounter:
         self._no_video(videos)
         if getattr(self.processor, "video_processor", None) is None:
             raise ReasonError("video_not_supported", f"{type(self.processor).__name__} takes no video")
-        return tuple(_video_meta_key(v) for v in videos)
+        keys = tuple(_video_meta_key(v) for v in videos)
+        for k in keys:
+            self._within_budget(k)
+        return keys
+
+    def _within_budget(self, key: tuple) -> None:
+        """Refuse, before any processor call, a video whose kept frames at full size as float32 (what a video
+        processor may hold at once) would pass VIDEO_BUDGET bytes: the stand-ins are virtual, but the processor
+        materializes what it keeps (measured: a 30 s 1080p clip InternVL keeps whole, +5.9 GB; 120 frames of
+        1080p through Qwen2.5-VL, +2.9 GB), and one such sample must not take the worker, and the run, down."""
+        kept = self._kept.get(key)
+        if kept is None:
+            kept = self._kept[key] = _kept_frames(self.processor.video_processor, key)
+        m = dict(key)
+        need = kept * m["width"] * m["height"] * 3 * 4
+        if need > VIDEO_BUDGET:
+            raise ReasonError("processor_error", (
+                f"the video processor may hold {kept} frames of {m['width']}x{m['height']} ({need / 2**30:.1f} GiB as float32) "
+                f"to count this video, over the {VIDEO_BUDGET / 2**30:g} GiB budget ({BUDGET_ENV}); sample fewer "
+                f"frames (num_frames / fps in the folder's video config) or raise the budget"))
 
     def _video_rep(self, key: tuple) -> tuple[str, int, int, int]:
         """The processor's own replacement string for one video of this metadata (alone), media-token runs
@@ -606,15 +628,45 @@ def _video_meta_key(meta) -> tuple:
             ("duration", duration))
 
 
+BUDGET_ENV = "PACK_ASSETS_VIDEO_BUDGET_GB"
+VIDEO_BUDGET = int(float(os.environ.get(BUDGET_ENV) or 8) * 2**30)
+# preprocess() hands these to the video processor's own call, not to its sampler
+_NOT_SAMPLER_KWARGS = ("input_data_format", "do_convert_rgb", "do_sample_frames", "device", "video_metadata",
+                       "return_tensors", "return_metadata")
+
+
+def _kept_frames(video_processor, key: tuple) -> int:
+    """How many frames the video processor keeps of a video of this metadata: its own ``sample_frames`` (what
+    ``preprocess`` calls with the metadata alone, no pixels) when it samples, else every frame; every frame
+    where the sampler cannot tell (the processor call then gives its own answer)."""
+    from transformers.video_utils import VideoMetadata
+
+    inner = getattr(video_processor, "_inner", video_processor)
+    m = dict(key)
+    names = getattr(getattr(inner, "valid_kwargs", None), "__annotations__", {})
+    kwargs = {n: getattr(inner, n, None) for n in names}
+    if not kwargs.get("do_sample_frames"):
+        return m["total_num_frames"]
+    for n in _NOT_SAMPLER_KWARGS:
+        kwargs.pop(n, None)
+    try:
+        return min(m["total_num_frames"], len(inner.sample_frames(metadata=VideoMetadata(**m), **kwargs)))
+    except Exception:
+        return m["total_num_frames"]
+
+
 def _stand_ins(keys) -> tuple[list, list]:
-    """Blank zero-stride frames (frames, H, W, 3) uint8 and a transformers VideoMetadata per video key."""
+    """Blank frames per video key, (frames, 3, H, W) uint8 torch tensors of stride 0 (what torchcodec hands
+    the processor when it decodes a file, without the memory: a numpy stand-in is copied whole by the
+    processor's ``torch.from_numpy(...).contiguous()``, an hour of 1080p would be ~670 GB; this one stays
+    virtual until a resize or the frames the sampling keeps), and a transformers VideoMetadata per key."""
+    import torch
     from transformers.video_utils import VideoMetadata
 
     frames, metas = [], []
     for key in keys:
         m = dict(key)
-        shape = (m["total_num_frames"], m["height"], m["width"], 3)
-        frames.append(np.broadcast_to(np.zeros((), np.uint8), shape))
+        frames.append(torch.zeros((), dtype=torch.uint8).expand(m["total_num_frames"], 3, m["height"], m["width"]))
         metas.append(VideoMetadata(**m, video_backend="pyav"))
     return frames, metas
 
