@@ -278,7 +278,7 @@ def test_a_video_too_big_for_the_memory_budget_is_a_reason_row_before_any_proces
     with the figures, before the processor runs; sampling that keeps fewer frames brings it under."""
     from pack_assets.core import procount
 
-    monkeypatch.setattr(procount, "VIDEO_BUDGET", 1 << 30)
+    monkeypatch.setenv(procount.BUDGET_ENV, "1")
     msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "what happens?"}]},
             {"role": "assistant", "content": [{"type": "text", "text": "a thing"}]}]
 
@@ -297,3 +297,12 @@ def test_a_video_too_big_for_the_memory_budget_is_a_reason_row_before_any_proces
     assert isinstance(got, ReasonError) and "120 frames" in got.detail
     got, _ = count("qwen2.5-vl", "fps_2", 300)
     assert not isinstance(got, ReasonError) and got["video_tokens"] > 0
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "inf"])
+def test_a_bad_video_budget_is_a_clear_error_when_the_counter_is_built(root, monkeypatch, value):
+    from pack_assets.core import procount
+
+    monkeypatch.setenv(procount.BUDGET_ENV, value)
+    with pytest.raises(ValueError, match=procount.BUDGET_ENV):
+        procount.ProcessorCounter(processor_profile(_variant(root, "qwen2.5-vl", "fps_2")))

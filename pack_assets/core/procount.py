@@ -26,7 +26,7 @@ decides the frames, and Qwen3-VL's timestamps come from the same fps and sampled
 The whole call (``processor(..., videos=..., video_metadata=...)``) stays the reference: a sample whose set
 of video keys is new is counted by it and compared. Missing or implausible metadata is ``bad_video`` (as for
 the fast rules); what the processor refuses is ``processor_error`` with its message, and so is a video whose
-kept frames would pass the memory budget (VIDEO_BUDGET: the processor materializes what it keeps); without
+kept frames would pass the memory budget (video_budget(): the processor materializes what it keeps); without
 torchvision, ``missing_dependency`` (``_NoVideo``).
 """
 
@@ -309,6 +309,7 @@ class ProcessorCounter:
         # InternVL stacks them) the direct path was checked on
         self._checked_videos: set[tuple] = set()
         self._kept: dict[tuple, int] = {}  # video key -> frames the video processor keeps (for the budget)
+        video_budget()  # a bad PACK_ASSETS_VIDEO_BUDGET_GB stops here, before any shard is counted
         self.fallbacks = 0  # self-checks the direct path failed (it is then off: whole calls only)
         self.direct_counts = 0  # samples counted by the direct path
 
@@ -455,7 +456,7 @@ class ProcessorCounter:
 
     def _within_budget(self, key: tuple) -> None:
         """Refuse, before any processor call, a video whose kept frames at full size as float32 (what a video
-        processor may hold at once) would pass VIDEO_BUDGET bytes: the stand-ins are virtual, but the processor
+        processor may hold at once) would pass video_budget() bytes: the stand-ins are virtual, but the processor
         materializes what it keeps (measured: a 30 s 1080p clip InternVL keeps whole, +5.9 GB; 120 frames of
         1080p through Qwen2.5-VL, +2.9 GB), and one such sample must not take the worker, and the run, down."""
         kept = self._kept.get(key)
@@ -463,10 +464,11 @@ class ProcessorCounter:
             kept = self._kept[key] = _kept_frames(self.processor.video_processor, key)
         m = dict(key)
         need = kept * m["width"] * m["height"] * 3 * 4
-        if need > VIDEO_BUDGET:
+        budget = video_budget()
+        if need > budget:
             raise ReasonError("processor_error", (
                 f"the video processor may hold {kept} frames of {m['width']}x{m['height']} ({need / 2**30:.1f} GiB as float32) "
-                f"to count this video, over the {VIDEO_BUDGET / 2**30:g} GiB budget ({BUDGET_ENV}); sample fewer "
+                f"to count this video, over the {budget / 2**30:g} GiB budget ({BUDGET_ENV}); sample fewer "
                 f"frames (num_frames / fps in the folder's video config) or raise the budget"))
 
     def _video_rep(self, key: tuple) -> tuple[str, int, int, int]:
@@ -629,7 +631,22 @@ def _video_meta_key(meta) -> tuple:
 
 
 BUDGET_ENV = "PACK_ASSETS_VIDEO_BUDGET_GB"
-VIDEO_BUDGET = int(float(os.environ.get(BUDGET_ENV) or 8) * 2**30)
+DEFAULT_VIDEO_BUDGET_GB = 8
+
+
+def video_budget() -> int:
+    """Bytes of kept frames a video may need (PACK_ASSETS_VIDEO_BUDGET_GB, GiB; default 8). Read at each check,
+    validated when a counter is built, so a bad value stops the run at once with this message."""
+    raw = os.environ.get(BUDGET_ENV, "").strip()
+    if not raw:
+        return DEFAULT_VIDEO_BUDGET_GB << 30
+    try:
+        gb = float(raw)
+    except ValueError:
+        gb = float("nan")
+    if not gb > 0 or gb == float("inf"):
+        raise ValueError(f"{BUDGET_ENV}={raw!r}: expected a positive number of GiB (default {DEFAULT_VIDEO_BUDGET_GB})")
+    return int(gb * 2**30)
 # preprocess() hands these to the video processor's own call, not to its sampler
 _NOT_SAMPLER_KWARGS = ("input_data_format", "do_convert_rgb", "do_sample_frames", "device", "video_metadata",
                        "return_tensors", "return_metadata")
