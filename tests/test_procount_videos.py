@@ -273,30 +273,39 @@ def test_qwen3_timestamps_follow_the_fps_in_the_cache_key(root):
 
 
 def test_a_video_too_big_for_the_memory_budget_is_a_reason_row_before_any_processor_call(root, monkeypatch):
-    """The stand-in frames are virtual, but a video processor materializes the frames it keeps: a video whose
-    kept frames (its own sampler's count, from the metadata alone) would pass the budget is processor_error
-    with the figures, before the processor runs; sampling that keeps fewer frames brings it under."""
+    """The stand-in frames are virtual, but a video processor materializes the frames it keeps and its output
+    for each: a sample whose videos (one processor call) would pass the budget is video_memory_budget with the
+    figures, before the processor runs on them; sampling that keeps fewer frames brings it under; the videos
+    of one sample add up; an upsampling processor's output counts, not only the input size."""
     from pack_assets.core import procount
 
-    monkeypatch.setenv(procount.BUDGET_ENV, "1")
+    monkeypatch.setenv(procount.BUDGET_ENV, "0.5")
     msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "what happens?"}]},
             {"role": "assistant", "content": [{"type": "text", "text": "a thing"}]}]
 
-    def count(family, config, frames):
-        counter = TokenCounter(processor_profile(_variant(root, family, config)))
-        meta = {"frames": frames, "fps": 30.0, "width": 1920, "height": 1080, "duration": frames / 30}
-        return list(counter.count_many([(copy.deepcopy(msgs), [], [meta])]))[0], counter._processor
+    def count(family, config, frames, n_videos=1, size=(1920, 1080)):
+        pc = procount.ProcessorCounter(processor_profile(_variant(root, family, config)))  # a fresh cache
+        m = copy.deepcopy(msgs)
+        m[0]["content"] = [{"type": "video"}] * n_videos + m[0]["content"][1:]
+        meta = {"frames": frames, "fps": 30.0, "width": size[0], "height": size[1], "duration": frames / 30}
+        return list(pc.count_many([(m, [], [meta] * n_videos)]))[0], pc
 
     # InternVL keeps every frame: an hour of 1080p (~670 GB of frames) is refused at once
     got, pc = count("internvl", "default", 108_000)
-    assert isinstance(got, ReasonError) and got.reason == "processor_error" and "108000 frames" in got.detail
+    assert isinstance(got, ReasonError) and got.reason == "video_memory_budget" and "108000 frames" in got.detail
     assert "GiB" in got.detail and procount.BUDGET_ENV in got.detail
-    assert pc._video_reps == {} and pc.processor.video_processor.misses == 0  # the processor never ran
-    # Qwen2.5-VL sampling 2 fps keeps 120 of 1,800 frames (~3 GiB as float32): over 1 GiB; 300 frames keep 20
+    assert pc._video_reps == {}  # no replacement was computed: the processor never ran on the video
+    # Qwen2.5-VL sampling 2 fps keeps 120 of 1,800 frames: over 0.5 GiB; 300 frames keep 20 (~0.27 GB), under it
     got, _ = count("qwen2.5-vl", "fps_2", 1800)
-    assert isinstance(got, ReasonError) and "120 frames" in got.detail
+    assert isinstance(got, ReasonError) and got.reason == "video_memory_budget" and "120 frames" in got.detail
     got, _ = count("qwen2.5-vl", "fps_2", 300)
     assert not isinstance(got, ReasonError) and got["video_tokens"] > 0
+    # ... but four such videos in one sample go to one processor call: together over the budget
+    got, _ = count("qwen2.5-vl", "fps_2", 300, n_videos=4)
+    assert isinstance(got, ReasonError) and got.reason == "video_memory_budget" and got.detail.count("20 frames") == 4
+    # LLaVA-OneVision upsamples each 64x48 frame to 384x384 and keeps every frame: its output decides
+    got, _ = count("llava-onevision", "default", 3000, size=(64, 48))
+    assert isinstance(got, ReasonError) and got.reason == "video_memory_budget"
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-2", "inf"])

@@ -25,9 +25,10 @@ a decoded file over) with a transformers ``VideoMetadata`` of those values, so i
 decides the frames, and Qwen3-VL's timestamps come from the same fps and sampled indices (all in the key).
 The whole call (``processor(..., videos=..., video_metadata=...)``) stays the reference: a sample whose set
 of video keys is new is counted by it and compared. Missing or implausible metadata is ``bad_video`` (as for
-the fast rules); what the processor refuses is ``processor_error`` with its message, and so is a video whose
-kept frames would pass the memory budget (video_budget(): the processor materializes what it keeps); without
-torchvision, ``missing_dependency`` (``_NoVideo``).
+the fast rules); what the processor refuses is ``processor_error`` with its message; a sample whose videos
+would make the processor hold more than the memory budget (video_budget(): it materializes the frames it
+keeps) is ``video_memory_budget``, before any call; without torchvision, ``missing_dependency``
+(``_NoVideo``).
 """
 
 from __future__ import annotations
@@ -309,6 +310,7 @@ class ProcessorCounter:
         # InternVL stacks them) the direct path was checked on
         self._checked_videos: set[tuple] = set()
         self._kept: dict[tuple, int] = {}  # video key -> frames the video processor keeps (for the budget)
+        self._frame_out: dict[tuple[int, int], int] = {}  # frame size -> the processor's output bytes per frame
         video_budget()  # a bad PACK_ASSETS_VIDEO_BUDGET_GB stops here, before any shard is counted
         self.fallbacks = 0  # self-checks the direct path failed (it is then off: whole calls only)
         self.direct_counts = 0  # samples counted by the direct path
@@ -410,7 +412,7 @@ class ProcessorCounter:
             raise ReasonError("processor_error", f"the rendered text has {found} video placeholder(s) for "
                                                  f"{len(vkeys)} video(s)")
         reps = [self._image_rep[s] for s in sizes]
-        vreps = [self._video_reps[k] for k in vkeys]
+        vreps = [self._video_rep(k) for k in vkeys]
         (expanded,), _ = self.processor.get_text_with_replacements([text], [r for r, _ in reps],
                                                                    [v[0] for v in vreps], [])
         return expanded, sum(n for _, n in reps) + sum(v[1] for v in vreps), \
@@ -450,33 +452,56 @@ class ProcessorCounter:
         if getattr(self.processor, "video_processor", None) is None:
             raise ReasonError("video_not_supported", f"{type(self.processor).__name__} takes no video")
         keys = tuple(_video_meta_key(v) for v in videos)
-        for k in keys:
-            self._within_budget(k)
+        self._within_budget(keys)
         return keys
 
-    def _within_budget(self, key: tuple) -> None:
-        """Refuse, before any processor call, a video whose kept frames at full size as float32 (what a video
-        processor may hold at once) would pass video_budget() bytes: the stand-ins are virtual, but the processor
-        materializes what it keeps (measured: a 30 s 1080p clip InternVL keeps whole, +5.9 GB; 120 frames of
-        1080p through Qwen2.5-VL, +2.9 GB), and one such sample must not take the worker, and the run, down."""
-        kept = self._kept.get(key)
-        if kept is None:
-            kept = self._kept[key] = _kept_frames(self.processor.video_processor, key)
-        m = dict(key)
-        need = kept * m["width"] * m["height"] * 3 * 4
+    def _within_budget(self, keys: tuple) -> None:
+        """Refuse, before any processor call, a sample whose videos would make the video processor hold more
+        than video_budget() bytes in one call (a sample's videos go to one call). The stand-ins are virtual,
+        but the processor materializes the frames it keeps at full size (uint8) and its output for each:
+        kept frames x (3 x width x height + the output bytes of one frame of that size, measured once per size
+        on a two-frame stand-in). Measured: a 30 s 1080p clip InternVL keeps whole, +5.9 GB; 120 frames of
+        1080p through Qwen2.5-VL, +2.9 GB. One such sample must not take the worker, and the run, down."""
+        need, parts = 0, []
+        for key in keys:
+            kept = self._kept.get(key)
+            if kept is None:
+                kept = self._kept[key] = _kept_frames(self.processor.video_processor, key)
+            m = dict(key)
+            size = (m["width"], m["height"])
+            if size not in self._frame_out:
+                self._frame_out[size] = self._output_bytes_per_frame(key)
+            need += kept * (3 * m["width"] * m["height"] + self._frame_out[size])
+            parts.append(f"{kept} frames of {m['width']}x{m['height']}")
         budget = video_budget()
         if need > budget:
-            raise ReasonError("processor_error", (
-                f"the video processor may hold {kept} frames of {m['width']}x{m['height']} ({need / 2**30:.1f} GiB as float32) "
-                f"to count this video, over the {budget / 2**30:g} GiB budget ({BUDGET_ENV}); sample fewer "
-                f"frames (num_frames / fps in the folder's video config) or raise the budget"))
+            raise ReasonError("video_memory_budget", (
+                f"counting this sample's video(s) ({', '.join(parts)}) would take the video processor "
+                f"~{need / 2**30:.1f} GiB, over the {budget / 2**30:g} GiB budget of each worker ({BUDGET_ENV}); "
+                f"sample fewer frames (num_frames / fps in the folder's video config) or raise the budget"))
+
+    def _output_bytes_per_frame(self, key: tuple) -> int:
+        """What the video processor returns per frame for frames of this size (its resize decides: a 64x48 clip
+        that LLaVA-OneVision upsamples to 384x384 holds far more than its input), from a two-frame stand-in
+        without sampling; a float32 copy of the input where the processor will not say."""
+        m = dict(key)
+        two = tuple((k, 2 if k == "total_num_frames" else v) for k, v in key)
+        try:
+            frames, metas = _stand_ins([two])
+            out = self.processor.video_processor(videos=frames, video_metadata=metas, do_sample_frames=False)
+            total = sum(v.numel() * v.element_size() for v in _tensors(out))
+            return max(total // 2, 1)
+        except Exception:
+            return 12 * m["width"] * m["height"]
 
     def _video_rep(self, key: tuple) -> tuple[str, int, int, int]:
         """The processor's own replacement string for one video of this metadata (alone), media-token runs
         folded; how many media tokens it holds; how many tokens it is on its own (a sample's video_tokens, as
         the fast rules count them: timestamps, frame labels and per-frame wrappers included)."""
-        hit = self._video_reps.get(key)
-        if hit is None:
+        hit = self._video_reps.pop(key, None)
+        if hit is not None:
+            self._video_reps[key] = hit  # most recently used last: eviction takes the oldest
+        else:
             frames, metas = _stand_ins([key])
             _, (rep,) = self.processor._process_videos(frames, video_metadata=metas, **self._videos_kwargs)
             media = sum(rep.count(unit) for unit, _ in self._runs)
@@ -513,7 +538,7 @@ class ProcessorCounter:
             if vkeys:
                 self._checked_videos.add(vkeys)
         else:  # this processor does not expand the way the direct path assumes: whole calls only
-            self._direct = False
+            self._direct = self._direct_video = False
             self.fallbacks += 1
         return whole
 
@@ -670,6 +695,18 @@ def _kept_frames(video_processor, key: tuple) -> int:
         return min(m["total_num_frames"], len(inner.sample_frames(metadata=VideoMetadata(**m), **kwargs)))
     except Exception:
         return m["total_num_frames"]
+
+
+def _tensors(value):
+    """Every torch tensor in a processor output (a BatchFeature or dict, lists of them)."""
+    if hasattr(value, "numel") and hasattr(value, "element_size"):
+        yield value
+    elif isinstance(value, dict) or hasattr(value, "items"):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
 
 
 def _stand_ins(keys) -> tuple[list, list]:

@@ -41,6 +41,7 @@ REASONS: dict[str, str] = {  # in the order of the table in docs/formats.md
     "template_error": "the chat template raised an error for this conversation",
     "processor_error": "the model's own processor (--model-dir, processor rule) refused the sample",
     "missing_dependency": "the model's processor needs a package that is not installed for this sample (the detail names it and the extra)",
+    "video_memory_budget": "processor rule: counting the sample's videos would make the video processor hold more than PACK_ASSETS_VIDEO_BUDGET_GB (per worker); sample fewer frames or raise the budget",
     "video_not_supported": "the model takes no video (Gemma 3; a processor without a video processor): a video sample is not guessed",
     "video_sampling": "the processor's frame sampling (num_frames / fps in its video config) refuses this video, e.g. more frames asked than it has",
     "video_frames_differ": "InternVL: the videos of one sample keep different frame counts, which its processor cannot stack",
