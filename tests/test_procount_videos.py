@@ -315,3 +315,26 @@ def test_a_bad_video_budget_is_a_clear_error_when_the_counter_is_built(root, mon
     monkeypatch.setenv(procount.BUDGET_ENV, value)
     with pytest.raises(ValueError, match=procount.BUDGET_ENV):
         procount.ProcessorCounter(processor_profile(_variant(root, "qwen2.5-vl", "fps_2")))
+
+
+def test_a_full_video_cache_evicts_the_least_recently_used_and_never_turns_the_self_check_off(root, monkeypatch):
+    """With room for 3 video replacements: A, B, X, then [B, A], then [B, A, C] (A and B used again, so X is the
+    one evicted; C's first sight then evicts again). Every count equals the whole processor call and the
+    direct path stays on (a FIFO eviction once dropped a replacement a checked sample still needed: KeyError,
+    self-check failed, whole calls for the rest of the run)."""
+    from pack_assets.core import procount
+
+    monkeypatch.setattr(procount, "_CACHE_MAX", 3)
+    pc = procount.ProcessorCounter(processor_profile(_variant(root, "qwen2.5-vl", "default")))
+    a, b, x, c = (_clip(n)[1] for n in ["lf_4.mp4", "g40_80x60_ntsc.mov", "g50_200x120_25fps.mp4",
+                                         "g12_64x48_30fps.mp4"])
+
+    def sample(*metas):
+        return ([{"role": "user", "content": [{"type": "video"}] * len(metas) + [{"type": "text", "text": "and?"}]},
+                 {"role": "assistant", "content": [{"type": "text", "text": "so."}]}], [], list(metas))
+
+    items = [sample(a), sample(b), sample(x), sample(b, a), sample(b, a), sample(b, a, c), sample(b, a, c), sample(x)]
+    got = list(pc.count_many(copy.deepcopy(items)))
+    want = [pc.count(*copy.deepcopy(i)) for i in items]
+    assert got == want and pc.fallbacks == 0 and pc._direct and pc._direct_video
+    assert len(pc._video_reps) <= 3
