@@ -628,8 +628,9 @@ def test_a_rerun_vouches_for_its_own_shards_by_content_digest_and_for_nothing_it
 def test_a_touched_source_is_rescanned_and_its_output_shards_are_kept_a_new_plan_refutes_every_shard(packed, monkeypatch):
     """A source shard copied or touched (new mtime, same bytes) is rescanned; its members are hashed, so the
     digest, like the fingerprint, leaves its mtime out: every output shard is vouched for, none rewritten.
-    A full replan that moves samples between packs changes every digest: the record refutes every shard
-    (no fingerprint query) and each is rewritten, byte for byte what a write into an empty folder gives."""
+    A replan after a source is removed moves samples between packs under the same settings: the record
+    refutes the shards by their digest (no fingerprint query) and each is rewritten, byte for byte what a
+    write into an empty folder gives."""
     inp, work, out, _ = packed
     run_write(work, inp, out, workers=1)
     names = sorted(p.name for p in out.glob("*.tar"))
@@ -651,7 +652,13 @@ def test_a_touched_source_is_rescanned_and_its_output_shards_are_kept_a_new_plan
     assert sorted(r["shard"] for r in vouched) == names and not refuted
     res = run_write(work, inp, out, workers=1)
     assert asked == [set()] and (res.written, res.skipped) == (0, len(names))
-    run_plan(work, shards, PlanConfig(max_len=1400, max_packs_per_shard=2), PROFILE)  # other packs
+    (inp / f"{shards[-1]}.tar").unlink()  # a source removed: the same settings (context), other packs
+    shards = list(store.find_shards(inp))
+    run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
+    with store.connect(work, read_only=True) as con:
+        vouched, refuted = write_stage.vouched_shards(work, out, write_context(PlanInfo.load(con)),
+                                                      write_stage.shard_digests(con))
+    assert refuted and not vouched  # refuted by digest alone: the context is the one recorded
     asked.clear()
     res = run_write(work, inp, out, workers=1)
     new_names = sorted(p.name for p in out.glob("*.tar"))
