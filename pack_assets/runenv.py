@@ -1,6 +1,6 @@
 """What a `pack-assets run` needs around Dagster, kept free of the dagster import so `--help` stays fast:
 which Dagster home and its dagster.yaml, how its SQLite event log commits, how many shard processes by
-default, when the process started."""
+default, when the process started, how its processes collect garbage and how the command exits."""
 
 from __future__ import annotations
 
