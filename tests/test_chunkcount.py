@@ -127,6 +127,18 @@ def test_a_cut_after_the_glue_character_would_be_wrong(tok):
     assert _counter(tok).lengths(texts) == _plain(tok, texts)
 
 
+def _image_samples(texts: list[str], rng: random.Random) -> list:
+    """One image and a text per user turn, an answer drawn from the same texts: (messages, sizes, videos)."""
+    return [([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t}]},
+              {"role": "assistant", "content": [{"type": "text", "text": rng.choice(texts)}]}], [[640, 480]], [])
+            for t in texts]
+
+
+def _outcomes(results) -> list:
+    """Counts as they are, rejections as (reason, detail)."""
+    return [r if isinstance(r, dict) else (r.reason, r.detail) for r in results]
+
+
 def _changed(spec, how) -> dict:
     """A copy to change: the model and added tokens copied, the vocabulary and merges copied by the change."""
     s = dict(spec, model=dict(spec["model"]), added_tokens=[dict(t) for t in spec["added_tokens"]])
@@ -183,12 +195,9 @@ def test_the_fast_rule_counts_through_the_cache_and_equals_the_plain_tokenizer(g
     assert cached.chunks is not None and plain.chunks is None
     rng = random.Random(3)
     texts = _texts(spec, 300, seed=4, placeholder=False)
-    items = [([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t}]},
-               {"role": "assistant", "content": [{"type": "text", "text": rng.choice(texts)}]}], [[640, 480]], [])
-             for t in texts]
+    items = _image_samples(texts, rng)
     got, want = list(cached.count_many(items)), list(plain.count_many(items))
-    assert [r if isinstance(r, dict) else (r.reason, r.detail) for r in got] == \
-        [r if isinstance(r, dict) else (r.reason, r.detail) for r in want]
+    assert _outcomes(got) == _outcomes(want)
     assert sum(isinstance(r, dict) for r in got) > 280
 
 
@@ -475,12 +484,9 @@ def test_the_fast_rule_takes_the_cache_only_off_tiktoken(tmp_path):
     assert fast.backend == "tiktoken" and fast.chunks is None and cached.chunks is not None
     texts = _media_free(BL_FIXED + _bl_texts(300, seed=15))
     rng = random.Random(16)
-    items = [([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t}]},
-               {"role": "assistant", "content": [{"type": "text", "text": rng.choice(texts)}]}], [[640, 480]], [])
-             for t in texts]
+    items = _image_samples(texts, rng)
     got, want = list(cached.count_many(items)), list(fast.count_many(items))
-    assert [r if isinstance(r, dict) else (r.reason, r.detail) for r in got] == \
-        [r if isinstance(r, dict) else (r.reason, r.detail) for r in want]
+    assert _outcomes(got) == _outcomes(want)
     assert all(isinstance(r, dict) for r in got) and len(got) > 150 and cached.chunks.misses > 0
 
 
