@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Results, machine, make_shards, require_free, timed  # noqa: E402
+from common import Results, drop_caches, machine, make_shards, require_free, timed  # noqa: E402
 
 
 _MEASURE = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
@@ -42,38 +42,47 @@ def main() -> None:
     ap.add_argument("--image-kb", type=int, default=15)
     ap.add_argument("--max-len", type=int, default=16384)
     ap.add_argument("--out", default="bench/out/e2e")
+    ap.add_argument("--reruns", type=int, default=3, help="how many of the three one-new-shard reruns to run")
+    ap.add_argument("--drop-caches", action="store_true",
+                    help="drop the page cache before each run (root): each starts with none of its files cached")
+    ap.add_argument("--results", help="also write the records here (a file under bench/results)")
     args = ap.parse_args()
     out = Path(args.out)
-    need = 2.2 * args.samples * (args.image_kb * 1024 + 600)
-    require_free(out, need)
     n_shards = args.samples // args.per_shard
     inp = out / "shards"
+    for d in ("work", "packed", "dagster_home"):  # an earlier run's: the space it holds is counted free
+        shutil.rmtree(out / d, ignore_errors=True)
+    have = sum(p.stat().st_size for p in inp.glob("part-*.tar")) if inp.is_dir() else 0  # a set made before
+    require_free(out, 2.2 * args.samples * (args.image_kb * 1024 + 600) - have)
     t0 = time.perf_counter()
     paths = make_shards(inp, n_shards, args.per_shard, args.image_kb, seed=7)
-    emit = Results(out)
+    emit = Results(out, args.results)
     emit({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "generate_s": round(time.perf_counter() - t0, 1),
           "bytes": sum(p.stat().st_size for p in paths), "shards": len(paths)})
     files = [str(p) for p in paths]
     emit({"cat_s": round(timed("cat " + " ".join(files) + " > /dev/null", shell=True), 1),
           "sha256sum_s": round(timed(["sha256sum", *files]), 1)})
-    for d in ("work", "packed", "dagster_home"):
-        shutil.rmtree(out / d, ignore_errors=True)
     exe = str(Path(sys.executable).parent / "pack-assets")
     cmd = [exe, "run", "--input", str(inp), "--max-len", str(args.max_len), "--work", str(out / "work"),
            "--output", str(out / "packed"), "--dagster-home", str(out / "dagster_home"), "--json"]
+    cold = args.drop_caches and drop_caches()
     seconds, summary, peak = run(cmd)
-    emit({"full_run_s": round(seconds, 1), "samples_per_s": round(summary["samples"] / seconds), "peak_rss_bytes": peak,
+    emit({"page_cache": "dropped before the run" if cold else "as the steps above left it", "full_run_s": round(seconds, 1), "samples_per_s": round(summary["samples"] / seconds), "peak_rss_bytes": peak,
           **{k: summary[k] for k in ("samples", "packed", "dropped", "rejected", "packs", "lower_bound", "fill",
                                      "violations", "stage_seconds")}})
     # each rerun adds one new shard: incremental (audit all), incremental with the quick audit, full replan
     reruns = [("incremental", ["--incremental"]),
               ("incremental, audit changed only", ["--incremental", "--audit-scope", "changed"]),
               ("full replan", [])]
-    for i, (label, flags) in enumerate(reruns):
+    for i, (label, flags) in enumerate(reruns[:args.reruns]):
         extra = make_shards(out / f"extra{i}", 1, args.per_shard, args.image_kb, seed=99 - i)[0]
-        shutil.copy(extra, inp / f"part-{n_shards + i:05d}.tar")
+        new = inp / f"part-{n_shards + i:05d}.tar"
+        if new.exists():  # a set left by an earlier run: copying over it would add no data
+            raise SystemExit(f"{new} exists: remove the reruns' shards (part-{n_shards:05d}.tar on) first")
+        shutil.copy(extra, new)
+        cold = args.drop_caches and drop_caches()
         seconds2, summary2, peak2 = run(cmd + flags)
-        emit({"rerun_after_one_new_shard": label, "seconds": round(seconds2, 1),
+        emit({"rerun_after_one_new_shard": label, "page_cache": "dropped" if cold else "warm", "seconds": round(seconds2, 1),
               "shard_runs": summary2["shard_runs"], "samples": summary2["samples"], "packs": summary2["packs"],
               "fill": summary2["fill"], "output_shards_written": summary2["output_shards_written"],
               "output_shards_trusted": summary2["output_shards_trusted"], "violations": summary2["violations"],

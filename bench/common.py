@@ -32,13 +32,14 @@ class Results:
     """Records printed as JSON lines and kept in <out>/results.json after each one, so a long run that dies
     keeps what it measured; bench/plots.py reads the file."""
 
-    def __init__(self, out: Path) -> None:
-        self.path, self.records = out / "results.json", []
+    def __init__(self, out: Path, also: str | None = None) -> None:
+        self.paths, self.records = [out / "results.json", *([Path(also)] if also else [])], []
 
     def __call__(self, rec: dict) -> None:
         self.records.append(rec)
         print(json.dumps(rec), flush=True)
-        self.path.write_text(json.dumps(self.records, indent=1))
+        for path in self.paths:
+            path.write_text(json.dumps(self.records, indent=1))
 
 
 def require_free(path: Path, need_bytes: float) -> None:
@@ -56,8 +57,15 @@ def timed(cmd: list[str] | str, shell: bool = False) -> float:
     return time.perf_counter() - t0
 
 
-def drop_caches_hint() -> None:
-    """Page cache cannot be dropped without privileges everywhere; every figure is measured warm."""
+def drop_caches() -> bool:
+    """Write back dirty pages and drop the page cache, so a run starts with none of its files cached (root
+    only: where it is refused the figures are measured with whatever the cache holds). Returns whether it did."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
 
 
 def make_shards(root: Path, n_shards: int, per_shard: int, image_kb: int = 16, seed: int = 0, images: int = 1) -> list[Path]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 import tarfile
 from pathlib import Path
 
@@ -14,9 +15,10 @@ from conftest import add, chat, image_bytes, write_tar
 
 from pack_assets.core import store
 from pack_assets.core.demo import video_bytes
+from pack_assets.core.reasons import ReasonError
 from pack_assets.core.records import Rejection, Sample
 from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard
-from pack_assets.core.tario import split_key
+from pack_assets.core.tario import iter_entries, split_key
 
 
 def scan(path: Path, **opts) -> tuple[list[Sample], list[Rejection]]:
@@ -271,6 +273,30 @@ def test_header_reader_agrees_with_tarfile_on_long_and_unicode_names(tmp_path, f
         for i, n in enumerate(names):
             add(tf, n, "z" * (i * 700))
     assert _our_view(path) == _tarfile_view(path)
+
+
+def test_a_header_summed_as_signed_chars_is_read_as_tarfile_reads_it(tmp_path):
+    """Old tar writers summed the header as signed chars; a non-ASCII name makes the two sums differ."""
+    path = tmp_path / "signed.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT, encoding="utf-8") as tf:
+        add(tf, "ünï/k.json", "{}")
+        add(tf, "plain/k.json", "[]")
+    data = bytearray(path.read_bytes())
+    header = bytes(data[:512])
+    signed = sum(struct.unpack("148b8x356b", header)) + 256
+    assert signed != sum(header[:148]) + sum(header[156:]) + 256
+    data[148:156] = b"%06o\0 " % signed
+    path.write_bytes(bytes(data))
+    assert [n for n, *_ in _tarfile_view(path)] == ["ünï/k.json", "plain/k.json"]
+    assert _our_view(path) == _tarfile_view(path)
+    data[148:156] = b"%06o\0 " % (signed + 1)  # neither sum: the archive ends at its first header
+    path.write_bytes(bytes(data))
+    with pytest.raises(Exception):
+        _tarfile_view(path)
+    with open(path, "rb") as f:
+        with pytest.raises(ReasonError) as e:
+            list(iter_entries(f, path.stat().st_size))
+    assert e.value.reason == "not_a_tar"
 
 
 def test_header_reader_agrees_with_tarfile_on_real_fixture_archives():

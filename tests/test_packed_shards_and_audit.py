@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -196,6 +197,35 @@ def test_unchanged_output_shards_are_found_without_loading_each_shard(dataset, t
     assert loaded == [names[1]] and (res.written, res.skipped) == (1, len(names) - 1)
     assert {n: sha(out / n) for n in names} == before
     assert run_audit(work, out).ok
+
+
+def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_and_are_removed(packed, monkeypatch):
+    from pack_assets.core import audit as audit_stage
+
+    inp, work, out, _ = packed
+    stale = work / f"{store.STAGED_PREFIX}999999999-left"  # a killed run's (no such process)
+    live = work / f"{store.STAGED_PREFIX}{os.getppid()}-running"  # a running process's
+    for d in (stale, live):
+        (d / "subs").mkdir(parents=True)
+    with store.connect(work, read_only=True) as con:
+        names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
+        assert len(names) >= 2
+        with store.staged(work, {q: write_stage.WRITE_ROWS[q] for q in write_stage.STAGED_WRITE_ROWS}, names) as rows:
+            assert not stale.exists() and live.exists()
+            for n in names:
+                assert shard_job(con, inp, n, rows) == shard_job(con, inp, n)
+        with store.staged(work, {q: audit_stage.AUDIT_ROWS[q] for q in audit_stage.STAGED_AUDIT_ROWS}, names[1:],
+                          con) as rows:
+            assert audit_stage._shard_expectations(con, names[1], rows) == audit_stage._shard_expectations(con, names[1])
+    assert sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*")) == [live.name]
+
+    def broken(*a, **kw):
+        raise OSError("disk full")
+    monkeypatch.setattr(write_stage, "write_all", broken)
+    shutil.rmtree(out)
+    with pytest.raises(OSError, match="disk full"):
+        run_write(work, inp, out, workers=1)
+    assert sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*")) == [live.name]  # removed on a failure too
 
 
 def test_audit_passes_on_clean_output_and_counts_add_up(packed):

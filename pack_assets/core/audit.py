@@ -10,6 +10,7 @@ ranges its index names, after the sources' stamps (``source_changed``, ``bad_ind
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import hashlib
@@ -41,21 +42,33 @@ from .write import ShardFingerprint, current_shards, write_context, written_key,
 PARALLEL_MIN_BYTES = 1 << 30
 
 
-def _shard_expectations(con, name: str):
+# what the audit reads per output shard besides its plan rows: "samples" and "members" gathered for every shard
+# it reads at once (store.staged); the conversations, most of the bytes, per shard
+AUDIT_ROWS = {
+    "samples": """SELECT p.output_shard, s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos, t.vision_tokens,
+                         s.json_member, s.media_members, s.extra_members
+                  FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
+                  LEFT JOIN token_lengths t USING (sample_id) WHERE {shards}""",
+    "members": """SELECT p.output_shard, m.sample_id, m.name, m.sha256, m.size FROM pack_plan p
+                  JOIN pack_members pm USING (pack_id) JOIN members m USING (sample_id) WHERE {shards}""",
+    "conversations": """SELECT p.output_shard, s.sample_id, s.conversation FROM pack_plan p
+                        JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id) WHERE {shards}""",
+}
+STAGED_AUDIT_ROWS = ("samples", "members")
+
+
+def _shard_expectations(con, name: str, rows: store.Staged | None = None):
     """The plan rows of one output shard and what the manifest says about their samples and members."""
     plan = {
         r[0]: {"media_type": r[1], "sample_ids": list(r[2]), "lens": list(r[3]), "total": r[4], "overlong": r[5]}
         for r in con.execute("SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, overlong "
                              "FROM pack_plan WHERE output_shard = ?", [name]).fetchall()
     }
-    samples = {r[0]: r[1:] for r in con.execute(
-        """SELECT s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos, t.vision_tokens,
-                  s.json_member, s.conversation, s.media_members, s.extra_members
-           FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
-           LEFT JOIN token_lengths t USING (sample_id) WHERE p.output_shard = ?""", [name]).fetchall()}
-    members = {(r[0], r[1]): (r[2], r[3]) for r in con.execute(
-        """SELECT m.sample_id, m.name, m.sha256, m.size FROM pack_plan p JOIN pack_members pm USING (pack_id)
-           JOIN members m USING (sample_id) WHERE p.output_shard = ?""", [name]).fetchall()}
+    conversations = dict(store.shard_rows(con, AUDIT_ROWS, "conversations", name))
+    # (total_tokens, media_type, media count, vision_tokens, json_member, conversation, media_members, extra_members)
+    samples = {r[0]: (*r[1:6], conversations.get(r[0]), *r[6:]) for r in
+               store.shard_rows(con, AUDIT_ROWS, "samples", name, rows)}
+    members = {(r[0], r[1]): (r[2], r[3]) for r in store.shard_rows(con, AUDIT_ROWS, "members", name, rows)}
     return plan, samples, members
 
 
@@ -177,14 +190,15 @@ def _pack_parts(path: Path):
             yield key, parts
 
 
-def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig) -> tuple[list[dict], Counter, Counter]:
+def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig,
+                 rows: store.Staged | None = None) -> tuple[list[dict], Counter, Counter]:
     """One output shard read back: its violations, the pack keys seen, media/extra members and bytes checked."""
     res, seen, counts = AuditResult(), Counter(), Counter()
     path = out_dir / name
     if not path.exists():
         res.add("missing_shard", f"{name} is in the plan but not in {out_dir}", shard=name)
         return res.violations, seen, counts
-    plan, samples, members = _shard_expectations(con, name)
+    plan, samples, members = _shard_expectations(con, name, rows)
     try:
         with index_out.SourceFiles() as sources:
             for key, parts in _pack_parts(path):
@@ -234,12 +248,12 @@ def _worker_init(work: str, gc_thresholds: tuple[int, ...]) -> None:
     _worker_con = store.connect(Path(work), read_only=True)
 
 
-def _audit_shard_in_worker(out_dir: str, name: str, config: PlanConfig):
-    return _audit_shard(_worker_con, Path(out_dir), name, config)
+def _audit_shard_in_worker(out_dir: str, name: str, config: PlanConfig, rows: store.Staged | None):
+    return _audit_shard(_worker_con, Path(out_dir), name, config, rows)
 
 
 def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, work: Path | None, workers: int,
-                   min_bytes: int):
+                   min_bytes: int, rows: store.Staged | None = None):
     """Per-shard audit results in shard order; output shards are independent, so several threads or
     processes (each with its own DuckDB cursor or read-only connection) share them."""
     total = sum((out_dir / n).stat().st_size for n in shards if (out_dir / n).exists())
@@ -247,7 +261,7 @@ def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, wo
         total += con.execute("SELECT coalesce(sum(m.size), 0) FROM pack_members JOIN members m USING (sample_id)").fetchone()[0]
     workers = min(workers or os.cpu_count() or 1, len(shards))
     if workers <= 1:
-        yield from (_audit_shard(con, out_dir, n, config) for n in shards)
+        yield from (_audit_shard(con, out_dir, n, config, rows) for n in shards)
         return
     if work is None or total < min_bytes:
         # threads, each with its own DuckDB cursor: most of a shard's time is pread and sha256, which release
@@ -261,7 +275,7 @@ def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, wo
         def one(name: str):
             cur = cursors.get()
             try:
-                return _audit_shard(cur, out_dir, name, config)
+                return _audit_shard(cur, out_dir, name, config, rows)
             finally:
                 cursors.put(cur)
 
@@ -275,7 +289,8 @@ def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, wo
     # spawn, not fork: a forked child would inherit DuckDB's cached instance of this database without its threads
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
                              initargs=(str(work), gc.get_threshold())) as pool:
-        yield from pool.map(_audit_shard_in_worker, [str(out_dir)] * len(shards), shards, [config] * len(shards))
+        yield from pool.map(_audit_shard_in_worker, [str(out_dir)] * len(shards), shards, [config] * len(shards),
+                            [rows] * len(shards))
 
 
 def _per_shard(con: duckdb.DuckDBPyConnection) -> dict[str, dict]:
@@ -324,10 +339,13 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
                     if shard in trusted)
     to_read = [n for n in shards if n not in trusted]
     counts: Counter = Counter()
-    for violations, shard_seen, c in _shard_results(con, out_dir, to_read, config, work, workers, min_bytes):
-        res.violations.extend(violations)
-        seen.update(shard_seen)
-        counts.update(c)
+    with (store.staged(work, {q: AUDIT_ROWS[q] for q in STAGED_AUDIT_ROWS}, to_read, con)
+          if work is not None and len(to_read) > 1
+          else contextlib.nullcontext()) as rows:
+        for violations, shard_seen, c in _shard_results(con, out_dir, to_read, config, work, workers, min_bytes, rows):
+            res.violations.extend(violations)
+            seen.update(shard_seen)
+            counts.update(c)
     for p, n in sorted(seen.items()):
         if n > 1:
             res.add("duplicate_pack", f"pack {p} appears {n} times", pack_id=p)

@@ -7,6 +7,7 @@ gather them into ``<work>/pack_assets.duckdb`` as views, next to the tables the 
     <work>/manifest/<shard>/{samples,members,rejected,shard}.parquet
     <work>/token_lengths/<profile>/<shard>/{token_lengths,rejected,stamp}.parquet|json
     <work>/pack_plan.jsonl, <work>/what_if.json, <work>/audit_report.md, <work>/pack_assets.duckdb
+    <work>/.staged-<pid>-*/  rows the writer or the audit reads per output shard, while that stage runs
 
 Views over the Parquet files: manifest_samples, members, shards, token_lengths, rejected, samples (status
 and reason after both scan and count). Tables the plan writes in one transaction: pack_plan, pack_members,
@@ -25,7 +26,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import safety
@@ -315,6 +318,98 @@ def build_catalog(con: duckdb.DuckDBPyConnection, work: Path, shards: list[str],
     )
 
 
+STAGED_PREFIX = ".staged-"
+
+
+@dataclasses.dataclass(frozen=True)
+class Staged:
+    """Rows a stage reads per output shard, gathered once for all of them (`staged`): one Parquet folder per
+    query and output shard. Picklable, so worker processes read their shard's files themselves."""
+
+    root: Path
+    parts: dict[str, int]  # output shard -> its partition number (a number: shard names need no escaping)
+
+    def rows(self, con: duckdb.DuckDBPyConnection, query: str, shard: str, order_by: str = "") -> list[tuple]:
+        folder = self.root / query / f"part={self.parts[shard]}"
+        if not folder.is_dir():  # the query had no row for this shard
+            return []
+        return con.execute(f"SELECT * FROM read_parquet({_files([folder / '*.parquet'])}, hive_partitioning = false)"
+                           + (f" ORDER BY {order_by}" if order_by else "")).fetchall()
+
+
+def shard_rows(con: duckdb.DuckDBPyConnection, queries: Mapping[str, str], query: str, shard: str,
+               rows: Staged | None = None, order_by: str = "") -> list[tuple]:
+    """One output shard's rows of ``queries[query]``, its columns without ``output_shard``: from the staged files
+    (`staged`), or without them by the query itself, filtered to that shard."""
+    if rows is not None:
+        return rows.rows(con, query, shard, order_by)
+    sql = queries[query].replace("{shards}", "p.output_shard = ?") + (f" ORDER BY {order_by}" if order_by else "")
+    return [r[1:] for r in con.execute(sql, [shard]).fetchall()]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_STAGED_BATCH = 32768  # rows streamed at once; each output shard's share of a batch is one row group
+
+
+def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, parts: dict[str, int], folder: Path) -> None:
+    """Stream the query's rows and file them by output shard, a Parquet file per shard (``parts`` numbers the
+    shards 0, 1, ... in order). Filed here, not by DuckDB's `COPY … PARTITION_BY`, which held its whole memory
+    limit (1.2 GB at 1M samples, bench/bench_stage.py); this holds a batch."""
+    value_set = pa.array(list(parts), pa.string())
+    writers: dict[int, pq.ParquetWriter] = {}
+    try:
+        for batch in con.sql(sql).to_arrow_reader(_STAGED_BATCH):  # a relation streams; execute() holds every row
+            shard = batch.column("output_shard").cast(pa.string())  # (DuckDB may hand over large or view strings)
+            position = pc.index_in(shard, value_set=value_set).to_numpy(zero_copy_only=False)
+            order = np.argsort(position, kind="stable")
+            batch = batch.drop_columns(["output_shard"]).take(pa.array(order))
+            position = position[order]
+            cuts = [0, *(np.flatnonzero(np.diff(position)) + 1).tolist(), len(position)]
+            for lo, hi in zip(cuts, cuts[1:]):
+                part = int(position[lo])
+                if part not in writers:
+                    (folder / f"part={part}").mkdir(parents=True)
+                    writers[part] = pq.ParquetWriter(folder / f"part={part}" / "rows.parquet", batch.schema)
+                writers[part].write_batch(batch.slice(lo, hi - lo))
+    finally:
+        for w in writers.values():
+            w.close()
+
+
+@contextlib.contextmanager
+def staged(work: Path, queries: Mapping[str, str], shards: list[str],
+           con: duckdb.DuckDBPyConnection | None = None) -> Iterator[Staged]:
+    """Run each query once for the given output shards into ``<work>/.staged-<pid>-*/<query>/part=<n>/``, removed
+    on exit; ``con``: the caller's connection, else a read-only one closed before the rows are read. Each query
+    selects ``output_shard`` from ``pack_plan p`` and filters with ``WHERE {shards}``. The same SELECT run per
+    output shard (``WHERE output_shard = ?``, `shard_rows` without staging) scans every manifest file each
+    time, so a stage's queries cost output shards × samples; gathered once, a shard's rows are one small file."""
+    for stale in work.glob(f"{STAGED_PREFIX}*"):  # a killed run's (a live process's own stay)
+        pid = stale.name[len(STAGED_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    root = Path(safety.mkdtemp(prefix=f"{STAGED_PREFIX}{os.getpid()}-", dir=work))
+    try:
+        parts = {name: i for i, name in enumerate(shards)}
+        names = ", ".join("'" + n.replace("'", "''") + "'" for n in shards) or "NULL"
+        with contextlib.nullcontext(con) if con is not None else connect(work, read_only=True) as c, c.cursor() as cur:
+            # a cursor of its own: a result the caller left open on ``con`` neither blocks nor is lost
+            for name, sql in queries.items():
+                _stage_query(cur, sql.replace("{shards}", f"p.output_shard IN ({names})"), parts, root / name)
+        yield Staged(root, parts)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def has_plan(con: duckdb.DuckDBPyConnection) -> bool:
     # fetchall, not fetchone: a result left unfinished makes DuckDB refuse a later register()
     return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'plan_info'").fetchall()[0][0])
@@ -361,7 +456,10 @@ def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict], dropped: list[d
 
 def mark_audit_seen(con: duckdb.DuckDBPyConnection, pack_ids) -> None:
     """The packs an audit found in the outputs, as a temporary table its SQL checks join against."""
-    con.execute("CREATE OR REPLACE TEMP TABLE audit_seen (pack_id VARCHAR)")
-    rows = [(p,) for p in pack_ids]
-    if rows:
-        con.executemany("INSERT INTO audit_seen VALUES (?)", rows)
+    con.execute("CREATE OR REPLACE TEMP TABLE audit_seen (pack_id VARCHAR)")  # (also ends a result left open)
+    # one Arrow column, not executemany: a row per INSERT took 6 s for the 27,441 packs of 1M samples
+    con.register("audit_seen_rows", pa.table({"pack_id": pa.array(list(pack_ids), pa.string())}))
+    try:
+        con.execute("INSERT INTO audit_seen SELECT pack_id FROM audit_seen_rows")
+    finally:
+        con.unregister("audit_seen_rows")

@@ -111,7 +111,8 @@ def _signed_checksum(buf: bytes) -> int:
 
 
 def _checksum_matches(buf: bytes, stored: int) -> bool:
-    return stored in (sum(buf) - sum(buf[148:156]) + 256, _signed_checksum(buf))
+    # the signed sum only when the usual one fails: it costs more than the rest of a header's parsing
+    return stored == sum(buf) - sum(buf[148:156]) + 256 or stored == _signed_checksum(buf)
 
 
 def _header_name(buf: bytes) -> str:

@@ -541,24 +541,35 @@ def write_context(info: PlanInfo) -> dict:
             "max_len": info.config.max_len, "tool": "pack_assets", "tool_version": __version__}
 
 
-def shard_job(con, input_root: Path, name: str) -> ShardJob:
-    """Everything the writer needs for one output shard, from the plan and the manifest (one shard at a
-    time, so memory follows the output shard size, not the dataset)."""
-    subs_rows = con.execute(
-        """SELECT pm.pack_id, s.sample_id, s.shard, s.key, s.json_member, s.media_members, s.conversation, t.total_tokens,
-                  s.extra_members, sha256(s.conversation), sh.size || ':' || sh.mtime_ns
-           FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
-           JOIN token_lengths t USING (sample_id) LEFT JOIN shards sh ON sh.shard = s.shard
-           WHERE p.output_shard = ? ORDER BY pm.pack_id, pm.position""", [name]).fetchall()
-    member_rows = con.execute(
-        """SELECT m.sample_id, m.name, m."offset", m.size, m.sha256 FROM pack_plan p JOIN pack_members pm USING (pack_id)
-           JOIN members m USING (sample_id) WHERE p.output_shard = ?""", [name]).fetchall()
-    members = {(r[0], r[1]): {"name": r[1], "offset": r[2], "size": r[3], "sha256": r[4]} for r in member_rows}
+# what the writer reads per output shard: "subs" and "members" gathered for every shard to write at once
+# (store.staged); the conversations, most of the bytes, per shard (staged too, they took ~1 GB more at 1M)
+WRITE_ROWS = {
+    "subs": """SELECT p.output_shard, pm.pack_id, pm.position, s.sample_id, s.shard, s.key, s.json_member,
+                      s.media_members, t.total_tokens, s.extra_members, sh.size || ':' || sh.mtime_ns AS stamp
+               FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
+               JOIN token_lengths t USING (sample_id) LEFT JOIN shards sh ON sh.shard = s.shard WHERE {shards}""",
+    "members": """SELECT p.output_shard, m.sample_id, m.name, m."offset", m.size, m.sha256
+                  FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN members m USING (sample_id) WHERE {shards}""",
+    "conversations": """SELECT p.output_shard, s.sample_id, s.conversation, sha256(s.conversation)
+                        FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
+                        WHERE {shards}""",
+}
+STAGED_WRITE_ROWS = ("subs", "members")
+
+
+def shard_job(con, input_root: Path, name: str, rows: store.Staged | None = None) -> ShardJob:
+    """Everything the writer needs for one output shard, from the plan and the manifest (one shard at a time, so
+    memory follows the output shard size, not the dataset); ``rows``: STAGED_WRITE_ROWS for every shard."""
+    members = {(r[0], r[1]): {"name": r[1], "offset": r[2], "size": r[3], "sha256": r[4]}
+               for r in store.shard_rows(con, WRITE_ROWS, "members", name, rows)}
+    conversations = {r[0]: r[1:] for r in store.shard_rows(con, WRITE_ROWS, "conversations", name)}
     subs: dict[str, list[SubSample]] = {}
     paths: dict[str, str] = {}  # per source shard, not per sample
-    for pack_id, sid, shard, key, json_member, media_members, conv, tokens, extra_members, conv_sha, stamp in subs_rows:
+    for (pack_id, _, sid, shard, key, json_member, media_members, tokens, extra_members,
+         stamp) in store.shard_rows(con, WRITE_ROWS, "subs", name, rows, order_by="pack_id, position"):
         if (path := paths.get(shard)) is None:
             path = paths[shard] = str(store.source_tar(input_root, shard))
+        conv, conv_sha = conversations[sid]
         subs.setdefault(pack_id, []).append(SubSample(
             sample_id=sid, shard=shard, key=key, source_path=path, token_len=tokens,
             messages=None, messages_json=conv, json_member=members.get((sid, json_member)) if json_member else None,
@@ -570,11 +581,11 @@ def shard_job(con, input_root: Path, name: str) -> ShardJob:
     return ShardJob(name, [PackJob(pack_id, mt, total, subs[pack_id]) for pack_id, mt, total in packs])
 
 
-def load_shard_job(work: str, input_root, name: str) -> ShardJob:
+def load_shard_job(work: str, input_root, rows: store.Staged | None, name: str) -> ShardJob:
     """Picklable loader: each writer process opens the catalog read-only and gathers its own shard.
     ``input_root``: a folder (str) or a recipe's roots (dataset name -> folder)."""
     with store.connect(Path(work), read_only=True) as con:
-        return shard_job(con, input_root if isinstance(input_root, dict) else Path(input_root), name)
+        return shard_job(con, input_root if isinstance(input_root, dict) else Path(input_root), name, rows)
 
 
 # members as the structs shard_job builds, so both sides feed ShardFingerprint the same values
@@ -864,9 +875,13 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, pro
         done += current_shards(con, out_dir, context, only=set(names) - {r["shard"] for r in done} - refuted)
     skip = {r["shard"] for r in done}
     known = kept_indexes(work, out_dir, skip)
-    results = write_all(out_dir, [n for n in names if n not in skip], context, workers=workers, progress=progress,
-                        loader=functools.partial(load_shard_job, str(work), input_root if isinstance(input_root, dict) else str(input_root)), done=done,
-                        plan_fingerprint=info.fingerprint, known=known)
+    todo = [n for n in names if n not in skip]
+    with (store.staged(work, {q: WRITE_ROWS[q] for q in STAGED_WRITE_ROWS}, todo) if len(todo) > 1
+          else contextlib.nullcontext()) as rows:
+        root = input_root if isinstance(input_root, dict) else str(input_root)
+        results = write_all(out_dir, todo, context, workers=workers, progress=progress,
+                            loader=functools.partial(load_shard_job, str(work), root, rows), done=done,
+                            plan_fingerprint=info.fingerprint, known=known)
     record_written(work, key, out_dir, results, context, digests)
     first = out_dir / names[0] if names else None
     return WriteSummary(
