@@ -200,24 +200,41 @@ def test_unchanged_output_shards_are_found_without_loading_each_shard(dataset, t
 
 
 def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_and_are_removed(packed, monkeypatch):
+    import socket
+
     from pack_assets.core import audit as audit_stage
 
     inp, work, out, _ = packed
-    stale = work / f"{store.STAGED_PREFIX}999999999-left"  # a killed run's (no such process)
-    live = work / f"{store.STAGED_PREFIX}{os.getppid()}-running"  # a running process's
-    for d in (stale, live):
+    host = socket.gethostname().replace("-", "_")
+    stale = work / f"{store.STAGED_PREFIX}{host}-999999999-left"  # a killed run's on this host (no such process)
+    live = work / f"{store.STAGED_PREFIX}{host}-{os.getppid()}-running"  # a running process's
+    elsewhere = work / f"{store.STAGED_PREFIX}otherhost-999999999-running"  # another machine's: its pids mean nothing here
+    for d in (stale, live, elsewhere):
         (d / "subs").mkdir(parents=True)
+    monkeypatch.setattr(store, "_STAGED_GROUP", 1)  # one output shard per pass: the groups add up
     with store.connect(work, read_only=True) as con:
         names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
         assert len(names) >= 2
         with store.staged(work, {q: write_stage.WRITE_ROWS[q] for q in write_stage.STAGED_WRITE_ROWS}, names) as rows:
-            assert not stale.exists() and live.exists()
+            assert not stale.exists() and live.exists() and elsewhere.exists()
             for n in names:
                 assert shard_job(con, inp, n, rows) == shard_job(con, inp, n)
         with store.staged(work, {q: audit_stage.AUDIT_ROWS[q] for q in audit_stage.STAGED_AUDIT_ROWS}, names[1:],
                           con) as rows:
             assert audit_stage._shard_expectations(con, names[1], rows) == audit_stage._shard_expectations(con, names[1])
-    assert sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*")) == [live.name]
+        with pytest.raises(FileNotFoundError):  # gone from under a reader: an error, never "no rows"
+            shard_job(con, inp, names[0], rows)
+    leftovers = sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*"))
+    assert leftovers == sorted([live.name, elsewhere.name])
+
+    used = []  # the stages read the gathered rows, not a query per shard
+    real = store.Staged.rows
+    monkeypatch.setattr(store.Staged, "rows", lambda self, *a, **k: used.append(a[1]) or real(self, *a, **k))
+    shutil.rmtree(out)
+    run_write(work, inp, out, workers=1)
+    assert set(used) == {"subs", "members"}
+    used.clear()
+    assert run_audit(work, out, workers=1).ok and set(used) == {"samples", "members"}
 
     def broken(*a, **kw):
         raise OSError("disk full")
@@ -225,7 +242,7 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     shutil.rmtree(out)
     with pytest.raises(OSError, match="disk full"):
         run_write(work, inp, out, workers=1)
-    assert sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*")) == [live.name]  # removed on a failure too
+    assert sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*")) == leftovers  # removed on a failure too
 
 
 def test_audit_passes_on_clean_output_and_counts_add_up(packed):

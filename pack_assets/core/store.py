@@ -7,7 +7,7 @@ gather them into ``<work>/pack_assets.duckdb`` as views, next to the tables the 
     <work>/manifest/<shard>/{samples,members,rejected,shard}.parquet
     <work>/token_lengths/<profile>/<shard>/{token_lengths,rejected,stamp}.parquet|json
     <work>/pack_plan.jsonl, <work>/what_if.json, <work>/audit_report.md, <work>/pack_assets.duckdb
-    <work>/.staged-<pid>-*/  rows the writer or the audit reads per output shard, while that stage runs
+    <work>/.staged-<host>-<pid>-*/  rows the writer or the audit reads per output shard, while that stage runs
 
 Views over the Parquet files: manifest_samples, members, shards, token_lengths, rejected, samples (status
 and reason after both scan and count). Tables the plan writes in one transaction: pack_plan, pack_members,
@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import re
 import shutil
+import socket
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -319,21 +321,29 @@ def build_catalog(con: duckdb.DuckDBPyConnection, work: Path, shards: list[str],
 
 
 STAGED_PREFIX = ".staged-"
+_STAGED_BATCH = 32768  # rows streamed at once; each output shard's share of a batch is one row group
+_STAGED_GROUP = 256  # output shards filed per pass over the query: bounds open files and buffered metadata
+
+
+def _part(shard: str) -> str:
+    """An output shard's folder in a staged query: a digest of its name (no escaping, no shard index to carry)."""
+    return "part=" + hashlib.sha1(shard.encode("utf-8")).hexdigest()[:20]
 
 
 @dataclasses.dataclass(frozen=True)
 class Staged:
-    """Rows a stage reads per output shard, gathered once for all of them (`staged`): one Parquet folder per
-    query and output shard. Picklable, so worker processes read their shard's files themselves."""
+    """Rows a stage reads per output shard, gathered once for all of them (`staged`): one Parquet file per
+    query and output shard. Picklable and small, so worker processes read their shard's file themselves."""
 
     root: Path
-    parts: dict[str, int]  # output shard -> its partition number (a number: shard names need no escaping)
 
     def rows(self, con: duckdb.DuckDBPyConnection, query: str, shard: str, order_by: str = "") -> list[tuple]:
-        folder = self.root / query / f"part={self.parts[shard]}"
-        if not folder.is_dir():  # the query had no row for this shard
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"the staged rows under {self.root} are gone")
+        path = self.root / query / _part(shard) / "rows.parquet"
+        if not path.exists():  # the query had no row for this shard
             return []
-        return con.execute(f"SELECT * FROM read_parquet({_files([folder / '*.parquet'])}, hive_partitioning = false)"
+        return con.execute(f"SELECT * FROM read_parquet({_files([path])}, hive_partitioning = false)"
                            + (f" ORDER BY {order_by}" if order_by else "")).fetchall()
 
 
@@ -357,14 +367,11 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-_STAGED_BATCH = 32768  # rows streamed at once; each output shard's share of a batch is one row group
-
-
-def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, parts: dict[str, int], folder: Path) -> None:
-    """Stream the query's rows and file them by output shard, a Parquet file per shard (``parts`` numbers the
-    shards 0, 1, ... in order). Filed here, not by DuckDB's `COPY … PARTITION_BY`, which held its whole memory
-    limit (1.2 GB at 1M samples, bench/bench_stage.py); this holds a batch."""
-    value_set = pa.array(list(parts), pa.string())
+def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, shards: list[str], folder: Path) -> None:
+    """Stream the query's rows and file them by output shard, a Parquet file per shard. Filed here, not by
+    DuckDB's `COPY … PARTITION_BY`, which held its whole memory limit (1.2 GB at 1M samples,
+    bench/bench_stage.py); this holds a batch and one open file per shard of the group."""
+    value_set = pa.array(shards, pa.string())
     writers: dict[int, pq.ParquetWriter] = {}
     try:
         for batch in con.sql(sql).to_arrow_reader(_STAGED_BATCH):  # a relation streams; execute() holds every row
@@ -375,11 +382,11 @@ def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, parts: dict[str, int]
             position = position[order]
             cuts = [0, *(np.flatnonzero(np.diff(position)) + 1).tolist(), len(position)]
             for lo, hi in zip(cuts, cuts[1:]):
-                part = int(position[lo])
-                if part not in writers:
-                    (folder / f"part={part}").mkdir(parents=True)
-                    writers[part] = pq.ParquetWriter(folder / f"part={part}" / "rows.parquet", batch.schema)
-                writers[part].write_batch(batch.slice(lo, hi - lo))
+                i = int(position[lo])
+                if i not in writers:
+                    (folder / _part(shards[i])).mkdir(parents=True)
+                    writers[i] = pq.ParquetWriter(folder / _part(shards[i]) / "rows.parquet", batch.schema)
+                writers[i].write_batch(batch.slice(lo, hi - lo))
     finally:
         for w in writers.values():
             w.close()
@@ -388,24 +395,26 @@ def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, parts: dict[str, int]
 @contextlib.contextmanager
 def staged(work: Path, queries: Mapping[str, str], shards: list[str],
            con: duckdb.DuckDBPyConnection | None = None) -> Iterator[Staged]:
-    """Run each query once for the given output shards into ``<work>/.staged-<pid>-*/<query>/part=<n>/``, removed
-    on exit; ``con``: the caller's connection, else a read-only one closed before the rows are read. Each query
+    """Run each query once per group of output shards into ``<work>/.staged-<host>-<pid>-*/<query>/``, removed on
+    exit; ``con``: the caller's connection, else a read-only one closed before the rows are read. Each query
     selects ``output_shard`` from ``pack_plan p`` and filters with ``WHERE {shards}``. The same SELECT run per
     output shard (``WHERE output_shard = ?``, `shard_rows` without staging) scans every manifest file each
-    time, so a stage's queries cost output shards × samples; gathered once, a shard's rows are one small file."""
-    for stale in work.glob(f"{STAGED_PREFIX}*"):  # a killed run's (a live process's own stay)
-        pid = stale.name[len(STAGED_PREFIX):].split("-", 1)[0]
+    time, so a stage's queries cost output shards × samples; gathered, a shard's rows are one small file."""
+    host = socket.gethostname().replace("-", "_")
+    for stale in work.glob(f"{STAGED_PREFIX}{host}-*"):  # a killed run's on this host (a live process's stay)
+        pid = stale.name[len(f"{STAGED_PREFIX}{host}-"):].split("-", 1)[0]
         if pid.isdigit() and not _pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
-    root = Path(safety.mkdtemp(prefix=f"{STAGED_PREFIX}{os.getpid()}-", dir=work))
+    root = Path(safety.mkdtemp(prefix=f"{STAGED_PREFIX}{host}-{os.getpid()}-", dir=work))
     try:
-        parts = {name: i for i, name in enumerate(shards)}
-        names = ", ".join("'" + n.replace("'", "''") + "'" for n in shards) or "NULL"
         with contextlib.nullcontext(con) if con is not None else connect(work, read_only=True) as c, c.cursor() as cur:
             # a cursor of its own: a result the caller left open on ``con`` neither blocks nor is lost
-            for name, sql in queries.items():
-                _stage_query(cur, sql.replace("{shards}", f"p.output_shard IN ({names})"), parts, root / name)
-        yield Staged(root, parts)
+            for at in range(0, len(shards), _STAGED_GROUP):
+                group = shards[at:at + _STAGED_GROUP]
+                names = ", ".join("'" + n.replace("'", "''") + "'" for n in group)
+                for name, sql in queries.items():
+                    _stage_query(cur, sql.replace("{shards}", f"p.output_shard IN ({names})"), group, root / name)
+        yield Staged(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
