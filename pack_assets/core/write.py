@@ -542,7 +542,7 @@ def write_context(info: PlanInfo) -> dict:
 
 
 # what the writer reads per output shard: "subs" and "members" gathered for every shard to write at once
-# (store.staged); the conversations, most of the bytes, per shard (staged too, they took ~1 GB more at 1M)
+# (store.staged); the conversations, most of the bytes, per shard (staged too, they added ~0.8 GB at 1M)
 WRITE_ROWS = {
     "subs": """SELECT p.output_shard, pm.pack_id, pm.position, s.sample_id, s.shard, s.key, s.json_member,
                       s.media_members, t.total_tokens, s.extra_members, sh.size || ':' || sh.mtime_ns AS stamp
