@@ -33,7 +33,7 @@ def measure(variant: str, stage: str, work: Path, inp: Path, sample: int) -> dic
     from pack_assets.core import audit, store, write
 
     queries = write.WRITE_ROWS if stage == "write" else audit.AUDIT_ROWS
-    staged = write.STAGED_WRITE_ROWS if stage == "write" else audit.STAGED_AUDIT_ROWS
+    conversations = write.WRITE_CONVERSATIONS if stage == "write" else audit.AUDIT_CONVERSATIONS
     con = store.connect(work, read_only=True)
     names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
     picked = names[:: max(1, len(names) // sample)][:sample]
@@ -57,14 +57,14 @@ def measure(variant: str, stage: str, work: Path, inp: Path, sample: int) -> dic
         took = per_shard()
     elif variant == "staged":
         t = time.perf_counter()
-        with store.staged(work, {q: queries[q] for q in staged}, names, con) as rows:
+        with store.staged(work, queries, names, con) as rows:
             rec["gather_s"] = round(time.perf_counter() - t, 2)
             took = per_shard(rows)
     else:
         folder = Path(tempfile.mkdtemp(dir=work, prefix=".bench-copy-"))
         try:
             t = time.perf_counter()
-            for q, sql in queries.items():
+            for q, sql in {**queries, **conversations}.items():
                 target = (folder / q).as_posix()
                 con.execute(f"COPY ({sql.replace('{shards}', 'true')}) TO '{target}' "
                             f"(FORMAT parquet, PARTITION_BY (output_shard))")

@@ -215,12 +215,11 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     with store.connect(work, read_only=True) as con:
         names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
         assert len(names) >= 2
-        with store.staged(work, {q: write_stage.WRITE_ROWS[q] for q in write_stage.STAGED_WRITE_ROWS}, names) as rows:
+        with store.staged(work, write_stage.WRITE_ROWS, names) as rows:
             assert not stale.exists() and live.exists() and elsewhere.exists()
             for n in names:
                 assert shard_job(con, inp, n, rows) == shard_job(con, inp, n)
-        with store.staged(work, {q: audit_stage.AUDIT_ROWS[q] for q in audit_stage.STAGED_AUDIT_ROWS}, names[1:],
-                          con) as rows:
+        with store.staged(work, audit_stage.AUDIT_ROWS, names[1:], con) as rows:
             assert audit_stage._shard_expectations(con, names[1], rows) == audit_stage._shard_expectations(con, names[1])
         with pytest.raises(FileNotFoundError):  # gone from under a reader: an error, never "no rows"
             shard_job(con, inp, names[0], rows)

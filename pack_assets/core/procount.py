@@ -701,7 +701,7 @@ def _tensors(value):
     """Every torch tensor in a processor output (a BatchFeature or dict, lists of them)."""
     if hasattr(value, "numel") and hasattr(value, "element_size"):
         yield value
-    elif isinstance(value, dict) or hasattr(value, "items"):
+    elif hasattr(value, "items"):  # a dict or a BatchFeature
         for v in value.values():
             yield from _tensors(v)
     elif isinstance(value, (list, tuple)):

@@ -228,8 +228,12 @@ def write_token_lengths(work: Path, profile: str, shard: str, rows: Iterable[dic
     return out.count
 
 
+def _sql_text(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _files(paths: list[Path]) -> str:
-    return "[" + ", ".join("'" + p.as_posix().replace("'", "''") + "'" for p in paths) + "]"
+    return "[" + ", ".join(_sql_text(p.as_posix()) for p in paths) + "]"
 
 
 def _empty_select(schema: pa.Schema) -> str:
@@ -411,7 +415,7 @@ def staged(work: Path, queries: Mapping[str, str], shards: list[str],
             # a cursor of its own: a result the caller left open on ``con`` neither blocks nor is lost
             for at in range(0, len(shards), _STAGED_GROUP):
                 group = shards[at:at + _STAGED_GROUP]
-                names = ", ".join("'" + n.replace("'", "''") + "'" for n in group)
+                names = ", ".join(map(_sql_text, group))
                 for name, sql in queries.items():
                     _stage_query(cur, sql.replace("{shards}", f"p.output_shard IN ({names})"), group, root / name)
         yield Staged(root)

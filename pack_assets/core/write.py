@@ -541,8 +541,7 @@ def write_context(info: PlanInfo) -> dict:
             "max_len": info.config.max_len, "tool": "pack_assets", "tool_version": __version__}
 
 
-# what the writer reads per output shard: "subs" and "members" gathered for every shard to write at once
-# (store.staged); the conversations, most of the bytes, per shard (staged too, they added ~0.8 GB at 1M)
+# what the writer reads per output shard, gathered for every shard to write at once (store.staged)
 WRITE_ROWS = {
     "subs": """SELECT p.output_shard, pm.pack_id, pm.position, s.sample_id, s.shard, s.key, s.json_member,
                       s.media_members, t.total_tokens, s.extra_members, sh.size || ':' || sh.mtime_ns AS stamp
@@ -550,19 +549,21 @@ WRITE_ROWS = {
                JOIN token_lengths t USING (sample_id) LEFT JOIN shards sh ON sh.shard = s.shard WHERE {shards}""",
     "members": """SELECT p.output_shard, m.sample_id, m.name, m."offset", m.size, m.sha256
                   FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN members m USING (sample_id) WHERE {shards}""",
+}
+# the conversations, most of the bytes, are read per shard (gathered too, they added ~0.8 GB at 1M)
+WRITE_CONVERSATIONS = {
     "conversations": """SELECT p.output_shard, s.sample_id, s.conversation, sha256(s.conversation)
                         FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
                         WHERE {shards}""",
 }
-STAGED_WRITE_ROWS = ("subs", "members")
 
 
 def shard_job(con, input_root: Path, name: str, rows: store.Staged | None = None) -> ShardJob:
     """Everything the writer needs for one output shard, from the plan and the manifest (one shard at a time, so
-    memory follows the output shard size, not the dataset); ``rows``: STAGED_WRITE_ROWS for every shard."""
+    memory follows the output shard size, not the dataset); ``rows``: WRITE_ROWS gathered for every shard."""
     members = {(r[0], r[1]): {"name": r[1], "offset": r[2], "size": r[3], "sha256": r[4]}
                for r in store.shard_rows(con, WRITE_ROWS, "members", name, rows)}
-    conversations = {r[0]: r[1:] for r in store.shard_rows(con, WRITE_ROWS, "conversations", name)}
+    conversations = {r[0]: r[1:] for r in store.shard_rows(con, WRITE_CONVERSATIONS, "conversations", name)}
     subs: dict[str, list[SubSample]] = {}
     paths: dict[str, str] = {}  # per source shard, not per sample
     for (pack_id, _, sid, shard, key, json_member, media_members, tokens, extra_members,
@@ -876,8 +877,7 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0, pro
     skip = {r["shard"] for r in done}
     known = kept_indexes(work, out_dir, skip)
     todo = [n for n in names if n not in skip]
-    with (store.staged(work, {q: WRITE_ROWS[q] for q in STAGED_WRITE_ROWS}, todo) if len(todo) > 1
-          else contextlib.nullcontext()) as rows:
+    with store.staged(work, WRITE_ROWS, todo) if len(todo) > 1 else contextlib.nullcontext() as rows:
         root = input_root if isinstance(input_root, dict) else str(input_root)
         results = write_all(out_dir, todo, context, workers=workers, progress=progress,
                             loader=functools.partial(load_shard_job, str(work), root, rows), done=done,
