@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from .core.settings import AUDIT_SCOPES, DEFAULTS, OUTPUT_MODES, Settings
-from .runenv import (JOBS_FROM_SHARDS, ensure_dagster_yaml, exit_without_teardown, process_start, relax_gc,
+from .runenv import (ensure_dagster_yaml, exit_without_teardown, process_start, relax_gc,
                      resolve_dagster_home)
 
 DEMO_INPUT = Path("demo_data/shards")
@@ -100,12 +100,21 @@ def _run(args, **extra) -> int:
     settings.check_paths()  # before anything is written
     home, home_from = resolve_dagster_home(args.dagster_home)
     with work_lock(settings.work, f"pack-assets {args.command}"):  # a second run on this work folder refuses
-        if ensure_dagster_yaml(home):
-            print(f"new Dagster home {home}: wrote dagster.yaml (telemetry off, concurrency pools)", file=sys.stderr)
-        from .orchestrate import instance_for, run_pipeline
+        from .core import drawing, shardwork
+        from .core.procs import Helpers
 
-        instance = instance_for(home)
-        summary = run_pipeline(settings, instance, force=args.force, jobs=args.jobs, started=args.started)
+        work = shardwork.find(settings, force=args.force)
+        # helper processes, forked now: they scan and count the shards while Dagster is imported below, then
+        # draw the report's figures
+        with Helpers(shardwork.helpers_for(work, args.jobs)) as helpers, drawing.aside(helpers.pool):
+            shardwork.start(work, settings, helpers, force=args.force)
+            if ensure_dagster_yaml(home):
+                print(f"new Dagster home {home}: wrote dagster.yaml (telemetry off, concurrency pools)",
+                      file=sys.stderr)
+            from .orchestrate import instance_for, run_pipeline
+
+            instance = instance_for(home)
+            summary = run_pipeline(settings, instance, force=args.force, started=args.started, work=work)
     summary.update(dagster_home=str(home), dagster_home_from=home_from)
     _emit(args, summary, _summary_text(summary))
     return verdict_exit(summary.get("verdict") or ("PASS" if summary["violations"] == 0 else "FAIL"))
@@ -290,9 +299,8 @@ def _common_run(p: argparse.ArgumentParser) -> None:
                         "and byte ranges into the input shards, read from there at training time (small output; "
                         "the inputs must stay in place). See docs/usage.md, 'Copy or index?'")
     p.add_argument("--jobs", type=int, default=0,
-                   help=f"shard runs side by side, one process each (default: 1 when fewer than "
-                        f"{JOBS_FROM_SHARDS} shards need a run, else one per core ({os.cpu_count()} here); "
-                        "a worker costs seconds of imports)")
+                   help=f"worker processes that scan and count shards side by side (default: one per core, "
+                        f"{os.cpu_count()} here, at most one per shard that needs it)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 
 

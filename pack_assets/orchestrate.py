@@ -12,15 +12,14 @@ from pathlib import Path
 
 import dagster as dg
 
-from .core import store
+from .core import drawing, shardwork, store
 from .core.plan import PlanSummary
 from .core.results import AuditResult
-from .core.scan import manifest_is_current
 from .core.settings import Settings
-from .core.tokens import token_lengths_are_current
+from .core.shardwork import ShardWork
 from .core.write import WriteSummary
 from .defs.assets import BACKFILL_BATCH as BATCH_MAX
-from .defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
+from .defs.assets import SHARD_WORKERS_TAG, audit_report, manifest, pack_plan, packed_shards, token_lengths
 from .defs.partitions import source_shards
 from .defs.resources import PackSettings, summary_io_manager
 from .progress import ShardProgress
@@ -98,7 +97,8 @@ def _shard_listener(on_shard):
     return listen
 
 
-def _batch_run(keys: list[str], flat: dict, on_shard=None, instance: dg.DagsterInstance | None = None) -> dict[str, int]:
+def _batch_run(keys: list[str], flat: dict, on_shard=None, instance: dg.DagsterInstance | None = None,
+               tags: dict | None = None) -> dict[str, int]:
     """ONE run of `manifest` + `token_lengths` over consecutive partitions `keys` (a partition range; one
     materialization per shard in the instance, under DAGSTER_HOME); returns each shard's sample count.
     (Settings travel flat: resource objects do not pickle across processes; a worker loads its instance,
@@ -106,7 +106,7 @@ def _batch_run(keys: list[str], flat: dict, on_shard=None, instance: dg.DagsterI
     instance, run_id = instance or dg.DagsterInstance.get(), str(uuid.uuid4())
     if on_shard is not None:
         instance.add_event_listener(run_id, _shard_listener(on_shard))
-    tags = {} if len(keys) == 1 else {RANGE_START: keys[0], RANGE_END: keys[-1]}
+    tags = {**(tags or {}), **({} if len(keys) == 1 else {RANGE_START: keys[0], RANGE_END: keys[-1]})}
     job = dg.Definitions(jobs=[dg.define_asset_job(EPHEMERAL_JOB)], assets=[manifest, token_lengths],
                          resources=_resources(Settings.from_flat(flat))).resolve_job_def(EPHEMERAL_JOB)
     result = _check(job.execute_in_process(run_config=QUIET, instance=instance, raise_on_error=False, run_id=run_id,
@@ -145,11 +145,34 @@ def _sync_partitions(instance: dg.DagsterInstance, root: Path, shards: list[str]
 
 
 def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progress_log,
-                instance: dg.DagsterInstance | None = None) -> int:
+                instance: dg.DagsterInstance | None = None, work: ShardWork | None = None) -> int:
     """Scan and count the shards of `todo`: one Dagster run per range of consecutive partitions in this
     process (--jobs 1), or ranges of a few shards each spread over `jobs` worker processes, started once.
-    Returns how many Dagster runs that took."""
+    With `work` (the shard stages under way in core-only workers), each range's run follows as soon as the
+    workers are done with its shards, in this process. Returns how many Dagster runs that took."""
     with ShardProgress(len(todo), log=progress_log) as progress:
+        if work is not None and work.running:
+            batches = _batches(todo, order, BATCH_MAX)
+            for i, keys in enumerate(batches):
+                by_helpers = []
+
+                def done(key: str, samples: int | None, err: BaseException | None) -> None:
+                    if err is None:
+                        by_helpers.append(key)
+                        progress.update(key, samples)
+                    else:
+                        (progress_log or _stderr)(f"{key}: its helper process failed ({err}); its Dagster "
+                                                  "step scans and counts it")
+
+                work.wait(keys, done)
+                if i == len(batches) - 1:
+                    drawing.warm(work.jobs)  # the shards are done: the helpers' cores are free for matplotlib
+                samples = _batch_run(keys, flat, instance=instance,
+                                     tags={SHARD_WORKERS_TAG: ",".join(sorted(by_helpers))})
+                for key in keys:  # the rest were done (or, recorded late, found current) by their steps
+                    if key not in by_helpers:
+                        progress.update(key, samples.get(key))
+            return len(batches)
         if jobs == 1:
             batches = _batches(todo, order, len(todo) or 1)
             for keys in batches:
@@ -167,33 +190,38 @@ def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progre
         return len(batches)
 
 
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, force: bool = False,
-                 jobs: int = 0, started: float | None = None) -> dict:
+                 jobs: int = 0, started: float | None = None, work: ShardWork | None = None) -> dict:
     """Register the shards, run each that needs it, then plan → write → audit; the summary comes from the
     stages' own results. `started`: the time.perf_counter() the caller's wall time counts from (the CLI:
-    process start), so the stage seconds, with start-up and other, add up to the seconds the user waited."""
+    process start), so the stage seconds, with start-up and other, add up to the seconds the user waited.
+    `work`: the shard stages already under way in worker processes (`core.shardwork.start`, which found the
+    shards and chose those to run); its shard runs then record what the workers wrote."""
     progress_log = log
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = log or _stderr
     t0 = time.perf_counter() if started is None else started
     root = settings.sources  # with a recipe: every dataset's folder, shard keys `<dataset>/<shard>`
-    if not settings.recipe and not root.is_dir():
-        raise FileNotFoundError(f"input directory {root} does not exist")
-    shards = list(store.find_sources(root, settings.recursive))
-    if not shards:
-        raise FileNotFoundError(f"no *.tar shards under {root}")
+    work = work or shardwork.find(settings, force)  # no workers: the Dagster steps scan and count
+    shards, todo = work.shards, work.todo
     removed = _sync_partitions(instance, root, shards, log)
     profile = settings.model_profile()
-    if profile.rule == "processor":  # built here once: a processor that cannot be built (a missing package)
-        from .core.procount import processor_counter  # refuses the run before any shard run; the audit's
-        processor_counter(profile)  # recount and a --jobs 1 shard run reuse it
-    todo = [k for k in shards if force or manifest_is_current(root, settings.work, k) is None
-            or not token_lengths_are_current(settings.work, k, profile)]
-    jobs = max(1, min(jobs or default_jobs(len(todo)), len(todo)))
+    jobs = work.jobs if work.running else max(1, min(jobs or default_jobs(len(todo)), len(todo)))
+    if not (work.running and todo):
+        drawing.warm()  # no shard workers to leave the cores to
     t_shards = time.perf_counter()
     order = list(instance.get_dynamic_partitions(source_shards.name))  # the order a partition range follows
-    _shard_runs(todo, order, jobs, settings.flat(), progress_log, instance)
+    # a shard whose files are current but that Dagster never recorded (its command stopped between the two)
+    # is recorded now: the steps find its files and attach its metadata
+    recorded = set.intersection(*(instance.get_materialized_partitions(a.key) for a in (manifest, token_lengths)))
+    late = [k for k in shards if k not in recorded and k not in set(todo)]
+    _shard_runs(todo + late, order, jobs, settings.flat(), progress_log, instance, work)
     shard_seconds = time.perf_counter() - t_shards
-    log(f"{len(todo)} shard run(s), {len(shards) - len(todo)} shard(s) unchanged; planning, writing and auditing")
+    log(f"{len(todo)} shard run(s), {len(shards) - len(todo)} shard(s) unchanged"
+        f"{f' ({len(late)} recorded in Dagster now)' if late else ''}; planning, writing and auditing")
     result = _materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=_resources(settings),
                           run_config=QUIET)
     stage_seconds = {"start-up": round(t_shards - t0, 2), "manifest+token_lengths": round(shard_seconds, 2),

@@ -16,10 +16,11 @@ DEFAULT_HOME = Path("dagster_home")
 # made from any folder gets them; the repository's dagster_home/dagster.yaml is the same file.
 DAGSTER_YAML = Path(__file__).with_name("dagster.yaml")
 
-# Shard runs go to worker processes (one per core) only when at least this many shards need a run: workers
-# pay ~3 s of imports each and leave the parent cold for plan and audit (~3 s more), which fewer shards do not
-# win back. bench/bench_jobs.py: --jobs 1 won every whole run up to 16 shards; 24 extrapolates the saving's
-# slope (docs/benchmarks.md).
+# Without shard workers (`orchestrate.run_pipeline` called with no `core.shardwork` workers: a library
+# caller), shard runs go to Dagster worker processes (one per core) only when at least this many shards need
+# a run: such workers pay ~3 s of imports each and leave the parent cold for plan and audit (~3 s more),
+# which fewer shards do not win back. bench/bench_jobs.py: --jobs 1 won every whole run up to 16 shards; 24
+# extrapolates the saving's slope (docs/benchmarks.md). `pack-assets run` uses core-only workers instead.
 JOBS_FROM_SHARDS = 24
 
 

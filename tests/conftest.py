@@ -17,6 +17,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="rewrite tests/snapshots/asset_graph.json from the current definitions")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_cache_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The tokenizer table cache (core/profiles.py) in a folder of this session, not the user's ~/.cache;
+    set in the environment so the CLI's subprocesses and workers use it too."""
+    os.environ.setdefault("PACK_ASSETS_CACHE", str(tmp_path_factory.mktemp("pack_assets_cache")))
+
+
 def needs(missing: bool, reason: str) -> pytest.MarkDecorator:
     """skipif for a test that needs an optional package. `.ci/run` sets PACK_ASSETS_CI=1 once it has installed
     them all, and there a missing one is a collection error: a test CI must run never skips unseen."""

@@ -486,3 +486,27 @@ def test_a_partition_of_no_dataset_of_the_recipe_counts_as_removed_not_a_crash(t
     with pytest.raises(FileNotFoundError, match="no shard has token lengths yet"):
         plannable(tmp_path / "work", ["part-0001", "gone/part-0001"], load_profile("qwen2.5-vl"),
                   {"a": tmp_path / "a"}, allow_missing=True)
+
+
+def test_run_with_a_recipe_from_the_command_line_packs_every_copy(tmp_path, capsys):
+    """`pack-assets run --recipe` end to end (helpers scan both datasets, Dagster records them, one output
+    folder per epoch) and its summary; a second run scans nothing and gives the same packs."""
+    from pack_assets.cli import main
+
+    small_dataset(tmp_path / "a", n_shards=2, per_shard=9)
+    small_dataset(tmp_path / "b", n_shards=1, per_shard=9)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"datasets:\n  - {{name: a, input: {tmp_path / 'a'}}}\n  - {{name: b, input: {tmp_path / 'b'}, "
+                      f"repeat: 2}}\nepochs: 2\nmax_len: 1500\n")
+    args = ["run", "--recipe", str(recipe), "--work", str(tmp_path / "work"), "--output", str(tmp_path / "out"),
+            "--dagster-home", str(tmp_path / "dh"), "--json"]
+    assert main(args) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["verdict"] == "PASS" and s["shards"] == 3 and s["shard_runs"] == 3 and s["epochs"] == 2
+    assert s["samples"] == 30 and s["rejected"] == 3
+    # every epoch: a's 18 ok samples once, b's 9 twice
+    assert s["packed"] + s["dropped"] == 2 * (18 + 2 * 9)
+    assert s["output_bytes"] > 0 and [Path(f).name for f in s["output_folders"]] == ["epoch-000", "epoch-001"]
+    assert main(args) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["shard_runs"] == 0 and again["packs"] == s["packs"] and again["verdict"] == "PASS"

@@ -102,3 +102,20 @@ def test_count_records_outside_shards(tmp_path, capsys):
 def test_errors_are_clear_not_tracebacks(tmp_path, capsys):
     assert main(["run", "--input", str(tmp_path / "nope"), "--max-len", "100", "--dagster-home", str(tmp_path / "dh")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_force_rescans_and_recounts_every_shard(ran, capsys):
+    """--force does what its help says: every shard scanned and counted again (its files rewritten), and the
+    result unchanged."""
+    args, s, tmp = ran
+    work = tmp / "work"
+    files = [work / "manifest" / "part-000" / "samples.parquet",
+             work / "token_lengths" / "qwen3-vl" / "part-001" / "token_lengths.parquet"]
+    before = [f.stat().st_mtime_ns for f in files]
+    assert main(args) == 0  # unchanged shards: kept
+    assert json.loads(capsys.readouterr().out)["shard_runs"] == 0
+    assert [f.stat().st_mtime_ns for f in files] == before
+    assert main([*args, "--force"]) == 0
+    forced = json.loads(capsys.readouterr().out)
+    assert forced["shard_runs"] == 2 and forced["packs"] == s["packs"] and forced["violations"] == 0
+    assert all(f.stat().st_mtime_ns != b for f, b in zip(files, before))

@@ -13,7 +13,7 @@ import dagster as dg
 
 from pack_assets.core import store
 from pack_assets.definitions import defs
-from pack_assets.defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
+from pack_assets.defs.assets import SHARD_WORKERS_TAG, audit_report, manifest, pack_plan, packed_shards, token_lengths
 from pack_assets.defs.partitions import source_shards
 from pack_assets.defs.resources import PackSettings
 from pack_assets.defs.sensors import new_shard_sensor
@@ -208,3 +208,98 @@ def test_replan_sensor_fires_after_new_counts_and_plan_skips_a_failed_shard(data
     assert mat["shards"].value == 2  # the shard without counts waits; it does not stall the plan
     assert mat["shards_waiting"].value == ["part-broken"]
     assert isinstance(replan_sensor(dg.build_sensor_context(instance=instance)), dg.SkipReason)
+
+
+def _materialization_logs(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    return [e.user_message for e in instance.all_logs(run_id) if e.dagster_event is None and e.user_message]
+
+
+def test_shard_workers_scan_before_dagster_and_the_runs_record_every_shard(tmp_path, monkeypatch):
+    """`pack-assets run`'s path: helper processes scan and count (core/shardwork.py), then one Dagster run
+    over the partition range records each shard from their files, saying whose they are; the outcome equals
+    the shards scanned inside the Dagster steps."""
+    from conftest import small_dataset
+
+    from pack_assets.core import shardwork
+    from pack_assets.core.procs import Helpers
+    from pack_assets.orchestrate import instance_for, run_pipeline
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    inp = small_dataset(tmp_path / "in", n_shards=3, per_shard=9)
+    settings = _settings(inp, tmp_path).to_settings()
+    work = shardwork.find(settings)
+    assert work.todo == ["part-000", "part-001", "part-002"] and shardwork.helpers_for(work, 2) == 2
+    with Helpers(2) as helpers:
+        shardwork.start(work, settings, helpers)
+        instance = instance_for(tmp_path / "dh")
+        lines = []
+        summary = run_pipeline(settings, instance, log=lines.append, work=work)
+    assert summary["shard_runs"] == 3 and summary["jobs"] == 2 and summary["violations"] == 0
+    assert summary["samples"] == 30 and summary["rejected"] == 3
+    done = [ln for ln in lines if "scanned and counted" in ln]  # as the two helpers finish them
+    assert [ln.split()[0] for ln in done] == ["[1/3]", "[2/3]", "[3/3]"]
+    assert sorted(ln.split()[-1] for ln in done) == ["part-000", "part-001", "part-002"]
+    (shard_run,) = [r for r in instance.get_runs() if r.tags.get("dagster/asset_partition_range_start")]
+    assert shard_run.tags[SHARD_WORKERS_TAG] == "part-000,part-001,part-002" and shard_run.is_success
+    logs = _materialization_logs(instance, shard_run.run_id)
+    assert sum("(by the command's helper processes)" in m for m in logs) == 6  # both assets, 3 shards
+    for asset in ("manifest", "token_lengths"):
+        assert instance.get_materialized_partitions(dg.AssetKey(asset)) == {"part-000", "part-001", "part-002"}
+    # the same shards scanned inside the Dagster steps give the same plan
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh2"))
+    other = tmp_path / "steps"
+    in_steps = run_pipeline(_settings(inp, other).to_settings(), instance_for(tmp_path / "dh2"), log=lambda m: None,
+                            jobs=1)
+    assert ((other / "work" / "pack_plan.jsonl").read_text() == (tmp_path / "work" / "pack_plan.jsonl").read_text())
+    assert in_steps["packs"] == summary["packs"]
+
+
+def test_a_shard_the_helper_failed_on_is_scanned_by_its_dagster_step(tmp_path, monkeypatch):
+    """A helper's error never loses the shard: it is told, and the Dagster step does the work (and would
+    raise the error itself where the UI shows it); its log does not claim a helper's scan."""
+    from concurrent.futures import Future
+
+    from conftest import small_dataset
+
+    from pack_assets.core.shardwork import ShardWork
+    from pack_assets.orchestrate import instance_for, run_pipeline
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    inp = small_dataset(tmp_path / "in", n_shards=2, per_shard=9)
+    failed = Future()
+    failed.set_exception(RuntimeError("OSError: disk went away"))
+    work = ShardWork(["part-000", "part-001"], ["part-000", "part-001"], running=True, _futures={"part-000": failed})
+    lines = []
+    instance = instance_for(tmp_path / "dh")
+    summary = run_pipeline(_settings(inp, tmp_path).to_settings(), instance, log=lines.append, work=work)
+    assert summary["samples"] == 20 and summary["violations"] == 0
+    told = lines.index("part-000: its helper process failed (OSError: disk went away); its Dagster step scans "
+                       "and counts it")
+    assert lines.index("[1/2] scanned and counted part-000") > told  # counted once its step has run
+    for asset in ("manifest", "token_lengths"):
+        assert instance.get_materialized_partitions(dg.AssetKey(asset)) == {"part-000", "part-001"}
+    (run,) = [r for r in instance.get_runs() if r.tags.get(SHARD_WORKERS_TAG) is not None]
+    assert run.tags[SHARD_WORKERS_TAG] == "" and not any("helper processes" in m for m in
+                                                          _materialization_logs(instance, run.run_id))
+
+
+def test_a_shard_scanned_but_never_recorded_in_dagster_is_recorded_by_the_next_run(tmp_path, monkeypatch):
+    """A command stopped between a helper's scan and its Dagster run leaves current files and no
+    materialization; the next run (nothing left to scan) records the shard instead of skipping it."""
+    from conftest import small_dataset
+
+    from pack_assets.core.shardwork import work_shard
+    from pack_assets.orchestrate import instance_for, run_pipeline
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    inp = small_dataset(tmp_path / "in", n_shards=2, per_shard=9)
+    settings = _settings(inp, tmp_path).to_settings()
+    for key in ("part-000", "part-001"):
+        work_shard(settings.flat(), key, False)  # scanned and counted, as a helper would; Dagster never told
+    instance = instance_for(tmp_path / "dh")
+    lines = []
+    summary = run_pipeline(settings, instance, log=lines.append, jobs=1)
+    assert summary["shard_runs"] == 0 and summary["samples"] == 20
+    assert "0 shard run(s), 2 shard(s) unchanged (2 recorded in Dagster now); planning, writing and auditing" in lines
+    for asset in ("manifest", "token_lengths"):
+        assert instance.get_materialized_partitions(dg.AssetKey(asset)) == {"part-000", "part-001"}

@@ -111,19 +111,21 @@ def test_the_audit_is_incomplete_while_a_registered_shard_waits(tmp_path, capsys
 def test_the_nothing_lost_check_fails_and_run_exits_non_zero_while_a_shard_waits(tmp_path, monkeypatch, capsys):
     from pack_assets import orchestrate
     from pack_assets.cli import main
+    from pack_assets.core import shardwork
 
     inp = small_dataset(tmp_path / "in", n_shards=2)
     real = orchestrate._batch_run
 
-    def batch_run(keys, flat, on_shard=None, instance=None):  # part-001's counting never finishes: scanned only
-        rest = [k for k in keys if k != "part-001"]
-        done = real(rest, flat, on_shard, instance) if rest else {}
+    def batch_run(keys, flat, on_shard=None, instance=None, tags=None):  # part-001's counting never finishes:
+        rest = [k for k in keys if k != "part-001"]  # scanned only
+        done = real(rest, flat, on_shard, instance, tags) if rest else {}
         if "part-001" in keys:
             dg.materialize([manifest], partition_key="part-001", instance=dg.DagsterInstance.get(),
                            resources={"settings": PackSettings(**flat)})
         return done
 
     monkeypatch.setattr(orchestrate, "_batch_run", batch_run)
+    monkeypatch.setattr(shardwork, "start", lambda work, settings, helpers, force: work)  # no helper scans
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     args = ["run", "--input", str(inp), "--max-len", str(MAX_LEN), "--work", str(tmp_path / "work"),
             "--output", str(tmp_path / "out"), "--dagster-home", str(tmp_path / "dh"), "--jobs", "1"]

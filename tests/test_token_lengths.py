@@ -231,3 +231,37 @@ def test_tiktoken_backend_gives_the_same_ids_as_hf_tokenizers(profile):
     for text in _corpus():
         expected = hf.encode(text, add_special_tokens=False).ids
         assert fast.fast.encode(unicodedata.normalize("NFC", text), allowed_special="all") == expected, repr(text[:60])
+
+
+def test_the_rank_table_is_saved_once_and_read_back_equal_and_a_damaged_one_is_rebuilt(tmp_path, monkeypatch):
+    """The tiktoken table kept in the cache folder (core/profiles.py) counts exactly as the one built from
+    tokenizer.json; a damaged or unwritable cache never changes a count."""
+    from pack_assets.core import profiles
+
+    p = load_profile("qwen2.5-vl")
+    texts = _corpus()[:400]
+    built = profiles._bpe_ranks(json.loads(Path(p.tokenizer_file).read_text()), p.last_added_id)
+
+    def counter():
+        profiles._fast_counter.cache_clear()
+        return profiles.fast_counter_for(p)
+
+    def ids(enc):
+        return [enc.encode(t, allowed_special="all") for t in texts]
+
+    monkeypatch.setenv("PACK_ASSETS_CACHE", str(tmp_path / "cache"))
+    first = ids(counter())  # built, then saved
+    saved = list((tmp_path / "cache").iterdir())
+    assert len(saved) == 1
+    assert profiles._cached_ranks(p.tokenizer_file, p.last_added_id) == built  # pattern, every rank, added tokens
+    assert ids(counter()) == first
+    data = bytearray(saved[0].read_bytes())
+    data[-10] ^= 0xFF  # one rank's bytes damaged: the checksum refuses the file, the table is built again
+    saved[0].write_bytes(bytes(data))
+    assert profiles._cached_ranks(p.tokenizer_file, p.last_added_id) is None
+    assert ids(counter()) == first
+    assert profiles._cached_ranks(p.tokenizer_file, p.last_added_id) == built  # and saved again, whole
+    (tmp_path / "ro").write_text("a file where the folder should be")
+    monkeypatch.setenv("PACK_ASSETS_CACHE", str(tmp_path / "ro" / "cache"))
+    assert ids(counter()) == first
+    profiles._fast_counter.cache_clear()

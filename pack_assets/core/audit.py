@@ -29,7 +29,7 @@ from . import index_out, store
 from .plan import PlanConfig, PlanInfo, check_plan
 from .profiles import ProfileError, resolve_profile
 from .reasons import ReasonError
-from .report import write_report
+from .report import audit_figures, write_report
 from .results import AuditResult
 from .settings import AUDIT_SCOPES
 from .tario import iter_entries, split_key
@@ -444,6 +444,7 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
         raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
     with store.connect(work, read_only=True) as con:
         info = PlanInfo.load(con)
+        figures = audit_figures(con, work, info.config.max_len)  # drawn aside while the outputs are read back
         stamps = None
         index = index_out.load_index(out_dir)
         if index is None:
@@ -471,7 +472,7 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
         recount(con, info, result, recount_fraction)
         result.waiting = list(info.stats.get("shards_waiting") or [])
         result.stats.update(verdict=result.verdict, shards_waiting=result.waiting)
-        report = write_report(con, work, result, info)
+        report = write_report(con, work, result, info, figures)
     result.report = Path(report["path"])
     result.plots = report["plots"]
     # a clean audit vouches for every current shard; one with violations vouches for none

@@ -367,13 +367,17 @@ class BlendWriteSummary:
         return sum(e.written for e in self.epochs)
 
     @property
+    def bytes(self) -> int:
+        return sum(e.bytes for e in self.epochs)
+
+    @property
     def foreign_files(self) -> list[str]:
         return [f for e in self.epochs for f in e.foreign_files]
 
     def as_metadata(self) -> dict:
         return {"dagster/row_count": sum(e.packs for e in self.epochs), "epochs": len(self.epochs),
                 "output_shards": self.shards, "written": self.written,
-                "skipped": sum(e.skipped for e in self.epochs), "bytes": sum(e.bytes for e in self.epochs),
+                "skipped": sum(e.skipped for e in self.epochs), "bytes": self.bytes,
                 "dagster/uri": FilePath(self.output_dir), "epoch_folders": [str(e.output_dir) for e in self.epochs],
                 "retired_epoch_folders": [str(p) for p in self.retired]}
 

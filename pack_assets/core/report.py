@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import store
+from . import drawing, store
 from .plan import PlanConfig, PlanInfo, ok_lengths, simulate
 from .results import AuditResult, Markdown, png_data_uri
 from .store import atomic_write_text
@@ -68,12 +68,21 @@ def _save(fig, path: Path) -> None:
     _plt().close(fig)
 
 
-def plot_lengths(con, path: Path, max_len: int) -> None:
+def _hist(values, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Counts and edges, binned where the values are: `_bars` draws them as `ax.hist(values, bins)` would."""
+    return np.histogram(np.asarray(values), bins=bins)
+
+
+def _bars(ax, hist: tuple[np.ndarray, np.ndarray], **kw) -> None:
+    counts, edges = hist
+    ax.hist(edges[:-1], bins=edges, weights=counts, **kw)
+
+
+def draw_lengths(data: dict, path: Path) -> None:
     fig, ax = _plt().subplots(figsize=(6, 3.2))
-    rows = con.execute("SELECT media_type, list(total_tokens) FROM token_lengths WHERE status='ok' GROUP BY 1 ORDER BY 1").fetchall()
-    for mt, lens in rows:
-        ax.hist(np.asarray(lens), bins=60, alpha=0.55, label=f"{mt} ({len(lens)})", log=True)
-    ax.axvline(max_len, color="k", ls="--", lw=1, label=f"max_len {max_len}")
+    for mt, n, hist in data["groups"]:
+        _bars(ax, hist, alpha=0.55, label=f"{mt} ({n})", log=True)
+    ax.axvline(data["max_len"], color="k", ls="--", lw=1, label=f"max_len {data['max_len']}")
     _plain_log(ax.yaxis)
     ax.set_xlabel("tokens per sample")
     ax.set_ylabel("samples")
@@ -82,43 +91,57 @@ def plot_lengths(con, path: Path, max_len: int) -> None:
     _save(fig, path)
 
 
-def plot_fill(con, path: Path, max_len: int) -> None:
-    fills = np.asarray([r[0] for r in con.execute("SELECT total_token_len FROM pack_plan ORDER BY pack_id").fetchall()])
-    spp = np.asarray([r[0] for r in con.execute("SELECT len(sample_ids) FROM pack_plan ORDER BY pack_id").fetchall()])
+def draw_fill(data: dict, path: Path) -> None:
     fig, (a, b) = _plt().subplots(1, 2, figsize=(8, 3.2))
-    a.hist(fills / max_len if len(fills) else [], bins=40)
+    _bars(a, data["fill"])
     a.set_xlabel("pack fill (tokens / max_len)")
     a.set_ylabel("packs")
     a.set_title("Fill per pack")
-    if len(spp):
-        w = max(1, min(256, len(spp) // 8))
-        b.plot(np.convolve(spp, np.ones(w) / w, mode="valid"))
+    if len(data["drift"]):
+        b.plot(data["drift"])
     b.set_xlabel("pack (output order)")
-    b.set_ylabel(f"samples / pack (mean of {w if len(spp) else 0})")
+    b.set_ylabel(f"samples / pack (mean of {data['window']})")
     b.set_title("Drift over the run")
     _save(fig, path)
 
 
-def plot_reasons(con, path: Path) -> list[tuple]:
-    rows = con.execute("SELECT reason, count(*) FROM rejected GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 15").fetchall()
+def draw_reasons(rows: list[tuple], path: Path) -> None:
     fig, ax = _plt().subplots(figsize=(6, max(2.0, 0.6 + 0.3 * len(rows))),  # room for the reason names
                               left_in=0.25 + 0.065 * max((len(r[0]) for r in rows), default=4))
     ax.barh([r[0] for r in rows][::-1], [r[1] for r in rows][::-1])
     ax.set_xlabel("rows")
     ax.set_title("Rejection reasons")
     _save(fig, path)
-    return rows
 
 
-def write_report(con, work: Path, result: AuditResult, info: PlanInfo) -> dict:
-    plots = {"lengths": work / "plots" / "lengths.png", "fill": work / "plots" / "fill.png",
-             "reasons": work / "plots" / "reasons.png"}
-    plot_lengths(con, plots["lengths"], info.config.max_len)
-    plot_fill(con, plots["fill"], info.config.max_len)
+def audit_figures(con, work: Path, max_len: int) -> dict[str, drawing.Drawn]:
+    """The report's three figures, asked for as soon as the plan is known (drawn aside while the audit reads
+    the outputs back, when a drawing process runs); `write_report` waits for them."""
+    plots = work / "plots"
+    lens = con.execute("SELECT media_type, list(total_tokens) FROM token_lengths WHERE status='ok' GROUP BY 1 ORDER BY 1").fetchall()
+    fills = np.asarray([r[0] for r in con.execute("SELECT total_token_len FROM pack_plan ORDER BY pack_id").fetchall()])
+    spp = np.asarray([r[0] for r in con.execute("SELECT len(sample_ids) FROM pack_plan ORDER BY pack_id").fetchall()])
+    w = max(1, min(256, len(spp) // 8)) if len(spp) else 0
+    reasons = con.execute("SELECT reason, count(*) FROM rejected GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 15").fetchall()
+    return {
+        "lengths": drawing.draw(draw_lengths, {"groups": [(mt, len(v), _hist(v, 60)) for mt, v in lens],
+                                               "max_len": max_len}, plots / "lengths.png"),
+        "fill": drawing.draw(draw_fill, {"fill": _hist(fills / max_len if len(fills) else [], 40), "window": w,
+                                         "drift": np.convolve(spp, np.ones(w) / w, mode="valid") if w else []},
+                             plots / "fill.png"),
+        "reasons": drawing.draw(draw_reasons, reasons, plots / "reasons.png"),
+    }
+
+
+def write_report(con, work: Path, result: AuditResult, info: PlanInfo,
+                 figures: dict[str, drawing.Drawn] | None = None) -> dict:
+    figures = figures or audit_figures(con, work, info.config.max_len)
+    plots = {k: d.wait() for k, d in figures.items()}
+    reasons = figures["reasons"].data
     lines = [*_verdict(result, info), *_totals(result.stats), *_fill(info.stats), *_blend(result.stats),
              *_per_shard(result.stats),
              *_what_if(read_what_if(work, info.fingerprint)), *_waiting(info.stats),
-             *_rejections(con, plot_reasons(con, plots["reasons"])), *_dropped(con), "", "## Violations", ""]
+             *_rejections(con, reasons), *_dropped(con), "", "## Violations", ""]
     lines += [f"- **{v['check']}**: {v['detail']}" for v in result.violations[:200]] or ["None: every check passed."]
     text = "\n".join(lines) + "\n"
     atomic_write_text(work / "audit_report.md", text)
@@ -234,16 +257,39 @@ def _dropped(con) -> list[str]:
                                                                   or ["None."])]
 
 
-def plot_simulation(lengths: np.ndarray, sim: dict, folder: Path, media_lengths: dict | None = None) -> dict:
-    """Length histogram + CDF (per media type when given) and fill vs max length per algorithm."""
-    folder.mkdir(parents=True, exist_ok=True)
-    groups = media_lengths or {"all": lengths}
-    fig, (a, b) = _plt().subplots(1, 2, figsize=(8, 3.2))
-    for name, lens in sorted(groups.items()):
+CDF_POINTS = 2048  # points of a drawn CDF: more than the figure's pixels
+
+
+def simulation_figures(lengths: np.ndarray, sim: dict, folder: Path,
+                       media_lengths: dict | None = None) -> dict[str, drawing.Drawn]:
+    """Length histogram + CDF (per media type when given) and fill vs max length per algorithm, asked for
+    (`drawing.draw`); wait for them before reading the files."""
+    groups = {}
+    for name, lens in sorted((media_lengths or {"all": lengths}).items()):
         lens = np.sort(np.asarray(lens))
-        a.hist(lens, bins=60, alpha=0.55, label=name, log=True)
-        b.plot(lens, np.arange(1, len(lens) + 1) / max(1, len(lens)), label=name)
-    for m in sorted({r["max_len"] for r in sim["results"]}):
+        at = np.unique(np.linspace(0, len(lens) - 1, min(len(lens), CDF_POINTS)).astype(np.int64))
+        groups[name] = {"hist": _hist(lens, 60), "x": lens[at], "cdf": (at + 1) / max(1, len(lens))}
+    fill = {alg: sorted(((r["max_len"], r["efficiency"]) for r in sim["results"] if r["algorithm"] == alg))
+            for alg in sorted({r["algorithm"] for r in sim["results"]})}
+    return {
+        "length_distribution": drawing.draw(draw_distribution, {"groups": groups, "max_lens": sorted(
+            {r["max_len"] for r in sim["results"]})}, folder / "length_distribution.png"),
+        "fill_vs_max_len": drawing.draw(draw_fill_vs_max_len, {"fill": fill, "recommended": sim["recommended_max_len"]},
+                                        folder / "fill_vs_max_len.png"),
+    }
+
+
+def plot_simulation(lengths: np.ndarray, sim: dict, folder: Path, media_lengths: dict | None = None) -> dict:
+    """`simulation_figures`, drawn: the two files' paths."""
+    return {k: str(d.wait()) for k, d in simulation_figures(lengths, sim, folder, media_lengths).items()}
+
+
+def draw_distribution(data: dict, path: Path) -> None:
+    fig, (a, b) = _plt().subplots(1, 2, figsize=(8, 3.2))
+    for name, g in data["groups"].items():
+        _bars(a, g["hist"], alpha=0.55, label=name, log=True)
+        b.plot(g["x"], g["cdf"], label=name)
+    for m in data["max_lens"]:
         b.axvline(m, color="grey", lw=0.6, ls=":")
     a.set_xlabel("tokens per sample")
     a.set_title("Length histogram")
@@ -253,20 +299,21 @@ def plot_simulation(lengths: np.ndarray, sim: dict, folder: Path, media_lengths:
     _plain_log(a.yaxis)
     _plain_log(b.xaxis)
     a.legend(fontsize=7)
-    _save(fig, folder / "length_distribution.png")
+    _save(fig, path)
+
+
+def draw_fill_vs_max_len(data: dict, path: Path) -> None:
     fig, ax = _plt().subplots(figsize=(6, 3.2))
-    for alg in sorted({r["algorithm"] for r in sim["results"]}):
-        rows = sorted((r for r in sim["results"] if r["algorithm"] == alg), key=lambda r: r["max_len"])
-        ax.plot([r["max_len"] for r in rows], [r["efficiency"] for r in rows], marker="o", label=alg)
-    ax.axvline(sim["recommended_max_len"], color="k", ls="--", lw=1, label="recommended")
+    for alg, points in data["fill"].items():
+        ax.plot([m for m, _ in points], [f for _, f in points], marker="o", label=alg)
+    ax.axvline(data["recommended"], color="k", ls="--", lw=1, label="recommended")
     ax.set_xscale("log", base=2)
     _plain_log(ax.xaxis, base=2)
     ax.set_xlabel("max length")
     ax.set_ylabel("fill")
     ax.set_title("Fill vs max length")
     ax.legend(fontsize=7)
-    _save(fig, folder / "fill_vs_max_len.png")
-    return {"length_distribution": str(folder / "length_distribution.png"), "fill_vs_max_len": str(folder / "fill_vs_max_len.png")}
+    _save(fig, path)
 
 
 @dataclass(frozen=True)

@@ -184,6 +184,15 @@ def path_lock(path: Path, command: str = "", wait: float | None = None,
         os.close(fd)  # closing the last descriptor releases the flock
 
 
+def forget_inherited_locks() -> None:
+    """In a forked child: close its copies of the parent's lock descriptors, so the locks end with the
+    parent's `with` blocks and are not held on by the child (a flock lasts while any copy is open)."""
+    for key, (fd, _, pid) in list(_held.items()):
+        if pid != os.getpid():
+            os.close(fd)
+            del _held[key]
+
+
 def lock_wait() -> float:
     return float(os.environ.get(LOCK_WAIT_ENV, "600"))
 

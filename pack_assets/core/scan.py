@@ -15,18 +15,17 @@ import json
 import os
 import posixpath
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow.parquet as pq
 
 from . import store
 from .conversation import media_refs, normalize, place_media
 from .media import IMAGE_EXTS, VIDEO_EXTS, probe_image, probe_video
 from .reasons import ReasonError
 from .records import MANIFEST_FORMAT, SAMPLES_SCHEMA, Member, Rejection, Sample, ShardInfo
-from .results import FilePath
+from .results import KEPT, FilePath
 from .tario import Entry, RangeFile, group_by_key, is_meta_member, is_unsafe_name, iter_entries, split_key
 
 CAPTION_EXTS = frozenset({"txt", "caption", "cap"})
@@ -408,7 +407,7 @@ def run_manifest(input_root: Path, work: Path, shard: str, options: ScanOptions 
             scanned = ShardInfo(shard=shard, path=str(path), size=0, mtime_ns=0)
             store.write_manifest(work, shard, scan_shard(path, shard, options, scanned), scanned)
             info = dataclasses.asdict(scanned)
-        reasons = pq.read_table(store.manifest_dir(work, shard) / "rejected.parquet", columns=["key"]).column("key")
+        reasons = store.read_parquet(store.manifest_dir(work, shard) / "rejected.parquet", ["key"]).column("key")
     return ShardManifest(shard=shard, status=info["status"], samples=info["n_samples"], ok=info["n_ok"],
                          rejected=info["n_rejected"], members=info["n_members"], bytes=info["size"],
                          seconds=round(info["seconds"], 3), cached=cached,
@@ -416,12 +415,14 @@ def run_manifest(input_root: Path, work: Path, shard: str, options: ScanOptions 
 
 
 def run_manifests(input_root: Path, work: Path, shards: list[str], options: ScanOptions = ScanOptions(),
-                  log: Callable[[str], None] | None = None) -> ManifestSummary:
+                  log: Callable[[str], None] | None = None, by_helpers: Collection[str] = ()) -> ManifestSummary:
+    """`by_helpers`: the shards this command's helper processes scanned just before (core/shardwork.py): a
+    current scan of one of them is theirs, not an earlier run's."""
     out = []
     for shard in shards:
         s = run_manifest(input_root, work, shard, options)
         if log:
             log(f"{shard}: {s.ok} ok, {s.rejected} rejected of {s.samples} samples in {s.seconds} s"
-                f"{' (unchanged, kept)' if s.cached else ''}")
+                f"{KEPT[shard in by_helpers] if s.cached else ''}")
         out.append(s)
     return ManifestSummary(out, store.manifest_dir(work, shards[0]))

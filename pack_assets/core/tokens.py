@@ -20,7 +20,7 @@ import math
 import re
 import time
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -28,7 +28,6 @@ from pathlib import Path
 import jinja2
 import jinja2.ext
 import numpy as np
-import pyarrow.parquet as pq
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -37,7 +36,7 @@ from .chunkcount import ChunkCounts, tokenizer_rule
 from .profiles import ImageRule, MediaRule, ModelProfile, VideoRule, _tokenizer, fast_counter_for, tokenizer_for
 from .reasons import ReasonError
 from .records import TOKEN_LENGTHS_SCHEMA, Rejection
-from .results import FilePath
+from .results import KEPT, FilePath
 
 _BATCH = 512
 
@@ -622,7 +621,7 @@ def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool
     with store.shard_lock(work, shard):  # the manifest read here and the stamp written last stay paired
         tdir = store.token_dir(work, profile.name, shard)
         if not force and token_lengths_are_current(work, shard, profile):
-            t = pq.read_table(tdir / "token_lengths.parquet", columns=["status", "total_tokens"]).to_pylist()
+            t = store.read_parquet(tdir / "token_lengths.parquet", ["status", "total_tokens"]).to_pylist()
             ok = [r["total_tokens"] for r in t if r["status"] == "ok"]
             return ShardCounts(shard, profile.name, len(ok), len(t) - len(ok), int(sum(ok)), 0.0, cached=True)
         t0 = time.perf_counter()
@@ -639,8 +638,8 @@ def _manifest_rows(work: Path, shard: str) -> tuple[list[dict], dict[str, int]]:
     mdir = store.manifest_dir(work, shard)
     if not (mdir / "samples.parquet").exists():
         raise FileNotFoundError(f"no manifest for shard {shard!r} under {mdir}: materialize `manifest` first")
-    samples = pq.read_table(mdir / "samples.parquet").to_pylist()
-    members = pq.read_table(mdir / "members.parquet", columns=["sample_id", "name", "size"]).to_pylist()
+    samples = store.read_parquet(mdir / "samples.parquet").to_pylist()
+    members = store.read_parquet(mdir / "members.parquet", ["sample_id", "name", "size"]).to_pylist()
     media_names = {s["sample_id"]: set(s["media_members"] or []) for s in samples}
     media_bytes: dict[str, int] = {}
     for m in members:
@@ -650,13 +649,14 @@ def _manifest_rows(work: Path, shard: str) -> tuple[list[dict], dict[str, int]]:
 
 
 def run_token_counts(work: Path, shards: list[str], profile: ModelProfile,
-                     log: Callable[[str], None] | None = None) -> TokenLengthsSummary:
-    """Count the shards one by one, a log line each (`pack-assets run` follows its progress by them)."""
+                     log: Callable[[str], None] | None = None, by_helpers: Collection[str] = ()) -> TokenLengthsSummary:
+    """Count the shards one by one, a log line each (`pack-assets run` follows its progress by them).
+    `by_helpers`: as in `scan.run_manifests`."""
     counts = []
     for shard in shards:
         c = run_token_lengths(work, shard, profile)
         if log:
             log(f"{shard}: counted {c.counted} samples, {c.rejected} rejected, {c.total_tokens} tokens"
-                f"{' (unchanged, kept)' if c.cached else ''}")
+                f"{KEPT[shard in by_helpers] if c.cached else ''}")
         counts.append(c)
     return TokenLengthsSummary(counts, profile.name, profile.fingerprint, store.token_dir(work, profile.name, shards[0]))

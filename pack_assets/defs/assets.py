@@ -19,6 +19,13 @@ INGEST, PACK = "ingest", "pack"
 # an asset's value is its stage's typed summary (an asset with checks would otherwise be typed Nothing)
 SUMMARY = dg.Any
 BACKFILL_BATCH = 16  # shards per run when a backfill covers many partitions (fewer, longer runs)
+# on a shard run of `pack-assets run`: the shards its helper processes scanned and counted just before
+# (core/shardwork.py), comma-separated; the steps find them current and say whose they are
+SHARD_WORKERS_TAG = "pack_assets/shard_workers"
+
+
+def _by_helpers(context: dg.AssetExecutionContext) -> frozenset[str]:
+    return frozenset(filter(None, context.run.tags.get(SHARD_WORKERS_TAG, "").split(",")))
 # backfill_policy is relied on knowingly (tests/test_dagster.py); its beta notice, raised at every import in
 # every process, is noise to users. Only that notice is silenced.
 warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy` of function `asset` is currently in beta",
@@ -72,7 +79,8 @@ def manifest(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.Ma
     a backfill run may carry several (BackfillPolicy.multi_run)."""
     s = settings.to_settings()
     s.check_paths()
-    summary = scan.run_manifests(s.sources, s.work, context.partition_keys, s.scan, log=context.log.info)
+    summary = scan.run_manifests(s.sources, s.work, context.partition_keys, s.scan, log=context.log.info,
+                                 by_helpers=_by_helpers(context))
     return dg.MaterializeResult(
         metadata=metadata(summary.as_metadata()),
         check_results=[dg.AssetCheckResult(
@@ -90,7 +98,8 @@ def token_lengths(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     s = settings.to_settings()
     s.check_paths()
     profile = s.model_profile()
-    summary = tokens.run_token_counts(s.work, context.partition_keys, profile, log=context.log.info)
+    summary = tokens.run_token_counts(s.work, context.partition_keys, profile, log=context.log.info,
+                                      by_helpers=_by_helpers(context))
     return dg.MaterializeResult(metadata=metadata(summary.as_metadata()), data_version=dg.DataVersion(profile.fingerprint),
                                 value=summary)
 

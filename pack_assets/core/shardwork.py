@@ -1,0 +1,93 @@
+"""The shard stages' work (scan, then count) for the shards that need it, handed to the command's helper
+processes (core/procs.py) before Dagster is imported.
+
+`pack-assets run` spends its first 1–2 s importing Dagster and loading the instance, on one core. The
+helpers (no Dagster in them; forked from a process that has not imported it either) scan and count
+meanwhile, writing exactly the files the `manifest` and `token_lengths` assets write, under the same shard
+lock. The Dagster shard runs that follow find each shard current and record its materialization and checks
+from those files. A shard a helper failed on is left to its Dagster step, which meets the same error and
+reports it where the UI shows it: the helpers only ever save time."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import Future, as_completed
+from dataclasses import dataclass, field
+
+from . import store
+from .profiles import ModelProfile
+from .procs import Helpers
+from .scan import manifest_is_current, run_manifest
+from .settings import Settings
+from .tokens import run_token_lengths, token_lengths_are_current
+
+
+def shards_to_run(settings: Settings, shards: list[str], profile: ModelProfile, force: bool = False) -> list[str]:
+    """The shards whose manifest or token counts are not current (all of them with `force`)."""
+    return [k for k in shards if force or manifest_is_current(settings.sources, settings.work, k) is None
+            or not token_lengths_are_current(settings.work, k, profile)]
+
+
+def work_shard(flat: dict, shard: str, force: bool) -> int:
+    """Scan and count one shard as the two assets do (their own core calls); returns its sample count. An
+    error comes back as a RuntimeError naming it: any exception crosses the process boundary (one that
+    does not pickle would break every worker's result)."""
+    try:
+        s = Settings.from_flat(flat)
+        scanned = run_manifest(s.sources, s.work, shard, s.scan, force=force)
+        run_token_lengths(s.work, shard, s.model_profile(), force=force)
+        return scanned.samples
+    except Exception as e:
+        raise RuntimeError(f"{type(e).__name__}: {e}") from None
+
+
+@dataclass
+class ShardWork:
+    """Shards found, those that need work, and the helpers' futures for them (`start`)."""
+
+    shards: list[str]
+    todo: list[str]
+    jobs: int = 1
+    running: bool = False  # helpers were given the shards: the Dagster runs record what they wrote
+    _futures: dict[str, Future] = field(default_factory=dict)
+
+    def wait(self, keys: list[str], on_done: Callable[[str, int | None, BaseException | None], None]) -> None:
+        """Block until the helpers are done with `keys`, calling on_done(key, samples, error) as each ends."""
+        pending = {self._futures[k]: k for k in keys if k in self._futures}
+        for fut in as_completed(pending):
+            key = pending[fut]
+            del self._futures[key]
+            err = fut.exception()
+            on_done(key, None if err else fut.result(), err)
+
+
+def find(settings: Settings, force: bool = False) -> ShardWork:
+    """The shards and those that need work, no helper given any: their Dagster steps do it. Raises when there
+    are no shards, or when the profile's processor cannot be built (before any shard is touched)."""
+    root = settings.sources
+    if not settings.recipe and not root.is_dir():
+        raise FileNotFoundError(f"input directory {root} does not exist")
+    shards = list(store.find_sources(root, settings.recursive))
+    if not shards:
+        raise FileNotFoundError(f"no *.tar shards under {root}")
+    profile = settings.model_profile()
+    if profile.rule == "processor":  # a processor that cannot be built (a missing package) refuses the run
+        from .procount import processor_counter  # here; built, forked helpers and the audit's recount reuse it
+
+        processor_counter(profile)
+    return ShardWork(shards, shards_to_run(settings, shards, profile, force))
+
+
+def helpers_for(work: ShardWork, jobs: int = 0) -> int:
+    """How many helper processes: `jobs`, or one per core (0), at most one per shard that needs work."""
+    return max(1, min(jobs or os.cpu_count() or 1, len(work.todo) or 1))
+
+
+def start(work: ShardWork, settings: Settings, helpers: Helpers, force: bool = False) -> ShardWork:
+    """Hand the shards that need work to the helpers, in shard order."""
+    if work.todo:
+        flat = settings.flat()
+        work._futures = {k: helpers.pool.submit(work_shard, flat, k, force) for k in work.todo}
+        work.jobs, work.running = helpers.n, True
+    return work

@@ -1,0 +1,121 @@
+"""The command's helper processes (core/procs.py) and the figures drawn there (core/drawing.py): the same PNG
+bytes as drawn in line, drawn in another process, no figure lost when a helper dies, and helpers that end
+with their command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pack_assets.core import drawing, report
+from pack_assets.core.procs import Helpers
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _sim() -> tuple[np.ndarray, dict, dict]:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(20, 9000, 5000)
+    media = {"image": lengths[:3000], "text": lengths[3000:]}
+    results = [{"max_len": m, "algorithm": a, "efficiency": 0.9 + m / 1e6 + (a == "bfd") / 100}
+               for m in (2048, 4096, 8192) for a in ("bfd", "next_fit")]
+    return lengths, {"results": results, "recommended_max_len": 4096}, media
+
+
+def _pid(_, path: Path) -> None:
+    path.write_text(str(os.getpid()))
+
+
+def test_figures_drawn_aside_are_the_bytes_drawn_in_line_and_drawn_elsewhere(tmp_path):
+    lengths, sim, media = _sim()
+    inline = report.plot_simulation(lengths, sim, tmp_path / "inline", media)
+    with Helpers(1) as helpers, drawing.aside(helpers.pool):
+        aside = report.plot_simulation(lengths, sim, tmp_path / "aside", media)
+        where = drawing.draw(_pid, None, tmp_path / "pid").wait()
+    assert int(where.read_text()) != os.getpid()  # drawn in the helper, not here
+    assert drawing._pool is None
+    assert set(inline) == set(aside) == {"length_distribution", "fill_vs_max_len"}
+    for k in inline:
+        assert open(inline[k], "rb").read() == open(aside[k], "rb").read(), k
+    assert int(drawing.draw(_pid, None, tmp_path / "pid").wait().read_text()) == os.getpid()  # outside: here
+
+
+def test_a_histogram_binned_where_the_values_are_draws_as_ax_hist_draws_them(tmp_path):
+    from matplotlib.figure import Figure
+
+    values = np.random.default_rng(1).integers(0, 5000, 2000)
+
+    def png(fill) -> bytes:
+        fig = Figure(figsize=(4, 3))
+        fill(fig.subplots())
+        fig.savefig(tmp_path / "f.png", dpi=50)
+        return (tmp_path / "f.png").read_bytes()
+
+    assert png(lambda ax: report._bars(ax, report._hist(values, 60), log=True)) == \
+        png(lambda ax: ax.hist(values, bins=60, log=True))
+
+
+def test_a_helper_that_dies_costs_no_figure(tmp_path):
+    lengths, sim, media = _sim()
+    with Helpers(1) as helpers, drawing.aside(helpers.pool):
+        drawing.draw(_pid, None, tmp_path / "pid").wait()
+        os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
+        plots = report.plot_simulation(lengths, sim, tmp_path / "after", media)
+    assert all(os.path.getsize(p) > 1000 for p in plots.values())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z" if Path(f"/proc/{pid}").exists() else True
+
+
+@pytest.mark.parametrize("threads", [0, 1], ids=["forked", "fork-server"])
+def test_helpers_end_with_their_command_and_an_error_stops_them(tmp_path, threads):
+    """A command killed outright leaves no helper behind (they watch its pid); one that raises terminates
+    them at once, so no queued shard is scanned after it stopped. Forked helpers let go of the command's
+    work lock: once the command leaves it, the folder is free while the helpers live on."""
+    script = f"""
+import os, sys, threading, time
+sys.path.insert(0, {str(REPO)!r})
+from pack_assets.core.procs import Helpers
+from pack_assets.core.safety import work_lock
+if {threads}:
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+with work_lock({str(tmp_path)!r}, "test"):
+    h = Helpers(2)
+    pids = [h.pool.submit(os.getpid).result() for _ in range(4)]
+print(h.forked, *sorted(set(pids)), flush=True)
+time.sleep(60)
+"""
+    from pack_assets.core.safety import work_lock
+
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    forked, *pids = proc.stdout.readline().split()
+    assert forked == str(threads == 0) and pids
+    assert all(_alive(int(p)) for p in pids)
+    with work_lock(tmp_path, "while the helpers live", wait=0):
+        pass
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while any(_alive(int(p)) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(int(p)) for p in pids)
+
+    started = []
+    with pytest.raises(KeyError), Helpers(1) as helpers:
+        futures = [helpers.pool.submit(time.sleep, 0.5) for _ in range(20)]
+        started = list((helpers.pool._processes or {}).keys())
+        raise KeyError("the command failed")
+    assert started and not any(_alive(p) for p in started)
+    assert sum(f.done() and not f.cancelled() and f.exception() is None for f in futures) <= 2
