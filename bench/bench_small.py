@@ -8,7 +8,8 @@ Cases: 6,000 image-text samples in 4 shards (~136 KB per image, ~0.86 GB) and on
 against a Dagster home made by one untimed warm-up run per case and code (every shard needs a run); A and B
 alternate, A B A B ..., and the ratio A/B is taken pair by pair, so drift on a shared machine does not
 favour one. Wall seconds are measured outside the process (start-up and imports included). Writes every run,
-the medians and the paired ratios to bench/results/small.json (--results).
+the medians and the paired ratios to bench/results/small.json (--results). The tokenizer's rank-table cache
+(PACK_ASSETS_CACHE) is the user's, filled by the warm-up run, unless --cold-cache gives every run an empty one.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ def run_once(src: Path, inp: Path, out: Path, args) -> dict:
     for d in ("work", "packed"):
         shutil.rmtree(out / d, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(src)}
+    if args.cold_cache:  # every run builds the tokenizer's rank table again (core/profiles.py), as a first run does
+        cache = out / "rank_cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        env["PACK_ASSETS_CACHE"] = str(cache)
     cmd = [sys.executable, "-m", "pack_assets.cli", "run", "--input", str(inp), "--max-len", str(args.max_len),
            "--profile", args.profile, "--work", str(out / "work"), "--output", str(out / "packed"),
            "--dagster-home", str(out / "dagster_home"), "--json"]
@@ -77,6 +82,8 @@ def main() -> None:
     ap.add_argument("--profile", default="qwen2.5-vl")
     ap.add_argument("--out", default="bench/out/small")
     ap.add_argument("--results", default="bench/results/small.json")
+    ap.add_argument("--cold-cache", action="store_true",
+                    help="an empty PACK_ASSETS_CACHE for every run (default: the user's, filled by the warm-up)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     srcs = {"this": REPO, "baseline": Path(args.baseline_src).resolve()}
@@ -87,7 +94,8 @@ def main() -> None:
         cases.append(bench_case(name, inp, out / f"run{n}", srcs, args))
         print(json.dumps({k: v for k, v in cases[-1].items() if k != "runs"}), flush=True)
     result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "load_avg_at_end": os.getloadavg(),
-              "config": {k: getattr(args, k) for k in ("repeats", "image_kb", "max_len", "profile", "baseline_src")},
+              "config": {k: getattr(args, k) for k in ("repeats", "image_kb", "max_len", "profile", "baseline_src",
+                                                      "cold_cache")},
               "cases": cases}
     path = Path(args.results)
     path.parent.mkdir(parents=True, exist_ok=True)
