@@ -148,8 +148,8 @@ def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progre
                 instance: dg.DagsterInstance | None = None, work: ShardWork | None = None) -> int:
     """Scan and count the shards of `todo`: one Dagster run per range of consecutive partitions in this
     process (--jobs 1), or ranges of a few shards each spread over `jobs` worker processes, started once.
-    With `work` (the shard stages under way in core-only workers), each range's run follows as soon as the
-    workers are done with its shards, in this process. Returns how many Dagster runs that took."""
+    With `work` (the shard stages under way in the command's helper processes), each range's run follows as
+    soon as the helpers are done with its shards, in this process. Returns how many Dagster runs that took."""
     with ShardProgress(len(todo), log=progress_log) as progress:
         if work is not None and work.running:
             batches = _batches(todo, order, BATCH_MAX)
@@ -199,25 +199,27 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
     """Register the shards, run each that needs it, then plan → write → audit; the summary comes from the
     stages' own results. `started`: the time.perf_counter() the caller's wall time counts from (the CLI:
     process start), so the stage seconds, with start-up and other, add up to the seconds the user waited.
-    `work`: the shard stages already under way in worker processes (`core.shardwork.start`, which found the
-    shards and chose those to run); its shard runs then record what the workers wrote."""
+    `work`: the shards found and those that need work (`core.shardwork.find`), under way in the command's
+    helper processes when `shardwork.start` gave them the shards; the shard runs then record what the
+    helpers wrote."""
     progress_log = log
     log = log or _stderr
     t0 = time.perf_counter() if started is None else started
     root = settings.sources  # with a recipe: every dataset's folder, shard keys `<dataset>/<shard>`
-    work = work or shardwork.find(settings, force)  # no workers: the Dagster steps scan and count
+    work = work or shardwork.find(settings, force)  # no helpers: the Dagster steps scan and count
     shards, todo = work.shards, work.todo
     removed = _sync_partitions(instance, root, shards, log)
     profile = settings.model_profile()
     jobs = work.jobs if work.running else max(1, min(jobs or default_jobs(len(todo)), len(todo)))
     if not (work.running and todo):
-        drawing.warm()  # no shard workers to leave the cores to
+        drawing.warm()  # no helper is scanning: a core is free for matplotlib
     t_shards = time.perf_counter()
     order = list(instance.get_dynamic_partitions(source_shards.name))  # the order a partition range follows
     # a shard whose files are current but that Dagster never recorded (its command stopped between the two)
     # is recorded now: the steps find its files and attach its metadata
-    recorded = set.intersection(*(instance.get_materialized_partitions(a.key) for a in (manifest, token_lengths)))
-    late = [k for k in shards if k not in recorded and k not in set(todo)]
+    known = set.intersection(*(instance.get_materialized_partitions(a.key) for a in (manifest, token_lengths)))
+    known.update(todo)
+    late = [k for k in shards if k not in known]
     _shard_runs(todo + late, order, jobs, settings.flat(), progress_log, instance, work)
     shard_seconds = time.perf_counter() - t_shards
     log(f"{len(todo)} shard run(s), {len(shards) - len(todo)} shard(s) unchanged"

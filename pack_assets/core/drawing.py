@@ -3,8 +3,8 @@
 Drawing costs matplotlib's import and ~0.1 s a figure, all holding the GIL. `pack-assets run` gives it
 to its helpers (core/procs.py) once they have scanned the shards: they import matplotlib (`warm()`) while
 Dagster records the shards and the plan is made, and draw the audit's figures while the audit reads the
-outputs back. The
-caller computes what a figure shows (small arrays: histograms, not samples) and sends that with the path."""
+outputs back. The caller computes what a figure shows (small arrays: histograms, not samples) and sends
+that with the path."""
 
 from __future__ import annotations
 
@@ -30,15 +30,15 @@ class Drawn:
     def wait(self) -> Path:
         try:
             self.future.result()
-        except BrokenExecutor:  # the drawing process died: the figure is drawn here instead
+        except BrokenExecutor:  # a helper died (the pool is broken): the figure is drawn here instead
             self.fn(self.data, self.path)
         return self.path
 
 
 def draw(fn: Callable, data, path: Path) -> Drawn:
-    """fn(data, path) in the drawing process when one runs, else now (its errors raised here)."""
+    """fn(data, path) by a helper inside `aside()`, else now (its errors raised here)."""
     if _pool is not None:
-        with contextlib.suppress(BrokenExecutor, RuntimeError):  # a dead or closed process: drawn here
+        with contextlib.suppress(BrokenExecutor, RuntimeError):  # a broken or closed pool: drawn here
             return Drawn(_pool.submit(fn, data, path), fn, data, path)
     fn(data, path)
     done = Future()
