@@ -65,8 +65,9 @@ def test_a_histogram_binned_where_the_values_are_draws_as_ax_hist_draws_them(tmp
 def test_a_helper_that_dies_costs_no_figure(tmp_path):
     lengths, sim, media = _sim()
     with Helpers(1) as helpers, drawing.aside(helpers.pool):
-        drawing.draw(_pid, None, tmp_path / "pid").wait()
-        os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
+        helper = int(drawing.draw(_pid, None, tmp_path / "pid").wait().read_text())
+        assert helper != os.getpid()
+        os.kill(helper, signal.SIGKILL)
         plots = report.plot_simulation(lengths, sim, tmp_path / "after", media)
     assert all(os.path.getsize(p) > 1000 for p in plots.values())
 
