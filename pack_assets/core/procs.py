@@ -17,20 +17,15 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from .safety import forget_inherited_locks
+from .safety import forget_inherited_locks, pid_alive
 
 PRELOAD = ["pack_assets.core.shardwork", "pack_assets.core.report", "matplotlib.figure"]
 
 
 def _watch(pid: int) -> None:
-    while True:
+    while pid_alive(pid):
         time.sleep(0.5)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            os._exit(70)
-        except PermissionError:  # alive, another user's (a reused pid would be ours): keep going
-            pass
+    os._exit(70)
 
 
 def _helper_init(forked: bool, command_pid: int, environ: dict[str, str]) -> None:

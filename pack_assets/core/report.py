@@ -115,8 +115,8 @@ def draw_reasons(rows: list[tuple], path: Path) -> None:
 
 
 def audit_figures(con, work: Path, max_len: int) -> dict[str, drawing.Drawn]:
-    """The report's three figures, asked for as soon as the plan is known (drawn aside while the audit reads
-    the outputs back, when a drawing process runs); `write_report` waits for them."""
+    """The report's three figures, asked for as soon as the plan is known (inside `drawing.aside`, the helpers
+    draw them while the audit reads the outputs back); `write_report` waits for them."""
     plots = work / "plots"
     lens = con.execute("SELECT media_type, list(total_tokens) FROM token_lengths WHERE status='ok' GROUP BY 1 ORDER BY 1").fetchall()
     fills = np.asarray([r[0] for r in con.execute("SELECT total_token_len FROM pack_plan ORDER BY pack_id").fetchall()])
@@ -133,9 +133,7 @@ def audit_figures(con, work: Path, max_len: int) -> dict[str, drawing.Drawn]:
     }
 
 
-def write_report(con, work: Path, result: AuditResult, info: PlanInfo,
-                 figures: dict[str, drawing.Drawn] | None = None) -> dict:
-    figures = figures or audit_figures(con, work, info.config.max_len)
+def write_report(con, work: Path, result: AuditResult, info: PlanInfo, figures: dict[str, drawing.Drawn]) -> dict:
     plots = {k: d.wait() for k, d in figures.items()}
     reasons = figures["reasons"].data
     lines = [*_verdict(result, info), *_totals(result.stats), *_fill(info.stats), *_blend(result.stats),
@@ -260,10 +258,9 @@ def _dropped(con) -> list[str]:
 CDF_POINTS = 2048  # points of a drawn CDF: more than the figure's pixels
 
 
-def simulation_figures(lengths: np.ndarray, sim: dict, folder: Path,
-                       media_lengths: dict | None = None) -> dict[str, drawing.Drawn]:
-    """Length histogram + CDF (per media type when given) and fill vs max length per algorithm, asked for
-    (`drawing.draw`); wait for them before reading the files."""
+def plot_simulation(lengths: np.ndarray, sim: dict, folder: Path, media_lengths: dict | None = None) -> dict:
+    """Length histogram + CDF (per media type when given) and fill vs max length per algorithm, drawn
+    (`drawing.draw`): the two files' paths."""
     groups = {}
     for name, lens in sorted((media_lengths or {"all": lengths}).items()):
         lens = np.sort(np.asarray(lens))
@@ -271,17 +268,13 @@ def simulation_figures(lengths: np.ndarray, sim: dict, folder: Path,
         groups[name] = {"hist": _hist(lens, 60), "x": lens[at], "cdf": (at + 1) / max(1, len(lens))}
     fill = {alg: sorted(((r["max_len"], r["efficiency"]) for r in sim["results"] if r["algorithm"] == alg))
             for alg in sorted({r["algorithm"] for r in sim["results"]})}
-    return {
+    drawn = {
         "length_distribution": drawing.draw(draw_distribution, {"groups": groups, "max_lens": sorted(
             {r["max_len"] for r in sim["results"]})}, folder / "length_distribution.png"),
         "fill_vs_max_len": drawing.draw(draw_fill_vs_max_len, {"fill": fill, "recommended": sim["recommended_max_len"]},
                                         folder / "fill_vs_max_len.png"),
     }
-
-
-def plot_simulation(lengths: np.ndarray, sim: dict, folder: Path, media_lengths: dict | None = None) -> dict:
-    """`simulation_figures`, drawn: the two files' paths."""
-    return {k: str(d.wait()) for k, d in simulation_figures(lengths, sim, folder, media_lengths).items()}
+    return {k: str(d.wait()) for k, d in drawn.items()}
 
 
 def draw_distribution(data: dict, path: Path) -> None:

@@ -184,6 +184,17 @@ def path_lock(path: Path, command: str = "", wait: float | None = None,
         os.close(fd)  # closing the last descriptor releases the flock
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def forget_inherited_locks() -> None:
     """In a forked child: close its copies of the parent's lock descriptors, so the locks end with the
     parent's `with` blocks and are not held on by the child (a flock lasts while any copy is open)."""

@@ -368,16 +368,6 @@ def shard_rows(con: duckdb.DuckDBPyConnection, queries: Mapping[str, str], query
     return [r[1:] for r in con.execute(sql, [shard]).fetchall()]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, shards: list[str], folder: Path) -> None:
     """Stream the query's rows and file them by output shard, a Parquet file per shard. Filed here, not by
     DuckDB's `COPY … PARTITION_BY`, which held its whole memory limit (1.2 GB at 1M samples,
@@ -414,7 +404,7 @@ def staged(work: Path, queries: Mapping[str, str], shards: list[str],
     host = socket.gethostname().replace("-", "_")
     for stale in work.glob(f"{STAGED_PREFIX}{host}-*"):  # a killed run's on this host (a live process's stay)
         pid = stale.name[len(f"{STAGED_PREFIX}{host}-"):].split("-", 1)[0]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not safety.pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     root = Path(safety.mkdtemp(prefix=f"{STAGED_PREFIX}{host}-{os.getpid()}-", dir=work))
     try:
