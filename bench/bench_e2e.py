@@ -45,6 +45,9 @@ def main() -> None:
     ap.add_argument("--reruns", type=int, default=3, help="how many of the three one-new-shard reruns to run")
     ap.add_argument("--drop-caches", action="store_true",
                     help="drop the page cache before each run (root): each starts with none of its files cached")
+    ap.add_argument("--again", type=int, default=0,
+                    help="then, this many times: remove the last new shard and rerun incrementally with the quick "
+                         "audit, put it back and rerun the same way (both timed: repeats of the quick rerun)")
     ap.add_argument("--results", help="also write the records here (a file under bench/results)")
     args = ap.parse_args()
     out = Path(args.out)
@@ -88,6 +91,25 @@ def main() -> None:
               "output_shards_trusted": summary2["output_shards_trusted"], "violations": summary2["violations"],
               "stage_seconds": summary2["stage_seconds"], "peak_rss_bytes": peak2,
               "ratio_to_full": round(seconds2 / seconds, 3)})
+    if args.again and not args.reruns:
+        raise SystemExit("--again repeats a rerun's shard: give --reruns 1 or more")
+    last = inp / f"part-{n_shards + min(args.reruns, len(reruns)) - 1:05d}.tar"
+    aside = out / "again.tar"
+    quick = ["--incremental", "--audit-scope", "changed"]
+    for k in range(args.again):
+        for label in ("one shard removed", "the shard back"):
+            if label == "one shard removed":
+                shutil.move(last, aside)
+            else:
+                shutil.move(aside, last)
+            cold = args.drop_caches and drop_caches()
+            seconds2, summary2, peak2 = run(cmd + quick)
+            emit({"again": k + 1, "rerun": f"{label}, incremental, audit changed only",
+                  "page_cache": "dropped" if cold else "warm", "seconds": round(seconds2, 1),
+                  "samples": summary2["samples"], "output_shards_written": summary2["output_shards_written"],
+                  "output_shards_trusted": summary2["output_shards_trusted"], "violations": summary2["violations"],
+                  "stage_seconds": summary2["stage_seconds"], "peak_rss_bytes": peak2,
+                  "ratio_to_full": round(seconds2 / seconds, 3)})
 
 
 if __name__ == "__main__":

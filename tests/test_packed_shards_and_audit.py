@@ -401,6 +401,30 @@ def test_sampled_recount_catches_a_tampered_token_length(packed):
     assert "recount_mismatch" in checks and "length_mismatch" in checks
 
 
+def test_the_quick_audit_recounts_only_the_samples_it_reads_back(packed):
+    """Under scope "changed" the recount skips the samples of trusted shards (recounted by the clean audit
+    that vouched for them: same content, same profile), unless this audit asks for a larger fraction; a
+    tampered count changes its shard's planned content, so that shard is read and its samples recounted."""
+    _, work, out, _ = packed
+    assert run_audit(work, out, recount_fraction=0.5).ok
+    wider = run_audit(work, out, recount_fraction=1.0, scope="changed")  # more than the record covered
+    assert wider.ok and wider.stats["output_shards_trusted"] == wider.stats["output_shards"]
+    assert wider.stats["recounted"] == 24
+    quick = run_audit(work, out, recount_fraction=1.0, scope="changed")
+    assert quick.ok and quick.stats["recounted"] == 0 and quick.stats["recount_skipped_shards"] == quick.stats["output_shards"]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = store.token_dir(work, PROFILE.name, "part-000") / "token_lengths.parquet"
+    t = pq.read_table(path)
+    col = t.column("total_tokens").to_pylist()
+    col[1] += 1
+    pq.write_table(t.set_column(t.schema.get_field_index("total_tokens"), "total_tokens", pa.array(col, pa.int64())), path)
+    tampered = run_audit(work, out, recount_fraction=1.0, scope="changed")
+    assert 0 < tampered.stats["recounted"] < 24 and tampered.stats["output_shards_trusted"] < tampered.stats["output_shards"]
+    assert "recount_mismatch" in {v["check"] for v in tampered.violations}
+
+
 @pytest.mark.parametrize("name, size", [("p00000001.json", 0), ("p00000001.s000_00.jpg", 123_456), ("x" * 99, 8**11 - 1),
                                         ("ü.json", 5), ("y" * 150, 7), ("big.mp4", 8**11 + 1)])
 def test_fast_tar_header_is_byte_identical_to_tarfile(name, size):
@@ -597,6 +621,33 @@ def test_a_rerun_keeps_the_energon_index_rows_of_untouched_shards_only_while_the
     assert sorted(read_back) == [s.name for s in shards] and _energon_rows(out) == fresh
 
 
+def test_after_an_incremental_plan_the_energon_index_grows_from_the_last_one(packed, monkeypatch):
+    """An incremental plan's new output shards come after the kept ones: the index starts as the file the
+    last write left and gains only their rows (no kept shard's parts read, no tar read back); it holds the
+    rows an index built by reading every shard back holds."""
+    inp, work, out, _ = packed
+    shutil.copy(inp / "part-000.tar", inp / "part-zzz.tar")
+    run_manifest(inp, work, "part-zzz")
+    run_token_lengths(work, "part-zzz", PROFILE)
+    run_plan(work, list(store.find_shards(inp)), PlanConfig(max_len=1500, max_packs_per_shard=2, incremental=True),
+             PROFILE)
+    before = {p.name for p in out.glob("*.tar")}
+    read_back, rows_read = [], []
+    real_index, real_rows = write_stage._sample_index, write_stage.LastIndex.rows
+    monkeypatch.setattr(write_stage, "_sample_index", lambda p: read_back.append(p.name) or real_index(p))
+    monkeypatch.setattr(write_stage.LastIndex, "rows",
+                        staticmethod(lambda db, tar_id, parts=True: rows_read.append(parts) or real_rows(db, tar_id, parts)))
+    res = run_write(work, inp, out, workers=1)
+    assert res.written >= 1 and res.skipped == len(before) and {p.name for p in out.glob("*.tar")} > before
+    assert read_back == [] and rows_read == [False] * len(before)
+    grown = _energon_rows(out)
+    assert {r[0] for r in grown[0]} == set(range(res.shards))
+    (work / write_stage.WRITTEN).unlink()  # no record: every shard's rows come from its tar headers
+    run_write(work, inp, out, workers=1)
+    assert sorted(read_back) == sorted(p.name for p in out.glob("*.tar")) and _energon_rows(out) == grown
+    assert not list((out / ".nv-meta").glob(".index.sqlite.tmp-*"))
+
+
 def test_the_writers_record_is_keyed_by_every_catalog_file(packed):
     """A forced rescan or a recount rewrites a catalog file without changing the plan's fingerprint: the
     record must then no longer hold."""
@@ -671,6 +722,54 @@ def test_a_rerun_vouches_for_its_own_shards_by_content_digest_and_for_nothing_it
     assert asked == [set(names)] and res.written == 0
 
 
+class _Asked:
+    """A catalog connection that notes each query it runs."""
+
+    def __init__(self, con):
+        self.con, self.queries = con, []
+
+    def execute(self, query, *args):
+        self.queries.append((query, *args))
+        return self.con.execute(query, *args)
+
+
+def test_the_writer_takes_each_digest_from_its_record_until_its_sources_catalog_files_change(packed):
+    """A shard's digest is keyed by its plan lines and the catalog files of the source shards its samples
+    come from. With nothing changed none is computed; after a shard is added and planned incrementally, only
+    the new output shards' digests are; after that source is rescanned (its files rewritten), only those of
+    the output shards holding its samples. Each time they equal the digests computed from scratch."""
+    inp, work, out, _ = packed
+    run_write(work, inp, out, workers=1)
+
+    def digests() -> tuple[dict, dict, list]:
+        record = json.loads((work / write_stage.WRITTEN).read_text())
+        with store.connect(work, read_only=True) as con:
+            asked = _Asked(con)
+            got = write_stage.shard_digests(asked, record)
+            assert got[0] == write_stage.shard_digests(con)[0]
+        return *got, [q[1:] for q in asked.queries if "md5(conversation)" in q[0]]
+
+    old, keys, computed = digests()
+    assert computed == [] and len(old) >= 2
+    shutil.copy(inp / "part-000.tar", inp / "part-zzz.tar")  # same bytes, new sample ids
+    run_manifest(inp, work, "part-zzz")
+    run_token_lengths(work, "part-zzz", PROFILE)
+    shards = list(store.find_shards(inp))
+    run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2, incremental=True), PROFILE)
+    new, keys, computed = digests()
+    added = sorted(set(new) - set(old))
+    assert added and {n: new[n] for n in old} == old and computed == [([added, added],)]
+    run_write(work, inp, out, workers=1)
+    run_manifest(inp, work, "part-zzz", force=True)
+    run_token_lengths(work, "part-zzz", PROFILE)
+    again, rekeyed, computed = digests()
+    assert again == new and {n for n in keys if rekeyed[n] != keys[n]} == set(added)
+    assert computed == [([added, added],)]
+    record = json.loads((work / write_stage.WRITTEN).read_text())
+    (work / write_stage.WRITTEN).write_text(json.dumps({**record, "digest_keys": {}}))  # as written before the keys
+    assert digests()[2] == [()]  # every digest computed, in one query over every shard
+
+
 def test_a_touched_source_is_rescanned_and_its_output_shards_are_kept_a_new_plan_refutes_every_shard(packed, monkeypatch):
     """A source shard copied or touched (new mtime, same bytes) is rescanned; its members are hashed, so the
     digest, like the fingerprint, leaves its mtime out: every output shard is vouched for, none rewritten.
@@ -694,7 +793,7 @@ def test_a_touched_source_is_rescanned_and_its_output_shards_are_kept_a_new_plan
     run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
     with store.connect(work, read_only=True) as con:
         vouched, refuted = write_stage.vouched_shards(work, out, write_context(PlanInfo.load(con)),
-                                                      write_stage.shard_digests(con))
+                                                      write_stage.shard_digests(con)[0])
     assert sorted(r["shard"] for r in vouched) == names and not refuted
     res = run_write(work, inp, out, workers=1)
     assert asked == [set()] and (res.written, res.skipped) == (0, len(names))
@@ -703,7 +802,7 @@ def test_a_touched_source_is_rescanned_and_its_output_shards_are_kept_a_new_plan
     run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
     with store.connect(work, read_only=True) as con:
         vouched, refuted = write_stage.vouched_shards(work, out, write_context(PlanInfo.load(con)),
-                                                      write_stage.shard_digests(con))
+                                                      write_stage.shard_digests(con)[0])
     assert refuted and not vouched  # refuted by digest alone: the context is the one recorded
     asked.clear()
     res = run_write(work, inp, out, workers=1)

@@ -397,15 +397,24 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
 AUDITED = "audited_shards.json"
 
 
-def _audited(work: Path) -> dict:
+def _audited(work: Path) -> tuple[dict, float]:
+    """The last clean audit's record: each output shard's [size, mtime_ns, fingerprint], and the fraction
+    of samples its recount covered (0 for a record written before the fraction was kept)."""
     try:
-        return json.loads((work / AUDITED).read_text())
+        record = json.loads((work / AUDITED).read_text())
     except (OSError, ValueError):
-        return {}
+        return {}, 0.0
+    if not isinstance(record, dict):
+        return {}, 0.0
+    if "shards" not in record:
+        return record, 0.0
+    return record["shards"], float(record.get("recount_fraction") or 0.0)
 
 
-def recount(con, info: PlanInfo, result: AuditResult, fraction: float) -> None:
-    """Count again, from the manifest rows, the samples whose id hashes below ``fraction``."""
+def recount(con, info: PlanInfo, result: AuditResult, fraction: float, trusted: frozenset[str] = frozenset()) -> None:
+    """Count again, from the manifest rows, the samples whose id hashes below ``fraction``, except those
+    packed in the ``trusted`` output shards (same content and profile as at a clean audit whose recount
+    covered at least this fraction: counting them again would give what it gave)."""
     if fraction <= 0:
         return
     try:
@@ -418,8 +427,10 @@ def recount(con, info: PlanInfo, result: AuditResult, fraction: float) -> None:
         return
     rows = con.execute(
         "SELECT s.sample_id, s.conversation, s.image_sizes, s.videos, t.total_tokens FROM samples s "
-        "JOIN token_lengths t USING (sample_id) WHERE t.status = 'ok' AND (hash(s.sample_id) % 4294967296) < ?",
-        [int(fraction * 2**32)],
+        "JOIN token_lengths t USING (sample_id) WHERE t.status = 'ok' AND (hash(s.sample_id) % 4294967296) < ? "
+        "AND s.sample_id NOT IN (SELECT pm.sample_id FROM pack_members pm JOIN pack_plan p USING (pack_id) "
+        "WHERE p.output_shard IN (SELECT unnest(?::VARCHAR[])))",
+        [int(fraction * 2**32), sorted(trusted)],
     ).fetchall()
     counts = TokenCounter(profile).count_many(
         (json.loads(r[1]), r[2] or [], json.loads(r[3] or "[]")) for r in rows)
@@ -432,6 +443,7 @@ def recount(con, info: PlanInfo, result: AuditResult, fraction: float) -> None:
                 result.add("recount_mismatch", f"{r[0]}: stored {r[4]} tokens, recounted {got}", sample_id=r[0])
     result.stats["recounted"] = len(rows)
     result.stats["recount_fraction"] = fraction
+    result.stats["recount_skipped_shards"] = len(trusted)
 
 
 def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers: int = 0,
@@ -462,19 +474,20 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
                 stamps[r["shard"]] = [st.st_size, st.st_mtime_ns, r["fingerprint"]]
         if index is not None and not index_out.sources_unchanged(index):
             stamps = {}
-        before = _audited(work) if scope == "changed" else {}
+        before, recounted = _audited(work) if scope == "changed" else ({}, 0.0)
         trusted = frozenset(n for n, stamp in stamps.items() if before.get(n) == stamp)
         blend = info.stats.get("blend")
         result = audit(con, out_dir, info.config, work=work, workers=workers, min_bytes=parallel_min_bytes,
                        trusted=trusted, repeats=blend["repeats"] if blend else None)
         if blend:
             result.stats["blend"] = blend
-        recount(con, info, result, recount_fraction)
+        recount(con, info, result, recount_fraction, trusted if recounted >= recount_fraction else frozenset())
         result.waiting = list(info.stats.get("shards_waiting") or [])
         result.stats.update(verdict=result.verdict, shards_waiting=result.waiting)
         report = write_report(con, work, result, info, figures)
     result.report = Path(report["path"])
     result.plots = report["plots"]
     # a clean audit vouches for every current shard; one with violations vouches for none
-    store.atomic_write_text(work / AUDITED, json.dumps(stamps if result.ok else {}, sort_keys=True))
+    store.atomic_write_text(work / AUDITED, json.dumps(
+        {"shards": stamps, "recount_fraction": recount_fraction} if result.ok else {}, sort_keys=True))
     return result

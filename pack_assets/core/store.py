@@ -319,6 +319,11 @@ def build_catalog(con: duckdb.DuckDBPyConnection, work: Path, shards: list[str],
     con.execute(
         f"CREATE OR REPLACE VIEW token_lengths AS {_view_source([d / 'token_lengths.parquet' for d in t], TOKEN_LENGTHS_SCHEMA)}"
     )
+    # which folders hold each shard's rows (a blend's epoch catalog reads the dataset work folder's), so a
+    # reader can tell from their files' stamps whether a shard's rows changed (write.shard_digests)
+    con.execute("CREATE OR REPLACE TABLE catalog_shards AS SELECT unnest(?::VARCHAR[]) AS shard, "
+                "unnest(?::VARCHAR[]) AS manifest_dir, unnest(?::VARCHAR[]) AS token_dir",
+                [shards, [d.as_posix() for d in m], [d.as_posix() for d in t]])
     rej = [d / "rejected.parquet" for d in m] + [d / "rejected.parquet" for d in t]
     con.execute(f"CREATE OR REPLACE VIEW rejected AS {_view_source(rej, REJECTED_SCHEMA)}")
     # a sample the token stage rejects (e.g. an image the processor refuses) is rejected overall
