@@ -3,7 +3,8 @@
     python bench/bench_e2e.py --samples 1000000 --per-shard 5000 --image-kb 15 --out bench/out/e2e
 
 Checks free disk first (input + output ≈ 2.1 × samples × image size). Prints JSON lines and writes them to
-<out>/results.json.
+<out>/results.json. ``--again N`` then repeats the quick rerun N times: the last new shard removed, rerun;
+put back, rerun (its manifest is current then, so only the plan, write and audit are repeated).
 """
 
 from __future__ import annotations

@@ -412,6 +412,13 @@ def test_the_quick_audit_recounts_only_the_samples_it_reads_back(packed):
     assert wider.stats["recounted"] == 24
     quick = run_audit(work, out, recount_fraction=1.0, scope="changed")
     assert quick.ok and quick.stats["recounted"] == 0 and quick.stats["recount_skipped_shards"] == quick.stats["output_shards"]
+    record = json.loads((work / "audited_shards.json").read_text())
+    record["versions"]["transformers"] = "0.0.1"  # counted under other packages: an upgrade may count otherwise
+    (work / "audited_shards.json").write_text(json.dumps(record))
+    assert run_audit(work, out, recount_fraction=1.0, scope="changed").stats["recounted"] == 24
+    (work / "audited_shards.json").write_text(json.dumps({"shards": None, "recount_fraction": "x"}))  # hand-edited
+    assert run_audit(work, out, recount_fraction=1.0, scope="changed").stats["output_shards_trusted"] == 0
+    assert run_audit(work, out, recount_fraction=1.0, scope="changed").stats["recounted"] == 0
     import pyarrow as pa
     import pyarrow.parquet as pq
 

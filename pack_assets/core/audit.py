@@ -397,9 +397,24 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
 AUDITED = "audited_shards.json"
 
 
+@functools.cache
+def _counting_versions() -> dict[str, str | None]:
+    """The packages a recount's result (and which samples it picks) depends on besides the profile's files."""
+    from importlib import metadata
+
+    found = {}
+    for name in ("transformers", "tokenizers", "tiktoken", "torch", "torchvision", "pillow", "av", "duckdb"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
 def _audited(work: Path) -> tuple[dict, float]:
     """The last clean audit's record: each output shard's [size, mtime_ns, fingerprint], and the fraction
-    of samples its recount covered (0 for a record written before the fraction was kept)."""
+    of samples its recount covered: 0 for a record written before the fraction was kept, or under other
+    versions of the packages that count (an upgrade may count otherwise: recounted again)."""
     try:
         record = json.loads((work / AUDITED).read_text())
     except (OSError, ValueError):
@@ -408,7 +423,11 @@ def _audited(work: Path) -> tuple[dict, float]:
         return {}, 0.0
     if "shards" not in record:
         return record, 0.0
-    return record["shards"], float(record.get("recount_fraction") or 0.0)
+    shards, fraction = record["shards"], record.get("recount_fraction")
+    if not isinstance(shards, dict):
+        return {}, 0.0
+    same = isinstance(fraction, (int, float)) and record.get("versions") == dict(_counting_versions())
+    return shards, float(fraction) if same else 0.0
 
 
 def recount(con, info: PlanInfo, result: AuditResult, fraction: float, trusted: frozenset[str] = frozenset()) -> None:
@@ -489,5 +508,6 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
     result.plots = report["plots"]
     # a clean audit vouches for every current shard; one with violations vouches for none
     store.atomic_write_text(work / AUDITED, json.dumps(
-        {"shards": stamps, "recount_fraction": recount_fraction} if result.ok else {}, sort_keys=True))
+        {"shards": stamps, "recount_fraction": recount_fraction, "versions": _counting_versions()} if result.ok else {},
+        sort_keys=True))
     return result
