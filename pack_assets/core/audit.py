@@ -426,7 +426,7 @@ def _audited(work: Path) -> tuple[dict, float]:
     shards, fraction = record["shards"], record.get("recount_fraction")
     if not isinstance(shards, dict):
         return {}, 0.0
-    same = isinstance(fraction, (int, float)) and record.get("versions") == dict(_counting_versions())
+    same = isinstance(fraction, (int, float)) and record.get("versions") == _counting_versions()
     return shards, float(fraction) if same else 0.0
 
 

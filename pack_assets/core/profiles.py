@@ -697,7 +697,7 @@ def _ranks_file(path: str, last_added_id: int) -> Path | None:
 
     from .. import __version__
 
-    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:24]
+    digest = _file_sha256(str(src))[:24]  # as the profile's fingerprint hashed it (cached per process)
     return folder / (f"tiktoken-ranks-v{RANKS_FORMAT}-{digest}-{last_added_id}-pack_assets{__version__}"
                      f"-tiktoken{getattr(tiktoken, '__version__', '')}-marshal{marshal.version}.bin")
 

@@ -19,7 +19,6 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from . import store
 from .conversation import media_refs, normalize, place_media
 from .media import IMAGE_EXTS, VIDEO_EXTS, probe_image, probe_video

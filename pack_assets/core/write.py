@@ -501,17 +501,18 @@ def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str,
         if last is not None:  # hashed as copied: the rows kept are the rows the record vouches for
             try:
                 shutil.copyfile(meta / "index.sqlite", tmp_db)
-                last = last if _file_sha256(Path(tmp_db)) == last.sha256 else None
+                vouched = _file_sha256(Path(tmp_db)) == last.sha256
             except OSError:
+                vouched = False
+            if not vouched:
                 last = None
+                Path(tmp_db).write_bytes(b"")
         base = last is not None and names[:len(last.listed)] == last.listed and last.kept >= set(last.listed)
         if last is not None and not base:  # the copy is read from; the new index starts empty
             copied = tmp_db
             fd, tmp_db = mkstemp(prefix=".index.sqlite.tmp-", dir=meta)
             os.close(fd)
             old = sqlite3.connect(f"file:{urllib.parse.quote(copied)}?mode=ro", uri=True)
-        elif last is None:
-            Path(tmp_db).write_bytes(b"")
         db = sqlite3.connect(tmp_db)
         for sql in _INDEX_TABLES:
             db.execute(sql)
@@ -521,7 +522,7 @@ def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str,
             else:
                 if name in indexes:
                     samples, parts, end = indexes[name]
-                elif old is not None and name in last.kept and name in last.listed:
+                elif old is not None and name in last.kept:  # kept: in the record, so in its listing
                     samples, parts, end = LastIndex.rows(old, last.listed.index(name))
                 else:
                     samples, parts, end = _sample_index(out_dir / name)
