@@ -100,13 +100,12 @@ def _run(args, **extra) -> int:
     settings.check_paths()  # before anything is written
     home, home_from = resolve_dagster_home(args.dagster_home)
     with work_lock(settings.work, f"pack-assets {args.command}"):  # a second run on this work folder refuses
-        from .core import drawing, shardwork
-        from .core.procs import Helpers
+        from .core import procs, shardwork
 
         work = shardwork.find(settings, force=args.force)
         # helper processes, forked now: they scan and count the shards while Dagster is imported below, then
-        # draw the report's figures
-        with Helpers(shardwork.helpers_for(work, args.jobs)) as helpers, drawing.aside(helpers.pool):
+        # draw the report's figures and recount the audit's samples
+        with procs.Helpers(shardwork.helpers_for(work, args.jobs)) as helpers, procs.aside(helpers.pool):
             shardwork.start(work, settings, helpers, force=args.force)
             if ensure_dagster_yaml(home):
                 print(f"new Dagster home {home}: wrote dagster.yaml (telemetry off, concurrency pools)",

@@ -99,6 +99,18 @@ def test_clean_run_from_dagster_home_env_in_a_fresh_home_is_quiet(dataset, tmp_p
     assert s["stage_seconds"]["start-up"] > 0  # imports and the instance, counted from process start
 
 
+def test_the_command_process_itself_never_imports_pandas(dataset, tmp_path):
+    """pyarrow imports pandas (~0.35 s, a tenth of a one-shard run) the first time it builds an array from
+    Python values or hands one to NumPy: the command's own process does neither (its helpers may)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    code = ("import sys; from pack_assets.cli import main; "
+            f"rc = main(['run', '--input', {str(dataset)!r}, '--max-len', '1500', '--work', 'work', '--output', 'out', "
+            "'--dagster-home', 'home']); print('RESULT', rc, 'pandas' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "RESULT 0 False", proc.stdout[-2000:]
+
+
 class _Stream(io.StringIO):
     def __init__(self, tty: bool) -> None:
         super().__init__()

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pack_assets.core import drawing, report
+from pack_assets.core import drawing, procs, report
 from pack_assets.core.procs import Helpers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,11 +36,11 @@ def _pid(_, path: Path) -> None:
 def test_figures_drawn_aside_are_the_bytes_drawn_in_line_and_drawn_elsewhere(tmp_path):
     lengths, sim, media = _sim()
     inline = report.plot_simulation(lengths, sim, tmp_path / "inline", media)
-    with Helpers(1) as helpers, drawing.aside(helpers.pool):
+    with Helpers(1) as helpers, procs.aside(helpers.pool):
         aside = report.plot_simulation(lengths, sim, tmp_path / "aside", media)
         where = drawing.draw(_pid, None, tmp_path / "pid").wait()
     assert int(where.read_text()) != os.getpid()  # drawn in the helper, not here
-    assert drawing._pool is None
+    assert procs._pool is None
     assert set(inline) == set(aside) == {"length_distribution", "fill_vs_max_len"}
     for k in inline:
         assert open(inline[k], "rb").read() == open(aside[k], "rb").read(), k
@@ -64,7 +64,7 @@ def test_a_histogram_binned_where_the_values_are_draws_as_ax_hist_draws_them(tmp
 
 def test_a_helper_that_dies_costs_no_figure(tmp_path):
     lengths, sim, media = _sim()
-    with Helpers(1) as helpers, drawing.aside(helpers.pool):
+    with Helpers(1) as helpers, procs.aside(helpers.pool):
         helper = int(drawing.draw(_pid, None, tmp_path / "pid").wait().read_text())
         assert helper != os.getpid()
         os.kill(helper, signal.SIGKILL)

@@ -3,6 +3,7 @@ damage to the outputs reported by the audit."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -14,12 +15,14 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
-from pack_assets.core import store, tario
+from pack_assets.core import audit as audit_mod
+from pack_assets.core import procs, store, tario
 from pack_assets.core import write as write_mod
 from pack_assets.core import write as write_stage
 from pack_assets.core.audit import run_audit
 from pack_assets.core.lookup import lookup
 from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
+from pack_assets.core.procs import Helpers
 from pack_assets.core.profiles import load_profile
 from pack_assets.core.records import PackMeta, SourceRef
 from pack_assets.core.scan import manifest_is_current, run_manifest
@@ -384,8 +387,24 @@ def test_overlong_samples_are_dropped_with_their_length(dataset, tmp_path):
     assert run_audit(work, tmp_path / "o").ok
 
 
-def test_sampled_recount_catches_a_tampered_token_length(packed):
+@pytest.mark.parametrize("where", ["here", "helper"])
+def test_sampled_recount_catches_a_tampered_token_length(packed, monkeypatch, where):
+    """`pack-assets run` hands the recount to its helper processes (procs.aside): it must find what the
+    recount in the audit's own process finds, and this process then counts nothing itself."""
     _, work, out, _ = packed
+    with contextlib.ExitStack() as stack:
+        if where == "helper":
+            helpers = stack.enter_context(Helpers(1))  # started (and forked) before the patch below
+            stack.enter_context(procs.aside(helpers.pool))
+
+            def refuse(*a, **k):
+                raise AssertionError("the audit's process counted: the recount was not handed to the helper")
+
+            monkeypatch.setattr(audit_mod, "TokenCounter", refuse)
+        _tampered_recount(work, out)
+
+
+def _tampered_recount(work: Path, out: Path) -> None:
     result = run_audit(work, out, recount_fraction=1.0)
     assert result.ok and result.stats["recounted"] == 24
     # tamper with one shard's stored counts (as a stale or buggy count would look)

@@ -20,14 +20,15 @@ import os
 import queue
 import tarfile
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
 
-from . import index_out, store
+from . import index_out, procs, store
 from .plan import PlanConfig, PlanInfo, check_plan
-from .profiles import ProfileError, resolve_profile
+from .profiles import ModelProfile, ProfileError, resolve_profile
 from .reasons import ReasonError
 from .report import audit_figures, write_report
 from .results import AuditResult
@@ -430,20 +431,28 @@ def _audited(work: Path) -> tuple[dict, float]:
     return shards, float(fraction) if same else 0.0
 
 
-def recount(con, info: PlanInfo, result: AuditResult, fraction: float, trusted: frozenset[str] = frozenset()) -> None:
+def _recounted(profile: ModelProfile, rows: list[tuple]) -> list[int | None]:
+    """Each (conversation, image_sizes, videos) row's total tokens, None where it cannot be counted."""
+    counts = TokenCounter(profile).count_many((json.loads(c), sizes or [], json.loads(v or "[]")) for c, sizes, v in rows)
+    return [None if isinstance(c, Exception) else c["total_tokens"] for c in counts]
+
+
+def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = frozenset()) -> Callable[[AuditResult], None]:
     """Count again, from the manifest rows, the samples whose id hashes below ``fraction``, except those
     packed in the ``trusted`` output shards (same content and profile as at a clean audit whose recount
-    covered at least this fraction: counting them again would give what it gave)."""
+    covered at least this fraction: counting them again would give what it gave). Counted by a helper
+    inside `procs.aside` (whose tokenizer is loaded) while the caller reads the outputs back; returns what
+    records the outcome in the audit's result."""
     if fraction <= 0:
-        return
+        return lambda result: None
     try:
         profile = resolve_profile(info.profile.split("@")[0], info.model_dir or None, info.trust_remote_code)
     except ProfileError as e:
-        result.add("recount_unavailable", str(e))
-        return
+        unavailable = str(e)
+        return lambda result: result.add("recount_unavailable", unavailable)
     if profile.fingerprint != info.profile_fingerprint:
-        result.add("profile_changed", f"profile {profile.name} files changed since the plan: recount the shards")
-        return
+        return lambda result: result.add("profile_changed",
+                                         f"profile {profile.name} files changed since the plan: recount the shards")
     rows = con.execute(
         "SELECT s.sample_id, s.conversation, s.image_sizes, s.videos, t.total_tokens FROM samples s "
         "JOIN token_lengths t USING (sample_id) WHERE t.status = 'ok' AND (hash(s.sample_id) % 4294967296) < ? "
@@ -451,18 +460,20 @@ def recount(con, info: PlanInfo, result: AuditResult, fraction: float, trusted: 
         "WHERE p.output_shard IN (SELECT unnest(?::VARCHAR[])))",
         [int(fraction * 2**32), sorted(trusted)],
     ).fetchall()
-    counts = TokenCounter(profile).count_many(
-        (json.loads(r[1]), r[2] or [], json.loads(r[3] or "[]")) for r in rows)
-    bad = 0
-    for r, c in zip(rows, counts):
-        got = None if isinstance(c, Exception) else c["total_tokens"]
-        if got != r[4]:
-            bad += 1
-            if bad <= 100:
-                result.add("recount_mismatch", f"{r[0]}: stored {r[4]} tokens, recounted {got}", sample_id=r[0])
-    result.stats["recounted"] = len(rows)
-    result.stats["recount_fraction"] = fraction
-    result.stats["recount_skipped_shards"] = len(trusted)
+    counted = procs.run_aside(_recounted, profile, [r[1:4] for r in rows])
+
+    def record(result: AuditResult) -> None:
+        bad = 0
+        for r, got in zip(rows, counted.result()):
+            if got != r[4]:
+                bad += 1
+                if bad <= 100:
+                    result.add("recount_mismatch", f"{r[0]}: stored {r[4]} tokens, recounted {got}", sample_id=r[0])
+        result.stats["recounted"] = len(rows)
+        result.stats["recount_fraction"] = fraction
+        result.stats["recount_skipped_shards"] = len(trusted)
+
+    return record
 
 
 def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers: int = 0,
@@ -496,11 +507,12 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
         before, recounted = _audited(work) if scope == "changed" else ({}, 0.0)
         trusted = frozenset(n for n, stamp in stamps.items() if before.get(n) == stamp)
         blend = info.stats.get("blend")
+        recounting = recount(con, info, recount_fraction, trusted if recounted >= recount_fraction else frozenset())
         result = audit(con, out_dir, info.config, work=work, workers=workers, min_bytes=parallel_min_bytes,
                        trusted=trusted, repeats=blend["repeats"] if blend else None)
         if blend:
             result.stats["blend"] = blend
-        recount(con, info, result, recount_fraction, trusted if recounted >= recount_fraction else frozenset())
+        recounting(result)
         result.waiting = list(info.stats.get("shards_waiting") or [])
         result.stats.update(verdict=result.verdict, shards_waiting=result.waiting)
         report = write_report(con, work, result, info, figures)

@@ -1,4 +1,4 @@
-"""Where the report's PNGs are drawn: in line by default, or, inside `aside(pool)`, in helper processes.
+"""Where the report's PNGs are drawn: in line by default, or, inside `procs.aside(pool)`, in helper processes.
 
 Drawing costs matplotlib's import and ~0.1 s a figure, all holding the GIL. `pack-assets run` gives it
 to its helpers (core/procs.py) once they have scanned the shards: they import matplotlib (`warm()`) while
@@ -8,42 +8,32 @@ that with the path."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
-from concurrent.futures import BrokenExecutor, Executor, Future
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-
-_pool: Executor | None = None  # set inside aside()
+from . import procs
 
 
 @dataclass
 class Drawn:
     """A figure asked for: `wait()` before its file is read."""
 
-    future: Future
-    fn: Callable
-    data: object
+    aside: procs.Aside
     path: Path
 
+    @property
+    def data(self):
+        return self.aside.args[0]
+
     def wait(self) -> Path:
-        try:
-            self.future.result()
-        except BrokenExecutor:  # a helper died (the pool is broken): the figure is drawn here instead
-            self.fn(self.data, self.path)
+        self.aside.result()  # (drawn here instead if its helper died)
         return self.path
 
 
 def draw(fn: Callable, data, path: Path) -> Drawn:
-    """fn(data, path) by a helper inside `aside()`, else now (its errors raised here)."""
-    if _pool is not None:
-        with contextlib.suppress(BrokenExecutor, RuntimeError):  # a broken or closed pool: drawn here
-            return Drawn(_pool.submit(fn, data, path), fn, data, path)
-    fn(data, path)
-    done = Future()
-    done.set_result(None)
-    return Drawn(done, fn, data, path)
+    """fn(data, path) by a helper inside `procs.aside()`, else now (its errors raised here)."""
+    return Drawn(procs.run_aside(fn, data, path), path)
 
 
 def _warm() -> None:
@@ -58,18 +48,4 @@ def _warm() -> None:
 def warm(n: int = 1) -> None:
     """Have the drawing helpers import matplotlib now (when they run): called once the shards are done, so
     the import takes a core the scan no longer needs. `n`: how many helpers (each imports it once)."""
-    if _pool is not None:
-        with contextlib.suppress(BrokenExecutor, RuntimeError):
-            for _ in range(n):
-                _pool.submit(_warm)
-
-
-@contextlib.contextmanager
-def aside(pool: Executor) -> Iterator[None]:
-    """Draw in `pool` (the command's helpers, core/procs.py) until the block ends."""
-    global _pool
-    _pool = pool
-    try:
-        yield
-    finally:
-        _pool = None
+    procs.warm_aside(_warm, n)

@@ -580,13 +580,11 @@ def _incremental(rows: dict[str, np.ndarray], previous, config: PlanConfig, prof
 
 def ok_lengths(con) -> dict[str, np.ndarray]:
     """make_plan's inputs, one entry per ok sample in sample id order, from the catalog."""
-    t = con.sql("SELECT sample_id, media_type, total_tokens, media_bytes, n_images + n_videos AS n_media, vision_tokens "
-                "FROM token_lengths WHERE status = 'ok' ORDER BY sample_id").to_arrow_table()
-    col = lambda name: t.column(name).to_numpy(zero_copy_only=False)  # noqa: E731
-    return {"sample_ids": np.asarray(t.column("sample_id").to_pylist(), dtype=object),
-            "media_types": np.asarray(t.column("media_type").to_pylist(), dtype=object),
-            "lengths": col("total_tokens"), "media_bytes": col("media_bytes"), "n_media": col("n_media"),
-            "vision_tokens": col("vision_tokens")}
+    # fetchnumpy, not Arrow's to_numpy: that imports pandas (~0.35 s, a tenth of a one-shard run)
+    t = con.sql("SELECT sample_id AS sample_ids, media_type AS media_types, total_tokens AS lengths, media_bytes, "
+                "n_images + n_videos AS n_media, vision_tokens FROM token_lengths WHERE status = 'ok' "
+                "ORDER BY sample_id").fetchnumpy()
+    return {k: np.asarray(v) for k, v in t.items()}
 
 
 def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelProfile, allow_missing: bool = False,

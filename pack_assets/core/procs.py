@@ -1,5 +1,6 @@
 """The helper processes of one command (`pack-assets run`): one pool, started at once, that scans and
-counts shards (core/shardwork.py) and then draws the report's figures (core/drawing.py).
+counts shards (core/shardwork.py), then, inside `aside()`, takes work the command can hand off: the report's
+figures (core/drawing.py) and the audit's recount (core/audit.py).
 
 Forked from a process with a single thread: at once, with what it has imported (the CLI, before Dagster).
 With other threads running (a library caller, a test runner) a fork could copy a lock another thread holds,
@@ -11,11 +12,14 @@ terminates the helpers, so no shard is written after the command has stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor
+from dataclasses import dataclass
 
 from .safety import forget_inherited_locks, pid_alive
 
@@ -67,3 +71,50 @@ class Helpers:
 
     def __exit__(self, exc_type, *exc) -> None:
         self.close(terminate=exc_type is not None)
+
+
+_pool: Executor | None = None  # the helpers, inside aside()
+
+
+@dataclass
+class Aside:
+    """fn(*args) handed to a helper: `result()` waits for it, or computes it here when the helper died."""
+
+    future: Future
+    fn: Callable
+    args: tuple
+
+    def result(self):
+        try:
+            return self.future.result()
+        except BrokenExecutor:
+            return self.fn(*self.args)
+
+
+def run_aside(fn: Callable, *args) -> Aside:
+    """fn(*args) by a helper inside `aside()`, else now (its errors raised here)."""
+    if _pool is not None:
+        with contextlib.suppress(BrokenExecutor, RuntimeError):  # a broken or closed pool: run here
+            return Aside(_pool.submit(fn, *args), fn, args)
+    done: Future = Future()
+    done.set_result(fn(*args))
+    return Aside(done, fn, args)
+
+
+def warm_aside(fn: Callable, n: int = 1) -> None:
+    """Have `n` helpers run fn() now (its imports) when there are helpers; nothing otherwise."""
+    if _pool is not None:
+        with contextlib.suppress(BrokenExecutor, RuntimeError):
+            for _ in range(n):
+                _pool.submit(fn)
+
+
+@contextlib.contextmanager
+def aside(pool: Executor) -> Iterator[None]:
+    """Hand `run_aside` work to `pool` (the command's helpers) until the block ends."""
+    global _pool
+    _pool = pool
+    try:
+        yield
+    finally:
+        _pool = None

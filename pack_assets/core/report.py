@@ -115,7 +115,7 @@ def draw_reasons(rows: list[tuple], path: Path) -> None:
 
 
 def audit_figures(con, work: Path, max_len: int) -> dict[str, drawing.Drawn]:
-    """The report's three figures, asked for as soon as the plan is known (inside `drawing.aside`, the helpers
+    """The report's three figures, asked for as soon as the plan is known (inside `procs.aside`, the helpers
     draw them while the audit reads the outputs back); `write_report` waits for them."""
     plots = work / "plots"
     lens = con.execute("SELECT media_type, list(total_tokens) FROM token_lengths WHERE status='ok' GROUP BY 1 ORDER BY 1").fetchall()

@@ -30,7 +30,6 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import safety
@@ -174,6 +173,8 @@ class BatchedParquet:
 
     def flush(self) -> None:
         if self.pending:
+            # pa.array (pyarrow then imports pandas, ~0.35 s), not `_registered`: a forked helper writes these, and
+            # DuckDB's state is not fork-safe (a helper's first connect hung when its parent had used DuckDB)
             arrays = [pa.array(col, type=f.type) for col, f in zip(self.columns, self.schema)]
             self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
             self.count += self.pending
@@ -183,6 +184,34 @@ class BatchedParquet:
     def close(self) -> None:
         self.flush()
         self.writer.close()
+
+
+_DUCK_TYPES = {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER", pa.bool_(): "BOOLEAN",
+               pa.float64(): "DOUBLE"}
+
+
+def _duck_type(t: pa.DataType) -> str:
+    return f"{_duck_type(t.value_type)}[]" if pa.types.is_list(t) else _DUCK_TYPES[t]
+
+
+@contextlib.contextmanager
+def _registered(con: duckdb.DuckDBPyConnection, name: str, columns: list[list], schema: pa.Schema) -> Iterator[str]:
+    """``columns`` of Python values registered as ``name`` while the block runs; yields a SELECT of them with
+    ``schema``'s columns and types. Handed to DuckDB as NumPy object columns, because building Arrow arrays
+    from Python objects makes pyarrow import pandas: ~0.35 s, a tenth of a one-shard run, which the command's
+    own process no longer pays (its helpers do, in `BatchedParquet`)."""
+    con.register(name, {f.name: np.fromiter(col, dtype=object, count=len(col)) for f, col in zip(schema, columns)})
+    try:
+        yield "SELECT " + ", ".join(f'CAST("{f.name}" AS {_duck_type(f.type)}) AS "{f.name}"' for f in schema) \
+            + f" FROM {name}"
+    finally:
+        con.unregister(name)
+
+
+def rows_relation(con: duckdb.DuckDBPyConnection, name: str, rows: list, schema: pa.Schema):
+    """`_registered` for rows (dicts, or tuples in schema order)."""
+    keys = schema.names if rows and isinstance(rows[0], dict) else range(len(schema))
+    return _registered(con, name, [[r[k] for r in rows] for k in keys], schema)
 
 
 def _rejection_row(r: Rejection) -> dict:
@@ -244,14 +273,7 @@ def _files(paths: list[Path]) -> str:
 
 
 def _empty_select(schema: pa.Schema) -> str:
-    types = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE"}
-    cols = []
-    for f in schema:
-        t = types.get(f.type)
-        if t is None:
-            t = "BIGINT[][]" if f.type == pa.list_(pa.list_(pa.int64())) else "VARCHAR[]"
-        cols.append(f"CAST(NULL AS {t}) AS {f.name}")
-    return "SELECT " + ", ".join(cols) + " WHERE false"
+    return "SELECT " + ", ".join(f"CAST(NULL AS {_duck_type(f.type)}) AS {f.name}" for f in schema) + " WHERE false"
 
 
 def _view_source(paths: list[Path], schema: pa.Schema) -> str:
@@ -377,14 +399,19 @@ def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, shards: list[str], fo
     """Stream the query's rows and file them by output shard, a Parquet file per shard. Filed here, not by
     DuckDB's `COPY … PARTITION_BY`, which held its whole memory limit (1.2 GB at 1M samples,
     bench/bench_stage.py); this holds a batch and one open file per shard of the group."""
-    value_set = pa.array(shards, pa.string())
+    at = {name: i for i, name in enumerate(shards)}
     writers: dict[int, pq.ParquetWriter] = {}
     try:
         for batch in con.sql(sql).to_arrow_reader(_STAGED_BATCH):  # a relation streams; execute() holds every row
-            shard = batch.column("output_shard").cast(pa.string())  # (DuckDB may hand over large or view strings)
-            position = pc.index_in(shard, value_set=value_set).to_numpy(zero_copy_only=False)
+            # each row's shard as its place in `shards`, by way of a dictionary: no pa.array, no to_numpy (both
+            # make pyarrow import pandas, see `_registered`)
+            codes = batch.column("output_shard").cast(pa.string()).dictionary_encode()  # (large or view strings)
+            ix = codes.indices
+            position = np.asarray([at[s] for s in codes.dictionary.to_pylist()], dtype=np.int64)[
+                np.frombuffer(ix.buffers()[1], dtype=np.int32)[ix.offset:ix.offset + len(ix)]]
             order = np.argsort(position, kind="stable")
-            batch = batch.drop_columns(["output_shard"]).take(pa.array(order))
+            batch = batch.drop_columns(["output_shard"]).take(
+                pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order.astype(np.int64, copy=False))]))
             position = position[order]
             cuts = [0, *(np.flatnonzero(np.diff(position)) + 1).tolist(), len(position)]
             for lo, hi in zip(cuts, cuts[1:]):
@@ -449,32 +476,25 @@ def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict], dropped: list[d
     epoch (BLEND_* schemas), and pack_members gains ``dataset``, ``epoch`` and ``copy``."""
     plan_schema, dropped_schema = (BLEND_PACK_PLAN_SCHEMA, BLEND_DROPPED_SCHEMA) if blend else (PACK_PLAN_SCHEMA,
                                                                                               DROPPED_SCHEMA)
-    # registered under names no table uses (connect() turns Python replacement scans off)
-    con.register("_new_pack_plan", pa.Table.from_pylist(packs, schema=plan_schema))
-    con.register("_new_dropped", pa.Table.from_pylist(dropped, schema=dropped_schema))
     extra = ", datasets[i] AS dataset, epoch, copies[i] AS copy" if blend else ""
-    try:
+    # registered under names no table uses (connect() turns Python replacement scans off)
+    with rows_relation(con, "_new_pack_plan", packs, plan_schema) as new_packs, \
+            rows_relation(con, "_new_dropped", dropped, dropped_schema) as new_dropped:
         con.execute("BEGIN")
-        con.execute("CREATE OR REPLACE TABLE pack_plan AS SELECT * FROM _new_pack_plan")
+        con.execute(f"CREATE OR REPLACE TABLE pack_plan AS {new_packs}")
         con.execute(
             "CREATE OR REPLACE TABLE pack_members AS SELECT pack_id, CAST(i AS INTEGER) - 1 AS position, "
             f"sample_ids[i] AS sample_id{extra} FROM pack_plan, range(1, len(sample_ids) + 1) AS r(i)"
         )
-        con.execute("CREATE OR REPLACE TABLE dropped AS SELECT * FROM _new_dropped")
+        con.execute(f"CREATE OR REPLACE TABLE dropped AS {new_dropped}")
         con.execute("CREATE OR REPLACE TABLE plan_info AS SELECT ? AS info", [json.dumps(info)])
         con.execute(LINEAGE_VIEW)
         con.execute("COMMIT")
-    finally:
-        con.unregister("_new_pack_plan")
-        con.unregister("_new_dropped")
 
 
 def mark_audit_seen(con: duckdb.DuckDBPyConnection, pack_ids) -> None:
     """The packs an audit found in the outputs, as a temporary table its SQL checks join against."""
     con.execute("CREATE OR REPLACE TEMP TABLE audit_seen (pack_id VARCHAR)")  # (also ends a result left open)
-    # one Arrow column, not executemany: a row per INSERT took 6 s for the 27,441 packs of 1M samples
-    con.register("audit_seen_rows", pa.table({"pack_id": pa.array(list(pack_ids), pa.string())}))
-    try:
-        con.execute("INSERT INTO audit_seen SELECT pack_id FROM audit_seen_rows")
-    finally:
-        con.unregister("audit_seen_rows")
+    # one registered column, not executemany: a row per INSERT took 6 s for the 27,441 packs of 1M samples
+    with rows_relation(con, "audit_seen_rows", [(p,) for p in pack_ids], pa.schema([("pack_id", pa.string())])) as rel:
+        con.execute(f"INSERT INTO audit_seen {rel}")
