@@ -4,12 +4,13 @@ figures drawn by Agg: no display, no pyplot)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from . import drawing, store
+from . import drawing, procs, store
 from .plan import PlanConfig, PlanInfo, ok_lengths, simulate
 from .results import AuditResult, Markdown, png_data_uri
 from .store import atomic_write_text
@@ -334,14 +335,30 @@ def run_what_if(work: Path, config: PlanConfig, plan_fingerprint: str) -> WhatIf
     next_fit over the planned samples; plots and ``what_if.json`` go to the work folder."""
     with store.connect(work, read_only=True) as con:
         rows = ok_lengths(con)
-    lengths, mtypes = rows["lengths"], rows["media_types"]
-    sweep = simulate(lengths, sorted({config.max_len // 4, config.max_len // 2, config.max_len, config.max_len * 2}),
-                     sorted({config.algorithm, "bfd", "next_fit"}), config.caps, seed=config.seed)
-    plots = plot_simulation(lengths, sweep, work / "plots",
-                            {mt: lengths[mtypes == mt] for mt in sorted(set(mtypes.tolist()))})
-    what_if = WhatIf(plan_fingerprint, sweep["results"], sweep["recommended_max_len"], plots)
-    atomic_write_text(work / WHAT_IF, json.dumps(asdict(what_if)))
-    return what_if
+    return start_what_if(work, config, rows)(plan_fingerprint)
+
+
+def _sweep(lengths: np.ndarray, config: PlanConfig) -> dict:
+    return simulate(lengths, sorted({config.max_len // 4, config.max_len // 2, config.max_len, config.max_len * 2}),
+                    sorted({config.algorithm, "bfd", "next_fit"}), config.caps, seed=config.seed)
+
+
+def start_what_if(work: Path, config: PlanConfig, rows: dict[str, np.ndarray]) -> Callable[[str], WhatIf]:
+    """`run_what_if` over ``rows`` (`plan.ok_lengths`), its sweep simulated by a helper inside `procs.aside`
+    while the plan goes on; returns what then draws the plots and writes ``what_if.json`` for the plan's
+    fingerprint."""
+    lengths, mtypes = rows["lengths"].copy(), rows["media_types"]
+    media = {mt: lengths[mtypes == mt] for mt in sorted(set(mtypes.tolist()))}
+    sweep = procs.run_aside(_sweep, lengths, config)
+
+    def finish(plan_fingerprint: str) -> WhatIf:
+        sim = sweep.result()
+        what_if = WhatIf(plan_fingerprint, sim["results"], sim["recommended_max_len"],
+                         plot_simulation(lengths, sim, work / "plots", media))
+        atomic_write_text(work / WHAT_IF, json.dumps(asdict(what_if)))
+        return what_if
+
+    return finish
 
 
 def read_what_if(work: Path, plan_fingerprint: str) -> WhatIf | None:

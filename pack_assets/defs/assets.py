@@ -123,9 +123,11 @@ def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.M
             summary = blend.run_blend_plan(s.work, shards, s.plan, s.model_profile(), s.blend(), allow_missing=True)
             what_if = None
         else:
+            what_ifs = []  # the what-if sweep, started as soon as the plan has read the lengths
             summary = plan.run_plan(s.work, shards, s.plan, s.model_profile(), allow_missing=True,
-                                    input_root=s.input_root)
-            what_if = report.run_what_if(s.work, s.plan, summary.fingerprint)
+                                    input_root=s.input_root,
+                                    on_lengths=lambda rows: what_ifs.append(report.start_what_if(s.work, s.plan, rows)))
+            what_if = what_ifs[0](summary.fingerprint)
     if summary.shards_removed:
         context.log.warning(f"{len(summary.shards_removed)} registered shard(s) no longer in {s.input_root}, "
                             f"not planned: {summary.shards_removed[:10]}")
