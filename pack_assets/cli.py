@@ -104,7 +104,7 @@ def _run(args, **extra) -> int:
 
         work = shardwork.find(settings, force=args.force)
         # helper processes, forked now: they scan and count the shards while Dagster is imported below, then
-        # draw the report's figures and recount the audit's samples
+        # simulate the what-if sweep, recount the audit's samples and draw the report's figures
         with procs.Helpers(shardwork.helpers_for(work, args.jobs)) as helpers, procs.aside(helpers.pool):
             shardwork.start(work, settings, helpers, force=args.force)
             if ensure_dagster_yaml(home):

@@ -253,3 +253,25 @@ def test_incremental_packing_stays_within_a_tenth_of_a_percent_of_a_full_replan(
     old_shards = {p.output_shard for p in old.packs}
     assert not old_shards & {p.output_shard for p in inc.packs[len(old.packs):]}
     assert len(inc.packs) <= len(full.packs) * 1.001, (len(inc.packs), len(full.packs))
+
+
+def test_a_plan_that_cannot_be_stored_leaves_the_last_one_and_says_why(tmp_path):
+    """save_plan's rows are cast by DuckDB inside its transaction: a bad value rolls it back (the last plan
+    stays, the connection stays usable) and its own error is raised, not a later one."""
+    import duckdb
+
+    from pack_assets.core import store
+
+    pack = {"pack_id": "p00000000", "media_type": "text", "sample_ids": ["a/1", "a/2"], "sample_token_lens": [3, 4],
+            "total_token_len": 7, "output_shard": "packed-00000.tar", "overlong": False}
+    dropped = [{"sample_id": "a/3", "total_tokens": 99, "reason": "overlong"}]
+    with store.connect(tmp_path) as con:
+        con.execute("CREATE TABLE manifest_samples (sample_id VARCHAR, shard VARCHAR, key VARCHAR, json_member VARCHAR, "
+                    "media_members VARCHAR[])")  # what the lineage view reads (the catalog's, in a real work folder)
+        store.save_plan(con, [pack], dropped, {"fingerprint": "first"})
+        with pytest.raises(duckdb.ConversionException):
+            store.save_plan(con, [{**pack, "total_token_len": "seven"}], [], {"fingerprint": "second"})
+        assert store.read_plan_info(con) == {"fingerprint": "first"}
+        packs, kept = store.read_plan(con)
+        assert packs == [("p00000000", "text", ["a/1", "a/2"], [3, 4], 7, "packed-00000.tar", False)] and kept == dropped
+        assert con.execute("SELECT sample_id, position FROM pack_members ORDER BY 2").fetchall() == [("a/1", 0), ("a/2", 1)]

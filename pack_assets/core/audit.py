@@ -441,8 +441,8 @@ def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = froz
     """Count again, from the manifest rows, the samples whose id hashes below ``fraction``, except those
     packed in the ``trusted`` output shards (same content and profile as at a clean audit whose recount
     covered at least this fraction: counting them again would give what it gave). Counted by a helper
-    inside `procs.aside` (whose tokenizer is loaded) while the caller reads the outputs back; returns what
-    records the outcome in the audit's result."""
+    inside `procs.aside` (its tokenizer usually loaded already, by the shards it counted) while the caller
+    reads the outputs back; returns what records the outcome in the audit's result."""
     if fraction <= 0:
         return lambda result: None
     try:

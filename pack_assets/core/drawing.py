@@ -32,7 +32,7 @@ class Drawn:
 
 
 def draw(fn: Callable, data, path: Path) -> Drawn:
-    """fn(data, path) by a helper inside `procs.aside()`, else now (its errors raised here)."""
+    """fn(data, path) by a helper inside `procs.aside()`, else now (its errors raised by `wait()`)."""
     return Drawn(procs.run_aside(fn, data, path), path)
 
 

@@ -619,6 +619,8 @@ def ok_lengths(con) -> dict[str, np.ndarray]:
     t = con.sql("SELECT sample_id AS sample_ids, media_type AS media_types, total_tokens AS lengths, media_bytes, "
                 "n_images + n_videos AS n_media, vision_tokens FROM token_lengths WHERE status = 'ok' "
                 "ORDER BY sample_id").fetchnumpy()
+    if any(np.ma.getmaskarray(v).any() for v in t.values()):  # (a NULL comes back masked, never as 0)
+        raise ValueError("token_lengths has an ok row with a NULL count: count its shard again (--force)")
     return {k: np.asarray(v) for k, v in t.items()}
 
 

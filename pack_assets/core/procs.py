@@ -1,6 +1,6 @@
 """The helper processes of one command (`pack-assets run`): one pool, started at once, that scans and
-counts shards (core/shardwork.py), then, inside `aside()`, takes work the command can hand off: the report's
-figures (core/drawing.py) and the audit's recount (core/audit.py).
+counts shards (core/shardwork.py), then, inside `aside()`, takes work the command can hand off: the what-if
+sweep (core/report.py), the audit's recount (core/audit.py) and the report's figures (core/drawing.py).
 
 Forked from a process with a single thread: at once, with what it has imported (the CLI, before Dagster).
 With other threads running (a library caller, a test runner) a fork could copy a lock another thread holds,
@@ -92,12 +92,15 @@ class Aside:
 
 
 def run_aside(fn: Callable, *args) -> Aside:
-    """fn(*args) by a helper inside `aside()`, else now (its errors raised here)."""
+    """fn(*args) by a helper inside `aside()`, else now; either way its error is raised by `result()`."""
     if _pool is not None:
         with contextlib.suppress(BrokenExecutor, RuntimeError):  # a broken or closed pool: run here
             return Aside(_pool.submit(fn, *args), fn, args)
     done: Future = Future()
-    done.set_result(fn(*args))
+    try:
+        done.set_result(fn(*args))
+    except Exception as e:
+        done.set_exception(e)
     return Aside(done, fn, args)
 
 
@@ -113,8 +116,8 @@ def warm_aside(fn: Callable, n: int = 1) -> None:
 def aside(pool: Executor) -> Iterator[None]:
     """Hand `run_aside` work to `pool` (the command's helpers) until the block ends."""
     global _pool
-    _pool = pool
+    outer, _pool = _pool, pool
     try:
         yield
     finally:
-        _pool = None
+        _pool = outer

@@ -481,15 +481,19 @@ def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict], dropped: list[d
     with rows_relation(con, "_new_pack_plan", packs, plan_schema) as new_packs, \
             rows_relation(con, "_new_dropped", dropped, dropped_schema) as new_dropped:
         con.execute("BEGIN")
-        con.execute(f"CREATE OR REPLACE TABLE pack_plan AS {new_packs}")
-        con.execute(
-            "CREATE OR REPLACE TABLE pack_members AS SELECT pack_id, CAST(i AS INTEGER) - 1 AS position, "
-            f"sample_ids[i] AS sample_id{extra} FROM pack_plan, range(1, len(sample_ids) + 1) AS r(i)"
-        )
-        con.execute(f"CREATE OR REPLACE TABLE dropped AS {new_dropped}")
-        con.execute("CREATE OR REPLACE TABLE plan_info AS SELECT ? AS info", [json.dumps(info)])
-        con.execute(LINEAGE_VIEW)
-        con.execute("COMMIT")
+        try:
+            con.execute(f"CREATE OR REPLACE TABLE pack_plan AS {new_packs}")
+            con.execute(
+                "CREATE OR REPLACE TABLE pack_members AS SELECT pack_id, CAST(i AS INTEGER) - 1 AS position, "
+                f"sample_ids[i] AS sample_id{extra} FROM pack_plan, range(1, len(sample_ids) + 1) AS r(i)"
+            )
+            con.execute(f"CREATE OR REPLACE TABLE dropped AS {new_dropped}")
+            con.execute("CREATE OR REPLACE TABLE plan_info AS SELECT ? AS info", [json.dumps(info)])
+            con.execute(LINEAGE_VIEW)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")  # the old plan stays, and the connection is usable (to unregister, too)
+            raise
 
 
 def mark_audit_seen(con: duckdb.DuckDBPyConnection, pack_ids) -> None:
