@@ -14,7 +14,6 @@ only such shards.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -61,10 +60,6 @@ def save(out: Path, files: dict[str, str | None]) -> None:
     safety.atomic_write_bytes(out / RECORD, (json.dumps(doc, indent=1) + "\n").encode())
 
 
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _hashed(name: str) -> bool:
     return not name.endswith(_UNHASHED) and name not in _UNHASHED_NAMES
 
@@ -107,7 +102,7 @@ def _still_ours(out: Path, name: str, sha: str | None) -> bool:
     p = out / name
     if name.endswith(".tar"):
         return _tar_is_ours(p)
-    return sha is None or _sha(p) == sha
+    return sha is None or safety.file_sha256(p) == sha
 
 
 def claim(out: Path, planned: set[str]) -> dict[str, str | None]:
@@ -149,7 +144,7 @@ def finish(out: Path, planned: set[str], before: dict[str, str | None]) -> list[
         if p.is_file() and not p.is_symlink() and _still_ours(out, name, before[name]):
             p.unlink()  # a shard (or index) of an earlier, larger plan
             removed.append(name)
-    save(out, {n: (_sha(out / n) if _hashed(n) else None) for n in planned if (out / n).is_file()})
+    save(out, {n: (safety.file_sha256(out / n) if _hashed(n) else None) for n in planned if (out / n).is_file()})
     return removed
 
 

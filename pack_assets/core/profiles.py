@@ -23,6 +23,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from .safety import file_sha256
+
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 DEFAULT_PROFILE = "qwen3-vl"
 # last added-token id of each family's tokenizer (all share the Qwen2 vocabulary and merges)
@@ -228,9 +230,7 @@ class ModelProfile:
         return h.hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=64)
-def _file_sha256(path: str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+_file_sha256 = functools.lru_cache(maxsize=64)(file_sha256)  # per path: a profile's files are hashed once
 
 
 def _tokenizer_source_sha256(source: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from . import drawing, procs, store
-from .plan import PlanConfig, PlanInfo, ok_lengths, simulate
+from .plan import PlanConfig, PlanInfo, PlanSummary, ok_lengths, run_plan, simulate
 from .results import AuditResult, Markdown, png_data_uri
 from .store import atomic_write_text
 
@@ -328,6 +328,16 @@ class WhatIf:
         plots = "\n\n".join(f"![{k}]({png_data_uri(Path(v))})" for k, v in self.plots.items())
         return {"what_if": Markdown(f"{self.table()}\n\nRecommended max length: {self.recommended_max_len}\n\n{plots}"),
                 "recommended_max_len": self.recommended_max_len}
+
+
+def plan_with_what_if(work: Path, shards: list[str], config: PlanConfig, profile, **plan_args
+                      ) -> tuple[PlanSummary, WhatIf]:
+    """`plan.run_plan` and the what-if sweep beside it, started from the lengths the plan reads (by a helper
+    inside `procs.aside`) and finished for the plan's fingerprint: what the pack_plan asset runs."""
+    started: list[Callable[[str], WhatIf]] = []
+    summary = run_plan(work, shards, config, profile, on_lengths=lambda rows: started.append(
+        start_what_if(work, config, rows)), **plan_args)
+    return summary, started[0](summary.fingerprint)
 
 
 def run_what_if(work: Path, config: PlanConfig, plan_fingerprint: str) -> WhatIf:

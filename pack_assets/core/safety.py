@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -182,6 +183,12 @@ def path_lock(path: Path, command: str = "", wait: float | None = None,
                 os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # closing the last descriptor releases the flock
+
+
+def file_sha256(path: str | Path) -> str:
+    """A file's sha256, read in chunks (an output index or a tokenizer file is never held whole)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def pid_alive(pid: int) -> bool:

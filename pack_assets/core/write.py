@@ -27,7 +27,7 @@ from . import owned, store
 from .plan import PlanInfo, config_fingerprint
 from .records import PackMeta, SourceRef
 from .results import FilePath
-from .safety import check_paths, mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
+from .safety import check_paths, file_sha256, mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
 from .tario import (BLOCK, RECORD, Entry, extra_name, first_pack_meta, group_by_key, iter_entries, media_name,
                     member_header, padding, split_key)
 
@@ -501,7 +501,7 @@ def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str,
         if last is not None:  # hashed as copied: the rows kept are the rows the record vouches for
             try:
                 shutil.copyfile(meta / "index.sqlite", tmp_db)
-                vouched = _file_sha256(Path(tmp_db)) == last.sha256
+                vouched = file_sha256(tmp_db) == last.sha256
             except OSError:
                 vouched = False
             if not vouched:
@@ -883,16 +883,11 @@ def record_written(work: Path, key: str, out_dir: Path, results: list[dict], con
         shards[r["shard"]] = [st.st_size, st.st_mtime_ns, r["fingerprint"]]
     index = out_dir / NV_META / "index.sqlite"
     store.atomic_write_text(work / WRITTEN, json.dumps(
-        {"key": key, "shards": shards, "index_sha256": _file_sha256(index),
+        {"key": key, "shards": shards, "index_sha256": file_sha256(index),
          "context": _context_digest(context), "digest_format": DIGEST_FORMAT,
          "digests": {n: digests[n][0] for n in shards if n in digests},
          "digest_keys": {n: digest_keys[n] for n in shards if n in digest_keys}},
         sort_keys=True))
-
-
-def _file_sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _record(work: Path) -> dict | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import dagster as dg
 import pyarrow as pa
 
-from ..core import audit, blend, plan, report, scan, tokens, write
+from ..core import audit, blend, report, scan, tokens, write
 from ..core.results import FilePath, Markdown
 from .partitions import source_shards
 from .resources import PackSettings
@@ -123,11 +123,8 @@ def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.M
             summary = blend.run_blend_plan(s.work, shards, s.plan, s.model_profile(), s.blend(), allow_missing=True)
             what_if = None
         else:
-            what_ifs = []  # the what-if sweep, started as soon as the plan has read the lengths
-            summary = plan.run_plan(s.work, shards, s.plan, s.model_profile(), allow_missing=True,
-                                    input_root=s.input_root,
-                                    on_lengths=lambda rows: what_ifs.append(report.start_what_if(s.work, s.plan, rows)))
-            what_if = what_ifs[0](summary.fingerprint)
+            summary, what_if = report.plan_with_what_if(s.work, shards, s.plan, s.model_profile(),
+                                                        allow_missing=True, input_root=s.input_root)
     if summary.shards_removed:
         context.log.warning(f"{len(summary.shards_removed)} registered shard(s) no longer in {s.input_root}, "
                             f"not planned: {summary.shards_removed[:10]}")
