@@ -97,21 +97,34 @@ def _shard_listener(on_shard):
     return listen
 
 
-def _batch_run(keys: list[str], flat: dict, on_shard=None, instance: dg.DagsterInstance | None = None,
-               tags: dict | None = None) -> dict[str, int]:
+SHARD_ASSETS, PACK_ASSETS = [manifest, token_lengths], [pack_plan, packed_shards, audit_report]
+
+
+def _shards_run(keys: list[str], flat: dict, instance: dg.DagsterInstance | None = None, tags: dict | None = None,
+                on_shard=None, then: list | None = None) -> dg.ExecuteInProcessResult:
     """ONE run of `manifest` + `token_lengths` over consecutive partitions `keys` (a partition range; one
-    materialization per shard in the instance, under DAGSTER_HOME); returns each shard's sample count.
+    materialization per shard in the instance, under DAGSTER_HOME), followed in the same run by the
+    unpartitioned assets `then` (the pack assets) when given.
     (Settings travel flat: resource objects do not pickle across processes; a worker loads its instance,
     the parent passes its own: loading another costs ~0.5 s.)"""
     instance, run_id = instance or dg.DagsterInstance.get(), str(uuid.uuid4())
     if on_shard is not None:
         instance.add_event_listener(run_id, _shard_listener(on_shard))
     tags = {**(tags or {}), **({} if len(keys) == 1 else {RANGE_START: keys[0], RANGE_END: keys[-1]})}
-    job = dg.Definitions(jobs=[dg.define_asset_job(EPHEMERAL_JOB)], assets=[manifest, token_lengths],
+    job = dg.Definitions(jobs=[dg.define_asset_job(EPHEMERAL_JOB)], assets=SHARD_ASSETS + (then or []),
                          resources=_resources(Settings.from_flat(flat))).resolve_job_def(EPHEMERAL_JOB)
-    result = _check(job.execute_in_process(run_config=QUIET, instance=instance, raise_on_error=False, run_id=run_id,
-                                           partition_key=keys[0] if len(keys) == 1 else None, tags=tags))
+    return _check(job.execute_in_process(run_config=QUIET, instance=instance, raise_on_error=False, run_id=run_id,
+                                         partition_key=keys[0] if len(keys) == 1 else None, tags=tags))
+
+
+def _samples(result: dg.ExecuteInProcessResult) -> dict[str, int]:
     return {s.shard: s.samples for s in result.asset_value("manifest").shards}
+
+
+def _batch_run(keys: list[str], flat: dict, on_shard=None, instance: dg.DagsterInstance | None = None,
+               tags: dict | None = None) -> dict[str, int]:
+    """`_shards_run` of the shard assets alone; returns each shard's sample count."""
+    return _samples(_shards_run(keys, flat, instance, tags, on_shard))
 
 
 def _batches(todo: list[str], order: list[str], size: int) -> list[list[str]]:
@@ -145,13 +158,16 @@ def _sync_partitions(instance: dg.DagsterInstance, root: Path, shards: list[str]
 
 
 def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progress_log,
-                instance: dg.DagsterInstance | None = None, work: ShardWork | None = None) -> int:
+                instance: dg.DagsterInstance | None = None, work: ShardWork | None = None,
+                then_pack=None) -> dg.ExecuteInProcessResult | None:
     """Scan and count the shards of `todo`: one Dagster run per range of consecutive partitions in this
     process (--jobs 1), or ranges of a few shards each spread over `jobs` worker processes, started once.
     With `work` (the shard stages under way in the command's helper processes), each range's run follows as
-    soon as the helpers are done with its shards, in this process. Returns how many Dagster runs that took."""
+    soon as the helpers are done with its shards, in this process; when they did every shard of the last
+    range, its run goes on with the pack assets (one run fewer: Dagster's run set-up and events), after
+    `then_pack()`, and its result is returned (else None)."""
     with ShardProgress(len(todo), log=progress_log) as progress:
-        if work is not None and work.running:
+        if work is not None and work.running and todo:
             batches = _batches(todo, order, BATCH_MAX)
             for i, keys in enumerate(batches):
                 by_helpers = []
@@ -167,17 +183,22 @@ def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progre
                 work.wait(keys, done)
                 if i == len(batches) - 1:
                     drawing.warm(work.jobs)  # the shards are done: the helpers' cores are free for matplotlib
-                samples = _batch_run(keys, flat, instance=instance,
-                                     tags={SHARD_WORKERS_TAG: ",".join(sorted(by_helpers))})
+                # the last run goes on with the pack assets when its steps only record what the helpers wrote
+                pack = then_pack is not None and i == len(batches) - 1 and len(by_helpers) == len(keys)
+                if pack:
+                    progress.close()
+                    then_pack()
+                result = _shards_run(keys, flat, instance, {SHARD_WORKERS_TAG: ",".join(sorted(by_helpers))},
+                                     then=PACK_ASSETS if pack else None)
+                samples = _samples(result)
                 for key in keys:  # the rest were done (or, recorded late, found current) by their steps
                     if key not in by_helpers:
                         progress.update(key, samples.get(key))
-            return len(batches)
+            return result if pack else None
         if jobs == 1:
-            batches = _batches(todo, order, len(todo) or 1)
-            for keys in batches:
+            for keys in _batches(todo, order, len(todo) or 1):
                 _batch_run(keys, flat, on_shard=progress.update, instance=instance)
-            return len(batches)
+            return None
         # shard runs write only their own Parquet files, so they run side by side; a few shards per run keeps
         # the workers evenly loaded and the progress lines coming
         batches = _batches(todo, order, max(1, min(BATCH_MAX, len(todo) // (4 * jobs))))
@@ -187,7 +208,7 @@ def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progre
             for fut in as_completed(futures):
                 for key, samples in fut.result().items():
                     progress.update(key, samples)
-        return len(batches)
+        return None
 
 
 def _stderr(msg: str) -> None:
@@ -220,14 +241,21 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
     known = set.intersection(*(instance.get_materialized_partitions(a.key) for a in (manifest, token_lengths)))
     known.update(todo)
     late = [k for k in shards if k not in known]
-    _shard_runs(todo + late, order, jobs, settings.flat(), progress_log, instance, work)
-    shard_seconds = time.perf_counter() - t_shards
-    log(f"{len(todo)} shard run(s), {len(shards) - len(todo)} shard(s) unchanged"
-        f"{f' ({len(late)} recorded in Dagster now)' if late else ''}; planning, writing and auditing")
-    result = _materialize([pack_plan, packed_shards, audit_report], instance=instance, resources=_resources(settings),
-                          run_config=QUIET)
-    stage_seconds = {"start-up": round(t_shards - t0, 2), "manifest+token_lengths": round(shard_seconds, 2),
-                     **_step_seconds(instance, result.run_id)}
+    shard_seconds = []
+
+    def then_pack() -> None:
+        shard_seconds.append(time.perf_counter() - t_shards)
+        log(f"{len(todo)} shard run(s), {len(shards) - len(todo)} shard(s) unchanged"
+            f"{f' ({len(late)} recorded in Dagster now)' if late else ''}; planning, writing and auditing")
+
+    result = _shard_runs(todo + late, order, jobs, settings.flat(), progress_log, instance, work, then_pack)
+    if result is None:  # the shard runs did not go on with the pack assets
+        then_pack()
+        result = _materialize(PACK_ASSETS, instance=instance, resources=_resources(settings), run_config=QUIET)
+    steps = _step_seconds(instance, result.run_id)
+    # the shard stage: until the pack run (or the run the pack assets are in), and its shard steps
+    shard_stage = shard_seconds[0] + sum(steps.pop(a.key.to_user_string(), 0) for a in SHARD_ASSETS)
+    stage_seconds = {"start-up": round(t_shards - t0, 2), "manifest+token_lengths": round(shard_stage, 2), **steps}
     seconds = round(time.perf_counter() - t0, 2)
     # the rest: Dagster's run set-up and event log around the steps
     stage_seconds["other"] = round(seconds - sum(stage_seconds.values()), 2)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from pack_assets.core import store
 from pack_assets.definitions import defs
@@ -216,8 +217,8 @@ def _materialization_logs(instance: dg.DagsterInstance, run_id: str) -> list[str
 
 def test_shard_workers_scan_before_dagster_and_the_runs_record_every_shard(tmp_path, monkeypatch):
     """`pack-assets run`'s path: helper processes scan and count (core/shardwork.py), then one Dagster run
-    over the partition range records each shard from their files, saying whose they are; the outcome equals
-    the shards scanned inside the Dagster steps."""
+    over the partition range records each shard from their files, saying whose they are, and goes on with
+    the pack assets; the outcome equals the shards scanned inside the Dagster steps."""
     from conftest import small_dataset
 
     from pack_assets.core import shardwork
@@ -241,6 +242,9 @@ def test_shard_workers_scan_before_dagster_and_the_runs_record_every_shard(tmp_p
     assert sorted(ln.split()[-1] for ln in done) == ["part-000", "part-001", "part-002"]
     (shard_run,) = [r for r in instance.get_runs() if r.tags.get("dagster/asset_partition_range_start")]
     assert shard_run.tags[SHARD_WORKERS_TAG] == "part-000,part-001,part-002" and shard_run.is_success
+    assert len(instance.get_runs()) == 1  # the plan, the write and the audit were steps of that run
+    for asset in ("pack_plan", "packed_shards", "audit_report"):
+        assert instance.get_latest_materialization_event(dg.AssetKey(asset)).run_id == shard_run.run_id
     logs = _materialization_logs(instance, shard_run.run_id)
     assert sum("(by the command's helper processes)" in m for m in logs) == 6  # both assets, 3 shards
     for asset in ("manifest", "token_lengths"):
@@ -252,6 +256,33 @@ def test_shard_workers_scan_before_dagster_and_the_runs_record_every_shard(tmp_p
                             jobs=1)
     assert ((other / "work" / "pack_plan.jsonl").read_text() == (tmp_path / "work" / "pack_plan.jsonl").read_text())
     assert in_steps["packs"] == summary["packs"]
+
+
+def test_a_shard_step_that_fails_in_the_run_with_the_pack_assets_stops_before_the_plan(tmp_path, monkeypatch):
+    """The pack assets follow the helpers' shards in one run: a shard step failing there (here: recording
+    the counts) is the command's error, named by its step, and nothing is planned from the shards."""
+    from conftest import small_dataset
+
+    from pack_assets.core import shardwork, tokens
+    from pack_assets.core.procs import Helpers
+    from pack_assets.orchestrate import PipelineError, instance_for, run_pipeline
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    inp = small_dataset(tmp_path / "in", n_shards=2, per_shard=9)
+    settings = _settings(inp, tmp_path).to_settings()
+    work = shardwork.find(settings)
+
+    def broken(*args, **kwargs):
+        raise OSError("the catalog disk went away")
+
+    with Helpers(2) as helpers:
+        shardwork.start(work, settings, helpers)
+        monkeypatch.setattr(tokens, "run_token_counts", broken)  # after the fork: the helpers count as usual
+        instance = instance_for(tmp_path / "dh")
+        with pytest.raises(PipelineError, match=r"token_lengths: .*the catalog disk went away"):
+            run_pipeline(settings, instance, log=lambda m: None, work=work)
+    assert not (tmp_path / "work" / "pack_plan.jsonl").exists() and not (tmp_path / "out").exists()
+    assert instance.get_latest_materialization_event(dg.AssetKey("pack_plan")) is None
 
 
 def test_a_shard_the_helper_failed_on_is_scanned_by_its_dagster_step(tmp_path, monkeypatch):
@@ -281,6 +312,8 @@ def test_a_shard_the_helper_failed_on_is_scanned_by_its_dagster_step(tmp_path, m
     (run,) = [r for r in instance.get_runs() if r.tags.get(SHARD_WORKERS_TAG) is not None]
     assert run.tags[SHARD_WORKERS_TAG] == "" and not any("helper processes" in m for m in
                                                           _materialization_logs(instance, run.run_id))
+    # a shard step that does real work has its own run: the pack assets follow in another
+    assert instance.get_latest_materialization_event(dg.AssetKey("pack_plan")).run_id != run.run_id
 
 
 def test_a_shard_scanned_but_never_recorded_in_dagster_is_recorded_by_the_next_run(tmp_path, monkeypatch):
