@@ -47,6 +47,28 @@ def test_figures_drawn_aside_are_the_bytes_drawn_in_line_and_drawn_elsewhere(tmp
     assert int(drawing.draw(_pid, None, tmp_path / "pid").wait().read_text()) == os.getpid()  # outside: here
 
 
+def test_the_what_if_beside_the_plan_draws_what_plot_simulation_draws_of_its_sweep(tmp_path):
+    """The what-if's two figures are drawn by helpers from the lengths the plan reads (the fill figure where
+    its sweep is simulated): the same bytes as `plot_simulation` of that sweep, in line or aside."""
+    from pack_assets.core.plan import PlanConfig
+
+    lengths, _, media = _sim()
+    rows = {"lengths": lengths, "media_types": np.array(["image"] * 3000 + ["text"] * 2000, dtype=object)}
+    inline = report.start_what_if(tmp_path / "inline", PlanConfig(max_len=4096), rows)("fp")
+    with Helpers(2) as helpers, procs.aside(helpers.pool):
+        aside = report.start_what_if(tmp_path / "aside", PlanConfig(max_len=4096), rows)("fp")
+    def timeless(w):
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in w.results], w.recommended_max_len
+
+    assert timeless(inline) == timeless(aside)
+    drawn = report.plot_simulation(lengths, {"results": inline.results, "recommended_max_len":
+                                             inline.recommended_max_len}, tmp_path / "drawn", media)
+    assert set(inline.plots) == set(aside.plots) == set(drawn)
+    for k in drawn:
+        assert Path(inline.plots[k]).read_bytes() == Path(aside.plots[k]).read_bytes() == Path(drawn[k]).read_bytes(), k
+    assert report.read_what_if(tmp_path / "aside", "fp") == aside
+
+
 def test_a_histogram_binned_where_the_values_are_draws_as_ax_hist_draws_them(tmp_path):
     from matplotlib.figure import Figure
 

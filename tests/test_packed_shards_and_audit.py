@@ -143,6 +143,23 @@ def test_same_inputs_give_byte_identical_shards(dataset, tmp_path):
     assert (tmp_path / "w1" / "pack_plan.jsonl").read_bytes() == (tmp_path / "w2" / "pack_plan.jsonl").read_bytes()
 
 
+def test_packs_larger_than_the_writers_read_buffer_are_written_byte_identical(packed, tmp_path, monkeypatch):
+    """The writer reads a pack's members into one reused buffer; reads past its end get buffers of their own
+    and the next pack a larger one: the shards are the same bytes either way."""
+    inp, work, out, _ = packed
+    sizes = []
+    real = write_mod._Arena.__init__
+
+    def tiny(self, size=1 << 20):
+        real(self, 700)  # smaller than one member here
+        sizes.append(self)
+
+    monkeypatch.setattr(write_mod._Arena, "__init__", tiny)
+    run_write(work, inp, tmp_path / "small_buffer", workers=1)
+    assert sizes and all(len(a.buf) > 700 for a in sizes)  # each grew to the largest pack it met
+    assert {p.name: sha(p) for p in (tmp_path / "small_buffer").glob("*.tar")} == {p.name: sha(p) for p in out.glob("*.tar")}
+
+
 def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monkeypatch):
     inp, work, out, _ = packed
     clean = {p.name: sha(p) for p in out.glob("*.tar")}
@@ -300,6 +317,7 @@ def test_audit_reports_each_kind_of_damage(packed, damage, check):
     _rewrite(shard, damage)
     result = run_audit(work, out)
     assert check in {v["check"] for v in result.violations}
+    assert run_audit(work, out, workers=1).violations == result.violations  # members hashed ahead by a thread
 
 
 def test_audit_reports_a_duplicated_pack_and_a_deleted_shard(packed):
@@ -309,6 +327,30 @@ def test_audit_reports_a_duplicated_pack_and_a_deleted_shard(packed):
     shards[1].unlink()
     checks = {v["check"] for v in run_audit(work, out).violations}
     assert {"duplicate_pack", "duplicate_sample", "missing_shard", "missing_pack", "lost_sample"} <= checks
+
+
+def test_an_output_shard_cut_short_is_unreadable_and_only_the_packs_after_the_cut_are_missing(packed, monkeypatch):
+    """The audit reads a shard pack by pack (in one worker, each pack's members hashed by a second thread
+    while the pack before is checked): the packs before a break are checked and counted, the one it cuts
+    through and those after are missing; as when the shards are shared by threads."""
+    _, work, out, _ = packed
+    shard = next(p for p in sorted(out.glob("*.tar")) if len({n.split(".")[0] for n in tarfile.open(p).getnames()}) == 2)
+    with tarfile.open(shard) as tf:
+        members = tf.getmembers()
+    first, second = members[0].name.split(".")[0], members[-1].name.split(".")[0]
+    cut = members[-1]  # the second pack's last member: its first ones are read before the break
+    assert cut.name.split(".")[0] == second and members[-2].name.split(".")[0] == second
+    with open(shard, "r+b") as f:
+        f.truncate(cut.offset_data + cut.size // 2)
+    hashed_ahead, digests = [], audit_mod._digests
+    monkeypatch.setattr(audit_mod, "_digests", lambda parts: hashed_ahead.append(1) or digests(parts))
+    result = run_audit(work, out, workers=1)
+    assert bool(hashed_ahead) == ((os.cpu_count() or 1) > 1)
+    assert [v["shard"] for v in result.violations if v["check"] == "unreadable_shard"] == [shard.name]
+    assert {v["pack_id"] for v in result.violations if v["check"] == "missing_pack"} == {second}
+    assert not [v for v in result.violations if v.get("pack_id") == first]
+    shared = run_audit(work, out, workers=2)  # two threads, each hashing in line
+    assert (shared.violations, shared.stats) == (result.violations, result.stats)
 
 
 def test_audit_in_two_processes_or_threads_reports_what_one_process_reports(packed):

@@ -259,21 +259,31 @@ def _dropped(con) -> list[str]:
 CDF_POINTS = 2048  # points of a drawn CDF: more than the figure's pixels
 
 
+def _length_distribution(groups: dict[str, np.ndarray], max_lens: list[int]) -> dict:
+    """What `draw_distribution` shows of these lengths (per group: histogram and CDF points)."""
+    shown = {}
+    for name, lens in sorted(groups.items()):
+        lens = np.sort(np.asarray(lens))
+        at = np.unique(np.linspace(0, len(lens) - 1, min(len(lens), CDF_POINTS)).astype(np.int64))
+        shown[name] = {"hist": _hist(lens, 60), "x": lens[at], "cdf": (at + 1) / max(1, len(lens))}
+    return {"groups": shown, "max_lens": max_lens}
+
+
+def _fill_vs_max_len(sim: dict) -> dict:
+    """What `draw_fill_vs_max_len` shows of a sweep."""
+    return {"fill": {alg: sorted(((r["max_len"], r["efficiency"]) for r in sim["results"] if r["algorithm"] == alg))
+                     for alg in sorted({r["algorithm"] for r in sim["results"]})},
+            "recommended": sim["recommended_max_len"]}
+
+
 def plot_simulation(lengths: np.ndarray, sim: dict, folder: Path, media_lengths: dict | None = None) -> dict:
     """Length histogram + CDF (per media type when given) and fill vs max length per algorithm, drawn
     (`drawing.draw`): the two files' paths."""
-    groups = {}
-    for name, lens in sorted((media_lengths or {"all": lengths}).items()):
-        lens = np.sort(np.asarray(lens))
-        at = np.unique(np.linspace(0, len(lens) - 1, min(len(lens), CDF_POINTS)).astype(np.int64))
-        groups[name] = {"hist": _hist(lens, 60), "x": lens[at], "cdf": (at + 1) / max(1, len(lens))}
-    fill = {alg: sorted(((r["max_len"], r["efficiency"]) for r in sim["results"] if r["algorithm"] == alg))
-            for alg in sorted({r["algorithm"] for r in sim["results"]})}
     drawn = {
-        "length_distribution": drawing.draw(draw_distribution, {"groups": groups, "max_lens": sorted(
-            {r["max_len"] for r in sim["results"]})}, folder / "length_distribution.png"),
-        "fill_vs_max_len": drawing.draw(draw_fill_vs_max_len, {"fill": fill, "recommended": sim["recommended_max_len"]},
-                                        folder / "fill_vs_max_len.png"),
+        "length_distribution": drawing.draw(draw_distribution, _length_distribution(
+            media_lengths or {"all": lengths}, sorted({r["max_len"] for r in sim["results"]})),
+            folder / "length_distribution.png"),
+        "fill_vs_max_len": drawing.draw(draw_fill_vs_max_len, _fill_vs_max_len(sim), folder / "fill_vs_max_len.png"),
     }
     return {k: str(d.wait()) for k, d in drawn.items()}
 
@@ -348,23 +358,37 @@ def run_what_if(work: Path, config: PlanConfig, plan_fingerprint: str) -> WhatIf
     return start_what_if(work, config, rows)(plan_fingerprint)
 
 
-def _sweep(lengths: np.ndarray, config: PlanConfig) -> dict:
-    return simulate(lengths, sorted({config.max_len // 4, config.max_len // 2, config.max_len, config.max_len * 2}),
-                    sorted({config.algorithm, "bfd", "next_fit"}), config.caps, seed=config.seed)
+def _max_lens(config: PlanConfig) -> list[int]:
+    return sorted({config.max_len // 4, config.max_len // 2, config.max_len, config.max_len * 2})
+
+
+def _sweep_drawn(lengths: np.ndarray, config: PlanConfig, path: Path) -> dict:
+    """The sweep, and its fill figure drawn where it was simulated (one hand-off, not two)."""
+    sim = simulate(lengths, _max_lens(config), sorted({config.algorithm, "bfd", "next_fit"}), config.caps,
+                   seed=config.seed)
+    draw_fill_vs_max_len(_fill_vs_max_len(sim), path)
+    return sim
+
+
+def _distribution_drawn(groups: dict[str, np.ndarray], max_lens: list[int], path: Path) -> None:
+    draw_distribution(_length_distribution(groups, max_lens), path)
 
 
 def start_what_if(work: Path, config: PlanConfig, rows: dict[str, np.ndarray]) -> Callable[[str], WhatIf]:
-    """`run_what_if` over ``rows`` (`plan.ok_lengths`), its sweep simulated by a helper inside `procs.aside`
-    while the plan goes on; returns what then draws the plots and writes ``what_if.json`` for the plan's
-    fingerprint."""
+    """`run_what_if` over ``rows`` (`plan.ok_lengths`): the sweep with its figure and the length
+    distribution's figure, each a helper's job inside `procs.aside`, done while the plan goes on; returns
+    what then waits for them and writes ``what_if.json`` for the plan's fingerprint."""
     lengths, mtypes = rows["lengths"].copy(), rows["media_types"]
     media = {mt: lengths[mtypes == mt] for mt in sorted(set(mtypes.tolist()))}
-    sweep = procs.run_aside(_sweep, lengths, config)
+    plots = {name: work / "plots" / f"{name}.png" for name in ("length_distribution", "fill_vs_max_len")}
+    sweep = procs.run_aside(_sweep_drawn, lengths, config, plots["fill_vs_max_len"])
+    distribution = procs.run_aside(_distribution_drawn, media, _max_lens(config), plots["length_distribution"])
 
     def finish(plan_fingerprint: str) -> WhatIf:
         sim = sweep.result()
+        distribution.result()
         what_if = WhatIf(plan_fingerprint, sim["results"], sim["recommended_max_len"],
-                         plot_simulation(lengths, sim, work / "plots", media))
+                         {name: str(path) for name, path in plots.items()})
         atomic_write_text(work / WHAT_IF, json.dumps(asdict(what_if)))
         return what_if
 

@@ -113,6 +113,32 @@ def _prefetch(job: ShardJob, sources: _Sources) -> None:
             return
 
 
+class _Arena:
+    """One buffer, reused pack after pack, that a pack's small members are read into (`os.preadv`) until
+    its bytes are written: a fresh bytes object per 100 KB+ read costs page faults, as much again as the
+    copy itself (217 MB of ~136 KB images read and written: 0.14 s with fresh buffers, 0.07 s reused). A
+    read that does not fit gets a buffer of its own, and the next pack a larger arena: it grows to the
+    largest pack's small members."""
+
+    def __init__(self, size: int = 1 << 20) -> None:
+        self.buf, self.used, self.wanted = memoryview(bytearray(size)), 0, 0
+
+    def pread(self, fd: int, n: int, offset: int) -> bytes | memoryview:
+        self.wanted += n
+        if self.used + n > len(self.buf):
+            return os.pread(fd, n, offset)
+        view = self.buf[self.used:self.used + n]
+        self.used += n
+        return view[:os.preadv(fd, [view], offset)]
+
+    def reset(self) -> None:
+        """The pack's bytes are written: the buffer is free again (a new one when the pack did not fit; the
+        old one may still be viewed, so it is never resized)."""
+        if self.wanted > len(self.buf):
+            self.buf = memoryview(bytearray(self.wanted))
+        self.used = self.wanted = 0
+
+
 _dumps = functools.partial(json.dumps, ensure_ascii=False)
 # a sample's small members are read with one pread of their span when the gaps between them (tar headers and
 # padding, typically 1 KB per member) stay under this: a 16 KB image then costs one slice, not one syscall
@@ -164,10 +190,11 @@ def read_record(sub: SubSample, sources: _Sources) -> bytes | None:
     return data
 
 
-def _read_sub(sub: SubSample, sources: _Sources) -> tuple[bytes | None, list]:
+def _read_sub(sub: SubSample, sources: _Sources, arena: _Arena) -> tuple[bytes | None, list]:
     """The record's bytes and each media/extra member's bytes (None for a media or extra member of _SMALL or
-    more: copied in kernel when written). The small members of a sample usually follow each other in its source tar, so they
-    are sliced out of one pread of their span; members far apart are read one by one."""
+    more: copied in kernel when written), read into `arena`: valid until its next reset. The small members
+    of a sample usually follow each other in its source tar, so they are sliced out of one pread of their
+    span; members far apart are read one by one."""
     f = sources.get(sub.source_path)
     fd = f.fileno()
     members = sub.media + sub.extra
@@ -178,7 +205,7 @@ def _read_sub(sub: SubSample, sources: _Sources) -> tuple[bytes | None, list]:
         lo = min(m["offset"] for m in small)
         hi = max(m["offset"] + m["size"] for m in small)
         if hi - lo <= sum(m["size"] for m in small) + _SPAN_GAP:
-            buf = os.pread(fd, hi - lo, lo)
+            buf = arena.pread(fd, hi - lo, lo)
             if len(buf) != hi - lo:
                 raise OSError(f"{sub.source_path}: sample {sub.key} ends early ({len(buf)} of {hi - lo} bytes "
                               f"at offset {lo})")
@@ -186,7 +213,7 @@ def _read_sub(sub: SubSample, sources: _Sources) -> tuple[bytes | None, list]:
             got = {id(m): view[m["offset"] - lo:m["offset"] - lo + m["size"]] for m in small}
     for m in small:
         if id(m) not in got:
-            data = os.pread(fd, m["size"], m["offset"])
+            data = arena.pread(fd, m["size"], m["offset"])
             if len(data) != m["size"]:
                 raise OSError(f"{sub.source_path}: {m['name']} ends early ({len(data)} of {m['size']} bytes)")
             got[id(m)] = data
@@ -300,7 +327,7 @@ def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -
             return {"shard": job.name, "skipped": True, "bytes": final.stat().st_size, "packs": len(job.packs),
                     "samples": sum(len(p.subs) for p in job.packs), "seconds": time.perf_counter() - t0,
                     "fingerprint": context["shard_fingerprint"]}
-    sources = _Sources()
+    sources, arena = _Sources(), _Arena()
     _prefetch(job, sources)
     fd, tmp = mkstemp(prefix=f".{job.name}.tmp-", dir=out_dir)
     # the Energon index of the finished file, kept as it is written instead of read back: per pack (one
@@ -317,7 +344,7 @@ def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -
             start, cut, k = pos, len(pack.pack_id) + 1, len(samples)
             records, data = [], []
             for sub in pack.subs:
-                rec, views = _read_sub(sub, sources)
+                rec, views = _read_sub(sub, sources, arena)
                 records.append(rec)
                 data += views
             body, media = pack_document(pack, context, records)
@@ -346,6 +373,7 @@ def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -
                 pos += len(header) + m["size"] + (-m["size"] % BLOCK)
             _write_all(fd, pending)
             pending = []
+            arena.reset()
             samples.append((pack.pack_id, start, pos - start))
         end = pos
         tail = 2 * BLOCK
