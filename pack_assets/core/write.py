@@ -134,8 +134,8 @@ class _Arena:
     def reset(self) -> None:
         """The pack's bytes are written: the buffer is free again (a new one when the pack did not fit; the
         old one may still be viewed, so it is never resized)."""
-        if self.wanted > len(self.buf):
-            self.buf = memoryview(bytearray(self.wanted))
+        if self.wanted > len(self.buf):  # doubled at least: packs of growing size do not reallocate each time
+            self.buf = memoryview(bytearray(max(self.wanted, 2 * len(self.buf))))
         self.used = self.wanted = 0
 
 
