@@ -1,5 +1,6 @@
 """Drive the assets through Dagster from the CLI: register shard partitions, run each shard that needs
-work, then the plan / write / audit run. Every run is recorded in the instance under DAGSTER_HOME."""
+work, then plan / write / audit (as steps of the last shard run when the command's helpers did its shards,
+else in a run of their own). Every run is recorded in the instance under DAGSTER_HOME."""
 
 import multiprocessing
 import os

@@ -67,6 +67,8 @@ def test_the_what_if_beside_the_plan_draws_what_plot_simulation_draws_of_its_swe
     for k in drawn:
         assert Path(inline.plots[k]).read_bytes() == Path(aside.plots[k]).read_bytes() == Path(drawn[k]).read_bytes(), k
     assert report.read_what_if(tmp_path / "aside", "fp") == aside
+    # drawn under temporary names, moved into place when the plan is made: none is left behind
+    assert sorted(p.name for p in (tmp_path / "aside" / "plots").iterdir()) == sorted(f"{k}.png" for k in drawn)
 
 
 def test_a_histogram_binned_where_the_values_are_draws_as_ax_hist_draws_them(tmp_path):

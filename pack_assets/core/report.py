@@ -4,6 +4,7 @@ figures drawn by Agg: no display, no pyplot)."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -379,14 +380,19 @@ def start_what_if(work: Path, config: PlanConfig, rows: dict[str, np.ndarray]) -
     distribution's figure, each a helper's job inside `procs.aside`, done while the plan goes on; returns
     what then waits for them and writes ``what_if.json`` for the plan's fingerprint."""
     lengths, mtypes = rows["lengths"].copy(), rows["media_types"]
-    media = {mt: lengths[mtypes == mt] for mt in sorted(set(mtypes.tolist()))}
+    media = {mt: lengths[mtypes == mt] for mt in sorted(set(mtypes.tolist()))} or {"all": lengths}
     plots = {name: work / "plots" / f"{name}.png" for name in ("length_distribution", "fill_vs_max_len")}
-    sweep = procs.run_aside(_sweep_drawn, lengths, config, plots["fill_vs_max_len"])
-    distribution = procs.run_aside(_distribution_drawn, media, _max_lens(config), plots["length_distribution"])
+    # drawn under temporary names while the plan goes on, in place once it is made (a failed plan leaves the
+    # last figures with the last what_if.json)
+    drawn_at = {name: path.with_name(f".{path.stem}.what-if.png") for name, path in plots.items()}
+    sweep = procs.run_aside(_sweep_drawn, lengths, config, drawn_at["fill_vs_max_len"])
+    distribution = procs.run_aside(_distribution_drawn, media, _max_lens(config), drawn_at["length_distribution"])
 
     def finish(plan_fingerprint: str) -> WhatIf:
         sim = sweep.result()
         distribution.result()
+        for name, path in plots.items():
+            os.replace(drawn_at[name], path)
         what_if = WhatIf(plan_fingerprint, sim["results"], sim["recommended_max_len"],
                          {name: str(path) for name, path in plots.items()})
         atomic_write_text(work / WHAT_IF, json.dumps(asdict(what_if)))
