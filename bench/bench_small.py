@@ -6,8 +6,8 @@ the code (B, e.g. `git archive <commit> pack_assets | tar -x -C /tmp/base`), in 
 Cases: 6,000 image-text samples in 4 shards (~136 KB per image, ~0.86 GB) and one shard of 1,500 samples
 (Qwen2.5-VL, max_len 8,192). Each timed run is a fresh process with a fresh work and output directory
 against a Dagster home made by one untimed warm-up run per case and code (every shard needs a run); A and B
-alternate, A B A B ..., and the ratio A/B is taken pair by pair, so drift on a shared machine does not
-favour one. Wall seconds are measured outside the process (start-up and imports included). Writes every run,
+alternate, A B B A A B ..., and the ratio A/B is taken pair by pair, so neither drift on a shared machine
+nor going first in a pair (files the page cache dropped in between are read again) favours one. Wall seconds are measured outside the process (start-up and imports included). Writes every run,
 the medians and the paired ratios to bench/results/small.json (--results). The tokenizer's rank-table cache
 (PACK_ASSETS_CACHE) is the user's, filled by the warm-up run, unless --cold-cache gives every run an empty one.
 """
@@ -61,7 +61,8 @@ def bench_case(name: str, inp: Path, out: Path, srcs: dict[str, Path], args) -> 
         run_once(src, inp, out / v, args)  # warm-up: Dagster home, partitions, page cache
     for r in range(args.repeats):
         pair = {}
-        for v, src in srcs.items():
+        # A B, then B A: the first run of a pair can pay for files the page cache dropped in between
+        for v, src in (list(srcs.items()) if r % 2 == 0 else list(srcs.items())[::-1]):
             rec = {"case": name, "code": v, "repeat": r, **run_once(src, inp, out / v, args)}
             print(json.dumps(rec), flush=True)
             runs.append(rec)
