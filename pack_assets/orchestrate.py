@@ -182,10 +182,11 @@ def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progre
                                                   "step scans and counts it")
 
                 work.wait(keys, done)
-                if i == len(batches) - 1:
+                last = i == len(batches) - 1
+                if last:
                     drawing.warm(work.jobs)  # the shards are done: the helpers' cores are free for matplotlib
                 # the last run goes on with the pack assets when its steps only record what the helpers wrote
-                pack = then_pack is not None and i == len(batches) - 1 and len(by_helpers) == len(keys)
+                pack = then_pack is not None and last and len(by_helpers) == len(keys)
                 if pack:
                     progress.close()
                     then_pack()

@@ -203,19 +203,22 @@ def _hashed(packs, hasher: ThreadPoolExecutor):
     """(key, parts, digests) for each pack of `packs`: its members are hashed by `hasher`'s thread while this
     one checks the pack before (sha256 and pread release the GIL: the two overlap on two cores). An index
     pack's media are read from its sources when it is checked: they are hashed then, as before."""
+    def done(key, parts, ahead):
+        return key, parts, ahead and ahead.result()
+
     last = None
     try:
         for key, parts in packs:
             ahead = None if index_out.INDEX_PART in parts else hasher.submit(_digests, parts)
             if last is not None:
-                yield last[0], last[1], last[2] and last[2].result()
+                yield done(*last)
             last = key, parts, ahead
     except Exception:  # a broken archive: the packs read before the break are checked first, as in line
         if last is not None:
-            yield last[0], last[1], last[2] and last[2].result()
+            yield done(*last)
         raise
     if last is not None:
-        yield last[0], last[1], last[2] and last[2].result()
+        yield done(*last)
 
 
 def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig, rows: store.Staged | None = None,

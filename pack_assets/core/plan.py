@@ -561,7 +561,7 @@ def changed_packs(con) -> set[str]:
 
 def _current_lengths(con, sample_ids: list[str]) -> dict[str, int]:
     """sample id -> ok length now, for these samples (those gone or not ok have none)."""
-    with store.rows_relation(con, "_asked", [(s,) for s in sample_ids], pa.schema([("sample_id", pa.string())])) as asked:
+    with store.columns_relation(con, "_asked", [sample_ids], pa.schema([("sample_id", pa.string())])) as asked:
         return dict(con.execute(f"SELECT sample_id, total_tokens FROM token_lengths WHERE status = 'ok' "
                                 f"AND sample_id IN (SELECT sample_id FROM ({asked}))").fetchall())
 

@@ -173,7 +173,7 @@ class BatchedParquet:
 
     def flush(self) -> None:
         if self.pending:
-            # pa.array (pyarrow then imports pandas, ~0.35 s), not `_registered`: a forked helper writes these, and
+            # pa.array (pyarrow then imports pandas, ~0.35 s), not `columns_relation`: a forked helper writes these, and
             # DuckDB's state is not fork-safe (a helper's first connect hung when its parent had used DuckDB)
             arrays = [pa.array(col, type=f.type) for col, f in zip(self.columns, self.schema)]
             self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
@@ -195,7 +195,7 @@ def _duck_type(t: pa.DataType) -> str:
 
 
 @contextlib.contextmanager
-def _registered(con: duckdb.DuckDBPyConnection, name: str, columns: list[list], schema: pa.Schema) -> Iterator[str]:
+def columns_relation(con: duckdb.DuckDBPyConnection, name: str, columns: list[list], schema: pa.Schema) -> Iterator[str]:
     """``columns`` of Python values registered as ``name`` while the block runs; yields a SELECT of them with
     ``schema``'s columns and types. Handed to DuckDB as NumPy object columns, because building Arrow arrays
     from Python objects makes pyarrow import pandas: ~0.35 s, a tenth of a one-shard run, which the command's
@@ -209,9 +209,9 @@ def _registered(con: duckdb.DuckDBPyConnection, name: str, columns: list[list], 
 
 
 def rows_relation(con: duckdb.DuckDBPyConnection, name: str, rows: list, schema: pa.Schema):
-    """`_registered` for rows (dicts, or tuples in schema order)."""
+    """`columns_relation` for rows (dicts, or tuples in schema order)."""
     keys = schema.names if rows and isinstance(rows[0], dict) else range(len(schema))
-    return _registered(con, name, [[r[k] for r in rows] for k in keys], schema)
+    return columns_relation(con, name, [[r[k] for r in rows] for k in keys], schema)
 
 
 def _rejection_row(r: Rejection) -> dict:
@@ -404,7 +404,7 @@ def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, shards: list[str], fo
     try:
         for batch in con.sql(sql).to_arrow_reader(_STAGED_BATCH):  # a relation streams; execute() holds every row
             # each row's shard as its place in `shards`, by way of a dictionary: no pa.array, no to_numpy (both
-            # make pyarrow import pandas, see `_registered`)
+            # make pyarrow import pandas, see `columns_relation`)
             codes = batch.column("output_shard").cast(pa.string()).dictionary_encode()  # (large or view strings)
             ix = codes.indices
             position = np.asarray([at[s] for s in codes.dictionary.to_pylist()], dtype=np.int64)[
@@ -500,5 +500,5 @@ def mark_audit_seen(con: duckdb.DuckDBPyConnection, pack_ids) -> None:
     """The packs an audit found in the outputs, as a temporary table its SQL checks join against."""
     con.execute("CREATE OR REPLACE TEMP TABLE audit_seen (pack_id VARCHAR)")  # (also ends a result left open)
     # one registered column, not executemany: a row per INSERT took 6 s for the 27,441 packs of 1M samples
-    with rows_relation(con, "audit_seen_rows", [(p,) for p in pack_ids], pa.schema([("pack_id", pa.string())])) as rel:
+    with columns_relation(con, "audit_seen_rows", [list(pack_ids)], pa.schema([("pack_id", pa.string())])) as rel:
         con.execute(f"INSERT INTO audit_seen {rel}")
