@@ -581,6 +581,8 @@ def test_spliced_pack_document_is_byte_identical_to_dumping_the_dict():
     context = {"profile": "qwen3-vl", "max_len": 100, "tool": "pack_assets", "shard_fingerprint": "ff"}
     body, media = pack_document(job, context, records)
     assert body == _dict_document(job, context, records)
+    for other in ({}, {**context, "sources": "replaced in place"}):
+        assert pack_document(job, other, records)[0] == _dict_document(job, other, records)
     assert [name for name, _, _ in media] == ["p0001.s000_00.jpg", "p0001.s000_x00.ü\"x", "p0001.s002_00.png"]
     for m in [subs[0].json_member, *subs[0].media, *subs[0].extra, {"name": 5, "offset": 1.0, "size": 2, "sha256": 3}]:
         assert member_key(m) == json.dumps([m["name"], m["offset"], m["size"], m["sha256"]], ensure_ascii=False)

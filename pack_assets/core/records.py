@@ -80,7 +80,8 @@ class SourceRef:
 class PackMeta:
     """A packed sample's ``_meta``: the plan row it realizes, its sources in order, and the run context
     (profile, settings, tool version, shard fingerprint) after them. ``as_dict`` is the JSON the writer
-    stores, key for key and in order: output shards stay byte-identical."""
+    stores, key for key and in order (`write.pack_document` writes that text without building the dict; a
+    test compares the bytes): output shards stay byte-identical."""
 
     pack_id: str
     media_type: str
