@@ -145,18 +145,23 @@ def test_same_inputs_give_byte_identical_shards(dataset, tmp_path):
 
 def test_packs_larger_than_the_writers_read_buffer_are_written_byte_identical(packed, tmp_path, monkeypatch):
     """The writer reads a pack's members into one reused buffer; reads past its end get buffers of their own
-    and the next pack a larger one: the shards are the same bytes either way."""
+    and the next pack a larger one. It also starts the disk's writeback as it goes (here after every pack):
+    the shards are the same bytes either way."""
     inp, work, out, _ = packed
-    sizes = []
+    sizes, advised = [], []
     real = write_mod._Arena.__init__
+    real_writeback = write_mod._start_writeback
 
     def tiny(self, size=1 << 20):
         real(self, 700)  # smaller than one member here
         sizes.append(self)
 
     monkeypatch.setattr(write_mod._Arena, "__init__", tiny)
+    monkeypatch.setattr(write_mod, "_WRITEBACK_EVERY", 1)
+    monkeypatch.setattr(write_mod, "_start_writeback", lambda *a: (advised.append(a), real_writeback(*a)))
     run_write(work, inp, tmp_path / "small_buffer", workers=1)
     assert sizes and all(len(a.buf) > 700 for a in sizes)  # each grew to the largest pack it met
+    assert len(advised) > len(sizes)  # (one arena per shard, writeback after each of its packs)
     assert {p.name: sha(p) for p in (tmp_path / "small_buffer").glob("*.tar")} == {p.name: sha(p) for p in out.glob("*.tar")}
 
 

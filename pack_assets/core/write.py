@@ -162,6 +162,7 @@ _dumps = json.JSONEncoder(ensure_ascii=False).encode
 # padding, typically 1 KB per member) stay under this: a 16 KB image then costs one slice, not one syscall
 _SPAN_GAP = 64 << 10
 _IOV_MAX = 1024  # buffers per os.writev call (Linux IOV_MAX)
+_WRITEBACK_EVERY = 8 << 20  # the disk's writing is started every this many bytes written (`_start_writeback`)
 
 
 def _copy(src_fd: int, offset: int, size: int, dst_fd: int) -> None:
@@ -180,6 +181,17 @@ def _copy(src_fd: int, offset: int, size: int, dst_fd: int) -> None:
             n = len(chunk)
         left -= n
         pos += n
+
+
+def _start_writeback(fd: int, offset: int, size: int) -> None:
+    """Have the kernel start writing these just-written bytes to disk, without waiting: below its dirty
+    thresholds it would start only at the shard's fsync, which then waited for the whole shard after the CPU
+    work instead of beside it (6,000 packed samples, 0.87 GB in 4 shards: the writer 0.84-0.95 s against
+    1.14-1.40 s). POSIX_FADV_DONTNEED starts the writeback and drops only clean pages, and pages just
+    written are dirty or under writeback: the audit still reads them from memory (measured the same)."""
+    if hasattr(os, "posix_fadvise"):
+        with contextlib.suppress(OSError):  # advice only
+            os.posix_fadvise(fd, offset, size, os.POSIX_FADV_DONTNEED)
 
 
 def _write_all(fd: int, bufs: list) -> None:
@@ -391,6 +403,7 @@ def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -
     parts: list[tuple[int, str, int, int]] = []
     entries: list[Entry] = []
     pos = 0  # bytes written so far
+    flushed = 0  # bytes whose writeback was started
     try:
         pending: list = []  # buffers not yet written: one os.writev per pack instead of three writes per member
         for pack in job.packs:
@@ -428,6 +441,9 @@ def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -
             pending = []
             arena.reset()
             samples.append((pack.pack_id, start, pos - start))
+            if pos - flushed >= _WRITEBACK_EVERY:
+                _start_writeback(fd, flushed, pos - flushed)
+                flushed = pos
         end = pos
         tail = 2 * BLOCK
         tail += -(end + tail) % RECORD
