@@ -451,6 +451,24 @@ def test_sampled_recount_catches_a_tampered_token_length(packed, monkeypatch, wh
         _tampered_recount(work, out)
 
 
+def test_the_audit_record_names_the_counting_versions_a_helper_looked_up(packed, monkeypatch):
+    """Under `pack-assets run` a helper looks up the packages' versions that the clean audit's record names
+    (a recount under other versions is not trusted); the audit's process does not, and the record is the same."""
+    import importlib.metadata
+
+    _, work, out, _ = packed
+    expected = audit_mod._counting_versions()
+    with Helpers(1) as helpers, procs.aside(helpers.pool):
+        audit_mod._counting_versions.cache_clear()
+
+        def refuse(name):
+            raise AssertionError(f"the audit's process looked up {name}'s version")
+
+        monkeypatch.setattr(importlib.metadata, "version", refuse)
+        assert run_audit(work, out).ok
+    assert json.loads((work / "audited_shards.json").read_text())["versions"] == expected
+
+
 def _tampered_recount(work: Path, out: Path) -> None:
     result = run_audit(work, out, recount_fraction=1.0)
     assert result.ok and result.stats["recounted"] == 24
@@ -579,16 +597,21 @@ def test_spliced_pack_document_is_byte_identical_to_dumping_the_dict():
                   extra=[member('k.ü"x', 1024, "cd")], conversation_sha256="c", messages_json=json.dumps(messages, ensure_ascii=False)),
         SubSample("b", "s", "b", "/x", 3, messages, member("b.txt", 2048, "ef"), [], messages_json=None),
         SubSample("c", "s", "c", "/x", 0, [], None, [member("c.png", 4096, "01")]),
+        # members not shaped as the catalog gives them: dumped as dicts, same bytes
+        SubSample("d", "s", "d", "/x", 1, [], {"size": 3, "name": "d.json", "offset": 0, "sha256": None},
+                  [{**member("d.png", 8192, "02"), "frames": [1, 2.5]}, {"name": "d.jpg", "offset": 1.0, "size": 2,
+                                                                         "sha256": None, "output_name": "kept"}]),
     ]
     records = [json.dumps({"conversations": [{"from": "human", "value": "é\n"}], "n": [1, 2.5]}).encode(),
-               "plain caption ü".encode(), None]
-    job = PackJob("p0001", "image", 15, subs)
+               "plain caption ü".encode(), None, b'{"x": 1}']
+    job = PackJob("p0001", "image", 16, subs)
     context = {"profile": "qwen3-vl", "max_len": 100, "tool": "pack_assets", "shard_fingerprint": "ff"}
     body, media = pack_document(job, context, records)
     assert body == _dict_document(job, context, records)
     for other in ({}, {**context, "sources": "replaced in place"}):
         assert pack_document(job, other, records)[0] == _dict_document(job, other, records)
-    assert [name for name, _, _ in media] == ["p0001.s000_00.jpg", "p0001.s000_x00.ü\"x", "p0001.s002_00.png"]
+    assert [name for name, _, _ in media] == ["p0001.s000_00.jpg", "p0001.s000_x00.ü\"x", "p0001.s002_00.png",
+                                              "p0001.s003_00.png", "p0001.s003_01.jpg"]
     for m in [subs[0].json_member, *subs[0].media, *subs[0].extra, {"name": 5, "offset": 1.0, "size": 2, "sha256": 3}]:
         assert member_key(m) == json.dumps([m["name"], m["offset"], m["size"], m["sha256"]], ensure_ascii=False)
 

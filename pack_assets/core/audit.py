@@ -447,6 +447,14 @@ def _counting_versions() -> dict[str, str | None]:
     return found
 
 
+def _versions_aside() -> Callable[[], dict[str, str | None]]:
+    """`_counting_versions` looked up by a helper while the outputs are read back (~50 ms of importlib.metadata
+    in a process that has not looked yet), unless this process knows them already."""
+    if _counting_versions.cache_info().currsize:
+        return _counting_versions
+    return procs.run_aside(_counting_versions).result
+
+
 def _audited(work: Path) -> tuple[dict, float]:
     """The last clean audit's record: each output shard's [size, mtime_ns, fingerprint], and the fraction
     of samples its recount covered: 0 for a record written before the fraction was kept, or under other
@@ -519,6 +527,7 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
     "all" reads every one."""
     if scope not in AUDIT_SCOPES:
         raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
+    versions = _versions_aside()
     with store.connect(work, read_only=True) as con:
         info = PlanInfo.load(con)
         figures = audit_figures(con, work, info.config.max_len)  # drawn aside while the outputs are read back
@@ -555,6 +564,6 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
     result.plots = report["plots"]
     # a clean audit vouches for every current shard; one with violations vouches for none
     store.atomic_write_text(work / AUDITED, json.dumps(
-        {"shards": stamps, "recount_fraction": recount_fraction, "versions": _counting_versions()} if result.ok else {},
+        {"shards": stamps, "recount_fraction": recount_fraction, "versions": versions()} if result.ok else {},
         sort_keys=True))
     return result
