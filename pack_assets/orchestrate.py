@@ -24,11 +24,12 @@ from .defs.assets import SHARD_WORKERS_TAG, audit_report, manifest, pack_plan, p
 from .defs.partitions import source_shards
 from .defs.resources import PackSettings, summary_io_manager
 from .progress import ShardProgress
-from .runenv import default_jobs, ensure_dagster_yaml, relax_event_log_sync, relax_gc
+from .runenv import cache_alembic_scripts, default_jobs, ensure_dagster_yaml, relax_event_log_sync, relax_gc
 
 
 def instance_for(dagster_home: Path) -> dg.DagsterInstance:
     relax_event_log_sync()
+    cache_alembic_scripts()
     home = dagster_home.resolve()
     ensure_dagster_yaml(home)  # without one Dagster warns on every instance load and shows its telemetry banner
     os.environ["DAGSTER_HOME"] = str(home)  # dagster requires an absolute DAGSTER_HOME
@@ -70,6 +71,7 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 def _worker_init(dagster_home: str) -> None:
     os.environ["DAGSTER_HOME"] = dagster_home
     relax_event_log_sync()
+    cache_alembic_scripts()
     relax_gc()
 
 

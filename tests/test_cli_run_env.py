@@ -198,3 +198,38 @@ print(*event("{home}/run.db"), *event("{home}/run.db"), *event("{tmp_path}/elsew
     # under DAGSTER_HOME: WAL from the start, checkpointed at each last close (what `dagster dev` watches for);
     # any other new database keeps SQLite's default
     assert out.stdout.split() == ["wal", "False", "wal", "False", "delete", "False"]
+
+
+def test_the_cli_reads_dagsters_migration_scripts_once_and_stamps_new_run_databases_at_head(tmp_path):
+    # a fresh interpreter, as a `pack-assets run` process: each run's new event database is stamped with the
+    # schema revision from the one directory object this process keeps (runenv.cache_alembic_scripts)
+    home = tmp_path / "dh"
+    code = f"""
+import glob, sqlite3
+from pathlib import Path
+import dagster as dg
+from alembic import util
+from alembic.script import ScriptDirectory
+loads = []
+real = ScriptDirectory._load_revisions
+def counted(self):
+    loads.append(self.dir)
+    yield from real(self)
+ScriptDirectory._load_revisions = counted
+from pack_assets.orchestrate import instance_for
+instance = instance_for(Path("{home}"))
+@dg.asset
+def a():
+    return 1
+for _ in range(3):
+    assert dg.materialize([a], instance=instance).success
+read = len(loads)
+head = ScriptDirectory(util.coerce_resource_to_filename("dagster:_core/storage/alembic")).get_current_head()
+stamps = {{sqlite3.connect(p).execute("SELECT version_num FROM alembic_version").fetchone()[0]
+          for p in glob.glob("{home}/history/runs/*.db") if not p.endswith("index.db")}}
+print(read, len(set(loads)), len(glob.glob("{home}/history/runs/*.db")), stamps == {{head}})
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    loads, dirs, run_dbs, at_head = out.stdout.split()
+    assert loads == dirs == "1" and int(run_dbs) >= 3 and at_head == "True"
