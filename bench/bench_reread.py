@@ -4,7 +4,9 @@
 
 Over the output shards of a finished run (any `pack-assets run` output): `hashlib` sha256 of each whole file
 (1 MiB reads), `sha256sum` and `openssl dgst -sha256` of the same files, the audit's reader + sha256 of every
-media member (`audit._pack_parts`, and the tarfile reader `tario.iter_pack_parts` it replaced), and the whole
+media member (`audit._pack_parts`, and the tarfile reader `tario.iter_pack_parts` it replaced), the same reader
+with each pack's members hashed by a second thread while the next pack is read (`audit._hashed`, as the
+in-line audit reads one output shard at a time with a core to spare), and the whole
 audit in one process (`run_audit(workers=1)`: reader, hashes, every check, the report). Each round runs all
 of them once; the medians over --repeats rounds and each round's ratios to hashlib go to
 bench/results/reread.json (--results). Page cache warm.
@@ -19,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,6 +47,14 @@ def reader_and_hash(reader, files: list[Path]) -> None:
                     hashlib.sha256(data).hexdigest()
 
 
+def reader_with_hashing_thread(files: list[Path]) -> None:
+    """As the in-line audit reads: each pack's members hashed by a second thread while the next is read."""
+    with ThreadPoolExecutor(1) as hasher:
+        for p in files:
+            for _ in audit._hashed(audit._pack_parts(p), hasher):
+                pass
+
+
 def one_round(files: list[Path], work: Path, packed: Path) -> dict[str, float]:
     names = [str(p) for p in files]
     steps = {
@@ -52,6 +63,7 @@ def one_round(files: list[Path], work: Path, packed: Path) -> dict[str, float]:
         "openssl_dgst_sha256": lambda: timed(["openssl", "dgst", "-sha256", *names]),
         "audit_reader_plus_sha256": lambda: reader_and_hash(audit._pack_parts, files),
         "tarfile_reader_plus_sha256": lambda: reader_and_hash(tario.iter_pack_parts, files),
+        "audit_reader_with_hashing_thread": lambda: reader_with_hashing_thread(files),
         "run_audit_one_process": lambda: audit.run_audit(work, packed, workers=1),
     }
     out = {}

@@ -4,6 +4,7 @@ damage to the outputs reported by the audit."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -163,6 +164,47 @@ def test_packs_larger_than_the_writers_read_buffer_are_written_byte_identical(pa
     assert sizes and all(len(a.buf) > 700 for a in sizes)  # each grew to the largest pack it met
     assert len(advised) > len(sizes)  # (one arena per shard, writeback after each of its packs)
     assert {p.name: sha(p) for p in (tmp_path / "small_buffer").glob("*.tar")} == {p.name: sha(p) for p in out.glob("*.tar")}
+
+
+@pytest.mark.skipif(not hasattr(os, "copy_file_range"), reason="no copy_file_range on this platform")
+@pytest.mark.parametrize("how", ["all read", "some copied in kernel", "all copied in kernel", "no kernel copy"])
+def test_media_read_or_copied_in_kernel_give_the_same_shards(packed, tmp_path, monkeypatch, how):
+    """Media of write._SMALL or more go by copy_file_range, smaller ones with their record through the read
+    buffer (packs mix both); where the kernel cannot copy from a source into the output shard (EXDEV: another
+    filesystem type, Linux 5.12 on) the writer reads and writes that source's members, learned once per output
+    shard and source. The bytes are the same every way."""
+    inp, work, out, _ = packed
+    media = sorted(len(data) for p in out.glob("*.tar") for _, parts in tario.iter_pack_parts(p)
+                   for part, data in parts.items() if part != "json")
+    # the sources each output shard copies media from: where a refused kernel copy is learned
+    pairs = {(p.name, src["shard"]) for p in out.glob("*.tar") for _, parts in tario.iter_pack_parts(p)
+             for src in json.loads(parts["json"])["_meta"]["sources"] if src["media"]}
+    cut = {"all read": 1 << 40, "some copied in kernel": media[len(media) // 2], "all copied in kernel": 1}[
+        "all copied in kernel" if how == "no kernel copy" else how]
+    calls = []
+    real_cfr = os.copy_file_range
+
+    def cfr(*a):
+        calls.append(a)
+        if how == "no kernel copy":
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real_cfr(*a)
+
+    copies = []
+    real_copy = write_mod._copy
+    monkeypatch.setattr(write_mod, "_copy", lambda *a: (copies.append(a), real_copy(*a))[1])
+    monkeypatch.setattr(write_mod.os, "copy_file_range", cfr)
+    monkeypatch.setattr(write_mod, "_SMALL", cut)
+    res = run_write(work, inp, tmp_path / "o", workers=1)
+    assert {p.name: sha(p) for p in (tmp_path / "o").glob("*.tar")} == {p.name: sha(p) for p in out.glob("*.tar")}
+    assert res.written == res.shards > 0 and media[0] < media[-1]
+    copied = sum(size >= cut for size in media)
+    if how == "no kernel copy":  # one refusal per output shard and source, then that source's members are read
+        assert len(calls) == len(pairs) > res.shards
+        assert len(pairs) <= len(copies) < copied  # (the rest of the pack it was refused in is copied by reads)
+    else:  # one call per member copied (a member is copied whole unless the kernel copies it short)
+        assert len(calls) == copied and (0 < copied < len(media) if how == "some copied in kernel" else True)
+        assert copied == {"all read": 0, "all copied in kernel": len(media)}.get(how, copied)
 
 
 def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monkeypatch):

@@ -9,6 +9,7 @@ whose first pack already carries the plan's fingerprint.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -32,7 +33,15 @@ from .tario import (BLOCK, RECORD, Entry, extra_name, first_pack_meta, group_by_
                     member_header, padding, split_key)
 
 NV_META = ".nv-meta"
-_SMALL = 1 << 20  # below this, pread + buffered write beats a copy_file_range call per member
+# Media and extra members of this size or more are copied in kernel (copy_file_range: no user-space copy, no
+# user pages); smaller ones are read with their sample's record (one pread of the span) and written with the
+# pack's os.writev. Whole writer, against reading them back (docs/benchmarks.md, session 35): ~136 KB members
+# 0.85-0.88 of the CPU and the write stage of a 4-shard run 0.97-1.31 s against 1.45-1.96 s; 32 KB members,
+# one call each, 1.04 of the wall: break-even is near there on this machine.
+_SMALL = 64 << 10
+# the cut for a source the kernel cannot copy from (another filesystem type: EXDEV): only these are copied by
+# reads of their own, the rest go with the sample's span read
+_SMALL_READ = 1 << 20
 
 
 @dataclass
@@ -71,10 +80,12 @@ class ShardJob:
 
 
 class _Sources:
-    """A small LRU of open source shards (bounded file descriptors)."""
+    """A small LRU of open source shards (bounded file descriptors). ``no_kernel_copy``: those the kernel cannot
+    copy from into this output shard (`_copy`): their members are read and written back."""
 
     def __init__(self, limit: int = 64):
         self.limit, self.files = limit, {}
+        self.no_kernel_copy: set[str] = set()
 
     def get(self, path: str):
         f = self.files.pop(path, None)
@@ -159,28 +170,39 @@ class _Arena:
 # json.dumps(x, ensure_ascii=False) without building an encoder per call (what json.dumps does for any keyword)
 _dumps = json.JSONEncoder(ensure_ascii=False).encode
 # a sample's small members are read with one pread of their span when the gaps between them (tar headers and
-# padding, typically 1 KB per member) stay under this: a 16 KB image then costs one slice, not one syscall
+# padding, typically 1 KB per member) stay under this (and under the cut, so that no member copied apart lies
+# inside the span): a 16 KB image then costs one slice, not one syscall
 _SPAN_GAP = 64 << 10
 _IOV_MAX = 1024  # buffers per os.writev call (Linux IOV_MAX)
 _WRITEBACK_EVERY = 8 << 20  # the disk's writing is started every this many bytes written (`_start_writeback`)
 
 
-def _copy(src_fd: int, offset: int, size: int, dst_fd: int) -> None:
-    """Kernel-side copy where the platform has it; plain reads otherwise (appends at dst_fd's position)."""
+# copy_file_range's errors that say the kernel cannot copy between these two files (EXDEV: filesystems of
+# different types, Linux 5.12 on): the caller reads and writes that source's members instead
+_NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL}
+
+
+def _copy(src_fd: int, offset: int, size: int, dst_fd: int, what: str, kernel: bool = True) -> bool:
+    """Copy `size` bytes of the source at `offset` to dst_fd's position, in kernel where it can (`kernel`),
+    else by reads; returns False when the kernel said it cannot copy between these files. `what` names the
+    member in the error for a source that ends early."""
     left, pos = size, offset
     while left:
-        try:
-            n = os.copy_file_range(src_fd, dst_fd, left, pos)
-        except (AttributeError, OSError):
-            n = 0
+        n = 0
+        if kernel:
+            try:
+                n = os.copy_file_range(src_fd, dst_fd, left, pos)
+            except (AttributeError, OSError) as e:  # AttributeError: a platform without the call
+                kernel = isinstance(e, OSError) and e.errno not in _NO_KERNEL_COPY
         if n <= 0:
             chunk = os.pread(src_fd, min(left, 1 << 22), pos)
             if not chunk:
-                raise OSError(f"source ended {left} bytes early at offset {pos}")
+                raise OSError(f"{what}: the source ends {left} bytes early, at offset {pos}")
             _write_all(dst_fd, [chunk])
             n = len(chunk)
         left -= n
         pos += n
+    return kernel
 
 
 def _start_writeback(fd: int, offset: int, size: int) -> None:
@@ -222,19 +244,20 @@ def read_record(sub: SubSample, sources: _Sources) -> bytes | None:
 
 def _read_sub(sub: SubSample, sources: _Sources, arena: _Arena) -> tuple[bytes | None, list]:
     """The record's bytes and each media/extra member's bytes (None for a media or extra member of _SMALL or
-    more: copied in kernel when written), read into `arena`: valid until its next reset. The small members
-    of a sample usually follow each other in its source tar, so they are sliced out of one pread of their
-    span; members far apart are read one by one."""
+    more, or `_SMALL_READ` for a source in ``sources.no_kernel_copy``: copied when written), read into
+    `arena`: valid until its next reset. The small members of a sample usually follow each other in its
+    source tar, so they are sliced out of one pread of their span; members far apart are read one by one."""
     f = sources.get(sub.source_path)
     fd = f.fileno()
     members = sub.media + sub.extra
-    # the record is always read (its text goes into the pack's JSON), media of _SMALL or more are copied later
-    small = ([sub.json_member] if sub.json_member else []) + [m for m in members if m["size"] < _SMALL]
+    # the record is always read (its text goes into the pack's JSON), media of the cut or more are copied later
+    cut = _SMALL_READ if sub.source_path in sources.no_kernel_copy else _SMALL
+    small = ([sub.json_member] if sub.json_member else []) + [m for m in members if m["size"] < cut]
     got: dict[int, bytes | memoryview] = {}
     if len(small) > 1:
         lo = min(m["offset"] for m in small)
         hi = max(m["offset"] + m["size"] for m in small)
-        if hi - lo <= sum(m["size"] for m in small) + _SPAN_GAP:
+        if hi - lo <= sum(m["size"] for m in small) + min(_SPAN_GAP, cut - 1):
             buf = arena.pread(fd, hi - lo, lo)
             if len(buf) != hi - lo:
                 raise OSError(f"{sub.source_path}: sample {sub.key} ends early ({len(buf)} of {hi - lo} bytes "
@@ -432,7 +455,10 @@ def write_shard(out_dir: str, job: ShardJob | str, context: dict, loader=None) -
                     pending.append(header)
                     _write_all(fd, pending)
                     pending = []
-                    _copy(sources.get(sub.source_path).fileno(), m["offset"], m["size"], fd)
+                    src = sub.source_path
+                    if not _copy(sources.get(src).fileno(), m["offset"], m["size"], fd, f"{src}: {m['name']}",
+                                 src not in sources.no_kernel_copy):
+                        sources.no_kernel_copy.add(src)
                     pending.append(padding(m["size"]))
                 else:
                     pending += [header, view, padding(m["size"])]
