@@ -10,11 +10,11 @@ of this code, `run_write` of the baseline code (each into an emptied output fold
 and written pack by pack with one pread per sample, one writev per pack, an fsync per shard, nothing else),
 two more floors with each sample's bytes copied in kernel (copy_file_range, as `cp` does) with and without
 the fsync (each floor as many processes as the writer), `cp` of the source shards, and `cp` + `sync` of them.
-This code and the baseline alternate
-which goes first in a round. Wall and CPU seconds of the writer are measured inside its process around `run_write` (the DuckDB reads,
-Energon index and every fsync included; imports not; its pool's CPU too); `cp` from outside. Ratios are taken
-round by round (MB/s of the writer over MB/s of `cp`), so drift on a shared machine does not favour one side.
-Writes bench/results/write.json (--results).
+This code and the baseline alternate which goes first in a round. Wall and CPU seconds of the writer are
+measured inside its process around `run_write` (the DuckDB reads, Energon index and every fsync included;
+imports not; its pool's CPU too); `cp` from outside. Ratios are taken round by round (MB/s of the writer over
+MB/s of `cp`), so drift on a shared machine does not favour one side. Writes bench/results/write.json
+(--results).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ print(json.dumps({"start": t, "end": time.perf_counter(), "cpu_s": time.process_
 FLOORS = {"floor": ("read", "sync"), "floor_kernel": ("kernel", "sync"), "floor_kernel_nosync": ("kernel", "nosync")}
 
 
-def floor_once(inp: Path, work: Path, out: Path, how: tuple[str, str] = FLOORS["floor"], workers: int = 1) -> dict:
+def floor_once(inp: Path, work: Path, out: Path, how: tuple[str, str], workers: int) -> dict:
     """One floor with `workers` processes side by side, timed from the common start to the last one's end.
     A sync after it, untimed: what a floor without fsync leaves dirty is not written during `cp`'s timing."""
     shutil.rmtree(out, ignore_errors=True)

@@ -174,13 +174,13 @@ def test_media_read_or_copied_in_kernel_give_the_same_shards(packed, tmp_path, m
     filesystem type, Linux 5.12 on) the writer reads and writes that source's members, learned once per output
     shard and source. The bytes are the same every way."""
     inp, work, out, _ = packed
-    media = sorted(len(data) for p in out.glob("*.tar") for _, parts in tario.iter_pack_parts(p)
-                   for part, data in parts.items() if part != "json")
-    # the sources each output shard copies media from: where a refused kernel copy is learned
-    pairs = {(p.name, src["shard"]) for p in out.glob("*.tar") for _, parts in tario.iter_pack_parts(p)
-             for src in json.loads(parts["json"])["_meta"]["sources"] if src["media"]}
-    cut = {"all read": 1 << 40, "some copied in kernel": media[len(media) // 2], "all copied in kernel": 1}[
-        "all copied in kernel" if how == "no kernel copy" else how]
+    media, pairs = [], set()  # pairs: the sources each output shard copies media from (where a refusal is learned)
+    for p in out.glob("*.tar"):
+        for _, parts in tario.iter_pack_parts(p):
+            media += [len(data) for part, data in parts.items() if part != "json"]
+            pairs |= {(p.name, src["shard"]) for src in json.loads(parts["json"])["_meta"]["sources"] if src["media"]}
+    media.sort()
+    cut = {"all read": 1 << 40, "some copied in kernel": media[len(media) // 2]}.get(how, 1)
     calls = []
     real_cfr = os.copy_file_range
 
@@ -203,8 +203,13 @@ def test_media_read_or_copied_in_kernel_give_the_same_shards(packed, tmp_path, m
         assert len(calls) == len(pairs) > res.shards
         assert len(pairs) <= len(copies) < copied  # (the rest of the pack it was refused in is copied by reads)
     else:  # one call per member copied (a member is copied whole unless the kernel copies it short)
-        assert len(calls) == copied and (0 < copied < len(media) if how == "some copied in kernel" else True)
-        assert copied == {"all read": 0, "all copied in kernel": len(media)}.get(how, copied)
+        assert len(calls) == copied
+        if how == "all read":
+            assert copied == 0
+        elif how == "all copied in kernel":
+            assert copied == len(media)
+        else:
+            assert 0 < copied < len(media)
 
 
 def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monkeypatch):

@@ -36,8 +36,7 @@ NV_META = ".nv-meta"
 # Media and extra members of this size or more are copied in kernel (copy_file_range: no user-space copy, no
 # user pages); smaller ones are read with their sample's record (one pread of the span) and written with the
 # pack's os.writev. Whole writer, against reading them back (docs/benchmarks.md, session 35): ~136 KB members
-# 0.85-0.88 of the CPU and the write stage of a 4-shard run 0.97-1.31 s against 1.45-1.96 s; 32 KB members,
-# one call each, 1.04 of the wall: break-even is near there on this machine.
+# 0.79 of the wall, 0.74 of the CPU; 64 KB about even; 32 KB members, one call each, 1.04 of the wall.
 _SMALL = 64 << 10
 # the cut for a source the kernel cannot copy from (another filesystem type: EXDEV): only these are copied by
 # reads of their own, the rest go with the sample's span read
