@@ -16,11 +16,20 @@ from .runenv import (ensure_dagster_yaml, exit_without_teardown, process_start, 
 DEMO_INPUT = Path("demo_data/shards")
 
 
+class OutputError(Exception):
+    """Standard output could not take the result (a full disk, a closed pipe): exit 120, as CPython does when
+    its final flush fails, with one line on stderr instead of a traceback."""
+
+
+def _out(text: str) -> None:
+    try:
+        print(text)
+    except OSError as e:
+        raise OutputError(f"could not write the result to standard output: {e}") from None
+
+
 def _emit(args, payload: dict, human: str) -> None:
-    if args.json:
-        print(json.dumps(payload, indent=2, default=str))
-    else:
-        print(human)
+    _out(json.dumps(payload, indent=2, default=str) if args.json else human)
 
 
 def _summary_text(s: dict) -> str:
@@ -146,7 +155,7 @@ def cmd_count(args) -> int:
     rows = count_records(Path(args.input), Path(args.media_root) if args.media_root else None, args.profile,
                          args.model_dir, trust_remote_code=args.trust_remote_code)
     for r in rows:
-        print(json.dumps(r, ensure_ascii=False))
+        _out(json.dumps(r, ensure_ascii=False))
     return 0 if all("error" not in r for r in rows) else 1
 
 
@@ -411,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         code = 2
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = 120
     if argv is None:  # the command: done, no teardown (called from Python, main returns)
         exit_without_teardown(code or 0)
     return code

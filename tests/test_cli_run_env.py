@@ -233,3 +233,35 @@ print(read, len(set(loads)), len(glob.glob("{home}/history/runs/*.db")), stamps 
     assert out.returncode == 0, out.stderr[-3000:]
     loads, dirs, run_dbs, at_head = out.stdout.split()
     assert loads == dirs == "1" and int(run_dbs) >= 3 and at_head == "True"
+
+
+def test_a_full_standard_output_is_one_line_and_exit_120():
+    """`pack-assets ... > /dev/full`: the result cannot be written; one line on stderr, exit 120 (CPython's code
+    for a failed final flush), no traceback. Both ways it can fail: while printing, and at the exit's flush (a
+    reader that went away before the buffered output was flushed)."""
+    with open("/dev/full", "w") as full:
+        big = subprocess.run([sys.executable, "-m", "pack_assets.cli", "profiles"], stdout=full, stderr=subprocess.PIPE,
+                             text=True, cwd=REPO)
+    assert big.returncode == 120 and big.stderr.strip().splitlines() == [
+        "error: could not write the result to standard output: [Errno 28] No space left on device"]
+    small = subprocess.Popen([sys.executable, "-c", "import sys; from pack_assets.runenv import exit_without_teardown\n"
+                              "sys.stdin.readline(); sys.stdout.write('short'); exit_without_teardown(0)"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                             env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"})  # buffered output
+    small.stdout.close()  # the reader is gone before the child flushes
+    _, err = small.communicate("go\n", timeout=60)
+    assert small.returncode == 120 and "Traceback" not in err
+
+
+def test_the_exit_joins_a_pool_still_alive_and_its_work_finishes(tmp_path):
+    """A thread pool left alive at exit (a stage's executor): its queued work completes and the process ends,
+    instead of hanging or being cut off by ``os._exit``."""
+    done = tmp_path / "done"
+    code = ("import time; from concurrent.futures import ThreadPoolExecutor\n"
+            "from pack_assets.runenv import exit_without_teardown\n"
+            "pool = ThreadPoolExecutor(2)\n"
+            f"pool.submit(lambda: (time.sleep(0.3), open({str(done)!r}, 'w').write('ok')))\n"
+            "exit_without_teardown(3)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 3, proc.stderr
+    assert done.read_text() == "ok"

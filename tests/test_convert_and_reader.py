@@ -1,4 +1,4 @@
-"""Ingest real demo datasets (../shared/fixtures) into shards, pack them, and read the packs back as a
+"""Ingest real demo datasets (tests/fixtures/datasets) into shards, pack them, and read the packs back as a
 trainer would: lengths equal the planner's, labels only on assistant turns, cu_seqlens and positions."""
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from pack_assets.core.tokens import run_token_lengths
 from pack_assets.core.write import run_write
 from pack_assets.reader import PackEncoder, iter_encoded, iter_packs
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "datasets"
-needs_fixtures = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/fixtures not present")
+DATA = Path(__file__).resolve().parent / "fixtures" / "datasets"  # copies of ../shared/fixtures (tests/fixtures/README.md)
 
 
 def _inputs(tmp: Path) -> tuple[list[Path], list[Path]]:
@@ -42,7 +41,6 @@ def _inputs(tmp: Path) -> tuple[list[Path], list[Path]]:
     return inputs, roots
 
 
-@needs_fixtures
 def test_convert_real_demo_datasets_with_reasons_for_what_cannot_be_packed(tmp_path):
     inputs, roots = _inputs(tmp_path)
     res = convert(inputs, tmp_path / "shards", roots, samples_per_shard=10)
@@ -61,7 +59,6 @@ def test_convert_real_demo_datasets_with_reasons_for_what_cannot_be_packed(tmp_p
     assert first["images"] == ["img0.jpg", "img1.jpg"] and first["origin"]["file"] == "mllm_demo.json"
 
 
-@needs_fixtures
 @pytest.mark.parametrize("profile", ["qwen2.5-vl", "qwen3-vl"])
 def test_round_trip_convert_pack_read_lengths_equal_the_plan(tmp_path, profile):
     inputs, roots = _inputs(tmp_path)
@@ -122,7 +119,6 @@ def test_labels_cover_assistant_turns_only_and_weights(tmp_path, dataset):
         enc.encode(tampered)
 
 
-@needs_fixtures
 def test_convert_cli(tmp_path, capsys):
     args = ["convert", "--input", str(DATA / "lmms-finetune" / "single_image.json"), "--media-root",
             str(DATA / "lmms-finetune" / "images"), "--output", str(tmp_path / "s"), "--json"]

@@ -21,16 +21,14 @@ from pack_assets.core.profiles import (
 from pack_assets.core.reasons import ReasonError
 from pack_assets.core.tokens import TokenCounter, image_tokens, video_count
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "models"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "models"  # copies of ../shared/fixtures (tests/fixtures/README.md)
 CHECKPOINTS = {"qwen2-vl": "Qwen2-VL-7B-Instruct", "qwen2.5-vl": "Qwen2.5-VL-7B-Instruct", "qwen3-vl": "Qwen3-VL-8B-Instruct"}
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures not present")
 
 SIZES = [(1, 1), (1, 199), (1, 200), (3, 599), (10, 10), (27, 29), (28, 28), (56, 56), (57, 1000), (100, 20000),
          (224, 224), (333, 777), (640, 480), (1023, 1), (1280, 720), (1920, 1080), (3000, 4000), (4000, 300),
          (5000, 5000), (8000, 40), (12000, 9000), (16384, 16384), (37, 1000)]
 
 
-@needs_fixtures
 @pytest.mark.parametrize("profile", BUILTIN_PROFILES)
 def test_image_tokens_equal_the_transformers_image_processor(profile):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -49,7 +47,6 @@ def test_image_tokens_equal_the_transformers_image_processor(profile):
         assert image_tokens(w, h, rule) == expected, (profile, w, h)
 
 
-@needs_fixtures
 def test_image_grid_from_really_processing_small_images():
     from PIL import Image
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -86,7 +83,6 @@ def _conversations() -> list[list[dict]]:
     ]
 
 
-@needs_fixtures
 @pytest.mark.parametrize("profile", BUILTIN_PROFILES)
 def test_rendering_equals_apply_chat_template_with_the_checkpoint_template(profile):
     from transformers import PreTrainedTokenizerFast
@@ -101,7 +97,6 @@ def test_rendering_equals_apply_chat_template_with_the_checkpoint_template(profi
         assert counter.render(conv) == expected
 
 
-@needs_fixtures
 def test_qwen3_vl_counts_equal_transformers_tokenization_of_the_rendered_conversation():
     from transformers import PreTrainedTokenizerFast
 
@@ -184,7 +179,6 @@ def test_unsupported_profile_and_model_dir_errors_list_the_supported(tmp_path):
         profile_from_model_dir(tmp_path)
 
 
-@needs_fixtures
 def test_model_dir_follows_the_checkpoint_files(tmp_path):
     import shutil
 
