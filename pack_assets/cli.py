@@ -57,7 +57,7 @@ def _settings(args, **extra) -> Settings:
     ``--recipe``, a setting left at its default takes the recipe's value (`Settings.from_flat`)."""
     fields = {"input_dir": str(args.input), "work_dir": str(args.work), "output_dir": str(args.output),
               "max_len": args.max_len, "profile": args.profile, "model_dir": args.model_dir or "",
-              "trust_remote_code": args.trust_remote_code,
+              "trust_remote_code": args.trust_remote_code, "chat_template_kwargs": args.chat_template_kwargs,
               "algorithm": args.algorithm, "seed": args.seed, "incremental": args.incremental,
               "audit_scope": args.audit_scope, "output_mode": args.mode}
     if getattr(args, "recipe", None):
@@ -144,7 +144,8 @@ def cmd_count(args) -> int:
     from .core.ingest import count_records
 
     rows = count_records(Path(args.input), Path(args.media_root) if args.media_root else None, args.profile,
-                         args.model_dir, trust_remote_code=args.trust_remote_code)
+                         args.model_dir, trust_remote_code=args.trust_remote_code,
+                         chat_template_kwargs=args.chat_template_kwargs or "")
     for r in rows:
         print(json.dumps(r, ensure_ascii=False))
     return 0 if all("error" not in r for r in rows) else 1
@@ -283,6 +284,7 @@ def _common_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", help="model profile: qwen2-vl, qwen2.5-vl, qwen3-vl")
     p.add_argument("--model-dir", help="a local HF checkpoint folder (overrides --profile)")
     _trust(p)
+    _template_kwargs(p)
     p.add_argument("--algorithm", help="packing algorithm (bfd, next_fit)")
     p.add_argument("--seed", type=int, help="seed of the pack order shuffle")
     p.add_argument("--dagster-home", help="Dagster instance directory (default: $DAGSTER_HOME if set, else "
@@ -301,6 +303,12 @@ def _common_run(p: argparse.ArgumentParser) -> None:
                    help=f"worker processes that scan and count shards side by side (default: one per core, "
                         f"{os.cpu_count()} here, at most one per shard that needs it)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+
+
+def _template_kwargs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chat-template-kwargs", metavar="JSON",
+                   help='extra chat template variables, as apply_chat_template(..., **kwargs) takes them, e.g. '
+                        '\'{"enable_thinking": false}\' (part of the profile: a change recounts)')
 
 
 def _trust(p: argparse.ArgumentParser) -> None:
@@ -340,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", help="a local HF checkpoint folder; a family without a fast rule is counted by "
                    "its own processor (see `pack-assets profiles`)")
     _trust(p)
+    _template_kwargs(p)
     p.set_defaults(func=cmd_count, json=True)
 
     p = sub.add_parser("profiles", help="every supported model family, its counting rule and the files --model-dir needs")

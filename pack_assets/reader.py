@@ -38,11 +38,13 @@ import math
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from .core.chatkw import canonical
 from .core.index_out import INDEX_PART, IndexSourceChanged, SourceFiles  # noqa: F401 (IndexSourceChanged: for callers)
 from .core.media import VIDEO_EXTS, probe_video
 from .core.profiles import ModelProfile, resolve_profile, tokenizer_for
@@ -113,20 +115,32 @@ def _process_sources() -> SourceFiles:
 
 
 class PackEncoder:
-    def __init__(self, profile: ModelProfile | str | None = None, model_dir: str | None = None, loss_weighting: str = "token"):
+    """``chat_template_kwargs``: the template variables to render with; None (the default): each pack's own, as
+    its ``_meta`` records them (what its lengths were counted with)."""
+
+    def __init__(self, profile: ModelProfile | str | None = None, model_dir: str | None = None, loss_weighting: str = "token",
+                 chat_template_kwargs: str | dict | None = None):
         if loss_weighting not in ("token", "sample", "sqrt"):
             raise ValueError("loss_weighting is one of token, sample, sqrt")
         self.profile = profile if isinstance(profile, ModelProfile) else resolve_profile(profile, model_dir)
         if self.profile.rule != "fast" or self.profile.media is not None:  # M-RoPE ids and pads are Qwen-VL's
             raise ValueError(f"PackEncoder encodes Qwen2/2.5/3-VL packs; {self.profile.name} has no encoder here "
                              "(use the model's own processor on each sample of the pack)")
-        self.counter = TokenCounter(self.profile, backend="tokenizers")
+        self.template_kwargs = None if chat_template_kwargs is None else canonical(chat_template_kwargs)
+        self._counters: dict[str, TokenCounter] = {}
+        self.counter = self._counter(self.template_kwargs or self.profile.chat_template_kwargs)
         self.tok = tokenizer_for(self.profile)
         self.weighting = loss_weighting
         self.tokens_per_second = np.float32(_tokens_per_second(self.profile))  # Qwen2.5-VL's video time scale
         ids = {t: self.tok.token_to_id(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
         self.image_pad, self.video_pad = ids["<|image_pad|>"], ids["<|video_pad|>"]
         self.vision_start, self.vision_end = ids["<|vision_start|>"], ids["<|vision_end|>"]
+
+    def _counter(self, kwargs: str) -> TokenCounter:
+        """The renderer for one set of template variables (canonical JSON text)."""
+        if kwargs not in self._counters:
+            self._counters[kwargs] = TokenCounter(replace(self.profile, chat_template_kwargs=kwargs), backend="tokenizers")
+        return self._counters[kwargs]
 
     def encode_sample(self, messages: list[dict], media: list[tuple[str, bytes]]) -> dict:
         text = self.counter.render(messages)
@@ -193,6 +207,8 @@ class PackEncoder:
 
     def encode(self, pack: dict) -> dict:
         meta = PackMeta.from_dict(pack["_meta"])
+        kwargs = self.template_kwargs
+        self.counter = self._counter(canonical(meta.context.get("chat_template_kwargs")) if kwargs is None else kwargs)
         subs = [self.encode_sample(s["messages"], s["media"]) for s in pack["samples"]]
         lens = [len(s["input_ids"]) for s in subs]
         if lens != meta.sample_token_lens or sum(lens) != meta.total_token_len:
@@ -280,8 +296,9 @@ def mrope_positions(types: np.ndarray, images: list, videos: list, merge: int) -
 
 
 def iter_encoded(paths: str | Path | Iterable[str | Path], profile: str | None = None, model_dir: str | None = None,
-                 loss_weighting: str = "token", source_root: str | Path | Mapping | None = None) -> Iterator[dict]:
-    enc = PackEncoder(profile, model_dir, loss_weighting)
+                 loss_weighting: str = "token", source_root: str | Path | Mapping | None = None,
+                 chat_template_kwargs: str | dict | None = None) -> Iterator[dict]:
+    enc = PackEncoder(profile, model_dir, loss_weighting, chat_template_kwargs)
     for pack in iter_packs(paths, source_root=source_root):
         yield enc.encode(pack)
 

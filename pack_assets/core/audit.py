@@ -28,7 +28,7 @@ import duckdb
 
 from . import index_out, procs, store
 from .plan import PlanConfig, PlanInfo, check_plan
-from .profiles import ModelProfile, ProfileError, resolve_profile
+from .profiles import ModelProfile, ProfileError
 from .reasons import ReasonError
 from .report import audit_figures, write_report
 from .results import AuditResult
@@ -489,7 +489,7 @@ def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = froz
     if fraction <= 0:
         return lambda result: None
     try:
-        profile = resolve_profile(info.profile.split("@")[0], info.model_dir or None, info.trust_remote_code)
+        profile = info.model_profile()
     except ProfileError as e:
         unavailable = str(e)
         return lambda result: result.add("recount_unavailable", unavailable)

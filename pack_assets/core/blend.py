@@ -326,8 +326,7 @@ def plan_epoch(work: Path, shards: list[str], config: PlanConfig, profile: Model
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=list(waiting),
                           shards_removed=list(removed))
         store.atomic_write_text(edir / "pack_plan.jsonl", blend_jsonl(plan))
-        info = PlanInfo(plan.fingerprint, profile.name, profile.fingerprint, profile.model_dir, shards, cfg, plan.stats,
-                        profile.trust_remote_code)
+        info = PlanInfo.of(plan.fingerprint, profile, shards, cfg, plan.stats)
         store.save_plan(con, [vars(p) for p in plan.packs], plan.dropped, info.as_dict(), blend=True)
         violations = check_blend(con, cfg, recipe.repeats)
     return PlanSummary(plan.fingerprint, edir / "pack_plan.jsonl", why, plan.stats, len(shards), list(waiting),

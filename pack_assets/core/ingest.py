@@ -36,9 +36,9 @@ def _resolve(media_root: Path | None, base: Path, ref: str) -> Path:
 
 
 def count_records(path: Path, media_root: Path | None, profile: str | None, model_dir: str | None,
-                  trust_remote_code: bool = False) -> list[dict]:
+                  trust_remote_code: bool = False, chat_template_kwargs: str | dict = "") -> list[dict]:
     """One result per record: counts (``counted_by`` names the rule), or an ``error`` reason with detail."""
-    counter = TokenCounter(resolve_profile(profile, model_dir, trust_remote_code))
+    counter = TokenCounter(resolve_profile(profile, model_dir, trust_remote_code, chat_template_kwargs))
     out: list[dict] = []
     items: list[tuple] = []
     ids: list = []

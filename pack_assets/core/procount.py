@@ -286,6 +286,7 @@ class ProcessorCounter:
         self._media_ids = tuple(sorted({i for i in ids if isinstance(i, int)}))
         self._runs = [(t, re.compile(f"(?:{re.escape(t)}){{2,}}")) for t in self._media_strings()]
         self._template = proc._resolve_chat_template(None) if hasattr(proc, "_resolve_chat_template") else None
+        self._variables = {**tok.special_tokens_map, **profile.template_kwargs}  # as apply_chat_template passes them
         self._direct = self._template is not None and _has_replacements(proc)
         vp = getattr(proc, "video_processor", None)
         # videos the direct way too: the processor expands them through replace_video_token
@@ -386,7 +387,7 @@ class ProcessorCounter:
         msgs = [{k: v for k, v in m.items() if k != "tools"} for m in messages]
         try:
             prompts, _ = render_jinja_template(conversations=[msgs], tools=tools, chat_template=self._template,
-                                               add_generation_prompt=False, **self.tokenizer.special_tokens_map)
+                                               add_generation_prompt=False, **self._variables)
         except Exception as e:
             raise ReasonError("template_error", f"{type(e).__name__}: {e}") from None
         return prompts[0]
@@ -549,7 +550,8 @@ class ProcessorCounter:
         tools = messages[0].get("tools") if messages else None
         msgs = [{k: v for k, v in m.items() if k != "tools"} for m in messages]
         try:
-            text = self.processor.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False)
+            text = self.processor.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False,
+                                                      **self.profile.template_kwargs)
             images = [_blank(int(w), int(h)) for w, h in image_sizes] or None
             kw = {}
             if vkeys:

@@ -725,6 +725,7 @@ class SourceChanged(RuntimeError):
 def write_context(info: PlanInfo) -> dict:
     """What every output shard's `_meta` carries besides its packs."""
     return {"profile": info.profile, "profile_fingerprint": info.profile_fingerprint,
+            "chat_template_kwargs": json.loads(info.chat_template_kwargs or "{}"),
             "config_fingerprint": config_fingerprint(info.config, info.profile_fingerprint),
             "max_len": info.config.max_len, "tool": "pack_assets", "tool_version": __version__}
 

@@ -19,6 +19,7 @@ class PackSettings(dg.ConfigurableResource):
     profile: str = _D["profile"]
     model_dir: str = _D["model_dir"]
     trust_remote_code: bool = _D["trust_remote_code"]
+    chat_template_kwargs: str = _D["chat_template_kwargs"]
     recursive: bool = _D["recursive"]
     audit_scope: str = _D["audit_scope"]
     write_workers: int = _D["write_workers"]
