@@ -142,13 +142,23 @@ def cmd_run(args) -> int:
 
 def cmd_count(args) -> int:
     from .core.ingest import count_records
+    from .core.profiles import resolve_profile
 
-    rows = count_records(Path(args.input), Path(args.media_root) if args.media_root else None, args.profile,
-                         args.model_dir, trust_remote_code=args.trust_remote_code,
-                         chat_template_kwargs=args.chat_template_kwargs or "")
+    media_root = Path(args.media_root) if args.media_root else None
+    profile = resolve_profile(args.profile, args.model_dir, args.trust_remote_code, args.chat_template_kwargs or "")
+    rows = count_records(Path(args.input), media_root, profile)
     for r in rows:
         print(json.dumps(r, ensure_ascii=False))
-    return 0 if all("error" not in r for r in rows) else 1
+    code = 0 if all("error" not in r for r in rows) else 1
+    if args.check:
+        from .core.drift import check_file
+
+        report = check_file(Path(args.input), media_root, profile, rows, args.check)
+        for d in report.differences:
+            print(f"check FAILED {d.line()}", file=sys.stderr)
+        print(report.summary(), file=sys.stderr)
+        code = code or (0 if report.ok else 1)
+    return code
 
 
 def cmd_profiles(args) -> int:
@@ -349,6 +359,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "its own processor (see `pack-assets profiles`)")
     _trust(p)
     _template_kwargs(p)
+    p.add_argument("--check", type=int, default=0, metavar="N",
+                   help="recount the first N counted records with the --model-dir folder's real transformers "
+                        "processor (images as load_image gives them); every difference is reported on stderr "
+                        "and exits 1")
     p.set_defaults(func=cmd_count, json=True)
 
     p = sub.add_parser("profiles", help="every supported model family, its counting rule and the files --model-dir needs")

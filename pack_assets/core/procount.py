@@ -33,6 +33,7 @@ keeps) is ``video_memory_budget``, before any call; without torchvision, ``missi
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import json
@@ -43,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import environment
 from .profiles import ModelProfile, ProfileError, check_remote_code
 from .reasons import ReasonError
 
@@ -162,8 +164,6 @@ class _CachedVideoProcessor(_CachedImageProcessor):
     per call."""
 
     def __call__(self, videos=None, *args, **kwargs):
-        import copy
-
         key = (_video_key(videos, kwargs), repr(args))
         hit = self._cache.get(key)
         if hit is None:
@@ -238,11 +238,12 @@ def load_processor(model_dir: str, trust_remote_code: bool = False):
     """AutoProcessor for a local folder, offline; a clear error when transformers (or torch) is missing."""
     check_remote_code(model_dir, trust_remote_code)
     try:
-        from transformers import AutoProcessor
+        import transformers  # noqa: F401
     except ImportError as e:
         raise ProfileError(f"the processor rule needs transformers: {EXTRA_HINT} ({e})") from None
     try:
-        proc = AutoProcessor.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
+        # a copy: the build is shared with the profile's fingerprint (core/environment.py), the wrappers are ours
+        proc = copy.copy(environment.build_processor(model_dir, trust_remote_code))
     except ImportError as e:  # e.g. a video processor that needs torchvision: count images without it
         try:
             proc = _image_only(model_dir, trust_remote_code, e)

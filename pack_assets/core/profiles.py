@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from . import environment
 from .chatkw import as_dict, canonical
 from .safety import file_sha256
 
@@ -225,11 +226,13 @@ class ModelProfile:
 
     @property
     def fingerprint(self) -> str:
-        """Changes whenever anything that decides a count changes (stale counts are recomputed)."""
-        base = self._files_fingerprint()
-        if not self.chat_template_kwargs:
-            return base
-        return hashlib.sha256(f"{base}|{self.chat_template_kwargs}".encode()).hexdigest()[:16]
+        """Changes whenever anything that decides a count changes (stale counts are recomputed): the files,
+        the template variables, the counting packages' versions and, for the processor rule, the processor's
+        effective settings (core/environment.py)."""
+        parts = [self._files_fingerprint(), self.chat_template_kwargs, environment.versions(self.rule)]
+        if self.rule == "processor":
+            parts.append(environment.processor_settings(self.model_dir, self.trust_remote_code))
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
     def _files_fingerprint(self) -> str:
         if self.rule == "processor":  # every file of the folder may decide a count
