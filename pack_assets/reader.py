@@ -46,7 +46,7 @@ from PIL import Image
 
 from .core.chatkw import canonical
 from .core.index_out import INDEX_PART, IndexSourceChanged, SourceFiles  # noqa: F401 (IndexSourceChanged: for callers)
-from .core.media import VIDEO_EXTS, probe_video
+from .core.media import VIDEO_EXTS, probe_image, probe_video
 from .core.profiles import ModelProfile, resolve_profile, tokenizer_for
 from .core.records import PackMeta
 from .core.tario import iter_pack_parts
@@ -149,7 +149,7 @@ class PackEncoder:
         trainable = [any(a <= start < b for a, b in spans) for start, _ in enc.offsets]
         images = [data for name, data in media if not name.endswith(_VIDEO_SUFFIXES)]
         videos = [data for name, data in media if name.endswith(_VIDEO_SUFFIXES)]
-        image_grids = [image_grid(*oriented_size(data), self.profile.image) for data in images]
+        image_grids = [image_grid(*probe_image(data), self.profile.image) for data in images]
         metas = [probe_video(io.BytesIO(data)) for data in videos]
         vcounts = [video_count(v, self.profile.video) for v in metas]
         merge = self.profile.image.merge_size ** 2
@@ -239,17 +239,6 @@ class PackEncoder:
 
 
 _VIDEO_SUFFIXES = tuple(f".{e}" for e in sorted(VIDEO_EXTS))
-_ORIENTATION = 0x0112  # EXIF tag; values 5-8 turn the image by a quarter (width and height swap)
-
-
-def oriented_size(data: bytes) -> tuple[int, int]:
-    """Width and height as the processor sees the image: transformers' ``load_image`` applies the EXIF
-    orientation (``ImageOps.exif_transpose``), so for orientations 5-8 the header's width and height swap."""
-    with Image.open(io.BytesIO(data)) as im:  # lazy: reads the header and EXIF, decodes no pixel
-        (w, h), orientation = im.size, im.getexif().get(_ORIENTATION, 1)
-    return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
-
-
 def _seconds_per_grid(meta: dict, v, rule) -> float:
     """Qwen2/2.5-VL ``second_per_grid_ts`` of one video: temporal_patch_size / sampled fps, where the sampled
     fps is sampled frames / total frames * source fps (qwen-vl-utils and transformers' ``sampled_fps``)."""
