@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from .core.labels import POLICIES
 from .core.settings import AUDIT_SCOPES, DEFAULTS, OUTPUT_MODES, Settings
 from .runenv import (ensure_dagster_yaml, exit_without_teardown, process_start, relax_gc,
                      resolve_dagster_home)
@@ -59,7 +60,7 @@ def _settings(args, **extra) -> Settings:
               "max_len": args.max_len, "profile": args.profile, "model_dir": args.model_dir or "",
               "trust_remote_code": args.trust_remote_code, "chat_template_kwargs": args.chat_template_kwargs,
               "algorithm": args.algorithm, "seed": args.seed, "incremental": args.incremental,
-              "audit_scope": args.audit_scope, "output_mode": args.mode}
+              "audit_scope": args.audit_scope, "output_mode": args.mode, "label_policy": args.label_policy}
     if getattr(args, "recipe", None):
         if args.input is not None:
             raise ValueError("--input and --recipe: a recipe names its inputs under `datasets:`; give one of them")
@@ -77,7 +78,7 @@ def _settings(args, **extra) -> Settings:
 
 # flags whose argparse default is None, so that a flag given with the default's value can be told apart
 _RECIPE_FLAGS = {"max_len": "--max-len", "profile": "--profile", "algorithm": "--algorithm", "seed": "--seed",
-                 "audit_scope": "--audit-scope", "output_mode": "--mode"}
+                 "audit_scope": "--audit-scope", "output_mode": "--mode", "label_policy": "--label-policy"}
 
 
 def _refuse_default_over_recipe(args, fields: dict) -> None:
@@ -309,6 +310,9 @@ def _common_run(p: argparse.ArgumentParser) -> None:
                    help="copy: output shards hold the media (self-contained); index: they hold the conversations "
                         "and byte ranges into the input shards, read from there at training time (small output; "
                         "the inputs must stay in place). See docs/usage.md, 'Copy or index?'")
+    p.add_argument("--label-policy", choices=POLICIES,
+                   help="which tokens train, recorded in _meta for the reader: all assistant turns (all, the "
+                        "default), last_turn, no_tool_results, no_earlier_reasoning (docs/training.md)")
     p.add_argument("--jobs", type=int, default=0,
                    help=f"worker processes that scan and count shards side by side (default: one per core, "
                         f"{os.cpu_count()} here, at most one per shard that needs it)")

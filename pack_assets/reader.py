@@ -36,7 +36,6 @@ import io
 import json
 import math
 import os
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -44,7 +43,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .core import labels
 from .core.chatkw import canonical
+from .core.labels import policy_for, trainable_spans
 from .core.index_out import INDEX_PART, IndexSourceChanged, SourceFiles  # noqa: F401 (IndexSourceChanged: for callers)
 from .core.media import VIDEO_EXTS, probe_image, probe_video
 from .core.profiles import ModelProfile, resolve_profile, tokenizer_for
@@ -52,7 +53,6 @@ from .core.records import PackMeta
 from .core.tario import iter_pack_parts
 from .core.tokens import TokenCounter, image_grid, video_count
 
-_ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
 
 
 def iter_packs(paths: str | Path | Iterable[str | Path], source_root: str | Path | Mapping | None = None,
@@ -116,10 +116,11 @@ def _process_sources() -> SourceFiles:
 
 class PackEncoder:
     """``chat_template_kwargs``: the template variables to render with; None (the default): each pack's own, as
-    its ``_meta`` records them (what its lengths were counted with)."""
+    its ``_meta`` records them (what its lengths were counted with). ``label_policy``: which tokens train (a
+    policy name or dataset -> name, core/labels.py); None: each sub-sample's as its pack's ``_meta`` records."""
 
     def __init__(self, profile: ModelProfile | str | None = None, model_dir: str | None = None, loss_weighting: str = "token",
-                 chat_template_kwargs: str | dict | None = None):
+                 chat_template_kwargs: str | dict | None = None, label_policy: str | dict | None = None):
         if loss_weighting not in ("token", "sample", "sqrt"):
             raise ValueError("loss_weighting is one of token, sample, sqrt")
         self.profile = profile if isinstance(profile, ModelProfile) else resolve_profile(profile, model_dir)
@@ -127,6 +128,7 @@ class PackEncoder:
             raise ValueError(f"PackEncoder encodes Qwen2/2.5/3-VL packs; {self.profile.name} has no encoder here "
                              "(use the model's own processor on each sample of the pack)")
         self.template_kwargs = None if chat_template_kwargs is None else canonical(chat_template_kwargs)
+        self.label_policy = None if label_policy is None else labels.meta_value(labels.canonical(label_policy))
         self._counters: dict[str, TokenCounter] = {}
         self.counter = self._counter(self.template_kwargs or self.profile.chat_template_kwargs)
         self.tok = tokenizer_for(self.profile)
@@ -142,10 +144,10 @@ class PackEncoder:
             self._counters[kwargs] = TokenCounter(replace(self.profile, chat_template_kwargs=kwargs), backend="tokenizers")
         return self._counters[kwargs]
 
-    def encode_sample(self, messages: list[dict], media: list[tuple[str, bytes]]) -> dict:
+    def encode_sample(self, messages: list[dict], media: list[tuple[str, bytes]], label_policy: str = "all") -> dict:
         text = self.counter.render(messages)
         enc = self.tok.encode(text, add_special_tokens=False)
-        spans = [(m.start(1), m.end(1)) for m in _ASSISTANT.finditer(text)]
+        spans = trainable_spans(text, label_policy)
         trainable = [any(a <= start < b for a, b in spans) for start, _ in enc.offsets]
         images = [data for name, data in media if not name.endswith(_VIDEO_SUFFIXES)]
         videos = [data for name, data in media if name.endswith(_VIDEO_SUFFIXES)]
@@ -209,7 +211,9 @@ class PackEncoder:
         meta = PackMeta.from_dict(pack["_meta"])
         kwargs = self.template_kwargs
         self.counter = self._counter(canonical(meta.context.get("chat_template_kwargs")) if kwargs is None else kwargs)
-        subs = [self.encode_sample(s["messages"], s["media"]) for s in pack["samples"]]
+        recorded = meta.context.get("label_policy") if self.label_policy is None else self.label_policy
+        subs = [self.encode_sample(s["messages"], s["media"], policy_for(recorded, sid))
+                for s, sid in zip(pack["samples"], meta.sample_ids)]
         lens = [len(s["input_ids"]) for s in subs]
         if lens != meta.sample_token_lens or sum(lens) != meta.total_token_len:
             raise ValueError(f"pack {meta.pack_id}: encoded lengths {lens} differ from the plan's "
@@ -286,8 +290,8 @@ def mrope_positions(types: np.ndarray, images: list, videos: list, merge: int) -
 
 def iter_encoded(paths: str | Path | Iterable[str | Path], profile: str | None = None, model_dir: str | None = None,
                  loss_weighting: str = "token", source_root: str | Path | Mapping | None = None,
-                 chat_template_kwargs: str | dict | None = None) -> Iterator[dict]:
-    enc = PackEncoder(profile, model_dir, loss_weighting, chat_template_kwargs)
+                 chat_template_kwargs: str | dict | None = None, label_policy: str | dict | None = None) -> Iterator[dict]:
+    enc = PackEncoder(profile, model_dir, loss_weighting, chat_template_kwargs, label_policy)
     for pack in iter_packs(paths, source_root=source_root):
         yield enc.encode(pack)
 

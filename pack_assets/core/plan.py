@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from . import store
+from . import labels, store
 from .binpack import ALGORITHMS, Caps, assign, check_algorithm, lower_bounds
 from .profiles import ModelProfile, resolve_profile
 from .results import FilePath, Markdown
@@ -41,15 +41,18 @@ class PlanConfig:
     target_shard_bytes: int = 256 << 20
     max_packs_per_shard: int = 1000
     incremental: bool = False  # keep the previous plan's packs; new samples go into new packs and shards
+    # which tokens train (core/labels.py): a policy name, or JSON of dataset -> name; recorded in _meta
+    label_policy: str = "all"
 
     def packing_key(self) -> dict:
         """The settings a kept pack depends on: an incremental plan needs them unchanged."""
         d = asdict(self)
-        for k in ("incremental", "seed", "target_shard_bytes", "max_packs_per_shard"):
+        for k in ("incremental", "seed", "target_shard_bytes", "max_packs_per_shard", "label_policy"):
             d.pop(k)
         return d
 
     def __post_init__(self):
+        object.__setattr__(self, "label_policy", labels.canonical(self.label_policy))
         if self.max_len <= 0:
             raise ValueError(f"max_len must be positive, got {self.max_len}")
         check_algorithm(self.algorithm)

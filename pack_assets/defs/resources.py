@@ -42,6 +42,7 @@ class PackSettings(dg.ConfigurableResource):
     target_shard_bytes: int = _D["target_shard_bytes"]
     max_packs_per_shard: int = _D["max_packs_per_shard"]
     incremental: bool = _D["incremental"]
+    label_policy: str = _D["label_policy"]
 
     @classmethod
     def of(cls, settings: Settings) -> "PackSettings":
