@@ -60,7 +60,8 @@ def _settings(args, **extra) -> Settings:
               "max_len": args.max_len, "profile": args.profile, "model_dir": args.model_dir or "",
               "trust_remote_code": args.trust_remote_code, "chat_template_kwargs": args.chat_template_kwargs,
               "algorithm": args.algorithm, "seed": args.seed, "incremental": args.incremental,
-              "audit_scope": args.audit_scope, "output_mode": args.mode, "label_policy": args.label_policy}
+              "audit_scope": args.audit_scope, "output_mode": args.mode, "label_policy": args.label_policy,
+              "check_samples": args.check_samples}
     if getattr(args, "recipe", None):
         if args.input is not None:
             raise ValueError("--input and --recipe: a recipe names its inputs under `datasets:`; give one of them")
@@ -310,6 +311,9 @@ def _common_run(p: argparse.ArgumentParser) -> None:
                    help="copy: output shards hold the media (self-contained); index: they hold the conversations "
                         "and byte ranges into the input shards, read from there at training time (small output; "
                         "the inputs must stay in place). See docs/usage.md, 'Copy or index?'")
+    p.add_argument("--check-samples", type=int, metavar="N",
+                   help="the audit also recounts N samples per shard with the --model-dir folder's real "
+                        "processor; each difference is a violation (drift guard; default 0: off)")
     p.add_argument("--label-policy", choices=POLICIES,
                    help="which tokens train, recorded in _meta for the reader: all assistant turns (all, the "
                         "default), last_turn, no_tool_results, no_earlier_reasoning (docs/training.md)")

@@ -99,3 +99,47 @@ def test_check_needs_a_checkpoint_folder(records, capsys):
 
     assert main(["count", "--input", str(records), "--check", "2"]) == 2
     assert "--check recounts with the model's processor" in capsys.readouterr().err
+
+
+@processor_needed
+def test_the_audit_step_recounts_samples_per_shard_with_the_processor(folder, tmp_path, monkeypatch):
+    """Setting check_samples: the audit recounts that many samples per shard with the real processor; a
+    processor whose default moved gives a processor_mismatch violation naming the sample."""
+    from conftest import write_tar
+    from pack_assets.core import environment, procount
+    from pack_assets.core.audit import run_audit
+    from pack_assets.core.plan import run_plan
+    from pack_assets.core.scan import run_manifest
+    from pack_assets.core.settings import Settings
+    from pack_assets.core.tokens import run_token_lengths
+    from pack_assets.core.write import run_write
+
+    rec = lambda q: {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]},  # noqa: E731
+                                  {"role": "assistant", "reasoning_content": "look", "content": "A box."}]}
+    inp, work, out = tmp_path / "in", tmp_path / "work", tmp_path / "out"
+    for shard in ("a", "b"):
+        write_tar(inp / f"{shard}.tar", [("k1.json", json.dumps(rec("big?"))), ("k1.png", image_bytes(1600, 1200, "PNG")),
+                                         ("k2.json", json.dumps(rec("small?"))), ("k2.png", image_bytes(64, 48, "PNG"))])
+    s = Settings(input_dir=str(inp), work_dir=str(work), output_dir=str(out), model_dir=str(folder))
+    profile = s.model_profile()
+    for shard in ("a", "b"):
+        run_manifest(inp, work, shard)
+        run_token_lengths(work, shard, profile)
+    run_plan(work, ["a", "b"], s.plan, profile)
+    run_write(work, inp, out, workers=1)
+    result = run_audit(work, out, check_samples=2)
+    assert result.ok and result.stats["processor_checked"] == 4
+    build = environment.build_processor.__wrapped__
+
+    def drifted(model_dir, trust_remote_code=False):
+        proc = build(model_dir, trust_remote_code)
+        proc.image_processor.size = {"shortest_edge": 65536, "longest_edge": 1024 * 1024}
+        return proc
+
+    monkeypatch.setattr(environment, "build_processor", drifted)
+    procount.load_processor.cache_clear()
+    try:
+        result = run_audit(work, out, check_samples=1)
+    finally:
+        procount.load_processor.cache_clear()
+    assert [v["sample_id"] for v in result.violations if v["check"] == "processor_mismatch"] == ["a/k1", "b/k1"]

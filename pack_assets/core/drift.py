@@ -98,3 +98,41 @@ def check_file(path: Path, media_root: Path | None, profile: ModelProfile, rows:
     pairs = ((item, row["total_tokens"]) for item, row in zip(record_items(path, media_root), rows)
              if "total_tokens" in row)
     return check_records(profile, pairs, n)
+
+
+def audit_check(con, profile: ModelProfile, n: int):
+    """The audit's optional step (setting ``check_samples``): the first ``n`` counted samples of every shard
+    (by sample id), recounted with the real processor from their manifest rows (images as blank stand-ins of
+    the recorded size, which is the size ``load_image`` gives; videos by their metadata). Returns what records
+    the outcome in the audit's result: a ``processor_mismatch`` violation per sample that differs, or
+    ``processor_check_unavailable`` when no processor can be built."""
+    import json
+
+    if n <= 0:
+        return lambda result: None
+    try:
+        counter = reference_counter(profile)
+    except (ProfileError, ImportError) as e:
+        unavailable = str(e)
+        return lambda result: result.add("processor_check_unavailable", unavailable)
+    rows = con.execute(
+        "SELECT sample_id, conversation, image_sizes, videos, total_tokens FROM (SELECT s.*, t.total_tokens, "
+        "row_number() OVER (PARTITION BY s.shard ORDER BY s.sample_id) AS k FROM manifest_samples s "
+        "JOIN token_lengths t USING (sample_id) WHERE t.status = 'ok') WHERE k <= ? ORDER BY sample_id", [n]).fetchall()
+    diffs = []
+    for sid, conv, sizes, videos, counted in rows:
+        try:
+            ref = counter.count(json.loads(conv), sizes or [], json.loads(videos or "[]"))["total_tokens"]
+        except ReasonError as e:
+            diffs.append(Difference(sid, counted, None, f"the processor refuses it: {e.reason}: {e.detail}"))
+            continue
+        if ref != counted:
+            diffs.append(Difference(sid, counted, ref))
+
+    def record(result) -> None:
+        for d in diffs:
+            result.add("processor_mismatch", d.line(), sample_id=d.sample)
+        result.stats["processor_checked"] = len(rows)
+        result.stats["processor"] = type(counter.processor).__name__
+
+    return record

@@ -57,6 +57,7 @@ class Settings:
     chat_template_kwargs: str = ""
     recursive: bool = True  # shards in subfolders of the input too
     audit_scope: str = "all"  # "changed": re-read only output shards new or changed since the last clean audit
+    check_samples: int = 0  # the audit also recounts this many samples per shard with the real processor (drift)
     write_workers: int = 0  # 0: one per core, when the output is large enough to pay for the processes
     output_mode: str = "copy"  # "index": packs name byte ranges in the source shards instead of copying media
     recipe: str = ""  # a recipe YAML (core/recipe.py): its datasets replace input_dir; one output per epoch

@@ -22,6 +22,7 @@ class PackSettings(dg.ConfigurableResource):
     chat_template_kwargs: str = _D["chat_template_kwargs"]
     recursive: bool = _D["recursive"]
     audit_scope: str = _D["audit_scope"]
+    check_samples: int = _D["check_samples"]
     write_workers: int = _D["write_workers"]
     output_mode: str = _D["output_mode"]
     recipe: str = _D["recipe"]
