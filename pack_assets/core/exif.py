@@ -28,7 +28,6 @@ from PIL import Image
 
 ORIENTATION = 0x0112
 _XMP = re.compile(rb'tiff:Orientation(="|>)([0-9])')  # Pillow's pattern (Image.getexif)
-_XMP_TEXT = re.compile(r'tiff:Orientation(="|>)([0-9])')
 _PNG_KEYS = (b"Raw profile type exif", b"XML:com.adobe.xmp")
 
 
