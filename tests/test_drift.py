@@ -30,6 +30,29 @@ def test_the_fingerprint_follows_the_packages_versions(monkeypatch):
     assert profile.fingerprint != before
 
 
+def _fresh() -> None:
+    """Each process builds its processor once: a test that changes the build stands for a new process."""
+    from pack_assets.core import environment, procount
+
+    environment.processor_settings.cache_clear()
+    procount.load_processor.cache_clear()
+
+
+def _drift(monkeypatch) -> None:
+    """From now on the processor caps images at 1024x1024 pixels, which the folder's files do not say."""
+    from pack_assets.core import environment
+
+    build = environment.build_processor.__wrapped__
+
+    def drifted(model_dir, trust_remote_code=False):
+        proc = build(model_dir, trust_remote_code)
+        proc.image_processor.size = {"shortest_edge": 65536, "longest_edge": 1024 * 1024}
+        return proc
+
+    monkeypatch.setattr(environment, "build_processor", drifted)
+    _fresh()
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     return thinking_folder(tmp_path_factory.getbasetemp(), "qwen3-vl-thinking")
@@ -66,29 +89,16 @@ def test_a_processor_default_that_moved_is_a_failure_naming_the_sample(folder, r
     the processor here caps images at 1024x1024 pixels, the folder's files do not say so; the fast rule follows
     the files. The check names the one sample over the cap and exits 1; the processor rule's fingerprint moves."""
     from pack_assets.cli import main
-    from pack_assets.core import environment, procount
     from pack_assets.core.profiles import processor_profile
 
-    def fresh():  # each process builds its processor once: this test stands for a new process
-        environment.processor_settings.cache_clear()
-        procount.load_processor.cache_clear()
-
-    fresh()
+    _fresh()
     before = processor_profile(folder).fingerprint
-    build = environment.build_processor.__wrapped__
-
-    def drifted(model_dir, trust_remote_code=False):
-        proc = build(model_dir, trust_remote_code)
-        proc.image_processor.size = {"shortest_edge": 65536, "longest_edge": 1024 * 1024}
-        return proc
-
-    monkeypatch.setattr(environment, "build_processor", drifted)
-    fresh()
+    _drift(monkeypatch)
     try:
         assert processor_profile(folder).fingerprint != before
         assert main(["count", "--input", str(records), "--model-dir", str(folder), "--check", "3"]) == 1
     finally:
-        fresh()
+        _fresh()
     err = capsys.readouterr().err
     assert "check FAILED big: counted" in err and "small" not in err.replace("check: ", "")
     assert "1 differ" in err
@@ -106,7 +116,6 @@ def test_the_audit_step_recounts_samples_per_shard_with_the_processor(folder, tm
     """Setting check_samples: the audit recounts that many samples per shard with the real processor; a
     processor whose default moved gives a processor_mismatch violation naming the sample."""
     from conftest import write_tar
-    from pack_assets.core import environment, procount
     from pack_assets.core.audit import run_audit
     from pack_assets.core.plan import run_plan
     from pack_assets.core.scan import run_manifest
@@ -129,17 +138,9 @@ def test_the_audit_step_recounts_samples_per_shard_with_the_processor(folder, tm
     run_write(work, inp, out, workers=1)
     result = run_audit(work, out, check_samples=2)
     assert result.ok and result.stats["processor_checked"] == 4
-    build = environment.build_processor.__wrapped__
-
-    def drifted(model_dir, trust_remote_code=False):
-        proc = build(model_dir, trust_remote_code)
-        proc.image_processor.size = {"shortest_edge": 65536, "longest_edge": 1024 * 1024}
-        return proc
-
-    monkeypatch.setattr(environment, "build_processor", drifted)
-    procount.load_processor.cache_clear()
+    _drift(monkeypatch)
     try:
         result = run_audit(work, out, check_samples=1)
     finally:
-        procount.load_processor.cache_clear()
+        _fresh()
     assert [v["sample_id"] for v in result.violations if v["check"] == "processor_mismatch"] == ["a/k1", "b/k1"]
