@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from .core.labels import POLICIES
 from .core.settings import AUDIT_SCOPES, DEFAULTS, OUTPUT_MODES, Settings
 from .runenv import (ensure_dagster_yaml, exit_without_teardown, process_start, relax_gc,
                      resolve_dagster_home)
@@ -66,9 +67,10 @@ def _settings(args, **extra) -> Settings:
     ``--recipe``, a setting left at its default takes the recipe's value (`Settings.from_flat`)."""
     fields = {"input_dir": str(args.input), "work_dir": str(args.work), "output_dir": str(args.output),
               "max_len": args.max_len, "profile": args.profile, "model_dir": args.model_dir or "",
-              "trust_remote_code": args.trust_remote_code,
+              "trust_remote_code": args.trust_remote_code, "chat_template_kwargs": args.chat_template_kwargs,
               "algorithm": args.algorithm, "seed": args.seed, "incremental": args.incremental,
-              "audit_scope": args.audit_scope, "output_mode": args.mode}
+              "audit_scope": args.audit_scope, "output_mode": args.mode, "label_policy": args.label_policy,
+              "check_samples": args.check_samples}
     if getattr(args, "recipe", None):
         if args.input is not None:
             raise ValueError("--input and --recipe: a recipe names its inputs under `datasets:`; give one of them")
@@ -86,7 +88,7 @@ def _settings(args, **extra) -> Settings:
 
 # flags whose argparse default is None, so that a flag given with the default's value can be told apart
 _RECIPE_FLAGS = {"max_len": "--max-len", "profile": "--profile", "algorithm": "--algorithm", "seed": "--seed",
-                 "audit_scope": "--audit-scope", "output_mode": "--mode"}
+                 "audit_scope": "--audit-scope", "output_mode": "--mode", "label_policy": "--label-policy"}
 
 
 def _refuse_default_over_recipe(args, fields: dict) -> None:
@@ -151,12 +153,23 @@ def cmd_run(args) -> int:
 
 def cmd_count(args) -> int:
     from .core.ingest import count_records
+    from .core.profiles import resolve_profile
 
-    rows = count_records(Path(args.input), Path(args.media_root) if args.media_root else None, args.profile,
-                         args.model_dir, trust_remote_code=args.trust_remote_code)
+    media_root = Path(args.media_root) if args.media_root else None
+    profile = resolve_profile(args.profile, args.model_dir, args.trust_remote_code, args.chat_template_kwargs or "")
+    rows = count_records(Path(args.input), media_root, profile)
     for r in rows:
         _out(json.dumps(r, ensure_ascii=False))
-    return 0 if all("error" not in r for r in rows) else 1
+    code = 0 if all("error" not in r for r in rows) else 1
+    if args.check:
+        from .core.drift import check_file
+
+        report = check_file(Path(args.input), media_root, profile, rows, args.check)
+        for d in report.differences:
+            print(f"check FAILED {d.line()}", file=sys.stderr)
+        print(report.summary(), file=sys.stderr)
+        code = code or (0 if report.ok else 1)
+    return code
 
 
 def cmd_profiles(args) -> int:
@@ -292,6 +305,7 @@ def _common_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", help="model profile: qwen2-vl, qwen2.5-vl, qwen3-vl")
     p.add_argument("--model-dir", help="a local HF checkpoint folder (overrides --profile)")
     _trust(p)
+    _template_kwargs(p)
     p.add_argument("--algorithm", help="packing algorithm (bfd, next_fit)")
     p.add_argument("--seed", type=int, help="seed of the pack order shuffle")
     p.add_argument("--dagster-home", help="Dagster instance directory (default: $DAGSTER_HOME if set, else "
@@ -306,10 +320,22 @@ def _common_run(p: argparse.ArgumentParser) -> None:
                    help="copy: output shards hold the media (self-contained); index: they hold the conversations "
                         "and byte ranges into the input shards, read from there at training time (small output; "
                         "the inputs must stay in place). See docs/usage.md, 'Copy or index?'")
+    p.add_argument("--check-samples", type=int, metavar="N",
+                   help="the audit also recounts N samples per shard with the --model-dir folder's real "
+                        "processor; each difference is a violation (drift guard; default 0: off)")
+    p.add_argument("--label-policy", choices=POLICIES,
+                   help="which tokens train, recorded in _meta for the reader: all assistant turns (all, the "
+                        "default), last_turn, no_tool_results, no_earlier_reasoning (docs/training.md)")
     p.add_argument("--jobs", type=int, default=0,
                    help=f"worker processes that scan and count shards side by side (default: one per core, "
                         f"{os.cpu_count()} here, at most one per shard that needs it)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+
+
+def _template_kwargs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chat-template-kwargs", metavar="JSON",
+                   help='extra chat template variables, as apply_chat_template(..., **kwargs) takes them, e.g. '
+                        '\'{"enable_thinking": false}\' (part of the profile: a change recounts)')
 
 
 def _trust(p: argparse.ArgumentParser) -> None:
@@ -349,6 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", help="a local HF checkpoint folder; a family without a fast rule is counted by "
                    "its own processor (see `pack-assets profiles`)")
     _trust(p)
+    _template_kwargs(p)
+    p.add_argument("--check", type=int, default=0, metavar="N",
+                   help="recount the first N counted records with the --model-dir folder's real transformers "
+                        "processor (images as load_image gives them); every difference is reported on stderr "
+                        "and exits 1")
     p.set_defaults(func=cmd_count, json=True)
 
     p = sub.add_parser("profiles", help="every supported model family, its counting rule and the files --model-dir needs")

@@ -36,21 +36,23 @@ import io
 import json
 import math
 import os
-import re
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from .core import labels
+from .core.chatkw import canonical
+from .core.labels import policy_for, trainable_spans
 from .core.index_out import INDEX_PART, IndexSourceChanged, SourceFiles  # noqa: F401 (IndexSourceChanged: for callers)
-from .core.media import VIDEO_EXTS, probe_video
+from .core.media import VIDEO_EXTS, probe_image, probe_video
 from .core.profiles import ModelProfile, resolve_profile, tokenizer_for
 from .core.records import PackMeta
 from .core.tario import iter_pack_parts
 from .core.tokens import TokenCounter, image_grid, video_count
 
-_ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
 
 
 def iter_packs(paths: str | Path | Iterable[str | Path], source_root: str | Path | Mapping | None = None,
@@ -113,14 +115,22 @@ def _process_sources() -> SourceFiles:
 
 
 class PackEncoder:
-    def __init__(self, profile: ModelProfile | str | None = None, model_dir: str | None = None, loss_weighting: str = "token"):
+    """``chat_template_kwargs``: the template variables to render with; None (the default): each pack's own, as
+    its ``_meta`` records them (what its lengths were counted with). ``label_policy``: which tokens train (a
+    policy name or dataset -> name, core/labels.py); None: each sub-sample's as its pack's ``_meta`` records."""
+
+    def __init__(self, profile: ModelProfile | str | None = None, model_dir: str | None = None, loss_weighting: str = "token",
+                 chat_template_kwargs: str | dict | None = None, label_policy: str | dict | None = None):
         if loss_weighting not in ("token", "sample", "sqrt"):
             raise ValueError("loss_weighting is one of token, sample, sqrt")
         self.profile = profile if isinstance(profile, ModelProfile) else resolve_profile(profile, model_dir)
         if self.profile.rule != "fast" or self.profile.media is not None:  # M-RoPE ids and pads are Qwen-VL's
             raise ValueError(f"PackEncoder encodes Qwen2/2.5/3-VL packs; {self.profile.name} has no encoder here "
                              "(use the model's own processor on each sample of the pack)")
-        self.counter = TokenCounter(self.profile, backend="tokenizers")
+        self.template_kwargs = None if chat_template_kwargs is None else canonical(chat_template_kwargs)
+        self.label_policy = None if label_policy is None else labels.meta_value(labels.canonical(label_policy))
+        self._counters: dict[str, TokenCounter] = {}
+        self.counter = self._counter(self.template_kwargs or self.profile.chat_template_kwargs)
         self.tok = tokenizer_for(self.profile)
         self.weighting = loss_weighting
         self.tokens_per_second = np.float32(_tokens_per_second(self.profile))  # Qwen2.5-VL's video time scale
@@ -128,14 +138,20 @@ class PackEncoder:
         self.image_pad, self.video_pad = ids["<|image_pad|>"], ids["<|video_pad|>"]
         self.vision_start, self.vision_end = ids["<|vision_start|>"], ids["<|vision_end|>"]
 
-    def encode_sample(self, messages: list[dict], media: list[tuple[str, bytes]]) -> dict:
+    def _counter(self, kwargs: str) -> TokenCounter:
+        """The renderer for one set of template variables (canonical JSON text)."""
+        if kwargs not in self._counters:
+            self._counters[kwargs] = TokenCounter(replace(self.profile, chat_template_kwargs=kwargs), backend="tokenizers")
+        return self._counters[kwargs]
+
+    def encode_sample(self, messages: list[dict], media: list[tuple[str, bytes]], label_policy: str = "all") -> dict:
         text = self.counter.render(messages)
         enc = self.tok.encode(text, add_special_tokens=False)
-        spans = [(m.start(1), m.end(1)) for m in _ASSISTANT.finditer(text)]
+        spans = trainable_spans(text, label_policy)
         trainable = [any(a <= start < b for a, b in spans) for start, _ in enc.offsets]
         images = [data for name, data in media if not name.endswith(_VIDEO_SUFFIXES)]
         videos = [data for name, data in media if name.endswith(_VIDEO_SUFFIXES)]
-        image_grids = [image_grid(*oriented_size(data), self.profile.image) for data in images]
+        image_grids = [image_grid(*probe_image(data), self.profile.image) for data in images]
         metas = [probe_video(io.BytesIO(data)) for data in videos]
         vcounts = [video_count(v, self.profile.video) for v in metas]
         merge = self.profile.image.merge_size ** 2
@@ -193,7 +209,11 @@ class PackEncoder:
 
     def encode(self, pack: dict) -> dict:
         meta = PackMeta.from_dict(pack["_meta"])
-        subs = [self.encode_sample(s["messages"], s["media"]) for s in pack["samples"]]
+        kwargs = self.template_kwargs
+        self.counter = self._counter(canonical(meta.context.get("chat_template_kwargs")) if kwargs is None else kwargs)
+        recorded = meta.context.get("label_policy") if self.label_policy is None else self.label_policy
+        subs = [self.encode_sample(s["messages"], s["media"], policy_for(recorded, sid))
+                for s, sid in zip(pack["samples"], meta.sample_ids)]
         lens = [len(s["input_ids"]) for s in subs]
         if lens != meta.sample_token_lens or sum(lens) != meta.total_token_len:
             raise ValueError(f"pack {meta.pack_id}: encoded lengths {lens} differ from the plan's "
@@ -223,17 +243,6 @@ class PackEncoder:
 
 
 _VIDEO_SUFFIXES = tuple(f".{e}" for e in sorted(VIDEO_EXTS))
-_ORIENTATION = 0x0112  # EXIF tag; values 5-8 turn the image by a quarter (width and height swap)
-
-
-def oriented_size(data: bytes) -> tuple[int, int]:
-    """Width and height as the processor sees the image: transformers' ``load_image`` applies the EXIF
-    orientation (``ImageOps.exif_transpose``), so for orientations 5-8 the header's width and height swap."""
-    with Image.open(io.BytesIO(data)) as im:  # lazy: reads the header and EXIF, decodes no pixel
-        (w, h), orientation = im.size, im.getexif().get(_ORIENTATION, 1)
-    return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
-
-
 def _seconds_per_grid(meta: dict, v, rule) -> float:
     """Qwen2/2.5-VL ``second_per_grid_ts`` of one video: temporal_patch_size / sampled fps, where the sampled
     fps is sampled frames / total frames * source fps (qwen-vl-utils and transformers' ``sampled_fps``)."""
@@ -280,8 +289,9 @@ def mrope_positions(types: np.ndarray, images: list, videos: list, merge: int) -
 
 
 def iter_encoded(paths: str | Path | Iterable[str | Path], profile: str | None = None, model_dir: str | None = None,
-                 loss_weighting: str = "token", source_root: str | Path | Mapping | None = None) -> Iterator[dict]:
-    enc = PackEncoder(profile, model_dir, loss_weighting)
+                 loss_weighting: str = "token", source_root: str | Path | Mapping | None = None,
+                 chat_template_kwargs: str | dict | None = None, label_policy: str | dict | None = None) -> Iterator[dict]:
+    enc = PackEncoder(profile, model_dir, loss_weighting, chat_template_kwargs, label_policy)
     for pack in iter_packs(paths, source_root=source_root):
         yield enc.encode(pack)
 

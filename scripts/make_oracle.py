@@ -30,6 +30,16 @@ larger real clips from the shared fixtures that are not committed: for those the
 metadata ``pack_assets.core.media.probe_video`` reads (what the fast rule counts from) next to the counts.
 The committed video oracles were made with ``--shared`` (tests/test_family_videos.py expects those clips).
 
+Rotated images (tests/fixtures/oracle/rotated.json, every family: InternVL, LLaVA-OneVision, Gemma 3, Qwen2.5-VL,
+Qwen3-VL): each stored size of ``tests/exif_images.py`` in every EXIF orientation 1-8 (JPEG), and orientation 6
+carried by a PNG eXIf chunk, PNG XMP, WebP EXIF and JPEG XMP, each given to the processor as the PIL image
+transformers' ``load_image`` returns for the file (the orientation applied). Not the file path itself: with a
+path, ``apply_chat_template`` decodes through torchcodec or torchvision where installed, and torchvision
+applies JPEG and PNG EXIF orientations but not XMP or WebP ones. Made in the project venv (torch + torchvision installed there
+since issue 36), transformers 5.24.0:
+
+    PYTHONPATH=. .venv/bin/python scripts/make_oracle.py --models /tmp/oracle-models --rotated
+
 Gemma 3 with pan-and-scan (tests/fixtures/oracle/gemma3_pan_and_scan.json) needs no torch: the project venv
 runs it alone (Gemma3Processor has a PIL backend):
 
@@ -52,7 +62,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
-from family_fixtures import FAMILY_DIRS, VIDEO_CONFIGS, VIDEOS, materialize, video_variant  # noqa: E402
+from exif_images import oriented_image, rotated_cases  # noqa: E402
+from family_fixtures import FAMILY_DIRS, QWEN_DIRS, VIDEO_CONFIGS, VIDEOS, materialize, qwen_folder, video_variant  # noqa: E402
 
 # generated clips (committed): name -> (codec, width, height, fps, frames); odd sizes, 1 frame, NTSC rate, WebM
 # (no frame count in its header: the probe counts packets)
@@ -336,6 +347,45 @@ def _pan_and_scan_oracle(models: Path, out: Path, one: list[dict]) -> None:
     print("->", path)
 
 
+def rotated_oracle(models: Path, out: Path, one: list[dict]) -> None:
+    """tests/fixtures/oracle/rotated.json: per family, each of ``rotated_cases()`` (a stored size, an EXIF or
+    XMP orientation 1-8, a format) as ``one``'s image, given to the processor as a file, which it loads with
+    ``load_image`` (EXIF applied)."""
+    import tempfile
+
+    import tokenizers
+    import torch
+    import transformers
+    from transformers import AutoProcessor
+    from transformers.image_utils import load_image
+
+    dirs = {**materialize(models), **{f: qwen_folder(models, f) for f in QWEN_DIRS}}
+    doc = {"made_with": {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
+                         "torch": torch.__version__},
+           "how": "len(processor.apply_chat_template(messages, tokenize=True, return_dict=True)['input_ids'][0]) "
+                  "with the image part the PIL image transformers' load_image returns for a file made by "
+                  "tests/exif_images.oriented_image (scripts/make_oracle.py --rotated)", "single_image_messages": one, "families": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for family, folder in dirs.items():
+            proc = AutoProcessor.from_pretrained(folder, local_files_only=True)
+            rows = []
+            for c in rotated_cases():
+                path = Path(tmp) / f"{family}-{len(rows)}.{c['ext']}"
+                path.write_bytes(oriented_image(c["format"], c["orientation"], *c["stored"], how=c["how"]))
+                # a PIL image as load_image returns it: with a file path, apply_chat_template decodes through
+                # torchcodec / torchvision where installed, and torchvision ignores XMP and WebP orientations
+                img = load_image(str(path))
+                msgs = [{**m, "content": [{**p, "image": img} if p["type"] == "image" else p for p in m["content"]]}
+                        for m in one]
+                out_ids = proc.apply_chat_template(msgs, tokenize=True, return_dict=True)["input_ids"][0]
+                rows.append({**{k: c[k] for k in ("format", "how", "stored", "orientation")}, "input_ids": len(out_ids)})
+            doc["families"][family] = {"folder": folder.name, "processor": type(proc).__name__, "cases": rows}
+            print(family, len(rows), "rotated cases")
+    path = out / "rotated.json"
+    path.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print("->", path)
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--make-videos"]:  # once, in any venv with PyAV: the committed generated clips
         make_videos(VIDEOS)
@@ -346,9 +396,13 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help=f"some of {', '.join(FAMILY_DIRS)}, gemma3_pan_and_scan")
     ap.add_argument("--videos-only", action="store_true", help="only the video oracles (<family>.videos.json)")
     ap.add_argument("--shared", help="the shared fixtures folder: also count its larger real clips (not committed)")
+    ap.add_argument("--rotated", action="store_true", help="only the rotated-image oracle (rotated.json), every family")
     a = ap.parse_args()
     one = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe this."}]},
            {"role": "assistant", "content": [{"type": "text", "text": "It is an image."}]}]
+    if a.rotated:
+        rotated_oracle(Path(a.models), Path(a.out), one)
+        return
     if not a.videos_only and (not a.only or "gemma3_pan_and_scan" in a.only):
         _pan_and_scan_oracle(Path(a.models), Path(a.out), one)
     families = [f for f in FAMILY_DIRS if not a.only or f in a.only]

@@ -65,3 +65,18 @@ def video_variant(folder: Path, family: str, config: str) -> Path:
         (d / "video_preprocessor_config.json").write_text(
             json.dumps({"video_processor_type": _VIDEO_PROCESSOR[family], **cfg}, indent=2) + "\n")
     return d
+
+
+QWEN_DIRS = {"qwen2.5-vl": "Qwen2.5-VL-7B-Instruct", "qwen3-vl": "Qwen3-VL-8B-Instruct"}
+
+
+def qwen_folder(root: Path, family: str) -> Path:
+    """A Qwen2.5-VL / Qwen3-VL checkpoint folder: the fixture's files and the bundled tokenizer trimmed to the
+    model's own added tokens (transformers builds the real processor from it)."""
+    from pack_assets.core.profiles import load_profile, tokenizer_for
+
+    d = root / QWEN_DIRS[family]
+    if not (d / "tokenizer.json").exists():
+        shutil.copytree(MODELS / QWEN_DIRS[family], d, dirs_exist_ok=True)
+        tokenizer_for(load_profile(family)).save(str(d / "tokenizer.json"))
+    return d

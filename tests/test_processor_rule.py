@@ -157,10 +157,12 @@ def test_profiles_command_lists_every_family(capsys):
 def _fresh_caches(monkeypatch):
     """Processors and counters are cached per worker; a test that patches what they are built from starts
     and leaves with empty caches."""
-    from pack_assets.core import procount
+    from pack_assets.core import environment, procount
 
     for name in ("load_processor", "processor_counter"):
         monkeypatch.setattr(procount, name, functools.lru_cache(maxsize=2)(getattr(procount, name).__wrapped__))
+    for name in ("build_processor", "processor_settings"):  # the build the fingerprint shares with the counter
+        monkeypatch.setattr(environment, name, functools.lru_cache(maxsize=8)(getattr(environment, name).__wrapped__))
 
 
 def _pan_and_scan(proc):

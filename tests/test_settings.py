@@ -48,3 +48,24 @@ def test_a_config_file_with_a_typo_exits_2_before_anything_is_written(tmp_path, 
                  "--work", str(tmp_path / "work"), "--output", str(tmp_path / "out")])
     assert code == 2 and "unknown setting 'max_samples_per_pak'" in capsys.readouterr().err
     assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+
+
+def test_chat_template_kwargs_from_every_source_is_one_canonical_setting_and_part_of_the_profile(tmp_path):
+    """A mapping (--config, recipe) or JSON text (CLI flag, Launchpad) gives the same setting; it changes the
+    profile's fingerprint (so counts made without it are redone) and reaches the template."""
+    from pack_assets.core.recipe import load
+
+    a = Settings.from_flat({"chat_template_kwargs": {"preserve_thinking": True, "enable_thinking": False}})
+    b = Settings.from_flat({"chat_template_kwargs": '{"enable_thinking": false, "preserve_thinking": true}'})
+    assert a == b and a.chat_template_kwargs == '{"enable_thinking":false,"preserve_thinking":true}'
+    assert PackSettings.of(a).to_settings() == a
+    (tmp_path / "in").mkdir()
+    (tmp_path / "r.yaml").write_text("datasets: [{name: d, input: in}]\nchat_template_kwargs: {enable_thinking: false}\n")
+    assert load(tmp_path / "r.yaml").flat()["chat_template_kwargs"] == {"enable_thinking": False}
+    assert Settings.from_flat({"recipe": str(tmp_path / "r.yaml")}).chat_template_kwargs == '{"enable_thinking":false}'
+    plain, kw = Settings().model_profile(), a.model_profile()
+    assert plain.fingerprint != kw.fingerprint and kw.template_kwargs == {"enable_thinking": False, "preserve_thinking": True}
+    assert Settings.from_flat({"chat_template_kwargs": "{}"}).model_profile().fingerprint == plain.fingerprint
+    for bad, why in (("[1]", "JSON object"), ("{x", "not JSON"), ('{"tools": []}', "apply_chat_template's own")):
+        with pytest.raises(ValueError, match=why):
+            Settings.from_flat({"chat_template_kwargs": bad})

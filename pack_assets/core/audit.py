@@ -26,9 +26,9 @@ from pathlib import Path
 
 import duckdb
 
-from . import index_out, procs, store
+from . import drift, index_out, procs, store
 from .plan import PlanConfig, PlanInfo, check_plan
-from .profiles import ModelProfile, ProfileError, resolve_profile
+from .profiles import ModelProfile, ProfileError
 from .reasons import ReasonError
 from .report import audit_figures, write_report
 from .results import AuditResult
@@ -489,7 +489,7 @@ def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = froz
     if fraction <= 0:
         return lambda result: None
     try:
-        profile = resolve_profile(info.profile.split("@")[0], info.model_dir or None, info.trust_remote_code)
+        profile = info.model_profile()
     except ProfileError as e:
         unavailable = str(e)
         return lambda result: result.add("recount_unavailable", unavailable)
@@ -520,11 +520,12 @@ def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = froz
 
 
 def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers: int = 0,
-              parallel_min_bytes: int = PARALLEL_MIN_BYTES, scope: str = "all") -> AuditResult:
+              parallel_min_bytes: int = PARALLEL_MIN_BYTES, scope: str = "all", check_samples: int = 0) -> AuditResult:
     """Read the outputs back and check every invariant; recount a deterministic sample of token lengths;
     write audit_report.md. scope "changed" reads only the output shards that are new or changed since the
     last clean audit (same size, mtime and content fingerprint as then: trusted, like rsync's quick check);
-    "all" reads every one."""
+    "all" reads every one. ``check_samples``: also recount that many samples per shard with the model's real
+    processor (core/drift.py), each difference a violation."""
     if scope not in AUDIT_SCOPES:
         raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
     versions = _versions_aside()
@@ -552,11 +553,14 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
         trusted = frozenset(n for n, stamp in stamps.items() if before.get(n) == stamp)
         blend = info.stats.get("blend")
         recounting = recount(con, info, recount_fraction, trusted if recounted >= recount_fraction else frozenset())
+        checking = drift.audit_check(con, info.model_profile(), check_samples) if check_samples else None
         result = audit(con, out_dir, info.config, work=work, workers=workers, min_bytes=parallel_min_bytes,
                        trusted=trusted, repeats=blend["repeats"] if blend else None)
         if blend:
             result.stats["blend"] = blend
         recounting(result)
+        if checking is not None:
+            checking(result)
         result.waiting = list(info.stats.get("shards_waiting") or [])
         result.stats.update(verdict=result.verdict, shards_waiting=result.waiting)
         report = write_report(con, work, result, info, figures)

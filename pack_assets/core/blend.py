@@ -326,8 +326,7 @@ def plan_epoch(work: Path, shards: list[str], config: PlanConfig, profile: Model
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=list(waiting),
                           shards_removed=list(removed))
         store.atomic_write_text(edir / "pack_plan.jsonl", blend_jsonl(plan))
-        info = PlanInfo(plan.fingerprint, profile.name, profile.fingerprint, profile.model_dir, shards, cfg, plan.stats,
-                        profile.trust_remote_code)
+        info = PlanInfo.of(plan.fingerprint, profile, shards, cfg, plan.stats)
         store.save_plan(con, [vars(p) for p in plan.packs], plan.dropped, info.as_dict(), blend=True)
         violations = check_blend(con, cfg, recipe.repeats)
     return PlanSummary(plan.fingerprint, edir / "pack_plan.jsonl", why, plan.stats, len(shards), list(waiting),
@@ -414,12 +413,13 @@ def run_blend_write(work: Path, recipe: Recipe, out_dir: Path, workers: int = 0,
     return BlendWriteSummary(written, out_dir, retire_epochs(out_dir, recipe.epochs))
 
 
-def run_blend_audit(work: Path, recipe: Recipe, out_dir: Path, scope: str = "all") -> AuditResult:
+def run_blend_audit(work: Path, recipe: Recipe, out_dir: Path, scope: str = "all", check_samples: int = 0) -> AuditResult:
     """Every epoch audited (its report in ``<work>/epoch-<k>/audit_report.md``); one result over all of them:
     violations tagged with their epoch, totals summed, per dataset per epoch, and a blend report beside them."""
     from .audit import run_audit
 
-    results = [run_audit(epoch_work(work, k), out_dir / epoch_name(k), scope=scope) for k in range(recipe.epochs)]
+    results = [run_audit(epoch_work(work, k), out_dir / epoch_name(k), scope=scope, check_samples=check_samples)
+               for k in range(recipe.epochs)]
     total = AuditResult()
     for k, r in enumerate(results):
         total.violations += [{**v, "epoch": k} for v in r.violations]

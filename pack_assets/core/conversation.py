@@ -1,8 +1,11 @@
 """Normalize ShareGPT / LLaVA / "messages" / caption records into one chat form.
 
-The normalized form is what the Qwen-VL chat templates consume: a list of
-``{"role": ..., "content": [{"type": "text", "text": ...} | {"type": "image"} | {"type": "video"}]}``.
-Media parts appear exactly where the media sits in the conversation.
+The normalized form is what the chat templates consume: a list of
+``{"role": ..., "content": [{"type": "text", "text": ...} | {"type": "image"} | {"type": "video"}]}``, or for an
+HF "messages" turn whose content is a string without a placeholder, that string as the record has it. Every
+other key of a turn (``reasoning_content``, ``thinking``, ``name``, ``tool_calls``, ``tool_call_id``, ...)
+is kept as the record has it: a template may read it. Media parts appear exactly where the media sits in the
+conversation.
 
 Placeholder rule (documented in docs/formats.md):
 - ``<image>`` / ``<video>`` markers in string content, and typed ``image``/``video`` parts, are placeholders;
@@ -45,7 +48,10 @@ _VIDEO_PART_TYPES = {"video", "video_url", "video_path"}
 # media tokens of the supported models: a literal one in text would be expanded (or miscounted) by a processor
 _MEDIA_TOKEN = re.compile(r"<\|image_pad\|>|<\|video_pad\|>|<image_soft_token>|<start_of_image>|<end_of_image>"
                           r"|<IMG_CONTEXT>|<\|image\|>|<\|video\|>|<\|begin_of_image\|>|<\|begin_of_video\|>")
-_TURN_KEYS = ("tool_calls", "tool_call_id", "name")  # kept (the last two on tool turns): tool templates read them
+# a turn's keys the normalizer reads itself; every other key (reasoning_content, thinking, name, tool_call_id,
+# tool_calls, ...) reaches the template as the record has it. A turn's own "tools" is dropped: the record's tools
+# ride on the first message under that key.
+_READ_KEYS = frozenset(("role", "from", "content", "value", "tools"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,26 +205,35 @@ def _function_call(value) -> list[dict] | None:
             for c in calls]
 
 
-def _turn(role_raw, content, extra: dict) -> dict:
+def _turn(role_raw, content, extra: dict, as_given: bool) -> dict:
+    """One message. ``as_given``: an HF "messages" turn, whose string content stays a string when it holds no
+    placeholder (templates may test ``content is string``: Qwen3's text template renders a list as "", Qwen3-Omni's
+    finds the last query only among strings); ShareGPT ``value`` text becomes typed parts, as before."""
     role = ROLE_MAP.get(str(role_raw).lower())
     if role is None:
         raise ReasonError("unknown_role", f"unknown role {role_raw!r}")
     calls = _function_call(content) if str(role_raw).lower() == "function_call" else None
     if calls:
         content, extra = "", {**extra, "tool_calls": calls}
-    msg = {"role": role, "content": _content(content)}
-    for k in _TURN_KEYS:
-        if extra.get(k) and (k == "tool_calls" or role == "tool"):
-            msg[k] = extra[k]
-    if msg.get("tool_calls") and not any(p.get("text") or p["type"] != "text" for p in msg["content"]):
+    keep = as_given and isinstance(content, str) and not _PLACEHOLDER.search(content)
+    msg = {"role": role, "content": content if keep else _content(content)}
+    msg.update((k, v) for k, v in extra.items() if k not in _READ_KEYS)
+    if msg.get("tool_calls") and not keep and not any(p.get("text") or p["type"] != "text" for p in msg["content"]):
         msg["content"] = []  # HF's "" / None: the template must see a falsy content (no "\n" before the call)
     return msg
 
 
+def _texts(content) -> list[str]:
+    """The text of a message's content (a string, or its text parts)."""
+    if isinstance(content, str):
+        return [content]
+    return [p.get("text") or "" for p in content if p["type"] == "text"]
+
+
 def _check_media_tokens(messages: list[dict]) -> None:
     for m in messages:
-        for p in m["content"]:
-            found = _MEDIA_TOKEN.search(p.get("text") or "") if p["type"] == "text" else None
+        for text in _texts(m["content"]):
+            found = _MEDIA_TOKEN.search(text)
             if found:
                 raise ReasonError("media_token_in_text", f"{m['role']} text holds the literal media token {found.group(0)!r}")
 
@@ -237,8 +252,8 @@ def normalize(record: dict, caption: str | None = None) -> list[dict]:
             role = t.get("role", t.get("from"))
             if role is None:
                 raise ReasonError("bad_turn", "turn has neither 'role' nor 'from'")
-            content = t["content"] if "content" in t else t.get("value")
-            messages.append(_turn(role, content, t))
+            as_given = "content" in t
+            messages.append(_turn(role, t["content"] if as_given else t.get("value"), t, as_given))
     else:
         text = caption
         if text is None:
@@ -263,19 +278,21 @@ def normalize(record: dict, caption: str | None = None) -> list[dict]:
 def place_media(messages: list[dict], n_images: int, n_videos: int) -> list[dict]:
     """Apply the placeholder rule; raise ``placeholder_mismatch`` when it cannot hold."""
     for kind, n in (("video", n_videos), ("image", n_images)):
-        have = sum(1 for m in messages for p in m["content"] if p["type"] == kind)
+        have = sum(1 for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] == kind)
         if have == n:
             continue
         if have == 0:
             first_user = next((m for m in messages if m["role"] == "user"), None)
             if first_user is None:
                 raise ReasonError("placeholder_mismatch", f"{n} {kind}(s) but no user turn to hold them")
+            if isinstance(first_user["content"], str):  # the media go before its text, as typed parts
+                first_user["content"] = _content(first_user["content"])
             first_user["content"][:0] = [{"type": kind} for _ in range(n)]
             continue
         raise ReasonError(
             "placeholder_mismatch", f"{have} <{kind}> placeholder(s) for {n} {kind} member(s)"
         )
     for m in messages:
-        if not m["content"] and not m.get("tool_calls"):
+        if isinstance(m["content"], list) and not m["content"] and not m.get("tool_calls"):
             m["content"] = [{"type": "text", "text": ""}]
     return messages

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from .conversation import media_refs, normalize, place_media
 from .media import probe_image, probe_video
-from .profiles import resolve_profile
+from .profiles import ModelProfile, resolve_profile
 from .reasons import ReasonError
 from .tokens import TokenCounter
 
@@ -35,36 +36,63 @@ def _resolve(media_root: Path | None, base: Path, ref: str) -> Path:
     return (media_root or base) / p
 
 
-def count_records(path: Path, media_root: Path | None, profile: str | None, model_dir: str | None,
-                  trust_remote_code: bool = False) -> list[dict]:
-    """One result per record: counts (``counted_by`` names the rule), or an ``error`` reason with detail."""
-    counter = TokenCounter(resolve_profile(profile, model_dir, trust_remote_code))
-    out: list[dict] = []
-    items: list[tuple] = []
-    ids: list = []
+@dataclass(frozen=True)
+class RecordItem:
+    """One record read from a JSON(L) file: its messages with the media placed, the media files it names
+    (resolved) and their probed sizes and video metadata; or why it cannot be counted (``error``, ``detail``)."""
+
+    id: object
+    messages: list[dict] | None = None
+    image_paths: tuple[Path, ...] = ()
+    video_paths: tuple[Path, ...] = ()
+    sizes: list | None = None
+    videos: list | None = None
+    error: str = ""
+    detail: str = ""
+
+
+def record_items(path: Path, media_root: Path | None) -> Iterator[RecordItem]:
+    """Each record of the file as a RecordItem, in order."""
     for n, rec in enumerate(iter_records(path)):
         rid = rec.get("id", n) if isinstance(rec, dict) else n
         try:
             if not isinstance(rec, dict):
                 raise ReasonError("json_not_object", f"record {n} is a {type(rec).__name__}")
             refs = media_refs(rec)
-            sizes, videos = [], []
-            for r in refs.images:
-                sizes.append(list(probe_image(_resolve(media_root, path.parent, r).read_bytes())))
-            for r in refs.videos:
-                videos.append(probe_video(str(_resolve(media_root, path.parent, r))))
-            messages = place_media(normalize(rec), len(sizes), len(videos))
+            images = tuple(_resolve(media_root, path.parent, r) for r in refs.images)
+            videos = tuple(_resolve(media_root, path.parent, r) for r in refs.videos)
+            sizes = [list(probe_image(p.read_bytes())) for p in images]
+            metas = [probe_video(str(p)) for p in videos]
+            messages = place_media(normalize(rec), len(sizes), len(metas))
         except ReasonError as e:
-            out.append({"id": rid, "error": e.reason, "detail": e.detail})
+            yield RecordItem(rid, error=e.reason, detail=e.detail)
             continue
         except OSError as e:
-            out.append({"id": rid, "error": "missing_media", "detail": str(e)})
+            yield RecordItem(rid, error="missing_media", detail=str(e))
             continue
         except Exception as e:  # Pillow/PyAV decode errors
-            out.append({"id": rid, "error": "bad_media", "detail": f"{type(e).__name__}: {e}"})
+            yield RecordItem(rid, error="bad_media", detail=f"{type(e).__name__}: {e}")
             continue
-        out.append({"id": rid})
-        items.append((messages, sizes, videos))
+        yield RecordItem(rid, messages, images, videos, sizes, metas)
+
+
+def count_records(path: Path, media_root: Path | None, profile: ModelProfile | str | None = None,
+                  model_dir: str | None = None, trust_remote_code: bool = False,
+                  chat_template_kwargs: str | dict = "") -> list[dict]:
+    """One result per record: counts (``counted_by`` names the rule), or an ``error`` reason with detail.
+    ``profile``: a resolved profile, or a built-in name resolved with the other arguments."""
+    if not isinstance(profile, ModelProfile):
+        profile = resolve_profile(profile, model_dir, trust_remote_code, chat_template_kwargs)
+    counter = TokenCounter(profile)
+    out: list[dict] = []
+    items: list[tuple] = []
+    ids: list[int] = []
+    for item in record_items(path, media_root):
+        if item.error:
+            out.append({"id": item.id, "error": item.error, "detail": item.detail})
+            continue
+        out.append({"id": item.id})
+        items.append((item.messages, item.sizes, item.videos))
         ids.append(len(out) - 1)
     for i, res in zip(ids, counter.count_many(items)):
         if isinstance(res, ReasonError):

@@ -10,6 +10,8 @@ import io
 import imagesize
 from PIL import Image
 
+from . import exif
+
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"})
 VIDEO_EXTS = frozenset({"mp4", "avi", "mov", "mkv", "webm", "m4v"})
 
@@ -38,10 +40,30 @@ except ImportError:  # pragma: no cover - a later imagesize without the helper
 
 
 def probe_image(data_or_file, ext: str = "") -> tuple[int, int]:
-    """Width and height from the header, no pixel decoded: imagesize for the common formats, Pillow's lazy
-    open for the rest and for anything imagesize cannot read (so a bad image gets Pillow's own error)."""
+    """Width and height as transformers' ``load_image`` gives the image (its EXIF orientation applied, so 5-8
+    swap them; core/exif.py), no pixel decoded: the stored size from imagesize for the common formats, Pillow's
+    lazy open for the rest and for anything imagesize cannot read (so a bad image gets Pillow's own error).
+    Raises ``exif.Truncated`` when given a prefix of the file that ends inside the header."""
     src = io.BytesIO(data_or_file) if isinstance(data_or_file, bytes) else data_or_file
-    fmt = _PIL_FORMATS.get(ext)
+    w, h = _stored_size(src, _PIL_FORMATS.get(ext))
+    return (h, w) if exif.swaps(exif.orientation(src, _format(src, ext))) else (w, h)
+
+
+def _format(src, ext: str) -> str:
+    """Pillow's name of the format by the file's signature (the extension may lie), else by the extension."""
+    src.seek(0)
+    head = src.read(16)
+    if head.startswith(b"\xff\xd8"):
+        return "JPEG"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "PNG"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WEBP"
+    return _PIL_FORMATS.get(ext, "") if head else ""
+
+
+def _stored_size(src, fmt: str | None) -> tuple[int, int]:
+    """Width and height as stored (before any EXIF orientation)."""
     if fmt in _FAST_FORMATS:
         w, h = _header_size(src)  # (-1, -1) when it cannot tell
         if w > 0 and h > 0 and (_MAX_PIXELS is None or w * h <= _MAX_PIXELS):

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from . import store
+from . import labels, store
 from .binpack import ALGORITHMS, Caps, assign, check_algorithm, lower_bounds
-from .profiles import ModelProfile
+from .profiles import ModelProfile, resolve_profile
 from .results import FilePath, Markdown
 
 __all__ = ["ALGORITHMS", "Pack", "PlanConfig", "PlanResult", "assign", "lower_bounds", "make_plan"]
@@ -41,15 +41,18 @@ class PlanConfig:
     target_shard_bytes: int = 256 << 20
     max_packs_per_shard: int = 1000
     incremental: bool = False  # keep the previous plan's packs; new samples go into new packs and shards
+    # which tokens train (core/labels.py): a policy name, or JSON of dataset -> name; recorded in _meta
+    label_policy: str = "all"
 
     def packing_key(self) -> dict:
         """The settings a kept pack depends on: an incremental plan needs them unchanged."""
         d = asdict(self)
-        for k in ("incremental", "seed", "target_shard_bytes", "max_packs_per_shard"):
+        for k in ("incremental", "seed", "target_shard_bytes", "max_packs_per_shard", "label_policy"):
             d.pop(k)
         return d
 
     def __post_init__(self):
+        object.__setattr__(self, "label_policy", labels.canonical(self.label_policy))
         if self.max_len <= 0:
             raise ValueError(f"max_len must be positive, got {self.max_len}")
         check_algorithm(self.algorithm)
@@ -429,12 +432,24 @@ class PlanInfo:
     config: PlanConfig
     stats: dict
     trust_remote_code: bool = False  # the audit's recount builds the same processor
+    chat_template_kwargs: str = ""  # ... and renders the template with the same variables
 
     @classmethod
     def load(cls, con) -> PlanInfo:
         d = store.read_plan_info(con)
         return cls(d["fingerprint"], d["profile"], d["profile_fingerprint"], d.get("model_dir"), d["shards"],
-                   PlanConfig(**d["config"]), d["stats"], d.get("trust_remote_code", False))
+                   PlanConfig(**d["config"]), d["stats"], d.get("trust_remote_code", False),
+                   d.get("chat_template_kwargs", ""))
+
+    @classmethod
+    def of(cls, fingerprint: str, profile: ModelProfile, shards: list[str], config: PlanConfig, stats: dict) -> PlanInfo:
+        return cls(fingerprint, profile.name, profile.fingerprint, profile.model_dir, shards, config, stats,
+                   profile.trust_remote_code, profile.chat_template_kwargs)
+
+    def model_profile(self) -> ModelProfile:
+        """The profile the plan was counted with, resolved again (the audit's recount)."""
+        return resolve_profile(self.profile.split("@")[0], self.model_dir or None, self.trust_remote_code,
+                               self.chat_template_kwargs)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "config": asdict(self.config)}
@@ -644,8 +659,7 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
             else _incremental(rows, previous, config, profile.name)
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed)
         store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl(plan))
-        info = PlanInfo(plan.fingerprint, profile.name, profile.fingerprint, profile.model_dir, shards, config,
-                        plan.stats, profile.trust_remote_code)
+        info = PlanInfo.of(plan.fingerprint, profile, shards, config, plan.stats)
         store.save_plan(con, [vars(p) for p in plan.packs], plan.dropped, info.as_dict())  # vars: asdict deep-copies every list (12 s at 1M)
         violations = check_plan(con, config)
     return PlanSummary(plan.fingerprint, work / "pack_plan.jsonl", why, plan.stats, len(shards), missing, removed,

@@ -33,6 +33,7 @@ keeps) is ``video_memory_budget``, before any call; without torchvision, ``missi
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import json
@@ -43,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import environment
 from .profiles import ModelProfile, ProfileError, check_remote_code
 from .reasons import ReasonError
 
@@ -162,8 +164,6 @@ class _CachedVideoProcessor(_CachedImageProcessor):
     per call."""
 
     def __call__(self, videos=None, *args, **kwargs):
-        import copy
-
         key = (_video_key(videos, kwargs), repr(args))
         hit = self._cache.get(key)
         if hit is None:
@@ -238,11 +238,12 @@ def load_processor(model_dir: str, trust_remote_code: bool = False):
     """AutoProcessor for a local folder, offline; a clear error when transformers (or torch) is missing."""
     check_remote_code(model_dir, trust_remote_code)
     try:
-        from transformers import AutoProcessor
+        import transformers  # noqa: F401
     except ImportError as e:
         raise ProfileError(f"the processor rule needs transformers: {EXTRA_HINT} ({e})") from None
     try:
-        proc = AutoProcessor.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
+        # a copy: the build is shared with the profile's fingerprint (core/environment.py), the wrappers are ours
+        proc = copy.copy(environment.build_processor(model_dir, trust_remote_code))
     except ImportError as e:  # e.g. a video processor that needs torchvision: count images without it
         try:
             proc = _image_only(model_dir, trust_remote_code, e)
@@ -286,6 +287,7 @@ class ProcessorCounter:
         self._media_ids = tuple(sorted({i for i in ids if isinstance(i, int)}))
         self._runs = [(t, re.compile(f"(?:{re.escape(t)}){{2,}}")) for t in self._media_strings()]
         self._template = proc._resolve_chat_template(None) if hasattr(proc, "_resolve_chat_template") else None
+        self._variables = {**tok.special_tokens_map, **profile.template_kwargs}  # as apply_chat_template passes them
         self._direct = self._template is not None and _has_replacements(proc)
         vp = getattr(proc, "video_processor", None)
         # videos the direct way too: the processor expands them through replace_video_token
@@ -386,7 +388,7 @@ class ProcessorCounter:
         msgs = [{k: v for k, v in m.items() if k != "tools"} for m in messages]
         try:
             prompts, _ = render_jinja_template(conversations=[msgs], tools=tools, chat_template=self._template,
-                                               add_generation_prompt=False, **self.tokenizer.special_tokens_map)
+                                               add_generation_prompt=False, **self._variables)
         except Exception as e:
             raise ReasonError("template_error", f"{type(e).__name__}: {e}") from None
         return prompts[0]
@@ -549,7 +551,8 @@ class ProcessorCounter:
         tools = messages[0].get("tools") if messages else None
         msgs = [{k: v for k, v in m.items() if k != "tools"} for m in messages]
         try:
-            text = self.processor.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False)
+            text = self.processor.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=False,
+                                                      **self.profile.template_kwargs)
             images = [_blank(int(w), int(h)) for w, h in image_sizes] or None
             kw = {}
             if vkeys:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from . import environment
+from .chatkw import as_dict, canonical
 from .safety import file_sha256
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -215,10 +217,24 @@ class ModelProfile:
     trust_remote_code: bool = False
     media: MediaRule | None = None  # the tiled/fixed families' rule (then ``image`` is unused)
     template_vars: tuple[tuple[str, str], ...] = ()  # bos_token etc., as transformers passes them to the template
+    chat_template_kwargs: str = ""  # canonical JSON of the template's extra variables (core/chatkw.py)
+
+    @property
+    def template_kwargs(self) -> dict:
+        """What the template is rendered with besides messages and tools: ``chat_template_kwargs``."""
+        return as_dict(self.chat_template_kwargs)
 
     @property
     def fingerprint(self) -> str:
-        """Changes whenever anything that decides a count changes (stale counts are recomputed)."""
+        """Changes whenever anything that decides a count changes (stale counts are recomputed): the files,
+        the template variables, the counting packages' versions and, for the processor rule, the processor's
+        effective settings (core/environment.py)."""
+        parts = [self._files_fingerprint(), self.chat_template_kwargs, environment.versions(self.rule)]
+        if self.rule == "processor":
+            parts.append(environment.processor_settings(self.model_dir, self.trust_remote_code))
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+    def _files_fingerprint(self) -> str:
         if self.rule == "processor":  # every file of the folder may decide a count
             return _folder_fingerprint(self.model_dir, self.trust_remote_code)
         h = hashlib.sha256()
@@ -571,10 +587,12 @@ def _processor_profile(folder: Path, model_type: str | None, trust_remote_code: 
 
 
 def resolve_profile(profile: str | None = None, model_dir: str | None = None,
-                    trust_remote_code: bool = False) -> ModelProfile:
-    if model_dir:
-        return profile_from_model_dir(model_dir, trust_remote_code)
-    return load_profile(profile or DEFAULT_PROFILE)
+                    trust_remote_code: bool = False, chat_template_kwargs: str | dict = "") -> ModelProfile:
+    """The profile a run counts with: a --model-dir's, else a built-in one; ``chat_template_kwargs`` (a mapping
+    or its JSON text) rendered into every template call."""
+    base = profile_from_model_dir(model_dir, trust_remote_code) if model_dir else load_profile(profile or DEFAULT_PROFILE)
+    kwargs = canonical(chat_template_kwargs)
+    return replace(base, chat_template_kwargs=kwargs) if kwargs else base
 
 
 def _tokenizer_spec(source: str) -> dict:

@@ -3,6 +3,7 @@
     datasets:
       - {name: llava, input: /data/llava, repeat: 1.0}
       - {name: ocr,   input: /data/ocr,   repeat: 2.5}   # 2 copies of every sample + a seeded half
+      - {name: agent, input: /data/agent, label_policy: last_turn}   # which tokens train (core/labels.py)
     max_len: 16384
     profile: qwen2.5-vl
     epochs: 2
@@ -30,7 +31,7 @@ from .safety import UnsafePaths, check_paths
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 RECIPE_KEYS = ("datasets", "epochs", "seed", "mode")
-DATASET_KEYS = ("name", "input", "repeat")
+DATASET_KEYS = ("name", "input", "repeat", "label_policy")
 BLEND_ALGORITHM = "mixfill"
 
 
@@ -43,6 +44,7 @@ class Dataset:
     name: str
     input: str
     repeat: float = 1.0
+    label_policy: str = ""  # which tokens train (core/labels.py); "" = the recipe's `label_policy`
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,12 @@ class Recipe:
         apart (its tail packs hold nothing else), so one such pack in a window of 256 moves that dataset's
         share by tens of percent; `mixfill` spreads every dataset over the packs like `mix` and stays within
         +0.1 % of the bound where `mix` is 0.2-0.5 % over it on small blends (bench/bench_blend*.py)."""
-        return {"algorithm": BLEND_ALGORITHM, **self.settings, "seed": self.seed, "output_mode": self.mode,
-                "recipe": self.path}
+        out = {"algorithm": BLEND_ALGORITHM, **self.settings, "seed": self.seed, "output_mode": self.mode,
+               "recipe": self.path}
+        if any(d.label_policy for d in self.datasets):  # one policy per dataset, the recipe's where none is set
+            default = self.settings.get("label_policy") or "all"
+            out["label_policy"] = {d.name: d.label_policy or default for d in self.datasets}
+        return out
 
     def check_paths(self, work: Path, output: Path) -> None:
         """Every input exists; no input overlaps another, the work folder or the output (core/safety)."""
@@ -129,7 +135,7 @@ def parse(data: object, path: str = "", base: Path | None = None) -> Recipe:
         inp = Path(str(d["input"])).expanduser()
         if base is not None and not inp.is_absolute():
             inp = base / inp
-        datasets.append(Dataset(d["name"], str(inp.resolve()), d.get("repeat", 1.0)))
+        datasets.append(Dataset(d["name"], str(inp.resolve()), d.get("repeat", 1.0), d.get("label_policy", "")))
     rest = {k: v for k, v in data.items() if k not in RECIPE_KEYS}
     return Recipe(tuple(datasets), data.get("epochs", 1), data.get("seed", 0), data.get("mode", "copy"), rest, path)
 

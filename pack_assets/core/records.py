@@ -105,7 +105,7 @@ class PackMeta:
 
 # Bump when what the manifest records changes (columns or their meaning): an older manifest is then rescanned
 # by the CLI and by new_shard_sensor alike, never misread.
-MANIFEST_FORMAT = 2
+MANIFEST_FORMAT = 3
 
 
 @dataclass(slots=True)

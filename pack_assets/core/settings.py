@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .chatkw import canonical
 from .plan import PlanConfig
 from .profiles import DEFAULT_PROFILE, ModelProfile, resolve_profile
 from .safety import check_paths
@@ -52,8 +53,11 @@ class Settings:
     profile: str = DEFAULT_PROFILE
     model_dir: str = ""  # a local HF checkpoint folder; overrides `profile`
     trust_remote_code: bool = False  # let transformers run a --model-dir's own processor code (auto_map)
+    # extra chat template variables (enable_thinking, ...): JSON text of a mapping; a mapping is taken too
+    chat_template_kwargs: str = ""
     recursive: bool = True  # shards in subfolders of the input too
     audit_scope: str = "all"  # "changed": re-read only output shards new or changed since the last clean audit
+    check_samples: int = 0  # the audit also recounts this many samples per shard with the real processor (drift)
     write_workers: int = 0  # 0: one per core, when the output is large enough to pay for the processes
     output_mode: str = "copy"  # "index": packs name byte ranges in the source shards instead of copying media
     recipe: str = ""  # a recipe YAML (core/recipe.py): its datasets replace input_dir; one output per epoch
@@ -61,6 +65,7 @@ class Settings:
     plan: PlanConfig = field(default_factory=PlanConfig)
 
     def __post_init__(self):
+        object.__setattr__(self, "chat_template_kwargs", canonical(self.chat_template_kwargs))
         if self.audit_scope not in AUDIT_SCOPES:
             raise ValueError(f"audit scope {self.audit_scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
         if self.output_mode not in OUTPUT_MODES:
@@ -99,7 +104,7 @@ class Settings:
             check_paths(self.input_root, self.work, self.out)
 
     def model_profile(self) -> ModelProfile:
-        return resolve_profile(self.profile, self.model_dir or None, self.trust_remote_code)
+        return resolve_profile(self.profile, self.model_dir or None, self.trust_remote_code, self.chat_template_kwargs)
 
     def flat(self) -> dict:
         """Every setting by name, plain values: the resource's fields, a ``--config`` file's keys."""

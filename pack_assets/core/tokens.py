@@ -360,6 +360,8 @@ class TokenCounter:
             self.backend = "processor"
             return
         self.template = _template(profile.chat_template)
+        # as transformers renders: the tokenizer's named tokens, then chat_template_kwargs over them
+        self._variables = {**dict(profile.template_vars), **profile.template_kwargs}
         self.fast = fast_counter_for(profile) if backend in ("auto", "tiktoken") else None
         if backend == "tiktoken" and self.fast is None:
             raise ValueError(f"the tokenizer of {profile.name} cannot run on tiktoken")
@@ -403,8 +405,7 @@ class TokenCounter:
     def render(self, messages: list[dict], tools: list | None = None) -> str:
         if tools is None and messages and messages[0].get("tools"):
             tools = messages[0]["tools"]  # the record's tools ride on the first message (see conversation.py)
-        return self.template.render(messages=messages, tools=tools, add_generation_prompt=False,
-                                    **dict(self.profile.template_vars))
+        return self.template.render(messages=messages, tools=tools, add_generation_prompt=False, **self._variables)
 
     def _expand(self, text: str, image_sizes) -> tuple[str, int, int]:
         """A media rule's text: each placeholder as the processor writes it with one image token per image

@@ -25,7 +25,7 @@ from pathlib import Path
 import duckdb
 
 from .. import __version__
-from . import owned, store
+from . import labels, owned, store
 from .plan import PlanInfo, config_fingerprint
 from .results import FilePath
 from .safety import check_paths, file_sha256, mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
@@ -725,6 +725,8 @@ class SourceChanged(RuntimeError):
 def write_context(info: PlanInfo) -> dict:
     """What every output shard's `_meta` carries besides its packs."""
     return {"profile": info.profile, "profile_fingerprint": info.profile_fingerprint,
+            "chat_template_kwargs": json.loads(info.chat_template_kwargs or "{}"),
+            "label_policy": labels.meta_value(info.config.label_policy),
             "config_fingerprint": config_fingerprint(info.config, info.profile_fingerprint),
             "max_len": info.config.max_len, "tool": "pack_assets", "tool_version": __version__}
 

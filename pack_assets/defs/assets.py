@@ -176,8 +176,8 @@ def audit_report(context: dg.AssetExecutionContext, settings: PackSettings) -> d
     sha256 of every media member against its source. Writes audit_report.md with plots."""
     s = settings.to_settings()
     with settings.work_lock(context, "audit_report"):
-        result = blend.run_blend_audit(s.work, s.blend(), s.out, scope=s.audit_scope) if s.recipe \
-            else audit.run_audit(s.work, s.out, scope=s.audit_scope)
+        result = blend.run_blend_audit(s.work, s.blend(), s.out, scope=s.audit_scope, check_samples=s.check_samples) \
+            if s.recipe else audit.run_audit(s.work, s.out, scope=s.audit_scope, check_samples=s.check_samples)
     return dg.MaterializeResult(
         metadata=metadata(result.as_metadata()),
         check_results=[dg.AssetCheckResult(

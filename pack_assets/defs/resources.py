@@ -19,8 +19,10 @@ class PackSettings(dg.ConfigurableResource):
     profile: str = _D["profile"]
     model_dir: str = _D["model_dir"]
     trust_remote_code: bool = _D["trust_remote_code"]
+    chat_template_kwargs: str = _D["chat_template_kwargs"]
     recursive: bool = _D["recursive"]
     audit_scope: str = _D["audit_scope"]
+    check_samples: int = _D["check_samples"]
     write_workers: int = _D["write_workers"]
     output_mode: str = _D["output_mode"]
     recipe: str = _D["recipe"]
@@ -41,6 +43,7 @@ class PackSettings(dg.ConfigurableResource):
     target_shard_bytes: int = _D["target_shard_bytes"]
     max_packs_per_shard: int = _D["max_packs_per_shard"]
     incremental: bool = _D["incremental"]
+    label_policy: str = _D["label_policy"]
 
     @classmethod
     def of(cls, settings: Settings) -> "PackSettings":

@@ -1,0 +1,84 @@
+"""Label policies: which tokens of a sub-sample train (``PackEncoder``'s ``labels`` and ``loss_weights``).
+
+A policy is chosen per dataset (the ``label_policy`` setting: one name, or in a recipe one per dataset) and
+recorded in each pack's ``_meta``. On a rendered Qwen-style chat (``<|im_start|>assistant\\n ... <|im_end|>``):
+
+- ``all`` (default): every assistant turn, its reasoning, tool calls and closing ``<|im_end|>``;
+- ``last_turn``: only the sub-sample's last assistant turn;
+- ``no_tool_results``: as ``all``, but nothing inside ``<tool_response>...</tool_response>`` ever trains (data
+  that writes tool outputs into assistant turns; the templates put tool turns outside them anyway);
+- ``no_earlier_reasoning``: as ``all``, but the ``<think>...</think>`` block (and the blank lines after it) of
+  every assistant turn except the last does not train (with ``preserve_thinking`` templates, which keep it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+POLICIES = ("all", "last_turn", "no_tool_results", "no_earlier_reasoning")
+DEFAULT = "all"
+ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
+_TOOL_RESULT = re.compile(r"<tool_response>.*?</tool_response>", re.S)
+_THINK = re.compile(r"<think>.*?</think>\s*", re.S)
+
+
+def canonical(value) -> str:
+    """A policy name, or a mapping dataset -> name (a dict, or its JSON text), as one canonical text."""
+    if value is None or value == "":
+        return DEFAULT
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"label_policy {value!r} is not JSON: {e}") from None
+    if isinstance(value, dict):
+        for name, policy in value.items():
+            _check(policy, f" (dataset {name!r})")
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return _check(value, "")
+
+
+def _check(policy, where: str) -> str:
+    if policy not in POLICIES:
+        raise ValueError(f"label_policy {policy!r}{where}: expected one of {', '.join(POLICIES)}")
+    return policy
+
+
+def meta_value(setting: str) -> str | dict:
+    """What a pack's ``_meta`` records: the policy name, or the mapping dataset -> name."""
+    return json.loads(setting) if setting.startswith("{") else setting
+
+
+def policy_for(recorded, sample_id: str) -> str:
+    """The policy of one sub-sample, from what ``_meta`` records (a recipe's sample ids start with the dataset)."""
+    if isinstance(recorded, dict):
+        return recorded.get(sample_id.split("/", 1)[0], DEFAULT)
+    return recorded or DEFAULT
+
+
+def _minus(spans: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = []
+    for a, b in spans:
+        for h0, h1 in holes:
+            if h1 <= a or h0 >= b:
+                continue
+            if h0 > a:
+                out.append((a, h0))
+            a = max(a, h1)
+        if a < b:
+            out.append((a, b))
+    return out
+
+
+def trainable_spans(text: str, policy: str = DEFAULT) -> list[tuple[int, int]]:
+    """Character ranges of a rendered chat whose tokens train under ``policy``."""
+    spans = [m.span(1) for m in ASSISTANT.finditer(text)]
+    if policy == "last_turn":
+        return spans[-1:]
+    if policy == "no_tool_results":
+        return _minus(spans, [m.span() for m in _TOOL_RESULT.finditer(text)])
+    if policy == "no_earlier_reasoning" and len(spans) > 1:
+        last = spans[-1][0]
+        return _minus(spans, [m.span() for m in _THINK.finditer(text) if m.start() < last])
+    return spans
