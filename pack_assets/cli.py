@@ -94,15 +94,16 @@ def _refuse_default_over_recipe(args, fields: dict) -> None:
 
 
 def _run(args, **extra) -> int:
+    from .core.preflight import preflight
     from .core.safety import work_lock
 
     settings = _settings(args, **extra)
-    settings.check_paths()  # before anything is written
+    shards = preflight(settings)  # every refusal of the folders and settings: before the lock, a write, a scan
     home, home_from = resolve_dagster_home(args.dagster_home)
     with work_lock(settings.work, f"pack-assets {args.command}"):  # a second run on this work folder refuses
         from .core import procs, shardwork
 
-        work = shardwork.find(settings, force=args.force)
+        work = shardwork.find(settings, force=args.force, shards=shards)
         # helper processes, forked now: they scan and count the shards while Dagster is imported below, then
         # simulate the what-if sweep, recount the audit's samples and draw the report's figures
         with procs.Helpers(shardwork.helpers_for(work, args.jobs)) as helpers, procs.aside(helpers.pool):
@@ -409,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = args.func(args)
     except (FileNotFoundError, ValueError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)  # one line, whatever the message holds
         code = 2
     if argv is None:  # the command: done, no teardown (called from Python, main returns)
         exit_without_teardown(code or 0)
