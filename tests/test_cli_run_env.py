@@ -56,6 +56,42 @@ def test_help_says_what_the_defaults_do(capsys):
     assert default_jobs(1, cores=4) == 1
 
 
+def test_run_help_has_a_description_required_flags_defaults_and_every_algorithm(capsys):
+    from pack_assets.core.binpack import ACCEPTED, ALGORITHMS, check_algorithm
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    text = " ".join(out.split())
+    assert out.startswith("usage: pack-assets run (--input DIR --max-len N | --recipe FILE) [options]\n\nScan ")
+    assert "required: --input and --max-len, or --recipe: --input DIR" in text
+    for shown in ("(default: work)", "(default: packed)", "(default: qwen3-vl)", "(default: 0)",
+                  "(default: 1000;", "(default: all)", "(default: copy)"):
+        assert shown in text, shown
+    # the planner's own list: every algorithm `assign` takes is named, and every name shown is taken
+    assert f"packing algorithm: {', '.join(ACCEPTED)} (default: bfd" in text
+    assert len(ACCEPTED) == len(ALGORITHMS) and all(check_algorithm(a.replace("_N", "_8")) is None for a in ACCEPTED)
+
+
+def test_one_default_for_packs_per_output_shard_in_demo_run_and_the_resource(tmp_path, monkeypatch):
+    from pack_assets import cli
+    from pack_assets.core.plan import PlanConfig
+    from pack_assets.defs.resources import PackSettings
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / cli.DEMO_INPUT).mkdir(parents=True)
+    (tmp_path / cli.DEMO_INPUT / "part-0.tar").touch()  # the demo data exists: none is generated
+    built = []
+    monkeypatch.setattr(cli, "_run", lambda args, **extra: built.append(cli._settings(args, **extra)) or 0)
+    for argv in (["demo"], ["run", "--input", "in", "--max-len", "4096"]):
+        assert cli.main(argv) == 0
+    default = PlanConfig().max_packs_per_shard
+    assert [s.plan.max_packs_per_shard for s in built] == [default, default]
+    assert PackSettings().max_packs_per_shard == default
+    assert cli.main(["run", "--input", "in", "--max-len", "4096", "--max-packs-per-shard", "7"]) == 0
+    assert built[-1].plan.max_packs_per_shard == 7
+
+
 def _parts_add_up(total: float, parts: dict) -> None:
     assert {"start-up", "manifest+token_lengths", "pack_plan", "packed_shards", "audit_report", "other"} == set(parts)
     assert abs(sum(parts.values()) - total) <= 0.01 * len(parts)  # each figure is rounded to 0.01 s
