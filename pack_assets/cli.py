@@ -30,7 +30,7 @@ def _summary_text(s: dict) -> str:
         verdict += f": {s['violations']} violation(s), see the report"
     elif verdict == "INCOMPLETE":
         waiting = s.get("shards_waiting") or []
-        verdict += f": {len(waiting)} shard(s) waiting, not counted yet: {', '.join(waiting[:10])}"
+        verdict += f": {len(waiting)} shard(s) in the input not counted: {', '.join(waiting[:10])}"
     return "\n".join([
         f"samples   {s['samples']} read from {s['shards']} shard(s) ({s['shard_runs']} scanned this run)",
         f"packed    {s['packed']} into {s['packs']} packs of {s['max_len']} tokens ({s['profile']})",
@@ -121,7 +121,7 @@ def _run(args, **extra) -> int:
 
 
 def verdict_exit(verdict: str) -> int:
-    """0 PASS, 1 FAIL (violations), 3 INCOMPLETE (shards still waiting: nothing is proven about them)."""
+    """0 PASS, 1 FAIL (violations), 3 INCOMPLETE (shards of the input not counted: nothing is proven about them)."""
     return {"PASS": 0, "FAIL": 1}.get(verdict, 3)
 
 
@@ -272,7 +272,7 @@ def cmd_verify(args) -> int:
              f"{result.stats['packs_read']} packs, {result.stats['media_members_checked']} media members re-hashed; "
              f"{len(result.violations)} violation(s)"]
     if result.waiting:
-        lines.append(f"  {len(result.waiting)} registered shard(s) waiting, not in the plan: {', '.join(result.waiting[:20])}")
+        lines.append(f"  {len(result.waiting)} shard(s) in the input not counted in the plan: {', '.join(result.waiting[:20])}")
     lines += [f"  {v['check']}: {v['detail']}" for v in result.violations]
     _emit(args, payload, "\n".join(lines))
     return verdict_exit(result.verdict)

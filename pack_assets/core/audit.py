@@ -27,6 +27,7 @@ from pathlib import Path
 import duckdb
 
 from . import index_out, procs, store
+from .coverage import not_counted
 from .plan import PlanConfig, PlanInfo, check_plan
 from .profiles import ModelProfile, ProfileError, resolve_profile
 from .reasons import ReasonError
@@ -557,7 +558,7 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
         if blend:
             result.stats["blend"] = blend
         recounting(result)
-        result.waiting = list(info.stats.get("shards_waiting") or [])
+        result.waiting = not_counted(con, info.stats, info.shards)  # the input's, not only the registered ones
         result.stats.update(verdict=result.verdict, shards_waiting=result.waiting)
         report = write_report(con, work, result, info, figures)
     result.report = Path(report["path"])

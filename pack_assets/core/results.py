@@ -30,7 +30,7 @@ def png_data_uri(path: Path) -> str:
 class AuditResult:
     violations: list[dict] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
-    waiting: list[str] = field(default_factory=list)  # registered shards the plan could not count yet
+    waiting: list[str] = field(default_factory=list)  # shards in the input the plan did not count (core/coverage.py)
     report: Path | None = None  # audit_report.md, once written
     plots: dict[str, str] = field(default_factory=dict)
 
@@ -41,7 +41,7 @@ class AuditResult:
 
     @property
     def verdict(self) -> str:
-        """PASS, FAIL (a violation) or INCOMPLETE (no violation, but shards wait outside the plan)."""
+        """PASS, FAIL (a violation) or INCOMPLETE (no violation, but shards of the input are not counted)."""
         return "FAIL" if self.violations else "INCOMPLETE" if self.waiting else "PASS"
 
     def add(self, check: str, detail: str, **where) -> None:

@@ -120,13 +120,14 @@ def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.M
     shards = sorted(context.instance.get_dynamic_partitions(source_shards.name))
     with settings.work_lock(context, "pack_plan"):
         if s.recipe:  # a blend: one plan per epoch under <work>/epoch-<k>/ (core/blend.py)
-            summary = blend.run_blend_plan(s.work, shards, s.plan, s.model_profile(), s.blend(), allow_missing=True)
+            summary = blend.run_blend_plan(s.work, shards, s.plan, s.model_profile(), s.blend(), allow_missing=True,
+                                           recursive=s.recursive)
             what_if = None
         else:
-            summary, what_if = report.plan_with_what_if(s.work, shards, s.plan, s.model_profile(),
-                                                        allow_missing=True, input_root=s.input_root)
+            summary, what_if = report.plan_with_what_if(s.work, shards, s.plan, s.model_profile(), allow_missing=True,
+                                                        input_root=s.input_root, recursive=s.recursive)
     if summary.shards_removed:
-        context.log.warning(f"{len(summary.shards_removed)} registered shard(s) no longer in {s.input_root}, "
+        context.log.warning(f"{len(summary.shards_removed)} shard(s) no longer in the input since the last plan, "
                             f"not planned: {summary.shards_removed[:10]}")
     if summary.shards_waiting:
         context.log.warning(f"{len(summary.shards_waiting)} registered shard(s) not counted yet, left for the next "
@@ -182,7 +183,7 @@ def audit_report(context: dg.AssetExecutionContext, settings: PackSettings) -> d
         metadata=metadata(result.as_metadata()),
         check_results=[dg.AssetCheckResult(
             check_name="nothing_lost",
-            # shards still waiting are not counted yet: nothing is proven about them
+            # shards of the input not counted (waiting, never registered, changed): nothing is proven about them
             passed=result.verdict == "PASS",
             severity=dg.AssetCheckSeverity.ERROR,
             metadata={"verdict": result.verdict, "violations": len(result.violations),
