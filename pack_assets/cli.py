@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from .core.settings import AUDIT_SCOPES, DEFAULTS, OUTPUT_MODES, Settings
+from .progress import StageBars
 from .runenv import (ensure_dagster_yaml, exit_without_teardown, process_start, relax_gc,
                      resolve_dagster_home)
 
@@ -100,6 +101,7 @@ def _run(args, **extra) -> int:
     settings = _settings(args, **extra)
     shards = preflight(settings)  # every refusal of the folders and settings: before the lock, a write, a scan
     home, home_from = resolve_dagster_home(args.dagster_home)
+    bars = StageBars()  # the run's progress on stderr when it is a terminal; nothing when not
     with work_lock(settings.work, f"pack-assets {args.command}"):  # a second run on this work folder refuses
         from .core import procs, shardwork
 
@@ -111,10 +113,15 @@ def _run(args, **extra) -> int:
             if ensure_dagster_yaml(home):
                 print(f"new Dagster home {home}: wrote dagster.yaml (telemetry off, concurrency pools)",
                       file=sys.stderr)
+            bars.line(f"start-up: {len(work.shards)} shard(s), {len(work.todo)} to scan and count"
+                      f"{f', {work.jobs} helper process(es) started' if work.running else ''}; loading Dagster")
+            from .events import listening
             from .orchestrate import instance_for, run_pipeline
 
             instance = instance_for(home)
-            summary = run_pipeline(settings, instance, force=args.force, started=args.started, work=work)
+            with listening(bars):
+                summary = run_pipeline(settings, instance, force=args.force, started=args.started, work=work)
+            bars.close()
     summary.update(dagster_home=str(home), dagster_home_from=home_from)
     _emit(args, summary, _summary_text(summary))
     return verdict_exit(summary.get("verdict") or ("PASS" if summary["violations"] == 0 else "FAIL"))

@@ -363,12 +363,14 @@ def _per_dataset(con: duckdb.DuckDBPyConnection, repeats: dict[str, float]) -> d
 
 def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, work: Path | None = None, workers: int = 0,
           min_bytes: int = PARALLEL_MIN_BYTES, trusted: frozenset[str] = frozenset(),
-          repeats: dict[str, float] | None = None) -> AuditResult:
+          repeats: dict[str, float] | None = None, progress: Callable[[int, int, int], None] | None = None
+          ) -> AuditResult:
     """Read every output shard back, one at a time per process (memory follows the output shard, not the
     dataset), and check it against the plan and the manifest; the plan's own invariants are checked in SQL.
     Output shards are read by ``workers`` threads (0: one per core), or processes given the work directory
     once there are ``min_bytes`` of them. ``trusted`` shards (unchanged since a clean audit) are not read: their
-    planned packs count as seen. ``repeats``: a blend's plan (dataset -> repeat), counted per dataset."""
+    planned packs count as seen. ``repeats``: a blend's plan (dataset -> repeat), counted per dataset.
+    ``progress(shards read, shards to read, members re-hashed)`` after each output shard."""
     res = AuditResult(violations=check_plan(con, config, repeats))
     shards = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
     seen: Counter = Counter()
@@ -379,10 +381,13 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
     counts: Counter = Counter()
     with (store.staged(work, AUDIT_ROWS, to_read, con) if work is not None and len(to_read) > 1
           else contextlib.nullcontext()) as rows:
-        for violations, shard_seen, c in _shard_results(con, out_dir, to_read, config, work, workers, min_bytes, rows):
+        for done, (violations, shard_seen, c) in enumerate(
+                _shard_results(con, out_dir, to_read, config, work, workers, min_bytes, rows), 1):
             res.violations.extend(violations)
             seen.update(shard_seen)
             counts.update(c)
+            if progress:
+                progress(done, len(to_read), counts["media"] + counts["extra"])
     for p, n in sorted(seen.items()):
         if n > 1:
             res.add("duplicate_pack", f"pack {p} appears {n} times", pack_id=p)
@@ -521,11 +526,12 @@ def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = froz
 
 
 def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers: int = 0,
-              parallel_min_bytes: int = PARALLEL_MIN_BYTES, scope: str = "all") -> AuditResult:
+              parallel_min_bytes: int = PARALLEL_MIN_BYTES, scope: str = "all",
+              progress: Callable[[int, int, int], None] | None = None) -> AuditResult:
     """Read the outputs back and check every invariant; recount a deterministic sample of token lengths;
     write audit_report.md. scope "changed" reads only the output shards that are new or changed since the
     last clean audit (same size, mtime and content fingerprint as then: trusted, like rsync's quick check);
-    "all" reads every one."""
+    "all" reads every one. ``progress``: as `audit`'s."""
     if scope not in AUDIT_SCOPES:
         raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
     versions = _versions_aside()
@@ -554,7 +560,7 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
         blend = info.stats.get("blend")
         recounting = recount(con, info, recount_fraction, trusted if recounted >= recount_fraction else frozenset())
         result = audit(con, out_dir, info.config, work=work, workers=workers, min_bytes=parallel_min_bytes,
-                       trusted=trusted, repeats=blend["repeats"] if blend else None)
+                       trusted=trusted, repeats=blend["repeats"] if blend else None, progress=progress)
         if blend:
             result.stats["blend"] = blend
         recounting(result)

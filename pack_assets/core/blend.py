@@ -418,12 +418,14 @@ def run_blend_write(work: Path, recipe: Recipe, out_dir: Path, workers: int = 0,
     return BlendWriteSummary(written, out_dir, retire_epochs(out_dir, recipe.epochs))
 
 
-def run_blend_audit(work: Path, recipe: Recipe, out_dir: Path, scope: str = "all") -> AuditResult:
+def run_blend_audit(work: Path, recipe: Recipe, out_dir: Path, scope: str = "all", progress=None) -> AuditResult:
     """Every epoch audited (its report in ``<work>/epoch-<k>/audit_report.md``); one result over all of them:
-    violations tagged with their epoch, totals summed, per dataset per epoch, and a blend report beside them."""
+    violations tagged with their epoch, totals summed, per dataset per epoch, and a blend report beside them.
+    ``progress``: as `audit.audit`'s, epoch by epoch."""
     from .audit import run_audit
 
-    results = [run_audit(epoch_work(work, k), out_dir / epoch_name(k), scope=scope) for k in range(recipe.epochs)]
+    results = [run_audit(epoch_work(work, k), out_dir / epoch_name(k), scope=scope, progress=progress)
+               for k in range(recipe.epochs)]
     total = AuditResult()
     for k, r in enumerate(results):
         total.violations += [{**v, "epoch": k} for v in r.violations]
