@@ -361,6 +361,35 @@ def _per_dataset(con: duckdb.DuckDBPyConnection, repeats: dict[str, float]) -> d
             for r in rows}
 
 
+def _check_seen(con: duckdb.DuckDBPyConnection, res: AuditResult, seen: Counter) -> None:
+    """The packs read back (`seen`) against the plan: each once, none missing, no planned sample lost."""
+    for p, n in sorted(seen.items()):
+        if n > 1:
+            res.add("duplicate_pack", f"pack {p} appears {n} times", pack_id=p)
+            res.add("duplicate_sample", f"the samples of pack {p} appear {n} times", pack_id=p)
+    store.mark_audit_seen(con, seen)
+    missing = con.execute("SELECT pack_id, output_shard FROM pack_plan WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen) "
+                          "ORDER BY pack_id").fetchall()
+    for p, shard in missing[:100]:
+        res.add("missing_pack", f"pack {p} of {shard} not found", pack_id=p)
+    lost = con.execute("SELECT count(*) FROM pack_members WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen)").fetchone()[0]
+    if lost:
+        res.add("lost_sample", f"{lost} planned sample(s) are in packs missing from the output")
+
+
+def _check_counts(res: AuditResult, per_shard: dict[str, dict], per_dataset: dict[str, dict]) -> None:
+    """Every source sample in exactly one outcome, per shard (a blend: per dataset, copies included)."""
+    for shard, c in per_shard.items():
+        if c["read"] != c["packed"] + c["dropped"] + c["rejected"]:
+            res.add("count_mismatch", f"{shard}: read {c['read']} != packed {c['packed']} + dropped {c['dropped']} "
+                    f"+ rejected {c['rejected']}", shard=shard)
+    for name, c in per_dataset.items():
+        if c["read"] != c["ok"] + c["rejected"] or c["expected"] != c["packed"] + c["dropped"]:
+            res.add("count_mismatch", f"dataset {name}: read {c['read']} = ok {c['ok']} + rejected {c['rejected']}; "
+                    f"copies drawn {c['expected']} (repeat {c['repeat']}) = packed {c['packed']} + dropped "
+                    f"{c['dropped']}")
+
+
 def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, work: Path | None = None, workers: int = 0,
           min_bytes: int = PARALLEL_MIN_BYTES, trusted: frozenset[str] = frozenset(),
           repeats: dict[str, float] | None = None, progress: Callable[[int, int, int], None] | None = None
@@ -388,30 +417,11 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
             counts.update(c)
             if progress:
                 progress(done, len(to_read), counts["media"] + counts["extra"])
-    for p, n in sorted(seen.items()):
-        if n > 1:
-            res.add("duplicate_pack", f"pack {p} appears {n} times", pack_id=p)
-            res.add("duplicate_sample", f"the samples of pack {p} appear {n} times", pack_id=p)
-    store.mark_audit_seen(con, seen)
-    missing = con.execute("SELECT pack_id, output_shard FROM pack_plan WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen) "
-                          "ORDER BY pack_id").fetchall()
-    for p, shard in missing[:100]:
-        res.add("missing_pack", f"pack {p} of {shard} not found", pack_id=p)
-    lost = con.execute("SELECT count(*) FROM pack_members WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen)").fetchone()[0]
-    if lost:
-        res.add("lost_sample", f"{lost} planned sample(s) are in packs missing from the output")
+    _check_seen(con, res, seen)
     per_dataset = _per_dataset(con, repeats) if repeats is not None else {}
     # a blend holds copies, so its samples add up per dataset (read = ok + rejected, copies = packed + dropped)
     per_shard = _per_shard(con) if repeats is None else {}
-    for shard, c in per_shard.items():
-        if c["read"] != c["packed"] + c["dropped"] + c["rejected"]:
-            res.add("count_mismatch", f"{shard}: read {c['read']} != packed {c['packed']} + dropped {c['dropped']} "
-                    f"+ rejected {c['rejected']}", shard=shard)
-    for name, c in per_dataset.items():
-        if c["read"] != c["ok"] + c["rejected"] or c["expected"] != c["packed"] + c["dropped"]:
-            res.add("count_mismatch", f"dataset {name}: read {c['read']} = ok {c['ok']} + rejected {c['rejected']}; "
-                    f"copies drawn {c['expected']} (repeat {c['repeat']}) = packed {c['packed']} + dropped "
-                    f"{c['dropped']}")
+    _check_counts(res, per_shard, per_dataset)
     total = {k: sum(c[k] for c in (per_dataset or per_shard).values()) for k in ("read", "packed", "dropped", "rejected")}
     res.stats = {
         "samples_read": total["read"],
