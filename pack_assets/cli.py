@@ -119,9 +119,11 @@ def _run(args, **extra) -> int:
             from .orchestrate import instance_for, run_pipeline
 
             instance = instance_for(home)
-            with listening(bars):
-                summary = run_pipeline(settings, instance, force=args.force, started=args.started, work=work)
-            bars.close()
+            try:
+                with listening(bars):
+                    summary = run_pipeline(settings, instance, force=args.force, started=args.started, work=work)
+            finally:
+                bars.close()
     summary.update(dagster_home=str(home), dagster_home_from=home_from)
     _emit(args, summary, _summary_text(summary))
     return verdict_exit(summary.get("verdict") or ("PASS" if summary["violations"] == 0 else "FAIL"))
