@@ -20,7 +20,7 @@ defs = dg.Definitions(
     jobs=[shard_job, pack_job, lookup_job],
     sensors=[new_shard_sensor, replan_sensor],
     resources={"settings": settings, "io_manager": summary_io_manager},
-    # every job's steps in its run's process, as shard_job's and pack_job's are: a process per step costs
-    # Dagster's imports each time (`dagster asset materialize` of one shard: ~13 s instead of ~5 s)
+    # every job's steps in its run's process, as shard_job's and pack_job's are: a process per step pays
+    # Dagster's imports each time (`dagster asset materialize`: docs/benchmarks.md, bench_materialize.py)
     executor=dg.in_process_executor,
 )
