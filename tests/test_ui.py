@@ -59,7 +59,7 @@ IMAGES_JS = """(async () => {
     out.markdown.push(await shown(imgs));
     const close = [...document.querySelectorAll('.dagster-dialog button')].find(b => b.innerText.trim() === 'Close');
     if (close) close.click();
-    await until(() => !document.querySelector('.dagster-dialog'), 10000);
+    await until(() => !md || !md.isConnected, 10000);
   }
   return out;
 })()"""
