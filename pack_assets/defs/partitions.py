@@ -48,11 +48,19 @@ def register_on_load(settings: Settings) -> None:
     """`register_input_shards` into the instance of DAGSTER_HOME when the code location is loaded to serve or
     launch (Dagster's INITIALIZATION load); a run or step process rebuilding it (RECONSTRUCTION) skips it.
     Never fails the load: the partitions are then registered by the sensor or `pack-assets run`."""
-    from dagster._core.definitions.definitions_load_context import DefinitionsLoadContext, DefinitionsLoadType
-
-    if not os.environ.get("DAGSTER_HOME") or DefinitionsLoadContext.get().load_type != DefinitionsLoadType.INITIALIZATION:
+    if not os.environ.get("DAGSTER_HOME") or _rebuilt_by_a_run():
         return
     try:
         register_input_shards(dg.DagsterInstance.get(), settings)
     except Exception as e:  # noqa: BLE001 - an unreadable input or instance must not break the code location
         dg.get_dagster_logger().warning(f"pack_assets: the input's shards were not registered as partitions: {e}")
+
+
+def _rebuilt_by_a_run() -> bool:
+    """Whether Dagster is rebuilding the definitions in a run or step process (its RECONSTRUCTION load). Its
+    load context is not public API (pinned Dagster 1.13): where it moved, every load registers (idempotent)."""
+    try:
+        from dagster._core.definitions.definitions_load_context import DefinitionsLoadContext, DefinitionsLoadType
+    except ImportError:
+        return False
+    return DefinitionsLoadContext.get().load_type == DefinitionsLoadType.RECONSTRUCTION
