@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .core.labels import POLICIES
 from .core.settings import AUDIT_SCOPES, DEFAULTS, OUTPUT_MODES, Settings
+from .progress import StageBars
 from .runenv import (ensure_dagster_yaml, exit_without_teardown, process_start, relax_gc,
                      resolve_dagster_home)
 
@@ -40,7 +41,7 @@ def _summary_text(s: dict) -> str:
         verdict += f": {s['violations']} violation(s), see the report"
     elif verdict == "INCOMPLETE":
         waiting = s.get("shards_waiting") or []
-        verdict += f": {len(waiting)} shard(s) waiting, not counted yet: {', '.join(waiting[:10])}"
+        verdict += f": {len(waiting)} shard(s) in the input not counted: {', '.join(waiting[:10])}"
     return "\n".join([
         f"samples   {s['samples']} read from {s['shards']} shard(s) ({s['shard_runs']} scanned this run)",
         f"packed    {s['packed']} into {s['packs']} packs of {s['max_len']} tokens ({s['profile']})",
@@ -68,17 +69,15 @@ def _settings(args, **extra) -> Settings:
     fields = {"input_dir": str(args.input), "work_dir": str(args.work), "output_dir": str(args.output),
               "max_len": args.max_len, "profile": args.profile, "model_dir": args.model_dir or "",
               "trust_remote_code": args.trust_remote_code, "chat_template_kwargs": args.chat_template_kwargs,
-              "algorithm": args.algorithm, "seed": args.seed, "incremental": args.incremental,
-              "audit_scope": args.audit_scope, "output_mode": args.mode, "label_policy": args.label_policy,
-              "check_samples": args.check_samples}
+              "algorithm": args.algorithm, "seed": args.seed, "max_packs_per_shard": args.max_packs_per_shard,
+              "incremental": args.incremental, "audit_scope": args.audit_scope, "output_mode": args.mode,
+              "label_policy": args.label_policy, "check_samples": args.check_samples}
     if getattr(args, "recipe", None):
-        if args.input is not None:
-            raise ValueError("--input and --recipe: a recipe names its inputs under `datasets:`; give one of them")
         fields = {k: v for k, v in fields.items() if k != "input_dir" and v is not None}
         fields["recipe"] = str(Path(args.recipe).resolve())
         _refuse_default_over_recipe(args, fields)
-    elif args.input is None or args.max_len is None:
-        raise ValueError("pack-assets run needs --input and --max-len (or --recipe FILE)")
+    elif args.max_len is None:
+        raise ValueError("--max-len N is required with --input (see pack-assets run --help)")
     fields = {k: v for k, v in fields.items() if v is not None}  # a flag not given: the default
     if getattr(args, "config", None):
         fields.update(json.loads(Path(args.config).read_text()))
@@ -88,7 +87,8 @@ def _settings(args, **extra) -> Settings:
 
 # flags whose argparse default is None, so that a flag given with the default's value can be told apart
 _RECIPE_FLAGS = {"max_len": "--max-len", "profile": "--profile", "algorithm": "--algorithm", "seed": "--seed",
-                 "audit_scope": "--audit-scope", "output_mode": "--mode", "label_policy": "--label-policy"}
+                 "max_packs_per_shard": "--max-packs-per-shard", "audit_scope": "--audit-scope",
+                 "output_mode": "--mode", "label_policy": "--label-policy"}
 
 
 def _refuse_default_over_recipe(args, fields: dict) -> None:
@@ -105,15 +105,17 @@ def _refuse_default_over_recipe(args, fields: dict) -> None:
 
 
 def _run(args, **extra) -> int:
+    from .core.preflight import preflight
     from .core.safety import work_lock
 
     settings = _settings(args, **extra)
-    settings.check_paths()  # before anything is written
+    shards = preflight(settings)  # every refusal of the folders and settings: before the lock, a write, a scan
     home, home_from = resolve_dagster_home(args.dagster_home)
+    bars = StageBars()  # the run's progress on stderr when it is a terminal; nothing when not
     with work_lock(settings.work, f"pack-assets {args.command}"):  # a second run on this work folder refuses
         from .core import procs, shardwork
 
-        work = shardwork.find(settings, force=args.force)
+        work = shardwork.find(settings, force=args.force, shards=shards)
         # helper processes, forked now: they scan and count the shards while Dagster is imported below, then
         # simulate the what-if sweep, recount the audit's samples and draw the report's figures
         with procs.Helpers(shardwork.helpers_for(work, args.jobs)) as helpers, procs.aside(helpers.pool):
@@ -121,17 +123,24 @@ def _run(args, **extra) -> int:
             if ensure_dagster_yaml(home):
                 print(f"new Dagster home {home}: wrote dagster.yaml (telemetry off, concurrency pools)",
                       file=sys.stderr)
+            bars.line(f"start-up: {len(work.shards)} shard(s), {len(work.todo)} to scan and count"
+                      f"{f', {work.jobs} helper process(es) started' if work.running else ''}; loading Dagster")
+            from .events import listening
             from .orchestrate import instance_for, run_pipeline
 
             instance = instance_for(home)
-            summary = run_pipeline(settings, instance, force=args.force, started=args.started, work=work)
+            try:
+                with listening(bars):
+                    summary = run_pipeline(settings, instance, force=args.force, started=args.started, work=work)
+            finally:
+                bars.close()
     summary.update(dagster_home=str(home), dagster_home_from=home_from)
     _emit(args, summary, _summary_text(summary))
     return verdict_exit(summary.get("verdict") or ("PASS" if summary["violations"] == 0 else "FAIL"))
 
 
 def verdict_exit(verdict: str) -> int:
-    """0 PASS, 1 FAIL (violations), 3 INCOMPLETE (shards still waiting: nothing is proven about them)."""
+    """0 PASS, 1 FAIL (violations), 3 INCOMPLETE (shards of the input not counted: nothing is proven about them)."""
     return {"PASS": 0, "FAIL": 1}.get(verdict, 3)
 
 
@@ -144,7 +153,7 @@ def cmd_demo(args) -> int:
         print(f"generating the demo dataset in {DEMO_INPUT}/ ...", file=sys.stderr)
         make_demo(DEMO_INPUT)
     args.input = DEMO_INPUT
-    return _run(args, max_packs_per_shard=25)
+    return _run(args)
 
 
 def cmd_run(args) -> int:
@@ -293,40 +302,67 @@ def cmd_verify(args) -> int:
              f"{result.stats['packs_read']} packs, {result.stats['media_members_checked']} media members re-hashed; "
              f"{len(result.violations)} violation(s)"]
     if result.waiting:
-        lines.append(f"  {len(result.waiting)} registered shard(s) waiting, not in the plan: {', '.join(result.waiting[:20])}")
+        lines.append(f"  {len(result.waiting)} shard(s) in the input not counted in the plan: {', '.join(result.waiting[:20])}")
     lines += [f"  {v['check']}: {v['detail']}" for v in result.violations]
     _emit(args, payload, "\n".join(lines))
     return verdict_exit(result.verdict)
 
 
+def _algorithm(name: str) -> str:
+    """--algorithm checked as it is parsed (the planner's own check): a typo is a usage error, not a late one."""
+    from .core.binpack import check_algorithm
+
+    try:
+        check_algorithm(name)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name
+
+
+def _algorithm_help(default: str) -> str:
+    from .core.binpack import ACCEPTED
+
+    return f"packing algorithm: {', '.join(ACCEPTED)} (default: {default}; see docs/usage.md)"
+
+
 def _common_run(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--work", default=DEFAULTS["work_dir"], help="work directory (manifest, token lengths, DuckDB, plan, report)")
-    p.add_argument("--output", default=DEFAULTS["output_dir"], help="output directory for packed shards")
-    p.add_argument("--profile", help="model profile: qwen2-vl, qwen2.5-vl, qwen3-vl")
-    p.add_argument("--model-dir", help="a local HF checkpoint folder (overrides --profile)")
+    """The options `run` and `demo` share; each default shown is the one the settings resource has too."""
+    from .core.profiles import BUILTIN_PROFILES
+
+    d = DEFAULTS
+    p.add_argument("--work", metavar="DIR", default=d["work_dir"],
+                   help=f"work directory: manifest, token lengths, DuckDB, plan, report (default: {d['work_dir']})")
+    p.add_argument("--output", metavar="DIR", default=d["output_dir"],
+                   help=f"output directory for packed shards (default: {d['output_dir']})")
+    p.add_argument("--profile", metavar="NAME",
+                   help=f"model profile: {', '.join(BUILTIN_PROFILES)} (default: {d['profile']})")
+    p.add_argument("--model-dir", metavar="DIR", help="a local HF checkpoint folder (overrides --profile)")
     _trust(p)
     _template_kwargs(p)
-    p.add_argument("--algorithm", help="packing algorithm (bfd, next_fit)")
-    p.add_argument("--seed", type=int, help="seed of the pack order shuffle")
-    p.add_argument("--dagster-home", help="Dagster instance directory (default: $DAGSTER_HOME if set, else "
-                   "./dagster_home); a dagster.yaml with the project's settings is written if it has none")
+    p.add_argument("--algorithm", metavar="NAME", type=_algorithm, help=_algorithm_help(d["algorithm"]))
+    p.add_argument("--seed", type=int, metavar="S", help=f"seed of the pack order shuffle (default: {d['seed']})")
+    p.add_argument("--max-packs-per-shard", type=int, metavar="N",
+                   help=f"packs per output shard, at most (default: {d['max_packs_per_shard']}; a shard is also cut "
+                        f"at {d['target_shard_bytes'] >> 20} MiB of media)")
+    p.add_argument("--dagster-home", metavar="DIR", help="Dagster instance directory (default: $DAGSTER_HOME if set, "
+                   "else ./dagster_home); a dagster.yaml with the project's settings is written if it has none")
     p.add_argument("--force", action="store_true", help="rescan and recount every shard even if unchanged")
     p.add_argument("--incremental", action="store_true",
                    help="keep the previous plan's packs and output shards; new samples go into new ones")
     p.add_argument("--audit-scope", choices=AUDIT_SCOPES,
                    help="changed: re-read only output shards new or changed since the last clean audit "
-                        "(the others are trusted by size, mtime and content fingerprint); default all")
+                        f"(the others are trusted by size, mtime and content fingerprint) (default: {d['audit_scope']})")
     p.add_argument("--mode", choices=OUTPUT_MODES,
                    help="copy: output shards hold the media (self-contained); index: they hold the conversations "
                         "and byte ranges into the input shards, read from there at training time (small output; "
-                        "the inputs must stay in place). See docs/usage.md, 'Copy or index?'")
+                        f"the inputs must stay in place). See docs/usage.md, 'Copy or index?' (default: {d['output_mode']})")
     p.add_argument("--check-samples", type=int, metavar="N",
                    help="the audit also recounts N samples per shard with the --model-dir folder's real "
                         "processor; each difference is a violation (drift guard; default 0: off)")
     p.add_argument("--label-policy", choices=POLICIES,
                    help="which tokens train, recorded in _meta for the reader: all assistant turns (all, the "
                         "default), last_turn, no_tool_results, no_earlier_reasoning (docs/training.md)")
-    p.add_argument("--jobs", type=int, default=0,
+    p.add_argument("--jobs", type=int, default=0, metavar="N",
                    help=f"worker processes that scan and count shards side by side (default: one per core, "
                         f"{os.cpu_count()} here, at most one per shard that needs it)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
@@ -350,21 +386,40 @@ def _caps(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the mix and mixfill algorithms")
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr, exit 2, as every other refusal is (`--help` shows the usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="pack-assets", description="Offline sequence packing for multimodal training data.")
+    ap = _Parser(prog="pack-assets", description="Offline sequence packing for multimodal training data.")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("demo", help="generate the demo dataset if absent and run the whole pipeline through Dagster")
+    p = sub.add_parser("demo", help="generate the demo dataset if absent and run the whole pipeline through Dagster",
+                       description=f"Generate the bundled demo dataset in {DEMO_INPUT}/ if absent, then run the "
+                                   "whole pipeline on it through Dagster, as `run` does.")
     _common_run(p)
-    p.add_argument("--max-len", type=int, default=DEFAULTS["max_len"], help="tokens per pack")
+    p.add_argument("--max-len", type=int, metavar="N", default=DEFAULTS["max_len"],
+                   help=f"tokens per pack (default: {DEFAULTS['max_len']})")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("run", help="the whole pipeline on a directory of WebDataset shards, through Dagster")
-    p.add_argument("--input", help="directory holding *.tar shards (searched recursively); or --recipe")
-    p.add_argument("--recipe", help="a blend of datasets with repeats and epochs (YAML, see docs/usage.md); its "
-                   "settings apply where a flag is left at its default")
-    p.add_argument("--max-len", type=int, help="tokens per pack (with --recipe: the recipe's max_len, else 8192)")
-    p.add_argument("--config", help="JSON file of further settings (see docs/usage.md)")
+    p = sub.add_parser(
+        "run", help="the whole pipeline on a directory of WebDataset shards, through Dagster",
+        usage="pack-assets run (--input DIR --max-len N | --recipe FILE) [options]",
+        description="Scan the WebDataset shards of a folder in place, count every sample's tokens for the model, "
+                    "plan packs, write the packed shards and audit them, as Dagster runs of the five assets "
+                    "(manifest, token_lengths, pack_plan, packed_shards, audit_report). Prints where everything "
+                    "went. Exit 0 PASS, 1 FAIL, 2 refused (bad folders or settings, before any scan), 3 INCOMPLETE.")
+    need = p.add_argument_group("required: --input and --max-len, or --recipe")
+    one = need.add_mutually_exclusive_group(required=True)
+    one.add_argument("--input", metavar="DIR", help="directory holding *.tar shards (searched recursively)")
+    one.add_argument("--recipe", metavar="FILE", help="instead of --input: a blend of datasets with repeats and "
+                     "epochs (YAML, see docs/usage.md); its settings apply where a flag is not given")
+    need.add_argument("--max-len", type=int, metavar="N",
+                      help="tokens per pack (required with --input; with --recipe, the recipe's max_len)")
+    p.add_argument("--config", metavar="FILE", help="JSON file of further settings by name (see docs/usage.md)")
     _common_run(p)
     p.set_defaults(func=cmd_run)
 
@@ -396,7 +451,7 @@ def _planner_commands(sub) -> None:
     p = sub.add_parser("plan", help="the planner on a list of lengths (.npy, or text with one integer a line)")
     p.add_argument("--lengths", required=True)
     p.add_argument("--max-len", type=int, required=True)
-    p.add_argument("--algorithm", default="bfd", help="bfd, ffd, first_fit, next_fit, window_N, mix, mixfill")
+    p.add_argument("--algorithm", metavar="NAME", type=_algorithm, default="bfd", help=_algorithm_help("bfd"))
     _caps(p)
     p.add_argument("--out", help="write the pack index of every item (.npy or text; -1 = dropped)")
     p.add_argument("--json", action="store_true")
@@ -449,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = args.func(args)
     except (FileNotFoundError, ValueError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)  # one line, whatever the message holds
         code = 2
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)

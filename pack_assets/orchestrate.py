@@ -4,15 +4,14 @@ else in a run of their own). Every run is recorded in the instance under DAGSTER
 
 import multiprocessing
 import os
-import re
 import sys
 import time
-import uuid
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import dagster as dg
 
+from . import events
 from .core import drawing, shardwork, store
 from .core.plan import PlanSummary
 from .core.results import AuditResult
@@ -23,7 +22,7 @@ from .defs.assets import BACKFILL_BATCH as BATCH_MAX
 from .defs.assets import SHARD_WORKERS_TAG, audit_report, manifest, pack_plan, packed_shards, token_lengths
 from .defs.partitions import source_shards
 from .defs.resources import PackSettings, summary_io_manager
-from .progress import ShardProgress
+from .progress import ShardProgress, on_terminal
 from .runenv import cache_alembic_scripts, default_jobs, ensure_dagster_yaml, relax_event_log_sync, relax_gc
 
 
@@ -81,22 +80,18 @@ def _resources(settings: Settings) -> dict:
 
 # the job name dg.materialize gives its runs: batched shard runs look like the single-shard runs did
 EPHEMERAL_JOB = "__ephemeral_asset_job__"
-# the per-shard log lines of the two shard steps (defs/assets.py), which progress follows as they come
-_SCANNED = re.compile(r"(?P<key>\S+): \d+ ok, \d+ rejected of (?P<samples>\d+) samples")
-_COUNTED = re.compile(r"(?P<key>\S+): counted ")
 
 
-def _shard_listener(on_shard):
-    """An event-log listener calling on_shard(key, samples) as each shard's token counts are done."""
+def _shard_listener(on_shard) -> events.Listener:
+    """An events listener calling on_shard(key, samples) as each shard's token counts are done (the two
+    shard steps emit an event per shard: defs/assets.py)."""
     samples: dict[str, int] = {}
 
-    def listen(entry) -> None:
-        if entry.dagster_event is not None or not entry.user_message:
-            return
-        if entry.step_key == "manifest" and (m := _SCANNED.match(entry.user_message)):
-            samples[m["key"]] = int(m["samples"])
-        elif entry.step_key == "token_lengths" and (m := _COUNTED.match(entry.user_message)):
-            on_shard(m["key"], samples.get(m["key"]))
+    def listen(e: events.Progress) -> None:
+        if e.stage == events.SCAN:
+            samples[e.item] = e.count
+        elif e.stage == events.COUNT:
+            on_shard(e.item, samples.get(e.item))
     return listen
 
 
@@ -110,14 +105,13 @@ def _shards_run(keys: list[str], flat: dict, instance: dg.DagsterInstance | None
     unpartitioned assets `then` (the pack assets) when given.
     (Settings travel flat: resource objects do not pickle across processes; a worker loads its instance,
     the parent passes its own: loading another costs ~0.5 s.)"""
-    instance, run_id = instance or dg.DagsterInstance.get(), str(uuid.uuid4())
-    if on_shard is not None:
-        instance.add_event_listener(run_id, _shard_listener(on_shard))
+    instance = instance or dg.DagsterInstance.get()
     tags = {**(tags or {}), **({} if len(keys) == 1 else {RANGE_START: keys[0], RANGE_END: keys[-1]})}
     job = dg.Definitions(jobs=[dg.define_asset_job(EPHEMERAL_JOB)], assets=SHARD_ASSETS + (then or []),
                          resources=_resources(Settings.from_flat(flat))).resolve_job_def(EPHEMERAL_JOB)
-    return _check(job.execute_in_process(run_config=QUIET, instance=instance, raise_on_error=False, run_id=run_id,
-                                         partition_key=keys[0] if len(keys) == 1 else None, tags=tags))
+    with events.listening(_shard_listener(on_shard) if on_shard is not None else None):
+        return _check(job.execute_in_process(run_config=QUIET, instance=instance, raise_on_error=False,
+                                             partition_key=keys[0] if len(keys) == 1 else None, tags=tags))
 
 
 def _samples(result: dg.ExecuteInProcessResult) -> dict[str, int]:
@@ -219,6 +213,12 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _on_terminal(msg: str) -> None:
+    """A progress line of the command: on stderr when it is a terminal, else nothing (progress.py)."""
+    if on_terminal():
+        _stderr(msg)
+
+
 def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, force: bool = False,
                  jobs: int = 0, started: float | None = None, work: ShardWork | None = None) -> dict:
     """Register the shards, run each that needs it, then plan → write → audit; the summary comes from the
@@ -226,9 +226,10 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
     process start), so the stage seconds, with start-up and other, add up to the seconds the user waited.
     `work`: the shards found and those that need work (`core.shardwork.find`), under way in the command's
     helper processes when `shardwork.start` gave them the shards; the shard runs then record what the
-    helpers wrote."""
+    helpers wrote. `log`: where a library caller wants plain progress lines; without one, the command's own
+    progress on a terminal (nothing off one; the caller shows the pack stages: progress.StageBars)."""
     progress_log = log
-    log = log or _stderr
+    log = log or _on_terminal
     t0 = time.perf_counter() if started is None else started
     root = settings.sources  # with a recipe: every dataset's folder, shard keys `<dataset>/<shard>`
     work = work or shardwork.find(settings, force)  # no helpers: the Dagster steps scan and count

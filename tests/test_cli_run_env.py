@@ -15,7 +15,8 @@ import pytest
 
 import pack_assets
 from pack_assets.cli import main
-from pack_assets.progress import MAX_LINES, ShardProgress
+from pack_assets.events import Progress
+from pack_assets.progress import MAX_LINES, ShardProgress, StageBars
 from pack_assets.runenv import DAGSTER_YAML, JOBS_FROM_SHARDS, default_jobs, ensure_dagster_yaml, resolve_dagster_home
 
 REPO = Path(pack_assets.__file__).resolve().parent.parent
@@ -56,6 +57,42 @@ def test_help_says_what_the_defaults_do(capsys):
     assert default_jobs(1, cores=4) == 1
 
 
+def test_run_help_has_a_description_required_flags_defaults_and_every_algorithm(capsys):
+    from pack_assets.core.binpack import ACCEPTED, ALGORITHMS, check_algorithm
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    text = " ".join(out.split())
+    assert out.startswith("usage: pack-assets run (--input DIR --max-len N | --recipe FILE) [options]\n\nScan ")
+    assert "required: --input and --max-len, or --recipe: --input DIR" in text
+    for shown in ("(default: work)", "(default: packed)", "(default: qwen3-vl)", "(default: 0)",
+                  "(default: 1000;", "(default: all)", "(default: copy)"):
+        assert shown in text, shown
+    # the planner's own list: every algorithm `assign` takes is named, and every name shown is taken
+    assert f"packing algorithm: {', '.join(ACCEPTED)} (default: bfd" in text
+    assert len(ACCEPTED) == len(ALGORITHMS) and all(check_algorithm(a.replace("_N", "_8")) is None for a in ACCEPTED)
+
+
+def test_one_default_for_packs_per_output_shard_in_demo_run_and_the_resource(tmp_path, monkeypatch):
+    from pack_assets import cli
+    from pack_assets.core.plan import PlanConfig
+    from pack_assets.defs.resources import PackSettings
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / cli.DEMO_INPUT).mkdir(parents=True)
+    (tmp_path / cli.DEMO_INPUT / "part-0.tar").touch()  # the demo data exists: none is generated
+    built = []
+    monkeypatch.setattr(cli, "_run", lambda args, **extra: built.append(cli._settings(args, **extra)) or 0)
+    for argv in (["demo"], ["run", "--input", "in", "--max-len", "4096"]):
+        assert cli.main(argv) == 0
+    default = PlanConfig().max_packs_per_shard
+    assert [s.plan.max_packs_per_shard for s in built] == [default, default]
+    assert PackSettings().max_packs_per_shard == default
+    assert cli.main(["run", "--input", "in", "--max-len", "4096", "--max-packs-per-shard", "7"]) == 0
+    assert built[-1].plan.max_packs_per_shard == 7
+
+
 def _parts_add_up(total: float, parts: dict) -> None:
     assert {"start-up", "manifest+token_lengths", "pack_plan", "packed_shards", "audit_report", "other"} == set(parts)
     assert abs(sum(parts.values()) - total) <= 0.01 * len(parts)  # each figure is rounded to 0.01 s
@@ -86,17 +123,54 @@ def test_clean_run_from_dagster_home_env_in_a_fresh_home_is_quiet(dataset, tmp_p
     assert (s["dagster_home"], s["dagster_home_from"]) == (str(home), "DAGSTER_HOME")
     assert not (tmp_path / "dagster_home").exists()
     assert (home / "dagster.yaml").read_text() == DAGSTER_YAML.read_text() and (home / "history").is_dir()
-    lines = proc.stderr.splitlines()
-    noise = r"warn|telemetry:|usage statistics|no dagster instance configuration|traceback|error"
-    assert not [ln for ln in lines if re.search(noise, ln, re.I)], proc.stderr
-    # nothing but what the user needs: the new home, per-shard progress, the hand-over to planning
-    expected = (rf"new Dagster home {re.escape(str(home))}: wrote dagster.yaml .*",
-                r"\[\d/2\] scanned and counted part-00\d", r"2 shard run\(s\), 0 shard\(s\) unchanged; .*")
-    assert all(any(re.fullmatch(p, ln) for p in expected) for ln in lines), proc.stderr
-    assert len(lines) == 4
+    # stderr is not a terminal: no progress, nothing but what the user needs, the new home
+    assert proc.stderr.splitlines() == [f"new Dagster home {home}: wrote dagster.yaml (telemetry off, concurrency "
+                                        "pools)"], proc.stderr
     assert s["jobs"] == min(os.cpu_count(), 2)  # shard workers: one per core, at most one per shard
     _parts_add_up(s["seconds"], s["stage_seconds"])
     assert s["stage_seconds"]["start-up"] > 0  # imports and the instance, counted from process start
+
+
+def _on_a_terminal(cmd: list[str], cwd: Path, env: dict) -> tuple[int, str]:
+    """Run `cmd` with stderr on a pseudo-terminal of 100 columns (stdout a pipe); its exit code and stderr."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the terminal's other end closed with the process
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(master)
+    return proc.wait(timeout=300), err.decode(errors="replace")
+
+
+def test_progress_of_the_whole_run_on_a_terminal(dataset, tmp_path):
+    """On a terminal: a start-up line, the shards' bar, then a bar per pack stage with its count."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    code, err = _on_a_terminal([sys.executable, "-m", "pack_assets.cli", "run", "--input", str(dataset), "--max-len",
+                                "1500", "--work", "work", "--output", "out", "--dagster-home", "home"], tmp_path, env)
+    assert code == 0, err[-3000:]
+    shown = [s.strip() for s in re.split(r"[\r\n]+", err) if s.strip()]
+    assert shown[1].startswith("start-up: 2 shard(s), 2 to scan and count"), shown
+    last = {stage: [s for s in shown if s.startswith(f"{stage}:")][-1] for stage in ("shards", "plan", "write", "audit")}
+    assert "2/2" in last["shards"] and "samples/s" in last["shards"]
+    assert re.match(r"plan: 1/1 step \|█+\| \S+, \d+ packs$", last["plan"]), last
+    assert re.match(r"write: (\d+)/\1 output shards \|█+\| \S+, [1-9]\d* packs written$", last["write"]), last
+    assert re.match(r"audit: (\d+)/\1 output shards \|█+\| \S+, [1-9]\d* members re-hashed$", last["audit"]), last
+    order = [next(i for i, s in enumerate(shown) if s.startswith(f"{k}:")) for k in ("start-up", "shards", "plan",
+                                                                                        "write", "audit")]
+    assert order == sorted(order)
 
 
 def test_the_command_process_itself_never_imports_pandas(dataset, tmp_path):
@@ -120,21 +194,29 @@ class _Stream(io.StringIO):
         return self.tty
 
 
-def test_progress_on_many_shards_is_a_bounded_number_of_plain_lines():
-    stream = _Stream(tty=False)
-    with ShardProgress(10_000, stream=stream) as p:
+def test_progress_lines_for_a_caller_s_log_are_bounded_and_nothing_off_a_terminal():
+    lines: list[str] = []
+    with ShardProgress(10_000, log=lines.append, stream=_Stream(tty=True)) as p:
         assert p.bar is None
         for i in range(10_000):
             p.update(f"part-{i:05d}", 100)
-    lines = stream.getvalue().splitlines()
     assert len(lines) == MAX_LINES
     assert lines[-1].startswith("[10000/10000] shards scanned and counted (100%), 1000000 samples")
     assert all("samples/s" in ln and "ETA" in ln for ln in lines)
-    few = _Stream(tty=False)
-    with ShardProgress(3, stream=few) as p:
+    few: list[str] = []
+    with ShardProgress(3, log=few.append) as p:
         for i in range(3):
             p.update(f"part-{i}", 5)
-    assert few.getvalue().splitlines() == [f"[{i + 1}/3] scanned and counted part-{i}" for i in range(3)]
+    assert few == [f"[{i + 1}/3] scanned and counted part-{i}" for i in range(3)]
+    quiet = _Stream(tty=False)  # the command's own progress, stderr not a terminal: nothing
+    with ShardProgress(3, stream=quiet) as p:
+        for i in range(3):
+            p.update(f"part-{i}", 5)
+    bars = StageBars(quiet)
+    bars(Progress("write", 1, 2, "output shards", 7, "packs written"))
+    bars.line("start-up")
+    bars.close()
+    assert quiet.getvalue() == ""
 
 
 def test_progress_bar_only_on_a_terminal():

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import dagster as dg
 import pytest
+from conftest import needs, small_dataset, write_tar
 
 from pack_assets.core import store
 from pack_assets.definitions import defs
@@ -18,6 +20,8 @@ from pack_assets.defs.assets import SHARD_WORKERS_TAG, audit_report, manifest, p
 from pack_assets.defs.partitions import source_shards
 from pack_assets.defs.resources import PackSettings
 from pack_assets.defs.sensors import new_shard_sensor
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_definitions_load_with_the_contract_asset_keys():
@@ -71,32 +75,66 @@ def test_sensor_adds_new_shards_in_sorted_batches_with_run_keys(dataset, tmp_pat
     (req,) = result.dynamic_partitions_requests
     assert list(req.partition_keys) == ["part-000", "part-001"]
     instance.add_dynamic_partitions(source_shards.name, list(req.partition_keys))
-    again = new_shard_sensor(dg.build_sensor_context(instance=instance, resources={"settings": _settings(dataset, tmp_path)}))
+    again = new_shard_sensor(dg.build_sensor_context(instance=instance, cursor=result.cursor,
+                                                     resources={"settings": _settings(dataset, tmp_path)}))
     assert isinstance(again, dg.SkipReason)
 
 
-def test_dagster_asset_materialize_cli_for_one_partition(dataset, tmp_path):
-    home = tmp_path / "dagster_home"
+def test_shards_registered_when_the_code_location_loaded_are_run_by_the_sensor(dataset, tmp_path):
+    """The code location registers the input's shards as it loads (defs/partitions.py); the sensor then
+    requests their runs, with the run keys it gives new shards, though they are no longer new to it."""
+    from pack_assets.defs.partitions import register_input_shards
+
+    instance = dg.DagsterInstance.ephemeral()
+    settings = _settings(dataset, tmp_path)
+    assert register_input_shards(instance, settings.to_settings()) == ["part-000", "part-001"]
+    assert register_input_shards(instance, settings.to_settings()) == []
+    result = new_shard_sensor(dg.build_sensor_context(instance=instance, resources={"settings": settings}))
+    assert not result.dynamic_partitions_requests
+    stats = store.stat_shards(dataset)
+    assert [(r.partition_key, r.run_key) for r in result.run_requests] == [
+        (k, f"{k}:{stats[k][0]}:{stats[k][1]}") for k in ("part-000", "part-001")]
+    dg.materialize([manifest, token_lengths], partition_key="part-000", instance=instance,
+                   resources={"settings": settings})
+    # without the cursor (a new sensor): only the shard still never scanned
+    later = new_shard_sensor(dg.build_sensor_context(instance=instance, resources={"settings": settings}))
+    assert [r.partition_key for r in later.run_requests] == ["part-001"]
+
+
+def _tool(name: str) -> str | None:
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else shutil.which(name)
+
+
+@needs(_tool("dg") is None, "dg is not installed (pip install 'dagster-dg-cli>=1.13,<1.14')")
+def test_dagster_asset_materialize_and_dg_launch_on_a_fresh_home_for_any_shard_in_the_input(tmp_path):
+    """As the README says, on a DAGSTER_HOME nobody has used, with only PACK_ASSETS_* set: the real
+    `dagster asset materialize` and `dg launch` materialize a shard of the input and one added since,
+    and the pack assets follow with a PASS. Nothing registers the partitions beforehand: the
+    code location does it as it loads (defs/partitions.py)."""
+    inp = small_dataset(tmp_path / "in", n_shards=1, per_shard=3)
+    home = tmp_path / "fresh_home"
     home.mkdir()
-    env = {**os.environ, "DAGSTER_HOME": str(home), "PACK_ASSETS_INPUT": str(dataset),
-           "PACK_ASSETS_WORK": str(tmp_path / "work"), "PACK_ASSETS_OUTPUT": str(tmp_path / "out")}
-    os.environ["DAGSTER_HOME"] = str(home)
-    try:
-        dg.DagsterInstance.get().add_dynamic_partitions(source_shards.name, ["part-001"])
-    finally:
-        os.environ.pop("DAGSTER_HOME")
-    dagster = Path(sys.executable).parent / "dagster"
-    proc = subprocess.run([str(dagster), "asset", "materialize", "-m", "pack_assets.definitions",
-                           "--select", "manifest,token_lengths", "--partition", "part-001"],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "work" / "manifest" / "part-001" / "samples.parquet").exists()
-    assert (tmp_path / "work" / "token_lengths" / "qwen3-vl" / "part-001" / "token_lengths.parquet").exists()
+    env = {**os.environ, "DAGSTER_HOME": str(home), "PACK_ASSETS_INPUT": str(inp), "NO_COLOR": "1",
+           "PACK_ASSETS_WORK": str(tmp_path / "work"), "PACK_ASSETS_OUTPUT": str(tmp_path / "out"),
+           "PACK_ASSETS_MAX_LEN": "1500"}
+    materialize = [_tool("dagster"), "asset", "materialize", "-m", "pack_assets.definitions", "--select"]
+
+    def ok(cmd: list[str], cwd: Path) -> None:
+        proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, (cmd, proc.stdout[-2000:], proc.stderr[-3000:])
+
+    ok([*materialize, "manifest,token_lengths", "--partition", "part-000"], tmp_path)
+    assert (tmp_path / "work" / "token_lengths" / "qwen3-vl" / "part-000" / "token_lengths.parquet").exists()
+    write_tar(inp / "part-002.tar", [("k.json", '{"messages": [{"role": "user", "content": "hi"}]}')])
+    # a shard added since; dg finds the project by pyproject.toml's [tool.dg]
+    ok([_tool("dg"), "launch", "--assets", "manifest,token_lengths", "--partition", "part-002"], ROOT)
+    ok([*materialize, "pack_plan,packed_shards,audit_report"], tmp_path)
+    report = (tmp_path / "work" / "audit_report.md").read_text()
+    assert "**Verdict: PASS**" in report and "| part-000 | 4 |" in report and "| part-002 | 1 |" in report
 
 
 def test_four_shard_runs_side_by_side_no_lock_error_no_lost_rows(tmp_path, monkeypatch):
-    from conftest import small_dataset
-
     from pack_assets.orchestrate import instance_for, run_pipeline
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
@@ -115,8 +153,6 @@ def test_four_shard_runs_side_by_side_no_lock_error_no_lost_rows(tmp_path, monke
 
 
 def test_one_process_scans_every_shard_in_one_run_over_a_partition_range(tmp_path, monkeypatch):
-    from conftest import small_dataset
-
     from pack_assets.orchestrate import instance_for, run_pipeline
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
@@ -197,8 +233,6 @@ def test_replan_sensor_fires_after_new_counts_and_plan_skips_a_failed_shard(data
     for key in ("part-000", "part-001"):
         dg.materialize([manifest, token_lengths], partition_key=key, instance=instance, resources={"settings": settings})
     # a shard whose counting never finished: scanned, not counted (its tar is there: a removed one is not waiting)
-    from conftest import write_tar
-
     write_tar(dataset / "part-broken.tar", [("k.json", '{"messages": [{"role": "user", "content": "hi"}]}')])
     dg.materialize([manifest, token_lengths], selection=[manifest], partition_key="part-broken", instance=instance,
                    resources={"settings": settings})
@@ -219,8 +253,6 @@ def test_shard_workers_scan_before_dagster_and_the_runs_record_every_shard(tmp_p
     """`pack-assets run`'s path: helper processes scan and count (core/shardwork.py), then one Dagster run
     over the partition range records each shard from their files, saying whose they are, and goes on with
     the pack assets; the outcome equals the shards scanned inside the Dagster steps."""
-    from conftest import small_dataset
-
     from pack_assets.core import shardwork
     from pack_assets.core.procs import Helpers
     from pack_assets.orchestrate import instance_for, run_pipeline
@@ -261,8 +293,6 @@ def test_shard_workers_scan_before_dagster_and_the_runs_record_every_shard(tmp_p
 def test_a_shard_step_that_fails_in_the_run_with_the_pack_assets_stops_before_the_plan(tmp_path, monkeypatch):
     """The pack assets follow the helpers' shards in one run: a shard step failing there (here: recording
     the counts) is the command's error, named by its step, and nothing is planned from the shards."""
-    from conftest import small_dataset
-
     from pack_assets.core import shardwork, tokens
     from pack_assets.core.procs import Helpers
     from pack_assets.orchestrate import PipelineError, instance_for, run_pipeline
@@ -289,8 +319,6 @@ def test_a_shard_the_helper_failed_on_is_scanned_by_its_dagster_step(tmp_path, m
     """A helper's error never loses the shard: it is told, and the Dagster step does the work (and would
     raise the error itself where the UI shows it); its log does not claim a helper's scan."""
     from concurrent.futures import Future
-
-    from conftest import small_dataset
 
     from pack_assets.core.shardwork import ShardWork
     from pack_assets.orchestrate import instance_for, run_pipeline
@@ -319,8 +347,6 @@ def test_a_shard_the_helper_failed_on_is_scanned_by_its_dagster_step(tmp_path, m
 def test_a_shard_scanned_but_never_recorded_in_dagster_is_recorded_by_the_next_run(tmp_path, monkeypatch):
     """A command stopped between a helper's scan and its Dagster run leaves current files and no
     materialization; the next run (nothing left to scan) records the shard instead of skipping it."""
-    from conftest import small_dataset
-
     from pack_assets.core.shardwork import work_shard
     from pack_assets.orchestrate import instance_for, run_pipeline
 

@@ -105,8 +105,9 @@ def snapshot() -> dict:
 
 def _fresh_snapshot(tmp_path: Path) -> dict:
     """Built in a fresh interpreter with the sensor interval unset: the interval is read at import time,
-    and another test may have imported the definitions under a different environment."""
-    env = {k: v for k, v in os.environ.items() if k != INTERVAL_ENV}
+    and another test may have imported the definitions under a different environment. Without
+    DAGSTER_HOME: loading the definitions registers the input's shards in that instance (defs/partitions.py)."""
+    env = {k: v for k, v in os.environ.items() if k not in (INTERVAL_ENV, "DAGSTER_HOME")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     out = tmp_path / "snapshot.json"
     proc = subprocess.run([sys.executable, __file__, str(out)], cwd=ROOT, env=env, capture_output=True,

@@ -131,7 +131,7 @@ def test_the_nothing_lost_check_fails_and_run_exits_non_zero_while_a_shard_waits
             "--output", str(tmp_path / "out"), "--dagster-home", str(tmp_path / "dh"), "--jobs", "1"]
     assert main(args) == 3
     text = capsys.readouterr().out
-    assert "audit     INCOMPLETE: 1 shard(s) waiting, not counted yet: part-001" in text
+    assert "audit     INCOMPLETE: 1 shard(s) in the input not counted: part-001" in text
     assert main([*args, "--json"]) == 3
     summary = json.loads(capsys.readouterr().out)
     assert summary["verdict"] == "INCOMPLETE" and summary["shards_waiting"] == ["part-001"]

@@ -27,6 +27,7 @@ from pathlib import Path
 import duckdb
 
 from . import drift, index_out, procs, store
+from .coverage import not_counted
 from .plan import PlanConfig, PlanInfo, check_plan
 from .profiles import ModelProfile, ProfileError
 from .reasons import ReasonError
@@ -360,28 +361,8 @@ def _per_dataset(con: duckdb.DuckDBPyConnection, repeats: dict[str, float]) -> d
             for r in rows}
 
 
-def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, work: Path | None = None, workers: int = 0,
-          min_bytes: int = PARALLEL_MIN_BYTES, trusted: frozenset[str] = frozenset(),
-          repeats: dict[str, float] | None = None) -> AuditResult:
-    """Read every output shard back, one at a time per process (memory follows the output shard, not the
-    dataset), and check it against the plan and the manifest; the plan's own invariants are checked in SQL.
-    Output shards are read by ``workers`` threads (0: one per core), or processes given the work directory
-    once there are ``min_bytes`` of them. ``trusted`` shards (unchanged since a clean audit) are not read: their
-    planned packs count as seen. ``repeats``: a blend's plan (dataset -> repeat), counted per dataset."""
-    res = AuditResult(violations=check_plan(con, config, repeats))
-    shards = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
-    seen: Counter = Counter()
-    if trusted:
-        seen.update(p for p, shard in con.execute("SELECT pack_id, output_shard FROM pack_plan").fetchall()
-                    if shard in trusted)
-    to_read = [n for n in shards if n not in trusted]
-    counts: Counter = Counter()
-    with (store.staged(work, AUDIT_ROWS, to_read, con) if work is not None and len(to_read) > 1
-          else contextlib.nullcontext()) as rows:
-        for violations, shard_seen, c in _shard_results(con, out_dir, to_read, config, work, workers, min_bytes, rows):
-            res.violations.extend(violations)
-            seen.update(shard_seen)
-            counts.update(c)
+def _check_seen(con: duckdb.DuckDBPyConnection, res: AuditResult, seen: Counter) -> None:
+    """The packs read back (`seen`) against the plan: each once, none missing, no planned sample lost."""
     for p, n in sorted(seen.items()):
         if n > 1:
             res.add("duplicate_pack", f"pack {p} appears {n} times", pack_id=p)
@@ -394,9 +375,10 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
     lost = con.execute("SELECT count(*) FROM pack_members WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen)").fetchone()[0]
     if lost:
         res.add("lost_sample", f"{lost} planned sample(s) are in packs missing from the output")
-    per_dataset = _per_dataset(con, repeats) if repeats is not None else {}
-    # a blend holds copies, so its samples add up per dataset (read = ok + rejected, copies = packed + dropped)
-    per_shard = _per_shard(con) if repeats is None else {}
+
+
+def _check_counts(res: AuditResult, per_shard: dict[str, dict], per_dataset: dict[str, dict]) -> None:
+    """Every source sample in exactly one outcome, per shard (a blend: per dataset, copies included)."""
     for shard, c in per_shard.items():
         if c["read"] != c["packed"] + c["dropped"] + c["rejected"]:
             res.add("count_mismatch", f"{shard}: read {c['read']} != packed {c['packed']} + dropped {c['dropped']} "
@@ -406,6 +388,40 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
             res.add("count_mismatch", f"dataset {name}: read {c['read']} = ok {c['ok']} + rejected {c['rejected']}; "
                     f"copies drawn {c['expected']} (repeat {c['repeat']}) = packed {c['packed']} + dropped "
                     f"{c['dropped']}")
+
+
+def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, work: Path | None = None, workers: int = 0,
+          min_bytes: int = PARALLEL_MIN_BYTES, trusted: frozenset[str] = frozenset(),
+          repeats: dict[str, float] | None = None, progress: Callable[[int, int, int], None] | None = None
+          ) -> AuditResult:
+    """Read every output shard back, one at a time per process (memory follows the output shard, not the
+    dataset), and check it against the plan and the manifest; the plan's own invariants are checked in SQL.
+    Output shards are read by ``workers`` threads (0: one per core), or processes given the work directory
+    once there are ``min_bytes`` of them. ``trusted`` shards (unchanged since a clean audit) are not read: their
+    planned packs count as seen. ``repeats``: a blend's plan (dataset -> repeat), counted per dataset.
+    ``progress(shards read, shards to read, members re-hashed)`` after each output shard."""
+    res = AuditResult(violations=check_plan(con, config, repeats))
+    shards = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
+    seen: Counter = Counter()
+    if trusted:
+        seen.update(p for p, shard in con.execute("SELECT pack_id, output_shard FROM pack_plan").fetchall()
+                    if shard in trusted)
+    to_read = [n for n in shards if n not in trusted]
+    counts: Counter = Counter()
+    with (store.staged(work, AUDIT_ROWS, to_read, con) if work is not None and len(to_read) > 1
+          else contextlib.nullcontext()) as rows:
+        for done, (violations, shard_seen, c) in enumerate(
+                _shard_results(con, out_dir, to_read, config, work, workers, min_bytes, rows), 1):
+            res.violations.extend(violations)
+            seen.update(shard_seen)
+            counts.update(c)
+            if progress:
+                progress(done, len(to_read), counts["media"] + counts["extra"])
+    _check_seen(con, res, seen)
+    per_dataset = _per_dataset(con, repeats) if repeats is not None else {}
+    # a blend holds copies, so its samples add up per dataset (read = ok + rejected, copies = packed + dropped)
+    per_shard = _per_shard(con) if repeats is None else {}
+    _check_counts(res, per_shard, per_dataset)
     total = {k: sum(c[k] for c in (per_dataset or per_shard).values()) for k in ("read", "packed", "dropped", "rejected")}
     res.stats = {
         "samples_read": total["read"],
@@ -520,12 +536,13 @@ def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = froz
 
 
 def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers: int = 0,
-              parallel_min_bytes: int = PARALLEL_MIN_BYTES, scope: str = "all", check_samples: int = 0) -> AuditResult:
+              parallel_min_bytes: int = PARALLEL_MIN_BYTES, scope: str = "all", check_samples: int = 0,
+              progress: Callable[[int, int, int], None] | None = None) -> AuditResult:
     """Read the outputs back and check every invariant; recount a deterministic sample of token lengths;
     write audit_report.md. scope "changed" reads only the output shards that are new or changed since the
     last clean audit (same size, mtime and content fingerprint as then: trusted, like rsync's quick check);
     "all" reads every one. ``check_samples``: also recount that many samples per shard with the model's real
-    processor (core/drift.py), each difference a violation."""
+    processor (core/drift.py), each difference a violation. ``progress``: as `audit`'s."""
     if scope not in AUDIT_SCOPES:
         raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
     versions = _versions_aside()
@@ -555,13 +572,13 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
         recounting = recount(con, info, recount_fraction, trusted if recounted >= recount_fraction else frozenset())
         checking = drift.audit_check(con, info.model_profile(), check_samples) if check_samples else None
         result = audit(con, out_dir, info.config, work=work, workers=workers, min_bytes=parallel_min_bytes,
-                       trusted=trusted, repeats=blend["repeats"] if blend else None)
+                       trusted=trusted, repeats=blend["repeats"] if blend else None, progress=progress)
         if blend:
             result.stats["blend"] = blend
         recounting(result)
         if checking is not None:
             checking(result)
-        result.waiting = list(info.stats.get("shards_waiting") or [])
+        result.waiting = not_counted(con, info.stats, info.shards)  # the input's, not only the registered ones
         result.stats.update(verdict=result.verdict, shards_waiting=result.waiting)
         report = write_report(con, work, result, info, figures)
     result.report = Path(report["path"])

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from . import store
+from .coverage import input_stats, left_since
 from .plan import (DRIFT_WINDOW, Pack, PlanConfig, PlanInfo, PlanResult, PlanSummary, _assign_shards, _pack_group,
                    _plan_stats, fingerprint, ok_lengths, pack_checks, plan_jsonl, plannable)
 from .profiles import ModelProfile
@@ -313,18 +314,19 @@ class BlendPlanSummary:
 
 
 def plan_epoch(work: Path, shards: list[str], config: PlanConfig, profile: ModelProfile, recipe: Recipe, epoch: int,
-               waiting: list[str] = (), removed: list[str] = ()) -> PlanSummary:
+               waiting: list[str] = (), removed: list[str] = (), recursive: bool = True) -> PlanSummary:
     """Plan one epoch into ``<work>/epoch-<k>/`` (its catalog, pack_plan.jsonl), from the counted shards alone."""
     edir = epoch_work(work, epoch)
     edir.mkdir(parents=True, exist_ok=True)
     cfg = dataclasses.replace(config, incremental=False)  # the seed is the recipe's, through Settings
     with store.connect(edir) as con:
+        removed = left_since(con, list(removed), recipe.roots)
         store.build_catalog(con, work, shards, profile.name)
         rows = ok_lengths(con)
         plan = make_blend_plan(rows, recipe.repeats, cfg, epoch, profile.name)
         why = f"blend epoch {epoch} of {recipe.epochs}: {len(recipe.datasets)} dataset(s), full plan"
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=list(waiting),
-                          shards_removed=list(removed))
+                          shards_removed=removed, **input_stats(recipe.roots, recursive))
         store.atomic_write_text(edir / "pack_plan.jsonl", blend_jsonl(plan))
         info = PlanInfo.of(plan.fingerprint, profile, shards, cfg, plan.stats)
         store.save_plan(con, [vars(p) for p in plan.packs], plan.dropped, info.as_dict(), blend=True)
@@ -340,12 +342,14 @@ def blend_jsonl(plan: PlanResult) -> str:
 
 
 def run_blend_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelProfile, recipe: Recipe,
-                   epochs: list[int] | None = None, allow_missing: bool = False) -> BlendPlanSummary:
+                   epochs: list[int] | None = None, allow_missing: bool = False,
+                   recursive: bool = True) -> BlendPlanSummary:
     """Plan the given epochs (default: all) of the recipe over its counted shards (keys ``<dataset>/<shard>``)."""
     shards, missing, removed = plannable(work, shards, profile, recipe.roots, allow_missing)
     work.mkdir(parents=True, exist_ok=True)
     todo = list(range(recipe.epochs)) if epochs is None else epochs
-    return BlendPlanSummary([plan_epoch(work, shards, config, profile, recipe, k, missing, removed) for k in todo], work)
+    return BlendPlanSummary([plan_epoch(work, shards, config, profile, recipe, k, missing, removed, recursive)
+                             for k in todo], work)
 
 
 # -- write and audit every epoch -----------------------------------------------------------------------------
@@ -413,12 +417,15 @@ def run_blend_write(work: Path, recipe: Recipe, out_dir: Path, workers: int = 0,
     return BlendWriteSummary(written, out_dir, retire_epochs(out_dir, recipe.epochs))
 
 
-def run_blend_audit(work: Path, recipe: Recipe, out_dir: Path, scope: str = "all", check_samples: int = 0) -> AuditResult:
+def run_blend_audit(work: Path, recipe: Recipe, out_dir: Path, scope: str = "all", check_samples: int = 0,
+                    progress=None) -> AuditResult:
     """Every epoch audited (its report in ``<work>/epoch-<k>/audit_report.md``); one result over all of them:
-    violations tagged with their epoch, totals summed, per dataset per epoch, and a blend report beside them."""
+    violations tagged with their epoch, totals summed, per dataset per epoch, and a blend report beside them.
+    ``progress``: as `audit.audit`'s, epoch by epoch."""
     from .audit import run_audit
 
-    results = [run_audit(epoch_work(work, k), out_dir / epoch_name(k), scope=scope, check_samples=check_samples)
+    results = [run_audit(epoch_work(work, k), out_dir / epoch_name(k), scope=scope, check_samples=check_samples,
+                          progress=progress)
                for k in range(recipe.epochs)]
     total = AuditResult()
     for k, r in enumerate(results):

@@ -105,28 +105,61 @@ def _still_ours(out: Path, name: str, sha: str | None) -> bool:
     return sha is None or safety.file_sha256(p) == sha
 
 
+def _foreign(out: Path, names, recorded: dict[str, str | None], trust_recorded_shards: bool = False) -> list[str]:
+    """The names among `names` taken by a file that is not ours (a folder or a link at a name counts as not
+    ours). `trust_recorded_shards`: a recorded shard counts as ours without reading its first pack."""
+    foreign = []
+    for name in sorted(names):
+        p = out / name
+        if not p.is_file():
+            if p.exists() or p.is_symlink():
+                foreign.append(name)
+            continue
+        if name in recorded and trust_recorded_shards and name.endswith(".tar"):
+            continue
+        ours = _still_ours(out, name, recorded[name]) if name in recorded else _proves_ours(out, name)
+        if not ours:
+            foreign.append(name)
+    return foreign
+
+
+def _refuse(out: Path, foreign: list[str]) -> None:
+    if not foreign:
+        return
+    what = ", ".join(foreign[:10]) + (f" and {len(foreign) - 10} more" if len(foreign) > 10 else "")
+    hint = (" (`.nv-meta/` here was not written by pack_assets, e.g. your own `energon prepare` output)"
+            if any(n.startswith(NV_META) for n in foreign) else "")
+    raise ForeignFiles(f"refusing to overwrite files in {out} that pack_assets did not write (or that were "
+                       f"changed since): {what}{hint}. Move them away or choose another --output")
+
+
+# the output shard names any plan gives (core/plan.py: packed-NNNNNN.tar) and their indexes
+OUTPUT_SHARD = re.compile(r"packed-\d{6}\.tar(?:\.idx)?")
+
+
+def writer_names(out: Path, extra: tuple[str, ...] = ()) -> set[str]:
+    """The names present in `out` that some plan's writer writes: output shards and their indexes, the
+    Energon and wids metadata, and `extra` (e.g. index mode's pack_index.json)."""
+    if not out.is_dir():
+        return set()
+    fixed = {WIDS, *extra, *(f"{NV_META}/{m}" for m in META_FILES)}
+    return ({p.name for p in out.iterdir() if OUTPUT_SHARD.fullmatch(p.name)}
+            | {n for n in fixed if (out / n).exists() or (out / n).is_symlink()})
+
+
+def refuse_foreign(out: Path, extra: tuple[str, ...] = ()) -> None:
+    """Before a run scans anything: refuse when a file at a name the writer may write is not ours (the
+    writer's `claim` checks the planned names again, reading recorded shards, which this trusts)."""
+    _refuse(out, _foreign(out, writer_names(out, extra), load(out) or {}, trust_recorded_shards=True))
+
+
 def claim(out: Path, planned: set[str]) -> dict[str, str | None]:
     """Before writing: refuse when a planned name is taken by a file that is not ours; then record the
     planned names (so a crash never leaves an unrecorded file of ours). Returns the previous record."""
     out.mkdir(parents=True, exist_ok=True)
     before = load(out)
     recorded = dict(before or {})
-    foreign = []
-    for name in sorted(planned):
-        p = out / name
-        if not p.is_file():
-            if p.exists() or p.is_symlink():
-                foreign.append(name)
-            continue
-        ours = _still_ours(out, name, recorded[name]) if name in recorded else _proves_ours(out, name)
-        if not ours:
-            foreign.append(name)
-    if foreign:
-        what = ", ".join(foreign[:10]) + (f" and {len(foreign) - 10} more" if len(foreign) > 10 else "")
-        hint = (" (`.nv-meta/` here was not written by pack_assets, e.g. your own `energon prepare` output)"
-                if any(n.startswith(NV_META) for n in foreign) else "")
-        raise ForeignFiles(f"refusing to overwrite files in {out} that pack_assets did not write (or that were "
-                           f"changed since): {what}{hint}. Move them away or choose another --output")
+    _refuse(out, _foreign(out, planned, recorded))
     if before is None and (out / LEGACY_INFO).is_file() and _proves_ours(out, LEGACY_INFO):
         recorded[LEGACY_INFO] = None  # an early version's file: removed with the other stale ones
     # planned names are recorded without a hash until finish(): a crash in between leaves files that are ours

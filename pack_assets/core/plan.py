@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from . import labels, store
 from .binpack import ALGORITHMS, Caps, assign, check_algorithm, lower_bounds
+from .coverage import input_stats, left_since, tar_exists
 from .profiles import ModelProfile, resolve_profile
 from .results import FilePath, Markdown
 
@@ -536,13 +537,6 @@ def pack_checks(con, config: PlanConfig, samples: str = "samples") -> list[tuple
     return found
 
 
-def _tar_exists(input_root, shard: str) -> bool:
-    try:
-        return store.source_tar(input_root, shard).is_file()
-    except KeyError:  # a partition of no dataset of the recipe (switched on, or a dataset dropped): gone
-        return False
-
-
 def plannable(work: Path, shards: list[str], profile: ModelProfile, input_root: Path | None,
               allow_missing: bool) -> tuple[list[str], list[str], list[str]]:
     """(shards to plan, shards waiting for current counts, shards whose tar is gone)."""
@@ -551,7 +545,7 @@ def plannable(work: Path, shards: list[str], profile: ModelProfile, input_root: 
 
     removed: list[str] = []
     if input_root is not None:
-        removed = [s for s in shards if not _tar_exists(input_root, s)]
+        removed = [s for s in shards if not tar_exists(input_root, s)]
         gone = set(removed)
         shards = [s for s in shards if s not in gone]
     missing = [s for s in shards if not token_lengths_are_current(work, s, profile)
@@ -640,16 +634,18 @@ def ok_lengths(con) -> dict[str, np.ndarray]:
 
 
 def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelProfile, allow_missing: bool = False,
-             input_root: Path | None = None, on_lengths: Callable[[dict[str, np.ndarray]], None] | None = None
-             ) -> PlanSummary:
+             input_root: Path | None = None, on_lengths: Callable[[dict[str, np.ndarray]], None] | None = None,
+             recursive: bool = True) -> PlanSummary:
     """Plan every given shard; with ``allow_missing``, plan the shards that have counts and report the
     others as waiting (a failed or unfinished shard does not stall the plan of the rest). Given the input
-    root, a shard whose tar is gone is removed from the plan (``shards_removed``), and one whose tar changed
-    since its scan waits for its rescan (its old counts are stale). ``on_lengths`` gets the planned samples'
+    root (recorded for the audit: core/coverage.py), a shard whose tar is gone is removed from the plan
+    (``shards_removed``, with the previous plan's shards that left), and one whose tar changed since its scan
+    waits for its rescan (its old counts are stale). ``on_lengths`` gets the planned samples'
     `ok_lengths` as soon as they are read (the what-if sweep starts aside from them)."""
     shards, missing, removed = plannable(work, shards, profile, input_root, allow_missing)
     work.mkdir(parents=True, exist_ok=True)
     with store.connect(work) as con:
+        removed = left_since(con, removed, input_root)
         store.build_catalog(con, work, shards, profile.name)
         rows = ok_lengths(con)
         if on_lengths is not None:
@@ -657,7 +653,8 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         previous, why = _previous_plan(con, config, profile) if config.incremental else (None, "full plan")
         plan = make_plan(**rows, config=config, profile=profile.name) if previous is None \
             else _incremental(rows, previous, config, profile.name)
-        plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed)
+        plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed,
+                          **input_stats(input_root, recursive))
         store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl(plan))
         info = PlanInfo.of(plan.fingerprint, profile, shards, config, plan.stats)
         store.save_plan(con, [vars(p) for p in plan.packs], plan.dropped, info.as_dict())  # vars: asdict deep-copies every list (12 s at 1M)

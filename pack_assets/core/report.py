@@ -157,9 +157,11 @@ def _verdict(result: AuditResult, info: PlanInfo) -> list[str]:
         f"plan `{info.fingerprint}`, profile `{info.profile}`, max_len {info.config.max_len}, "
         f"algorithm `{info.config.algorithm}`.",
         "",
-        *([f"**INCOMPLETE: {len(waiting)} registered shard(s) are waiting** (not counted yet, so not in this "
-           f"plan and not audited): {', '.join(waiting[:50])}{' ...' if len(waiting) > 50 else ''}. "
-           "Run them (or remove them), then plan and audit again.", ""] if waiting else []),
+        *([f"**INCOMPLETE: {len(waiting)} shard(s) in the input were not counted** (never registered, still "
+           "waiting for their counts, or changed since their scan), so they are in no pack and were not audited: "
+           f"{', '.join(waiting[:50])}{' ...' if len(waiting) > 50 else ''}. "
+           "Run them (`pack-assets run`, the sensor, or their partitions), then plan and audit again.", ""]
+          if waiting else []),
     ]
 
 

@@ -5,6 +5,7 @@ the audit stage fills and the report renders."""
 from __future__ import annotations
 
 import base64
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,11 +27,27 @@ def png_data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
 
 
+_IMAGE_LINK = re.compile(r"!\[(?P<alt>[^\]]*)\]\((?P<link>[^)\s]+\.png)\)")
+
+
+def inline_images(markdown: str, base: Path) -> Markdown:
+    """A markdown file's relative PNG links (audit_report.md's ``plots/*.png``) as data URIs: the UI resolves
+    no path relative to a file it never sees, and showed each as a broken image. A missing file becomes its
+    alt text, not a broken image."""
+    def inline(m: re.Match) -> str:
+        if ":" in m["link"]:  # data:, http(s): already resolvable
+            return m[0]
+        path = base / m["link"]
+        return f"![{m['alt']}]({png_data_uri(path)})" if path.is_file() else f"*({m['alt']}: {m['link']} missing)*"
+
+    return Markdown(_IMAGE_LINK.sub(inline, markdown))
+
+
 @dataclass
 class AuditResult:
     violations: list[dict] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
-    waiting: list[str] = field(default_factory=list)  # registered shards the plan could not count yet
+    waiting: list[str] = field(default_factory=list)  # shards in the input the plan did not count (core/coverage.py)
     report: Path | None = None  # audit_report.md, once written
     plots: dict[str, str] = field(default_factory=dict)
 
@@ -41,7 +58,7 @@ class AuditResult:
 
     @property
     def verdict(self) -> str:
-        """PASS, FAIL (a violation) or INCOMPLETE (no violation, but shards wait outside the plan)."""
+        """PASS, FAIL (a violation) or INCOMPLETE (no violation, but shards of the input are not counted)."""
         return "FAIL" if self.violations else "INCOMPLETE" if self.waiting else "PASS"
 
     def add(self, check: str, detail: str, **where) -> None:
@@ -53,5 +70,6 @@ class AuditResult:
         return {**{k: st[k] for k in ("samples_read", "packed", "dropped", "rejected", "media_members_checked",
                                       "output_shards_trusted")},
                 "violations": len(self.violations), "verdict": self.verdict, "shards_waiting": self.waiting,
-                "report": FilePath(self.report), "report_markdown": Markdown(self.report.read_text()),
+                "report": FilePath(self.report),
+                "report_markdown": inline_images(self.report.read_text(), self.report.parent),
                 "plots": Markdown(plots)}

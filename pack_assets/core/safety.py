@@ -6,7 +6,7 @@ Kept free of heavy imports (the reader imports the writer, which uses these).
   temp-then-rename output would be unreadable to a training job running as another uid. ``mkstemp`` and
   ``mkdtemp`` here give what a plain ``open``/``mkdir`` would (0644/0755 under umask 022).
 - Folders: ``check_paths`` refuses an output folder that overlaps the input, or a work folder inside the
-  output, before anything is written.
+  output or the input, before anything is written.
 - Locks: ``work_lock`` (one pipeline per work folder) and ``path_lock`` (one writer per shard folder),
   advisory ``flock`` locks that the kernel drops when their process dies, re-entrant within a process.
 """
@@ -100,7 +100,7 @@ def _inside(child: Path, parent: Path) -> bool:
 def check_paths(input_root: Path, work: Path, output: Path) -> None:
     """Refuse, before any write, an output folder that equals, contains or lies inside the input folder
     (the writer replaces and prunes its own shards there), and a work folder that equals or lies inside the
-    output folder. Symlinks are resolved, so a link cannot hide the overlap."""
+    output folder or the input folder. Symlinks are resolved, so a link cannot hide the overlap."""
     inp, wrk, out = (Path(p).expanduser().resolve() for p in (input_root, work, output))
     if out == inp:
         raise UnsafePaths(f"the output folder {out} is the input folder: packed shards would be written among "
@@ -114,6 +114,9 @@ def check_paths(input_root: Path, work: Path, output: Path) -> None:
     if _inside(wrk, out):
         raise UnsafePaths(f"the work folder {wrk} {'is' if wrk == out else 'lies inside'} the output folder "
                           f"{out}; choose a --work outside the output")
+    if _inside(wrk, inp):
+        raise UnsafePaths(f"the work folder {wrk} {'is' if wrk == inp else 'lies inside'} the input folder "
+                          f"{inp}: the input would hold the catalog and its files; choose a --work outside the input")
 
 
 # --- locks ------------------------------------------------------------------------------------------------

@@ -414,9 +414,11 @@ def run_manifest(input_root: Path, work: Path, shard: str, options: ScanOptions 
 
 
 def run_manifests(input_root: Path, work: Path, shards: list[str], options: ScanOptions = ScanOptions(),
-                  log: Callable[[str], None] | None = None, by_helpers: Collection[str] = ()) -> ManifestSummary:
-    """`by_helpers`: the shards this command's helper processes scanned just before (core/shardwork.py): a
-    current scan of one of them is theirs, not an earlier run's."""
+                  log: Callable[[str], None] | None = None, by_helpers: Collection[str] = (),
+                  on_shard: Callable[[ShardManifest], None] | None = None) -> ManifestSummary:
+    """Scan the shards one by one, a log line and an `on_shard` call each. `by_helpers`: the shards this
+    command's helper processes scanned just before (core/shardwork.py): a current scan of one of them is
+    theirs, not an earlier run's."""
     out = []
     for shard in shards:
         s = run_manifest(input_root, work, shard, options)
@@ -424,4 +426,6 @@ def run_manifests(input_root: Path, work: Path, shards: list[str], options: Scan
             log(f"{shard}: {s.ok} ok, {s.rejected} rejected of {s.samples} samples in {s.seconds} s"
                 f"{KEPT[shard in by_helpers] if s.cached else ''}")
         out.append(s)
+        if on_shard:
+            on_shard(s)
     return ManifestSummary(out, store.manifest_dir(work, shards[0]))

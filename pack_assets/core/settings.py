@@ -128,8 +128,21 @@ class Settings:
             home = _HOME.get(name)
             if home is None:
                 raise ValueError(f"unknown setting {name!r}; known: {', '.join(sorted(_HOME))}")
+            _check_type(name, value)
             parts[home][name] = value
         return cls(**parts[""], scan=ScanOptions(**parts["scan"]), plan=PlanConfig(**parts["plan"]))
+
+
+_KINDS = {bool: "true or false", int: "an integer", str: "a string"}
+
+
+def _check_type(name: str, value) -> None:
+    """A value of its default's type (a ``--config`` file's "8192" or 1 for a flag is refused by name here,
+    not deep in a stage or in the resource's validation)."""
+    want = type(DEFAULTS[name])
+    ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
+    if not ok:
+        raise ValueError(f"setting {name!r} must be {_KINDS.get(want, want.__name__)}, got {value!r}")
 
 
 def env_overrides(env: dict[str, str] | None = None) -> dict:

@@ -62,9 +62,9 @@ class ShardWork:
             on_done(key, None if err else fut.result(), err)
 
 
-def find(settings: Settings, force: bool = False) -> ShardWork:
-    """The shards and those that need work, no helper given any: their Dagster steps do it. Raises when there
-    are no shards, or when the profile's processor cannot be built (before any shard is touched)."""
+def listing(settings: Settings) -> list[str]:
+    """The input's shards, refusing (before any shard is touched) a missing input folder, one with no shards,
+    and a profile that does not resolve or whose processor cannot be built (a missing package)."""
     root = settings.sources
     if not settings.recipe and not root.is_dir():
         raise FileNotFoundError(f"input directory {root} does not exist")
@@ -72,11 +72,18 @@ def find(settings: Settings, force: bool = False) -> ShardWork:
     if not shards:
         raise FileNotFoundError(f"no *.tar shards under {root}")
     profile = settings.model_profile()
-    if profile.rule == "processor":  # a processor that cannot be built (a missing package) refuses the run
+    if profile.rule == "processor":
         from .procount import processor_counter  # here; built, forked helpers and the audit's recount reuse it
 
         processor_counter(profile)
-    return ShardWork(shards, shards_to_run(settings, shards, profile, force))
+    return shards
+
+
+def find(settings: Settings, force: bool = False, shards: list[str] | None = None) -> ShardWork:
+    """The shards (`listing`, unless given) and those that need work, no helper given any: their Dagster
+    steps do it."""
+    shards = listing(settings) if shards is None else shards
+    return ShardWork(shards, shards_to_run(settings, shards, settings.model_profile(), force))
 
 
 def helpers_for(work: ShardWork, jobs: int = 0) -> int:

@@ -649,10 +649,11 @@ def _manifest_rows(work: Path, shard: str) -> tuple[list[dict], dict[str, int]]:
     return samples, media_bytes
 
 
-def run_token_counts(work: Path, shards: list[str], profile: ModelProfile,
-                     log: Callable[[str], None] | None = None, by_helpers: Collection[str] = ()) -> TokenLengthsSummary:
-    """Count the shards one by one, a log line each (`pack-assets run` follows its progress by them).
-    `by_helpers`: as in `scan.run_manifests`."""
+def run_token_counts(work: Path, shards: list[str], profile: ModelProfile, log: Callable[[str], None] | None = None,
+                     by_helpers: Collection[str] = (), on_shard: Callable[[ShardCounts], None] | None = None
+                     ) -> TokenLengthsSummary:
+    """Count the shards one by one, a log line and an `on_shard` call each. `by_helpers`: as in
+    `scan.run_manifests`."""
     counts = []
     for shard in shards:
         c = run_token_lengths(work, shard, profile)
@@ -660,4 +661,6 @@ def run_token_counts(work: Path, shards: list[str], profile: ModelProfile,
             log(f"{shard}: counted {c.counted} samples, {c.rejected} rejected, {c.total_tokens} tokens"
                 f"{KEPT[shard in by_helpers] if c.cached else ''}")
         counts.append(c)
+        if on_shard:
+            on_shard(c)
     return TokenLengthsSummary(counts, profile.name, profile.fingerprint, store.token_dir(work, profile.name, shards[0]))

@@ -10,8 +10,10 @@ from pathlib import Path
 import dagster as dg
 import pyarrow as pa
 
+from .. import events
 from ..core import audit, blend, report, scan, tokens, write
 from ..core.results import FilePath, Markdown
+from ..events import Progress
 from .partitions import source_shards
 from .resources import PackSettings
 
@@ -38,6 +40,13 @@ SHARD_STAGE = {"partitions_def": source_shards, "group_name": INGEST, "kinds": {
                "dagster_type": SUMMARY, "pool": "shard_scan",
                "backfill_policy": dg.BackfillPolicy.multi_run(max_partitions_per_run=BACKFILL_BATCH)}
 PACK_STAGE = {"group_name": PACK, "code_version": "1", "dagster_type": SUMMARY}
+
+
+def _each_shard(stage: str, total: int, count_unit: str = ""):
+    """An `on_shard` callback of a shard stage: a progress event per shard (its samples, for the scan)."""
+    done = iter(range(1, total + 1))
+    return lambda r: events.emit(Progress(stage, next(done), total, "shard", getattr(r, "samples", 0), count_unit,
+                                          r.shard))
 
 
 def shards_digest(keys: list[str]) -> str:
@@ -79,8 +88,9 @@ def manifest(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.Ma
     a backfill run may carry several (BackfillPolicy.multi_run)."""
     s = settings.to_settings()
     s.check_paths()
-    summary = scan.run_manifests(s.sources, s.work, context.partition_keys, s.scan, log=context.log.info,
-                                 by_helpers=_by_helpers(context))
+    keys = context.partition_keys
+    summary = scan.run_manifests(s.sources, s.work, keys, s.scan, log=context.log.info, by_helpers=_by_helpers(context),
+                                 on_shard=_each_shard(events.SCAN, len(keys), "samples"))
     return dg.MaterializeResult(
         metadata=metadata(summary.as_metadata()),
         check_results=[dg.AssetCheckResult(
@@ -98,8 +108,9 @@ def token_lengths(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     s = settings.to_settings()
     s.check_paths()
     profile = s.model_profile()
-    summary = tokens.run_token_counts(s.work, context.partition_keys, profile, log=context.log.info,
-                                      by_helpers=_by_helpers(context))
+    keys = context.partition_keys
+    summary = tokens.run_token_counts(s.work, keys, profile, log=context.log.info, by_helpers=_by_helpers(context),
+                                      on_shard=_each_shard(events.COUNT, len(keys)))
     return dg.MaterializeResult(metadata=metadata(summary.as_metadata()), data_version=dg.DataVersion(profile.fingerprint),
                                 value=summary)
 
@@ -118,15 +129,18 @@ def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.M
     s = settings.to_settings()
     s.check_paths()
     shards = sorted(context.instance.get_dynamic_partitions(source_shards.name))
+    events.emit(Progress(events.PLAN, 0, 1, "step", len(shards), "shards"))
     with settings.work_lock(context, "pack_plan"):
         if s.recipe:  # a blend: one plan per epoch under <work>/epoch-<k>/ (core/blend.py)
-            summary = blend.run_blend_plan(s.work, shards, s.plan, s.model_profile(), s.blend(), allow_missing=True)
+            summary = blend.run_blend_plan(s.work, shards, s.plan, s.model_profile(), s.blend(), allow_missing=True,
+                                           recursive=s.recursive)
             what_if = None
         else:
-            summary, what_if = report.plan_with_what_if(s.work, shards, s.plan, s.model_profile(),
-                                                        allow_missing=True, input_root=s.input_root)
+            summary, what_if = report.plan_with_what_if(s.work, shards, s.plan, s.model_profile(), allow_missing=True,
+                                                        input_root=s.input_root, recursive=s.recursive)
+    events.emit(Progress(events.PLAN, 1, 1, "step", summary.packs, "packs"))
     if summary.shards_removed:
-        context.log.warning(f"{len(summary.shards_removed)} registered shard(s) no longer in {s.input_root}, "
+        context.log.warning(f"{len(summary.shards_removed)} shard(s) no longer in the input since the last plan, "
                             f"not planned: {summary.shards_removed[:10]}")
     if summary.shards_waiting:
         context.log.warning(f"{len(summary.shards_waiting)} registered shard(s) not counted yet, left for the next "
@@ -147,10 +161,15 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     a byte-range index into the source shards instead), `_meta` provenance, Energon metadata in .nv-meta/.
     Atomic and deterministic; a rerun skips finished shards."""
 
+    written = [0]  # packs written so far (not those of output shards found current)
+
     def progress(r, done, total):
         context.log.info(f"[{done}/{total}] {r['shard']}: {r['packs']} packs, {r['bytes']} bytes"
                          f"{' (already there)' if r['skipped'] else ''}")
+        written[0] += 0 if r["skipped"] else r["packs"]
+        events.emit(Progress(events.WRITE, done, total, "output shards", written[0], "packs written"))
 
+    events.emit(Progress(events.WRITE, 0, 0, "output shards", 0, "packs written"))
     s = settings.to_settings()
     s.check_paths()
     with settings.work_lock(context, "packed_shards"):
@@ -174,15 +193,20 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
 def audit_report(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
     """Reads the packed shards back and proves nothing was lost: counts per shard, capacity, media types,
     sha256 of every media member against its source. Writes audit_report.md with plots."""
+    def progress(done: int, total: int, members: int) -> None:
+        events.emit(Progress(events.AUDIT, done, total, "output shards", members, "members re-hashed"))
+
+    events.emit(Progress(events.AUDIT, 0, 0, "output shards", 0, "members re-hashed"))
     s = settings.to_settings()
     with settings.work_lock(context, "audit_report"):
-        result = blend.run_blend_audit(s.work, s.blend(), s.out, scope=s.audit_scope, check_samples=s.check_samples) \
-            if s.recipe else audit.run_audit(s.work, s.out, scope=s.audit_scope, check_samples=s.check_samples)
+        result = blend.run_blend_audit(s.work, s.blend(), s.out, scope=s.audit_scope, check_samples=s.check_samples,
+                                       progress=progress) if s.recipe \
+            else audit.run_audit(s.work, s.out, scope=s.audit_scope, check_samples=s.check_samples, progress=progress)
     return dg.MaterializeResult(
         metadata=metadata(result.as_metadata()),
         check_results=[dg.AssetCheckResult(
             check_name="nothing_lost",
-            # shards still waiting are not counted yet: nothing is proven about them
+            # shards of the input not counted (waiting, never registered, changed): nothing is proven about them
             passed=result.verdict == "PASS",
             severity=dg.AssetCheckSeverity.ERROR,
             metadata={"verdict": result.verdict, "violations": len(result.violations),

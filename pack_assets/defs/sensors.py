@@ -4,7 +4,6 @@ and removes the partitions of shards that are gone; replan_sensor: plan → writ
 import hashlib
 import json
 import os
-from pathlib import Path
 
 import dagster as dg
 import duckdb
@@ -12,10 +11,9 @@ import duckdb
 from ..core import store
 from .assets import shards_digest
 from .jobs import pack_job, shard_job
-from .partitions import source_shards
+from .partitions import BATCH, input_exists, source_shards
 from .resources import PackSettings
 
-BATCH = 5000  # partitions added, and shard runs requested, per tick (Dagster advises small batches)
 # seconds between new-shard checks; replanning waits twice as long (small deployments and tests lower it)
 INTERVAL = int(os.environ.get("PACK_ASSETS_SENSOR_INTERVAL", "30"))
 
@@ -40,16 +38,17 @@ def _listing_digest(stats: dict[str, tuple[int, int]]) -> str:
 def new_shard_sensor(context: dg.SensorEvaluationContext, settings: PackSettings) -> dg.SensorResult | dg.SkipReason:
     """Finds new `*.tar` shards under the input directory, adds them to `source_shards` (sorted, in
     batches) and requests a `shard_job` run for each, keyed by shard, size and mtime; requests the run of a
-    known shard whose size or mtime differs from what its manifest recorded (changed in place); deletes the
-    partitions of shards whose tar is gone.
+    known shard never scanned (registered when the code location loaded: `defs/partitions.py`) or whose
+    size or mtime differs from what its manifest recorded (changed in place); deletes the partitions of
+    shards whose tar is gone.
 
     The cursor keeps a digest of the listing (names, sizes, mtimes): while it is unchanged a tick reads no
     manifest. When it changed, the recorded stats of all known shards are read in one query. The cursor
     also keeps the changed shards already requested (until their manifest catches up), so a batch limit
-    never requests the same ones again instead of the rest."""
+    never requests the same ones again instead of the rest; a run key already used is never run twice."""
     s = settings.to_settings()
     root = s.sources  # a recipe: every dataset's folder, shard keys `<dataset>/<shard>`
-    if not all(Path(r).is_dir() for r in (root.values() if isinstance(root, dict) else [root])):
+    if not input_exists(s):
         return dg.SkipReason(f"input directory {root} does not exist")
     found = store.stat_shards(root, s.recursive)
     known = set(context.instance.get_dynamic_partitions(source_shards.name))
@@ -57,17 +56,17 @@ def new_shard_sensor(context: dg.SensorEvaluationContext, settings: PackSettings
     listing = _listing_digest(found)
     new = [k for k in found if k not in known]
     removed = sorted(known - set(found))
-    changed: list[str] = []
+    pending: list[str] = []  # known, and never scanned or changed since their scan
     requested = {k: v for k, v in cursor.get("requested", {}).items() if k in found}
     if cursor.get("listing") != listing:
         try:
             recorded = store.recorded_stats(s.work, [k for k in found if k in known])
         except duckdb.Error as e:  # a shard run swapping its manifest directory in right now
             return dg.SkipReason(f"manifests changing while read, trying again next tick: {e}")
-        requested = {k: v for k, v in requested.items() if k in recorded and recorded[k] != found[k]}
-        changed = [k for k in sorted(recorded) if recorded[k] != found[k] and requested.get(k) != _stamp(found, k)]
-    add, rerun = new[:BATCH], changed[:max(0, BATCH - len(new))]
-    complete = len(add) == len(new) and len(rerun) == len(changed)
+        requested = {k: v for k, v in requested.items() if recorded.get(k) != found[k]}
+        pending = [k for k in found if k in known and recorded.get(k) != found[k] and requested.get(k) != _stamp(found, k)]
+    add, rerun = new[:BATCH], pending[:max(0, BATCH - len(new))]
+    complete = len(add) == len(new) and len(rerun) == len(pending)
     if not (add or rerun or removed):
         context.update_cursor(json.dumps({"listing": listing, "requested": requested}))
         return dg.SkipReason(f"no new, changed or removed shards among {len(found)} under {root}")
@@ -78,7 +77,7 @@ def new_shard_sensor(context: dg.SensorEvaluationContext, settings: PackSettings
         partitions.append(source_shards.build_add_request(add))
         context.log.info(f"adding {len(add)} new shard(s): {_few(add)}")
     if rerun:
-        context.log.info(f"rescanning {len(rerun)} shard(s) changed in place: {_few(rerun)}")
+        context.log.info(f"scanning {len(rerun)} registered shard(s) never scanned or changed in place: {_few(rerun)}")
     if removed:
         partitions.append(source_shards.build_delete_request(removed))
         context.log.info(f"removing {len(removed)} shard(s) no longer under {root}: {_few(removed)}")

@@ -1,0 +1,32 @@
+"""What a run refuses from its folders and settings alone, checked before it takes the work folder's lock,
+writes anything or scans a shard: overlapping folders (an output in or around the input, a work folder in
+the output or the input), a recipe's missing or overlapping inputs, a missing input or one without shards,
+a profile that does not resolve, and a file the tool did not write at a name its writer uses. Settings of
+an unknown name or of the wrong type are refused earlier still, when they are built (`Settings.from_flat`).
+
+A refusal is one exception with one line of text; the CLI prints it and exits 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import owned, shardwork
+from .blend import epoch_name
+from .index_out import INDEX_FILE
+from .settings import Settings
+
+
+def output_folders(settings: Settings) -> list[Path]:
+    """The folders the writer writes shards into: the output, or with a recipe one folder per epoch."""
+    if settings.recipe:
+        return [settings.out / epoch_name(k) for k in range(settings.blend().epochs)]
+    return [settings.out]
+
+
+def preflight(settings: Settings) -> list[str]:
+    """Every refusal that needs no scan (module docstring), cheapest first; returns the input's shards."""
+    settings.check_paths()
+    extra = (INDEX_FILE,) if settings.output_mode == "index" else ()
+    for folder in output_folders(settings):
+        owned.refuse_foreign(folder, extra)
+    return shardwork.listing(settings)

@@ -1,0 +1,49 @@
+"""Typed progress events of a run's stages, from the Dagster assets (defs/assets.py) to whoever follows
+the run in the same process: `pack-assets run` executes its Dagster runs in process and shows the events on
+a terminal (progress.py). Under `dagster dev` nobody listens; the assets' log lines say the same in the UI.
+
+A listener is added for a scope (`listening`), like a logging handler; `emit` calls each in turn."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+SCAN, COUNT, PLAN, WRITE, AUDIT = "scan", "count", "plan", "write", "audit"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """`done` of `total` units of a stage; `count` of `count_unit` so far (samples scanned, packs written,
+    members re-hashed); `item`: the shard just done, for the shard stages."""
+
+    stage: str
+    done: int
+    total: int
+    unit: str
+    count: int = 0
+    count_unit: str = ""
+    item: str = ""
+
+
+Listener = Callable[[Progress], None]
+_listeners: list[Listener] = []
+
+
+def emit(event: Progress) -> None:
+    for listener in list(_listeners):
+        listener(event)
+
+
+@contextlib.contextmanager
+def listening(listener: Listener | None) -> Iterator[None]:
+    """`listener` gets every event emitted in this process while the block runs (None: nothing to add)."""
+    if listener is None:
+        yield
+        return
+    _listeners.append(listener)
+    try:
+        yield
+    finally:
+        _listeners.remove(listener)
