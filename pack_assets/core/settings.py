@@ -134,6 +134,9 @@ class Settings:
 
 
 _KINDS = {bool: "true or false", int: "an integer", str: "a string"}
+# settings kept as canonical JSON text that a config file or recipe may also give as a mapping
+# (template variables; a label policy per dataset)
+_MAPPING_OK = frozenset({"chat_template_kwargs", "label_policy"})
 
 
 def _check_type(name: str, value) -> None:
@@ -141,8 +144,10 @@ def _check_type(name: str, value) -> None:
     not deep in a stage or in the resource's validation)."""
     want = type(DEFAULTS[name])
     ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
+    ok = ok or (name in _MAPPING_OK and isinstance(value, dict))
     if not ok:
-        raise ValueError(f"setting {name!r} must be {_KINDS.get(want, want.__name__)}, got {value!r}")
+        kind = _KINDS.get(want, want.__name__) + (" or a mapping" if name in _MAPPING_OK else "")
+        raise ValueError(f"setting {name!r} must be {kind}, got {value!r}")
 
 
 def env_overrides(env: dict[str, str] | None = None) -> dict:
