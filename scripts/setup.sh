@@ -4,6 +4,7 @@
 # `celery` adds dagster-celery + redis for the scale-out in deploy/celery/ (redis-server comes from apt);
 # `train` adds torch (same pair) for PackCollator and the packed-equals-unpacked proof; `processor` adds the
 # same pair + sentencepiece for the processor rule (videos included). All three pin one pair: they mix.
+# `hf` adds the `datasets` package (the tests of `convert` on save_to_disk folders use it as their oracle).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
