@@ -146,17 +146,19 @@ def test_bad_rows_and_files_get_reasons_never_a_crash(tmp_path, capsys):
     whole = write_parquet(tmp_path / "c.parquet", "cauldron", rows("cauldron", 30), row_group_size=5).read_bytes()
     (tmp_path / "t" / "c_damaged.parquet").write_bytes(whole[:len(whole) // 2])  # no footer: not readable
     (tmp_path / "t" / "d_text.parquet").write_bytes(b"PAR1 this is not parquet PAR1")
+    inline = [{"role": "user", "content": [{"type": "image", "image": image(0)[0], "text": None}]}]
+    pq.write_table(pa.table({"messages": [inline]}), tmp_path / "t" / "e_inline.parquet")  # images inside the parts
     assert main(["convert", "--input", str(tmp_path / "t"), "--output", str(tmp_path / "out"), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert (res["records"], res["converted"], res["rejected"], res["files_refused"]) == (10, 2, 8, 3)
+    assert (res["records"], res["converted"], res["rejected"], res["files_refused"]) == (10, 2, 8, 4)
     assert res["reasons"] == {"bad_image": 3, "unsupported_media": 1, "missing_media": 2, "remote_media": 1,
-                              "no_conversation": 1, "unknown_shape": 1, "unreadable_file": 2}
+                              "no_conversation": 1, "unknown_shape": 2, "unreadable_file": 2}
     rejected = [json.loads(x) for x in Path(res["rejected_file"]).read_text().splitlines()]
     assert [r["index"] for r in rejected if r["file"] == "a.parquet"] == list(range(8))
     assert all(r["detail"] for r in rejected)
     assert {f["file"]: f["refused"] for f in res["files"]} == {
         "a.parquet": "", "b_unknown.parquet": "unknown_shape", "c_damaged.parquet": "unreadable_file",
-        "d_text.parquet": "unreadable_file"}
+        "d_text.parquet": "unreadable_file", "e_inline.parquet": "unknown_shape"}
     # the unknown shape converts once its columns are named
     assert main(["convert", "--input", str(tmp_path / "t" / "b_unknown.parquet"), "--output", str(tmp_path / "o2"),
                  "--columns", "prompt=question,completion=answer"]) == 0

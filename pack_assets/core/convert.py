@@ -230,7 +230,8 @@ def _convert_table(run: _Run, src: tables.TableSource, roots: list[Path], column
         shape = hfshapes.detect(reader.schema, columns)
         if shape is None:
             run.refuse(rep, "unknown_shape", f"{reader.rows if reader.rows is not None else 'its'} rows not read: "
-                       f"columns {reader.schema.names} match no known shape (map them with --columns NAME=COLUMN)")
+                       f"columns {reader.schema.names} match no known shape (map them with --columns NAME=COLUMN; "
+                       "images inside the turns' parts are not read)")
             return
         rep.shape, rep.columns_dropped = shape.name, list(shape.dropped)
         read = _path_reader([src.path.parent, *roots])

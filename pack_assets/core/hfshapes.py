@@ -108,7 +108,8 @@ def _image_column(schema: pa.Schema, col) -> tuple[str | None, bool]:
 
 
 def detect(schema: pa.Schema, mapping: dict[str, str] | None = None) -> Shape | None:
-    """The shape of a table from its columns (after ``mapping``: canonical name -> column), or None."""
+    """The shape of a table from its columns (after ``mapping``: canonical name -> column), or None (also
+    for a conversation column that holds bytes: images inline in the turns are a shape we do not read)."""
     mapping = mapping or {}
 
     def col(name: str) -> str:
@@ -124,8 +125,8 @@ def detect(schema: pa.Schema, mapping: dict[str, str] | None = None) -> Shape | 
         shape, turns = "cauldron", col("texts")
     elif col("conversations") in names and _is_list(types[col("conversations")]):
         shape, turns = "llava", col("conversations")
-    if shape is None:
-        return None
+    if shape is None or any(_has_binary(types[c]) for c in (turns, completion) if c):
+        return None  # images inside the turns' parts (bytes in the conversation column) are not read
     images, single = _image_column(schema, col)
     used = {turns, completion, images}
     unsupported = tuple(n for n in schema.names if n in _UNSUPPORTED and n not in used)
