@@ -241,9 +241,11 @@ def cmd_convert(args) -> int:
     refused = [f for f in res["files"] if f["refused"]]
     text = "\n".join([
         f"{res['converted']} of {res['records']} records -> {len(res['shards'])} shard(s) in {args.output}; "
-        f"{res['rejected']} rejected {res['reasons'] or ''} (see {res['rejected_file']})",
+        f"{res['rejected']} rejected" + (f", {len(refused)} file(s) refused" if refused else "")
+        + (f"; reasons {res['reasons']}" if res["reasons"] else "") + f" (see {res['rejected_file']})",
         *([f"shapes: {shapes} (rows read as each)"] if shapes else []),
-        *(f"refused: {f['file']} ({f['refused']}, after {f['rows']} rows)" for f in refused[:20]),
+        *(f"refused: {f['file']}: {f['refused']}" + (f" after {f['rows']} rows" if f["rows"] else "")
+          for f in refused[:20]),
         *([f"... and {len(refused) - 20} more refused file(s)"] if len(refused) > 20 else [])])
     _emit(args, res, text)
     return 0 if res["converted"] else 1
