@@ -20,6 +20,7 @@ from PIL import Image
 from pack_assets.cli import main
 from pack_assets.core import store
 from pack_assets.core.convert import convert
+from pack_assets.core.hfshapes import detect, parse_columns
 from pack_assets.core.ingest import count_records
 from pack_assets.core.profiles import load_profile
 from pack_assets.core.scan import run_manifest
@@ -120,6 +121,21 @@ def test_the_record_names_members_by_the_bytes_format_and_keeps_the_row(tmp_path
     assert fv["source"] == "ai2d_merged" and fv["relevance_ratings"] == [4, 5, 4] and "texts" not in fv
 
 
+def test_detect_reads_the_shape_from_the_columns_and_a_mapping():
+    fv = SCHEMAS["finevision"].append(pa.field("image", pa.string())).append(pa.field("blob", pa.binary()))
+    shape = detect(fv)
+    assert (shape.name, shape.turns, shape.images, shape.single_image) == ("cauldron", "texts", "images", False)
+    assert shape.dropped == ("image", "blob") and "relevance_ratings" in shape.keep and "source" in shape.keep
+    assert detect(SCHEMAS["llava"]).images == "image" and detect(SCHEMAS["llava"]).single_image
+    other = pa.schema([("dialog", pa.list_(pa.struct([("q", pa.string()), ("a", pa.string())]))),
+                       ("photos", pa.list_(pa.binary()))])
+    assert detect(other) is None
+    mapped = detect(other, parse_columns(["texts=dialog,user=q", "assistant=a", "images=photos"]))
+    assert (mapped.name, mapped.turns, mapped.images, mapped.user, mapped.assistant) == ("cauldron", "dialog", "photos", "q", "a")
+    with pytest.raises(ValueError, match="NAME=COLUMN"):
+        parse_columns(["pictures=photos"])
+
+
 def _bad_rows(tmp: Path) -> list[dict]:
     ico = io.BytesIO()
     Image.new("RGB", (16, 16)).save(ico, format="ICO")
@@ -190,12 +206,9 @@ def test_rows_stream_in_batches_and_the_output_is_the_same_with_or_without_threa
 
 
 def test_a_write_error_in_the_writer_thread_reaches_the_caller_and_leaves_no_partial_shard(tmp_path):
-    sink = ShardSink(tmp_path, background=True)
-    sink.add([("0.json", b"{}")])
-    sink.add([("1.json", "text where bytes belong")])
-    with pytest.raises(TypeError):
-        sink.close()
-    sink.abort()
+    with pytest.raises(TypeError), ShardSink(tmp_path, background=True) as sink:
+        sink.add([("0.json", b"{}")])
+        sink.add([("1.json", "text where bytes belong")])  # fails on the writer thread, raised at close
     assert list(tmp_path.iterdir()) == []
 
 

@@ -34,6 +34,8 @@ from .reasons import ReasonError
 # names `--columns` can map (NAME=COLUMN): the columns each shape reads and the fields of a `texts` item
 CANONICAL = ("messages", "prompt", "completion", "texts", "user", "assistant", "conversations", "images", "image")
 _UNSUPPORTED = ("audio", "audios", "video", "videos")  # media kinds a table row may hold that are not converted
+# the record's conversation and media keys: a column of that name the shape does not read is dropped
+_RECORD_KEYS = ("messages", "conversations", "conversation", "images", "image")
 _MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF87a", "gif"), (b"GIF89a", "gif"),
           (b"BM", "bmp"), (b"II*\x00", "tiff"), (b"MM\x00*", "tiff"))
 _HEADER = 4096  # the header probe reads this much first, and the whole image only if that is not enough
@@ -49,7 +51,7 @@ class Shape:
     images: str | None  # the image column, or None (text-only rows)
     single_image: bool  # the image column holds one image per row, not a list
     keep: tuple[str, ...]  # other columns, carried into the record as they are
-    dropped: tuple[str, ...]  # binary columns that are not images: not in the record
+    dropped: tuple[str, ...]  # binary columns that are not images, and a second conversation or image column
     unsupported: tuple[str, ...]  # audio/video columns: a row with a value there is refused
     completion: str = ""
     user: str = "user"
@@ -131,8 +133,9 @@ def detect(schema: pa.Schema, mapping: dict[str, str] | None = None) -> Shape | 
     used = {turns, completion, images}
     unsupported = tuple(n for n in schema.names if n in _UNSUPPORTED and n not in used)
     rest = [n for n in schema.names if n not in used and n not in unsupported]
-    return Shape(shape, turns, images, single, keep=tuple(n for n in rest if not _has_binary(types[n])),
-                 dropped=tuple(n for n in rest if _has_binary(types[n])), unsupported=unsupported,
+    dropped = tuple(n for n in rest if _has_binary(types[n]) or n in _RECORD_KEYS)
+    return Shape(shape, turns, images, single, keep=tuple(n for n in rest if n not in dropped), dropped=dropped,
+                 unsupported=unsupported,
                  completion=completion or "", user=col("user"), assistant=col("assistant"))
 
 
@@ -258,14 +261,15 @@ def _cauldron_messages(shape: Shape, texts: list, n_images: int) -> list[dict]:
     return messages
 
 
-def row_record(shape: Shape, row: dict, read_path: Callable[[str], bytes]) -> tuple[dict, list[tuple[str, bytes]]]:
+def row_record(shape: Shape, row: dict, read_path: Callable[[str], bytes]) -> tuple[dict, list[tuple[str, object]]]:
     """The record a row becomes and its image members ``[("img0.jpg", bytes), ...]``, or a ReasonError.
     ``read_path`` reads an image given by path (a ``{bytes: null, path}`` struct or a path column)."""
     for c in shape.unsupported:
         if row.get(c) not in (None, [], ""):
-            raise ReasonError("unsupported_media", f"column {c!r} holds audio or video: convert reads neither from tables")
+            raise ReasonError("unsupported_media", f"column {c!r} holds audio or video: convert reads neither "
+                              "from tables")
     media = _images(shape, row, read_path)
-    record = {k: row[k] for k in shape.keep if k not in ("messages", "conversations", "images")}
+    record = {k: row[k] for k in shape.keep}
     turns = row.get(shape.turns)
     if shape.name == "cauldron":
         if not turns:

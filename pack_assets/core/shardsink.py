@@ -160,7 +160,11 @@ class ShardSink:
         return self
 
     def __exit__(self, exc_type, *_) -> None:
-        if exc_type is None:
-            self.close()
-        else:
+        if exc_type is not None:
             self.abort()
+            return
+        try:
+            self.close()
+        except BaseException:  # a write that failed on the writer thread: no partial shard stays
+            self.abort()
+            raise
