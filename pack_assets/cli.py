@@ -263,11 +263,21 @@ def cmd_simulate(args) -> int:
 
 def cmd_convert(args) -> int:
     from .core.convert import convert
+    from .core.hfshapes import parse_columns
 
     res = convert([Path(p) for p in args.input], Path(args.output), [Path(p) for p in args.media_root or []],
-                  samples_per_shard=args.samples_per_shard, max_shard_bytes=args.max_shard_bytes)
-    text = (f"{res['converted']} of {res['records']} records -> {len(res['shards'])} shard(s) in {args.output}; "
-            f"{res['rejected']} rejected {res['reasons'] or ''} (see {res['rejected_file']})")
+                  samples_per_shard=args.samples_per_shard, max_shard_bytes=args.max_shard_bytes,
+                  columns=parse_columns(args.columns))
+    shapes = ", ".join(f"{name} {rows}" for name, rows in res["shapes"].items())
+    refused = [f for f in res["files"] if f["refused"]]
+    text = "\n".join([
+        f"{res['converted']} of {res['records']} records -> {len(res['shards'])} shard(s) in {args.output}; "
+        f"{res['rejected']} rejected" + (f", {len(refused)} file(s) refused" if refused else "")
+        + (f"; reasons {res['reasons']}" if res["reasons"] else "") + f" (see {res['rejected_file']})",
+        *([f"shapes: {shapes} (rows read as each)"] if shapes else []),
+        *(f"refused: {f['file']}: {f['refused']}" + (f" after {f['rows']} rows" if f["rows"] else "")
+          for f in refused[:20]),
+        *([f"... and {len(refused) - 20} more refused file(s)"] if len(refused) > 20 else [])])
     _emit(args, res, text)
     return 0 if res["converted"] else 1
 
@@ -471,8 +481,13 @@ def _planner_commands(sub) -> None:
 
 
 def _tool_commands(sub) -> None:
-    p = sub.add_parser("convert", help="ShareGPT/LLaVA/messages JSON(L) + media folders -> WebDataset shards")
-    p.add_argument("--input", required=True, nargs="+", help=".json (a list) or .jsonl files")
+    p = sub.add_parser("convert", help="ShareGPT/LLaVA/messages JSON(L) + media folders, or Hugging Face Parquet/"
+                       "Arrow tables with their images (files, Hub snapshot folders) -> WebDataset shards")
+    p.add_argument("--input", required=True, nargs="+", help=".json (a list) or .jsonl files; .parquet / .arrow "
+                   "files; folders of them (a Hub snapshot, a datasets save_to_disk folder)")
+    p.add_argument("--columns", action="append", metavar="NAME=COLUMN[,NAME=COLUMN]",
+                   help="tables: which column holds what, for a shape the detector does not know (NAME: messages, "
+                   "prompt, completion, texts, user, assistant, conversations, images, image; repeatable)")
     p.add_argument("--media-root", action="append", help="folder relative media paths resolve against (repeatable; "
                    "default: the input file's folder)")
     p.add_argument("--output", required=True, help="directory for the shards")

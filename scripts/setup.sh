@@ -3,7 +3,8 @@
 # PACK_ASSETS_EXTRAS=dev,energon adds the Megatron-Energon output test (pulls torch 2.14.1 + torchvision 0.29.1);
 # `celery` adds dagster-celery + redis for the scale-out in deploy/celery/ (redis-server comes from apt);
 # `train` adds torch (same pair) for PackCollator and the packed-equals-unpacked proof; `processor` adds the
-# same pair + sentencepiece for the processor rule. All three pin one pair: they mix.
+# same pair + sentencepiece for the processor rule (videos included). All three pin one pair: they mix.
+# `hf` adds the `datasets` package (the tests of `convert` on save_to_disk folders use it as their oracle).
 # Outside CI a failed install of the extras falls back to [dev] (their tests skip, saying why). Under
 # PACK_ASSETS_CI=1 every extra asked for is required: a failed install stops here, naming the extras that fail.
 set -euo pipefail

@@ -51,6 +51,8 @@ REASONS: dict[str, str] = {  # in the order of the table in docs/formats.md
     "remote_media": "media is a URL; nothing is downloaded",
     "unsupported_media": "audio or another media kind that is not packed",
     "not_an_object": "the record is not a JSON object",
+    "unknown_shape": "a table's columns match no shape convert knows (map them with --columns NAME=COLUMN)",
+    "unreadable_file": "a Parquet or Arrow file cannot be read (pyarrow's error in the detail); rows before the damage are kept",
 }
 
 
