@@ -30,7 +30,7 @@ from pack_assets.core.plan import PlanConfig, run_plan  # noqa: E402
 from pack_assets.core.profiles import load_profile  # noqa: E402
 from pack_assets.core.scan import run_manifest  # noqa: E402
 from pack_assets.core.tokens import run_token_lengths  # noqa: E402
-from pack_assets.core.write import run_write  # noqa: E402
+from pack_assets.core.write import run_write, run_write_index  # noqa: E402
 from pack_assets.reader import iter_packs  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def main() -> None:
     w_copy = run_write(work, inp, copy, workers=1)
     rec["write_copy_s"] = round(time.perf_counter() - t0, 3)
     t0 = time.perf_counter()
-    run_write(work, inp, index, workers=1, mode="index")
+    run_write_index(work, inp, index, workers=1)
     rec["write_index_s"] = round(time.perf_counter() - t0, 3)
     rec["output_bytes"] = {"copy": tree_bytes(copy), "index": tree_bytes(index)}
     rec["size_ratio_index_to_input"] = round(rec["output_bytes"]["index"] / rec["input"]["bytes"], 4)

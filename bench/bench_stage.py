@@ -30,7 +30,8 @@ VARIANTS = ("per_shard", "staged", "copy_partition_by")
 
 
 def measure(variant: str, stage: str, work: Path, inp: Path, sample: int) -> dict:
-    from pack_assets.core import audit, store, write
+    from pack_assets.core import audit, store
+    from pack_assets.core.write import jobs as write
 
     queries = write.WRITE_ROWS if stage == "write" else audit.AUDIT_ROWS
     conversations = write.WRITE_CONVERSATIONS if stage == "write" else audit.AUDIT_CONVERSATIONS

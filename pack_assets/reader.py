@@ -46,7 +46,7 @@ from PIL import Image
 from .core import labels
 from .core.chatkw import canonical
 from .core.labels import policy_for, trainable_spans
-from .core.index_out import INDEX_PART, IndexSourceChanged, SourceFiles  # noqa: F401 (IndexSourceChanged: for callers)
+from .core.indexmode import INDEX_PART, IndexSourceChanged, SourceFiles  # noqa: F401 (IndexSourceChanged: for callers)
 from .core.media import VIDEO_EXTS, probe_image, probe_video
 from .core.profiles import ModelProfile, resolve_profile, tokenizer_for
 from .core.records import PackMeta

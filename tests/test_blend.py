@@ -408,7 +408,7 @@ def epoch_packs(out: Path, k: int, **kw) -> list[dict]:
 
 
 def test_a_recipe_in_index_mode_gives_the_copy_modes_packs_per_epoch_and_passes_the_audit(indexed):
-    from pack_assets.core.index_out import INDEX_FILE
+    from pack_assets.core.indexmode import INDEX_FILE
     from pack_assets.reader import PackEncoder
 
     recipe, work, copy, index = indexed
@@ -437,7 +437,7 @@ def test_a_recipe_in_index_mode_gives_the_copy_modes_packs_per_epoch_and_passes_
 
 
 def test_a_changed_source_of_one_dataset_is_named_by_the_reader_and_fails_the_blend_audit(indexed):
-    from pack_assets.core.index_out import IndexSourceChanged
+    from pack_assets.core.indexmode import IndexSourceChanged
 
     recipe, work, copy, index = indexed
     src = Path(recipe.roots["b"]) / "part-000.tar"
@@ -460,7 +460,7 @@ def test_a_changed_source_of_one_dataset_is_named_by_the_reader_and_fails_the_bl
 
 
 def test_moved_blend_data_is_read_with_a_source_root_mapping_and_reindexed_from_the_new_roots(indexed):
-    from pack_assets.core.index_out import INDEX_FILE, IndexSourceChanged
+    from pack_assets.core.indexmode import INDEX_FILE, IndexSourceChanged
 
     recipe, work, copy, index = indexed
     old = Path(recipe.roots["a"])

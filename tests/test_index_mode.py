@@ -17,13 +17,13 @@ from conftest import image_bytes, needs, small_dataset, write_tar
 
 from pack_assets.core import store
 from pack_assets.core.audit import run_audit
-from pack_assets.core.index_out import INDEX_FILE, IndexSourceChanged
+from pack_assets.core.indexmode import INDEX_FILE, IndexSourceChanged
 from pack_assets.core.owned import ForeignFiles
 from pack_assets.core.plan import PlanConfig, run_plan
 from pack_assets.core.profiles import load_profile
 from pack_assets.core.scan import run_manifest
 from pack_assets.core.tokens import run_token_lengths
-from pack_assets.core.write import SourceChanged, run_write
+from pack_assets.core.write import SourceChanged, run_write, run_write_index
 from pack_assets.reader import PackEncoder, iter_packs
 
 PROFILE = load_profile("qwen3-vl")
@@ -70,7 +70,7 @@ def both(tmp_path):
     plan_all(dataset, work, max_len=500)
     copy, index = tmp_path / "copy", tmp_path / "index"
     run_write(work, dataset, copy, workers=1)
-    run_write(work, dataset, index, workers=1, mode="index")
+    run_write_index(work, dataset, index, workers=1)
     return dataset, work, copy, index
 
 
@@ -120,7 +120,7 @@ def test_index_output_is_a_small_fraction_of_media_heavy_input(tmp_path):
     write_tar(inp / "big-000.tar", members)
     work, out = tmp_path / "work", tmp_path / "out"
     plan_all(inp, work, max_len=4096)
-    run_write(work, inp, out, workers=1, mode="index")
+    run_write_index(work, inp, out, workers=1)
     ratio = tree_bytes(out) / tree_bytes(inp)
     assert ratio < 0.05, ratio
     assert audit(work, out).ok
@@ -166,7 +166,7 @@ def test_changed_sources_are_named_by_the_reader_refused_by_the_writer_and_fail_
     assert changed and all("part-001.tar" in v["detail"] for v in changed)
     assert audit(work, copy).ok  # the copy does not depend on its sources
     with pytest.raises(SourceChanged, match="part-001"):  # nor is a new index written over a changed source
-        run_write(work, inp, index, workers=1, mode="index")
+        run_write_index(work, inp, index, workers=1)
     # 3. moved data: the reader reads from another root when told; a missing source is named
     moved = inp.parent / "moved"
     inp.rename(moved)
@@ -183,13 +183,13 @@ def test_rerun_in_index_mode_after_adding_a_shard(both):
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "New?"}]},
         {"role": "assistant", "content": "Yes."}], "images": ["a.jpg"]})), ("n0.a.jpg", image_bytes(70, 50))])
     plan_all(inp, work)
-    again = run_write(work, inp, index, workers=1, mode="index")
+    again = run_write_index(work, inp, index, workers=1)
     assert again.written >= 1
     assert any(s["sample_id"] == "part-002/n0" for p in iter_packs(index) for s in p["samples"])
     result = audit(work, index)
     assert result.ok, result.violations
     assert "part-002.tar" in json.loads((index / INDEX_FILE).read_text())["sources"]
-    assert run_write(work, inp, index, workers=1, mode="index").written == 0  # nothing changed: all kept
+    assert run_write_index(work, inp, index, workers=1).written == 0  # nothing changed: all kept
     quick = run_audit(work, index, recount_fraction=0, scope="changed")  # a clean audit vouches for the index
     assert quick.ok and quick.stats["output_shards_trusted"] == quick.stats["output_shards"] > 0
     (inp / "part-002.tar").touch()  # ... while every source it names is as indexed
@@ -204,7 +204,7 @@ def test_switching_modes_on_one_folder_replaces_only_the_tools_files(dataset, tm
     (out / "notes.txt").write_text("mine")
     (out / "extra.tar").write_bytes(b"not ours")
     run_write(work, dataset, out, workers=1)
-    s = run_write(work, dataset, out, workers=1, mode="index")
+    s = run_write_index(work, dataset, out, workers=1)
     assert s.written == s.shards and sorted(s.foreign_files) == ["extra.tar", "notes.txt"]
     assert s.as_metadata()["output_mode"] == "index"
     assert (out / INDEX_FILE).is_file() and audit(work, out).ok
@@ -219,7 +219,7 @@ def test_switching_modes_on_one_folder_replaces_only_the_tools_files(dataset, tm
     theirs.mkdir()
     (theirs / INDEX_FILE).write_text("{}")
     with pytest.raises(ForeignFiles, match=INDEX_FILE):
-        run_write(work, dataset, theirs, workers=1, mode="index")
+        run_write_index(work, dataset, theirs, workers=1)
     assert (theirs / INDEX_FILE).read_text() == "{}" and not list(theirs.glob("*.tar"))
 
 
@@ -239,7 +239,7 @@ def test_cli_run_mode_index_end_to_end(tmp_path, monkeypatch, capsys):
 
 
 def test_a_pack_naming_more_sources_than_the_open_file_limit_reads_them_all(tmp_path):
-    from pack_assets.core.index_out import SourceFiles
+    from pack_assets.core.indexmode import SourceFiles
 
     stamps = {}
     for i in range(5):

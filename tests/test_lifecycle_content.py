@@ -17,15 +17,17 @@ from test_packed_shards_and_audit import PROFILE, run_all
 
 from pack_assets.core import scan as scan_mod
 from pack_assets.core import store
-from pack_assets.core import write as write_mod
-from pack_assets.core import write as write_stage
+from pack_assets.core.write import fingerprints
+from pack_assets.core.write import shared as write_shared
 from pack_assets.core.audit import run_audit
 from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
 from pack_assets.core.reasons import REASONS
 from pack_assets.core.records import Rejection, Sample
 from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard
 from pack_assets.core.tokens import run_token_lengths
-from pack_assets.core.write import current_shards, run_write, shard_job, write_context
+from pack_assets.core.write import run_write, write_context
+from pack_assets.core.write.fingerprints import current_shards
+from pack_assets.core.write.jobs import shard_job
 from pack_assets.reader import PackEncoder, iter_packs
 
 ANSWER = "The code is 12345, noted."
@@ -119,7 +121,7 @@ def test_a_new_tool_version_rewrites_every_output_shard(tmp_path, monkeypatch):
     run_all(inp, work, out)
     again = run_write(work, inp, out, workers=1)
     assert again.written == 0 and again.skipped > 0
-    monkeypatch.setattr(write_stage, "__version__", "999.0")
+    monkeypatch.setattr(write_shared, "__version__", "999.0")
     res = run_write(work, inp, out, workers=1)
     assert res.skipped == 0 and res.written == again.skipped
     assert {p["_meta"]["tool_version"] for p in iter_packs(sorted(out.glob("*.tar")))} == {"999.0"}
@@ -277,10 +279,10 @@ def test_members_the_record_does_not_name_travel_with_their_sample(tmp_path):
     with store.connect(work, read_only=True) as con:
         context = write_context(PlanInfo.load(con))
         found = current_shards(con, out, context)
-        assert sorted(r["shard"] for r in found) == sorted(p.name for p in out.glob("*.tar"))
+        assert sorted(r.shard for r in found) == sorted(p.name for p in out.glob("*.tar"))
         for r in found:
-            job = shard_job(con, inp, r["shard"])
-            assert write_mod.shard_fingerprint(job, context) == r["fingerprint"]
+            job = shard_job(con, inp, r.shard)
+            assert fingerprints.shard_fingerprint(job, context) == r.fingerprint
     assert run_write(work, inp, out, workers=1).written == 0
 
     # an extra damaged in the output, or dropped from it, fails the audit

@@ -18,8 +18,10 @@ import webdataset as wds
 
 from pack_assets.core import audit as audit_mod
 from pack_assets.core import procs, store, tario
-from pack_assets.core import write as write_mod
-from pack_assets.core import write as write_stage
+from pack_assets.core.write import copy as write_copy
+from pack_assets.core.write import energon, fingerprints, jobs, syscalls
+from pack_assets.core.write import record as write_record
+from pack_assets.core.write import shard as write_shard_mod
 from pack_assets.core.audit import run_audit
 from pack_assets.core.lookup import lookup
 from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
@@ -28,7 +30,9 @@ from pack_assets.core.profiles import load_profile
 from pack_assets.core.records import PackMeta, SourceRef
 from pack_assets.core.scan import manifest_is_current, run_manifest
 from pack_assets.core.tokens import run_token_lengths
-from pack_assets.core.write import current_shards, load_shard_job, run_write, shard_job, write_context
+from pack_assets.core.write import run_write, write_context
+from pack_assets.core.write.fingerprints import current_shards
+from pack_assets.core.write.jobs import load_shard_job, shard_job
 
 PROFILE = load_profile("qwen3-vl")
 
@@ -150,16 +154,16 @@ def test_packs_larger_than_the_writers_read_buffer_are_written_byte_identical(pa
     the shards are the same bytes either way."""
     inp, work, out, _ = packed
     sizes, advised = [], []
-    real = write_mod._Arena.__init__
-    real_writeback = write_mod._start_writeback
+    real = syscalls.Arena.__init__
+    real_writeback = write_shard_mod.start_writeback
 
     def tiny(self, size=1 << 20):
         real(self, 700)  # smaller than one member here
         sizes.append(self)
 
-    monkeypatch.setattr(write_mod._Arena, "__init__", tiny)
-    monkeypatch.setattr(write_mod, "_WRITEBACK_EVERY", 1)
-    monkeypatch.setattr(write_mod, "_start_writeback", lambda *a: (advised.append(a), real_writeback(*a)))
+    monkeypatch.setattr(syscalls.Arena, "__init__", tiny)
+    monkeypatch.setattr(write_shard_mod, "WRITEBACK_EVERY", 1)
+    monkeypatch.setattr(write_shard_mod, "start_writeback", lambda *a: (advised.append(a), real_writeback(*a)))
     run_write(work, inp, tmp_path / "small_buffer", workers=1)
     assert sizes and all(len(a.buf) > 700 for a in sizes)  # each grew to the largest pack it met
     assert len(advised) > len(sizes)  # (one arena per shard, writeback after each of its packs)
@@ -191,10 +195,10 @@ def test_media_read_or_copied_in_kernel_give_the_same_shards(packed, tmp_path, m
         return real_cfr(*a)
 
     copies = []
-    real_copy = write_mod._copy
-    monkeypatch.setattr(write_mod, "_copy", lambda *a: (copies.append(a), real_copy(*a))[1])
-    monkeypatch.setattr(write_mod.os, "copy_file_range", cfr)
-    monkeypatch.setattr(write_mod, "_SMALL", cut)
+    real_copy = write_shard_mod.copy_range
+    monkeypatch.setattr(write_shard_mod, "copy_range", lambda *a: (copies.append(a), real_copy(*a))[1])
+    monkeypatch.setattr(write_shard_mod.os, "copy_file_range", cfr)
+    monkeypatch.setattr(syscalls, "SMALL", cut)
     res = run_write(work, inp, tmp_path / "o", workers=1)
     assert {p.name: sha(p) for p in (tmp_path / "o").glob("*.tar")} == {p.name: sha(p) for p in out.glob("*.tar")}
     assert res.written == res.shards > 0 and media[0] < media[-1]
@@ -218,7 +222,7 @@ def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monke
     for p in out.glob("*.tar"):
         p.unlink()
     calls = {"n": 0}
-    real = write_mod.member_header
+    real = write_shard_mod.member_header
 
     def dying_header(*a):
         calls["n"] += 1
@@ -226,13 +230,13 @@ def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monke
             raise KeyboardInterrupt("simulated kill")
         return real(*a)
 
-    monkeypatch.setattr(write_mod, "member_header", dying_header)
+    monkeypatch.setattr(write_shard_mod, "member_header", dying_header)
     with pytest.raises(KeyboardInterrupt):
         run_write(work, inp, out, workers=1)
     partial = {p.name for p in out.glob("*.tar")}
     assert partial < set(clean)  # some shards done, never a partial file under a final name
     assert all(sha(out / n) == clean[n] for n in partial)
-    monkeypatch.setattr(write_mod, "member_header", real)
+    monkeypatch.setattr(write_shard_mod, "member_header", real)
     res = run_write(work, inp, out, workers=1)
     assert res.skipped == len(partial) and res.written == len(clean) - len(partial)
     assert {p.name: sha(p) for p in out.glob("*.tar")} == clean
@@ -256,15 +260,15 @@ def test_unchanged_output_shards_are_found_without_loading_each_shard(dataset, t
         found = current_shards(con, out, context)
         # one query over all shards gives each shard's fingerprint exactly as the writer computed it
         for r in found:
-            job = shard_job(con, dataset, r["shard"])
-            assert write_mod.shard_fingerprint(job, context) == tario.first_pack_meta(out / r["shard"])["shard_fingerprint"]
-            assert (r["packs"], r["samples"]) == (len(job.packs), sum(len(p.subs) for p in job.packs))
-    assert sorted(r["shard"] for r in found) == names and len(names) >= 2
+            job = shard_job(con, dataset, r.shard)
+            assert fingerprints.shard_fingerprint(job, context) == tario.first_pack_meta(out / r.shard)["shard_fingerprint"]
+            assert (r.packs, r.samples) == (len(job.packs), sum(len(p.subs) for p in job.packs))
+    assert sorted(r.shard for r in found) == names and len(names) >= 2
     before = {n: sha(out / n) for n in names}
     (out / names[1]).unlink()
     loaded = []
     real = load_shard_job
-    monkeypatch.setattr(write_stage, "load_shard_job", lambda *a: loaded.append(a[-1]) or real(*a))
+    monkeypatch.setattr(write_copy, "load_shard_job", lambda *a: loaded.append(a[-1]) or real(*a))
     res = run_write(work, dataset, out, workers=1)
     assert loaded == [names[1]] and (res.written, res.skipped) == (1, len(names) - 1)
     assert {n: sha(out / n) for n in names} == before
@@ -287,7 +291,7 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     with store.connect(work, read_only=True) as con:
         names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
         assert len(names) >= 2
-        with store.staged(work, write_stage.WRITE_ROWS, names) as rows:
+        with store.staged(work, jobs.WRITE_ROWS, names) as rows:
             assert not stale.exists() and live.exists() and elsewhere.exists()
             for n in names:
                 assert shard_job(con, inp, n, rows) == shard_job(con, inp, n)
@@ -309,7 +313,7 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
 
     def broken(*a, **kw):
         raise OSError("disk full")
-    monkeypatch.setattr(write_stage, "write_all", broken)
+    monkeypatch.setattr(write_copy, "write_all", broken)
     shutil.rmtree(out)
     with pytest.raises(OSError, match="disk full"):
         run_write(work, inp, out, workers=1)
@@ -634,7 +638,8 @@ def _dict_document(job, context, records) -> bytes:
 
 
 def test_spliced_pack_document_is_byte_identical_to_dumping_the_dict():
-    from pack_assets.core.write import PackJob, SubSample, member_key, pack_document
+    from pack_assets.core.write.fingerprints import member_key
+    from pack_assets.core.write.jobs import PackJob, SubSample, pack_document
 
     messages = [{"role": "system", "content": [{"type": "text", "text": 'quote " back\\slash \u2028 ü 😀 \x01'}]},
                 {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x", "w": 1.5e-7}]}]
@@ -665,7 +670,9 @@ def test_spliced_pack_document_is_byte_identical_to_dumping_the_dict():
 
 @pytest.mark.parametrize("pack_ids", [["p00000001", "p00000002"], ["p.1", "dir/p2", "__p3__"]])
 def test_energon_index_kept_while_writing_equals_reading_the_shard_back(tmp_path, pack_ids):
-    from pack_assets.core.write import PackJob, ShardJob, SubSample, _sample_index, write_shard
+    from pack_assets.core.write.energon import sample_index
+    from pack_assets.core.write.jobs import PackJob, ShardJob, SubSample
+    from pack_assets.core.write.shard import write_shard
 
     src = tmp_path / "src.bin"
     blobs = [os.urandom(n) for n in (10, 700, 5000, 1 << 20)]  # the last one is copied in kernel
@@ -682,7 +689,7 @@ def test_energon_index_kept_while_writing_equals_reading_the_shard_back(tmp_path
                                                  refs[i::2])])
              for i, pid in enumerate(pack_ids)]
     result = write_shard(str(tmp_path), ShardJob("out.tar", packs), {"profile": "x"})
-    assert result["index"] == _sample_index(tmp_path / "out.tar")
+    assert result.index == sample_index(tmp_path / "out.tar")
     with tarfile.open(tmp_path / "out.tar") as tf:
         got = [tf.extractfile(m).read() for m in tf.getmembers() if m.name.endswith(".jpg")]
     assert got == [blobs[j] for i in range(len(pack_ids)) for j in range(len(blobs))[i::2]]
@@ -697,11 +704,11 @@ def test_the_audit_uses_the_writers_fingerprints_only_while_they_hold(packed):
     inp, work, out, _ = packed
     assert run_audit(work, out).ok
     from_record = json.loads((work / "audited_shards.json").read_text())
-    (work / write_stage.WRITTEN).unlink()
+    (work / write_record.WRITTEN).unlink()
     assert run_audit(work, out).ok
     assert json.loads((work / "audited_shards.json").read_text()) == from_record and from_record
     run_write(work, inp, out, workers=1)  # all current: the record is written again, nothing rewritten
-    assert (work / write_stage.WRITTEN).exists()
+    assert (work / write_record.WRITTEN).exists()
     # flip one byte inside an image of a source shard: same size, same header, so same token count and plan
     with store.connect(work, read_only=True) as con:
         sid, offset, size = con.execute(
@@ -750,8 +757,8 @@ def test_a_rerun_keeps_the_energon_index_rows_of_untouched_shards_only_while_the
     inp, work, out, _ = packed
     fresh = _energon_rows(out)
     read_back = []
-    real = write_stage._sample_index
-    monkeypatch.setattr(write_stage, "_sample_index", lambda p: read_back.append(p.name) or real(p))
+    real = energon.sample_index
+    monkeypatch.setattr(energon, "sample_index", lambda p: read_back.append(p.name) or real(p))
     run_write(work, inp, out, workers=1)  # every shard current: their rows come from the last index
     assert read_back == [] and _energon_rows(out) == fresh
     # a shard touched since (new mtime) and an index not the one the record hashed are read back instead
@@ -778,16 +785,16 @@ def test_after_an_incremental_plan_the_energon_index_grows_from_the_last_one(pac
              PROFILE)
     before = {p.name for p in out.glob("*.tar")}
     read_back, rows_read = [], []
-    real_index, real_rows = write_stage._sample_index, write_stage.LastIndex.rows
-    monkeypatch.setattr(write_stage, "_sample_index", lambda p: read_back.append(p.name) or real_index(p))
-    monkeypatch.setattr(write_stage.LastIndex, "rows",
+    real_index, real_rows = energon.sample_index, energon.LastIndex.rows
+    monkeypatch.setattr(energon, "sample_index", lambda p: read_back.append(p.name) or real_index(p))
+    monkeypatch.setattr(energon.LastIndex, "rows",
                         staticmethod(lambda db, tar_id, parts=True: rows_read.append(parts) or real_rows(db, tar_id, parts)))
     res = run_write(work, inp, out, workers=1)
     assert res.written >= 1 and res.skipped == len(before) and {p.name for p in out.glob("*.tar")} > before
     assert read_back == [] and rows_read == [False] * len(before)
     grown = _energon_rows(out)
     assert {r[0] for r in grown[0]} == set(range(res.shards))
-    (work / write_stage.WRITTEN).unlink()  # no record: every shard's rows come from its tar headers
+    (work / write_record.WRITTEN).unlink()  # no record: every shard's rows come from its tar headers
     run_write(work, inp, out, workers=1)
     assert sorted(read_back) == sorted(p.name for p in out.glob("*.tar")) and _energon_rows(out) == grown
     assert not list((out / ".nv-meta").glob(".index.sqlite.tmp-*"))
@@ -800,14 +807,14 @@ def test_the_writers_record_is_keyed_by_every_catalog_file(packed):
     with store.connect(work, read_only=True) as con:
         files = store.catalog_files(con)
         info = PlanInfo.load(con)
-        key = write_stage.written_key(con, info, write_context(info))
+        key = write_record.written_key(con, info, write_context(info))
     assert any("/manifest/" in f and f.endswith("samples.parquet") for f in files)
     assert any("/token_lengths/" in f for f in files) and all(Path(f).exists() for f in files)
     token_file = next(Path(f) for f in files if "/token_lengths/" in f)
     st = token_file.stat()
     os.utime(token_file, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
     with store.connect(work, read_only=True) as con:
-        assert write_stage.written_key(con, info, write_context(info)) != key
+        assert write_record.written_key(con, info, write_context(info)) != key
 
 
 def test_a_rerun_vouches_for_its_own_shards_by_content_digest_and_for_nothing_it_did_not_check(packed, monkeypatch):
@@ -819,12 +826,12 @@ def test_a_rerun_vouches_for_its_own_shards_by_content_digest_and_for_nothing_it
     inp, work, out, _ = packed
     run_write(work, inp, out, workers=1)  # the record now holds digests
     asked: list = []
-    real = write_stage.current_shards
-    monkeypatch.setattr(write_stage, "current_shards", lambda *a, **k: asked.append(k.get("only")) or real(*a, **k))
+    real = write_copy.current_shards
+    monkeypatch.setattr(write_copy, "current_shards", lambda *a, **k: asked.append(k.get("only")) or real(*a, **k))
     names = sorted(p.name for p in out.glob("*.tar"))
     res = run_write(work, inp, out, workers=1)
     assert asked == [set()] and (res.written, res.skipped) == (0, len(names)) and len(names) >= 2
-    record = json.loads((work / write_stage.WRITTEN).read_text())
+    record = json.loads((work / write_record.WRITTEN).read_text())
     assert {n: s[2] for n, s in record["shards"].items()} == \
         {n: tario.first_pack_meta(out / n)["shard_fingerprint"] for n in names}
     with store.connect(work, read_only=True) as con:
@@ -860,8 +867,8 @@ def test_a_rerun_vouches_for_its_own_shards_by_content_digest_and_for_nothing_it
     asked.clear()
     res = run_write(work, inp, out, workers=1)
     assert asked == [{other}] and res.written == 0
-    record = json.loads((work / write_stage.WRITTEN).read_text())
-    (work / write_stage.WRITTEN).write_text(json.dumps({**record, "digest_format": 1}))
+    record = json.loads((work / write_record.WRITTEN).read_text())
+    (work / write_record.WRITTEN).write_text(json.dumps({**record, "digest_format": 1}))
     asked.clear()
     res = run_write(work, inp, out, workers=1)
     assert asked == [set(names)] and res.written == 0
@@ -887,11 +894,11 @@ def test_the_writer_takes_each_digest_from_its_record_until_its_sources_catalog_
     run_write(work, inp, out, workers=1)
 
     def digests() -> tuple[dict, dict, list]:
-        record = json.loads((work / write_stage.WRITTEN).read_text())
+        record = json.loads((work / write_record.WRITTEN).read_text())
         with store.connect(work, read_only=True) as con:
             asked = _Asked(con)
-            got = write_stage.shard_digests(asked, record)
-            assert got[0] == write_stage.shard_digests(con)[0]
+            got = write_record.shard_digests(asked, record)
+            assert got[0] == write_record.shard_digests(con)[0]
         return *got, [q[1:] for q in asked.queries if "md5(conversation)" in q[0]]
 
     old, keys, computed = digests()
@@ -910,8 +917,8 @@ def test_the_writer_takes_each_digest_from_its_record_until_its_sources_catalog_
     again, rekeyed, computed = digests()
     assert again == new and {n for n in keys if rekeyed[n] != keys[n]} == set(added)
     assert computed == [([added, added],)]
-    record = json.loads((work / write_stage.WRITTEN).read_text())
-    (work / write_stage.WRITTEN).write_text(json.dumps({**record, "digest_keys": {}}))  # as written before the keys
+    record = json.loads((work / write_record.WRITTEN).read_text())
+    (work / write_record.WRITTEN).write_text(json.dumps({**record, "digest_keys": {}}))  # as written before the keys
     assert digests()[2] == [()]  # every digest computed, in one query over every shard
 
 
@@ -925,8 +932,8 @@ def test_a_touched_source_is_rescanned_and_its_output_shards_are_kept_a_new_plan
     run_write(work, inp, out, workers=1)
     names = sorted(p.name for p in out.glob("*.tar"))
     asked: list = []
-    real = write_stage.current_shards
-    monkeypatch.setattr(write_stage, "current_shards", lambda *a, **k: asked.append(k.get("only")) or real(*a, **k))
+    real = write_copy.current_shards
+    monkeypatch.setattr(write_copy, "current_shards", lambda *a, **k: asked.append(k.get("only")) or real(*a, **k))
     shards = list(store.find_shards(inp))
     src = inp / f"{shards[0]}.tar"
     st = src.stat()
@@ -937,17 +944,17 @@ def test_a_touched_source_is_rescanned_and_its_output_shards_are_kept_a_new_plan
         run_token_lengths(work, s, PROFILE)
     run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
     with store.connect(work, read_only=True) as con:
-        vouched, refuted = write_stage.vouched_shards(work, out, write_context(PlanInfo.load(con)),
-                                                      write_stage.shard_digests(con)[0])
-    assert sorted(r["shard"] for r in vouched) == names and not refuted
+        vouched, refuted = write_record.vouched_shards(work, out, write_context(PlanInfo.load(con)),
+                                                      write_record.shard_digests(con)[0])
+    assert sorted(r.shard for r in vouched) == names and not refuted
     res = run_write(work, inp, out, workers=1)
     assert asked == [set()] and (res.written, res.skipped) == (0, len(names))
     (inp / f"{shards[-1]}.tar").unlink()  # a source removed: the same settings (context), other packs
     shards = list(store.find_shards(inp))
     run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
     with store.connect(work, read_only=True) as con:
-        vouched, refuted = write_stage.vouched_shards(work, out, write_context(PlanInfo.load(con)),
-                                                      write_stage.shard_digests(con)[0])
+        vouched, refuted = write_record.vouched_shards(work, out, write_context(PlanInfo.load(con)),
+                                                      write_record.shard_digests(con)[0])
     assert refuted and not vouched  # refuted by digest alone: the context is the one recorded
     asked.clear()
     res = run_write(work, inp, out, workers=1)

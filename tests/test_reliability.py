@@ -34,14 +34,14 @@ KILL_POINTS = [
     ("pack_assets.core.report:simulate", 1),
     ("pack_assets.core.plan:plan_jsonl", 1),
     ("pack_assets.core.plan:check_plan", 1),
-    ("pack_assets.core.write:shard_job", 1, 1),
-    ("pack_assets.core.write:member_header", 9, 1),
-    ("pack_assets.core.write:member_header", 25, 1),
-    ("pack_assets.core.write:member_header", 5, 2),  # a writer process of the pool dies
-    ("pack_assets.core.write:os.fsync", 1),
-    ("pack_assets.core.write:os.replace", 2),
-    ("pack_assets.core.write:write_energon_meta", 1),
-    ("pack_assets.core.write:write_wids_index", 1),
+    ("pack_assets.core.write.jobs:shard_job", 1, 1),
+    ("pack_assets.core.write.shard:member_header", 9, 1),
+    ("pack_assets.core.write.shard:member_header", 25, 1),
+    ("pack_assets.core.write.shard:member_header", 5, 2),  # a writer process of the pool dies
+    ("pack_assets.core.write.shard:os.fsync", 1),
+    ("pack_assets.core.write.shard:os.replace", 2),
+    ("pack_assets.core.write.shared:write_energon_meta", 1),
+    ("pack_assets.core.write.shared:write_wids_index", 1),
 ]
 
 
@@ -100,7 +100,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from pack_assets.core import scan as scan_mod  # noqa: E402
-from pack_assets.core import write as write_mod  # noqa: E402
+from pack_assets.core.write import shard as write_shard_mod  # noqa: E402
 from pack_assets.core.audit import run_audit  # noqa: E402
 from pack_assets.core.plan import (
     PlanConfig,  # noqa: E402
@@ -153,7 +153,7 @@ def test_full_disk_on_output_leaves_no_partial_file_and_a_rerun_finishes(tmp_pat
     inp = small_dataset(tmp_path / "in")
     work, out = tmp_path / "work", tmp_path / "out"
     _prepare(inp, work)
-    real = write_mod.padding
+    real = write_shard_mod.padding
     calls = {"n": 0}
 
     def full(n):
@@ -162,11 +162,11 @@ def test_full_disk_on_output_leaves_no_partial_file_and_a_rerun_finishes(tmp_pat
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(n)
 
-    monkeypatch.setattr(write_mod, "padding", full)
+    monkeypatch.setattr(write_shard_mod, "padding", full)
     with pytest.raises(OSError, match="No space"):
         run_write(work, inp, out, workers=1)
     assert not list(out.glob(".*tmp*"))
-    monkeypatch.setattr(write_mod, "padding", real)
+    monkeypatch.setattr(write_shard_mod, "padding", real)
     run_write(work, inp, out, workers=1)
     assert run_audit(work, out).ok
 
@@ -241,7 +241,8 @@ def test_key_grouping_agrees_with_webdataset(pairs):
 def test_writer_reader_round_trip_keeps_every_byte(sub_media, packs_per_shard):
     import tempfile
 
-    from pack_assets.core.write import PackJob, ShardJob, SubSample, write_all
+    from pack_assets.core.write.copy import write_all
+    from pack_assets.core.write.jobs import PackJob, ShardJob, SubSample
     from pack_assets.reader import iter_packs
 
     with tempfile.TemporaryDirectory() as d:

@@ -4,7 +4,7 @@ Reads every output shard (not the plan), hashes every media member, and checks i
 the manifest: every source sample exactly once across packed / dropped / rejected (per shard and in total),
 no pack over capacity, no mixed media types, every media (and extra member) byte equal to its source,
 ``_meta`` consistent, and every packed conversation equal to the current manifest's (nothing stale).
-An index-mode output (``core/index_out.py``) is checked the same way, its media read from the source
+An index-mode output (``core/indexmode.py``) is checked the same way, its media read from the source
 ranges its index names, after the sources' stamps (``source_changed``, ``bad_index`` besides).
 """
 
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import duckdb
 
-from . import drift, index_out, procs, store
+from . import drift, procs, store
 from .coverage import not_counted
+from .indexmode import INDEX_PART, SourceFiles, is_index_folder
 from .plan import PlanConfig, PlanInfo, check_plan
 from .profiles import ModelProfile, ProfileError
 from .reasons import ReasonError
@@ -36,7 +37,7 @@ from .results import AuditResult
 from .settings import AUDIT_SCOPES
 from .tario import iter_entries, split_key
 from .tokens import TokenCounter
-from .write import ShardFingerprint, current_shards, write_context, written_key, written_stamps
+from .write.current import current_stamps
 
 # Below this much output a second process costs more (spawn + imports, ~2 s) than it saves, and the output
 # shards are read by threads instead. 4 output shards of 870 MB in all, at a load average of 5 on 2 cores:
@@ -210,7 +211,7 @@ def _hashed(packs, hasher: ThreadPoolExecutor):
     last = None
     try:
         for key, parts in packs:
-            ahead = None if index_out.INDEX_PART in parts else hasher.submit(_digests, parts)
+            ahead = None if INDEX_PART in parts else hasher.submit(_digests, parts)
             if last is not None:
                 yield done(*last)
             last = key, parts, ahead
@@ -234,10 +235,10 @@ def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig, rows: store.
     plan, samples, members = _shard_expectations(con, name, rows)
     packs = _pack_parts(path)
     try:
-        with index_out.SourceFiles() as sources:
+        with SourceFiles() as sources:
             for key, parts, digests in _hashed(packs, hasher) if hasher else ((k, p, None) for k, p in packs):
                 seen[key] += 1
-                if index_out.INDEX_PART in parts:
+                if INDEX_PART in parts:
                     parts = _resolve_index(res, name, key, parts, sources)
                 counts.update(_check_pack(res, name, key, parts, plan.get(key), samples, members, config, digests))
     except (tarfile.TarError, OSError) as e:
@@ -245,17 +246,17 @@ def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig, rows: store.
     return res.violations, seen, counts
 
 
-def _resolve_index(res: AuditResult, name: str, key: str, parts: dict, sources: index_out.SourceFiles) -> dict:
+def _resolve_index(res: AuditResult, name: str, key: str, parts: dict, sources: SourceFiles) -> dict:
     """An index-mode pack's parts with its media read back from the source ranges (re-hashed by
     _check_media like copied ones): a changed or missing source is a violation, its parts stay absent
     (missing_media), and the index must name the very ranges `_meta` records."""
     try:
-        index = json.loads(parts[index_out.INDEX_PART])
+        index = json.loads(parts[INDEX_PART])
         ranges = {p: (r["source"], r["offset"], r["size"]) for p, r in index["parts"].items()}
         meta = json.loads(parts["json"])["_meta"]
     except (ValueError, KeyError, TypeError) as e:
         res.add("bad_index", f"pack {key}: unreadable index ({type(e).__name__}: {e})", shard=name, pack_id=key)
-        return {k: v for k, v in parts.items() if k != index_out.INDEX_PART}
+        return {k: v for k, v in parts.items() if k != INDEX_PART}
     for src in meta.get("sources", []):
         for m in src.get("media", []) + src.get("extra", []):
             part = m["output_name"].split(".", 1)[1]
@@ -267,7 +268,7 @@ def _resolve_index(res: AuditResult, name: str, key: str, parts: dict, sources: 
         resolved = sources.resolve(parts, problems)
     except ValueError as e:  # a source that names no recorded root (dataset)
         res.add("bad_index", f"pack {key}: {e}", shard=name, pack_id=key)
-        return {k: v for k, v in parts.items() if k != index_out.INDEX_PART}
+        return {k: v for k, v in parts.items() if k != INDEX_PART}
     for p in problems:
         res.add("source_changed", f"pack {key}: {p}", shard=name, pack_id=key)
     return resolved
@@ -291,7 +292,7 @@ def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, wo
     """Per-shard audit results in shard order; output shards are independent, so several threads or
     processes (each with its own DuckDB cursor or read-only connection) share them."""
     total = sum((out_dir / n).stat().st_size for n in shards if (out_dir / n).exists())
-    if index_out.is_index_folder(out_dir):  # what is read and hashed is the sources' media, not the small index
+    if is_index_folder(out_dir):  # what is read and hashed is the sources' media, not the small index
         total += con.execute("SELECT coalesce(sum(m.size), 0) FROM pack_members JOIN members m USING (sample_id)").fetchone()[0]
     workers = min(workers or os.cpu_count() or 1, len(shards))
     if workers <= 1:
@@ -437,7 +438,7 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
         "extra_members_checked": counts["extra"],
         "extra_bytes_checked": counts["extra_bytes"],
         "violations": len(res.violations),
-        "output_mode": "index" if index_out.is_index_folder(out_dir) else "copy",
+        "output_mode": "index" if is_index_folder(out_dir) else "copy",
         "per_shard": per_shard,
         **({"per_dataset": per_dataset} if repeats is not None else {}),
     }
@@ -549,23 +550,7 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
     with store.connect(work, read_only=True) as con:
         info = PlanInfo.load(con)
         figures = audit_figures(con, work, info.config.max_len)  # drawn aside while the outputs are read back
-        stamps = None
-        index = index_out.load_index(out_dir)
-        if index is None:
-            context, fingerprint = write_context(info), ShardFingerprint
-            # the writer's record, while it holds, spares the fingerprint query over every sample
-            names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
-            stamps = written_stamps(work, written_key(con, info, context), out_dir, names)
-        else:  # index mode: its shards are current only while every source they name is as indexed
-            context = index_out.index_context(info)
-            fingerprint = functools.partial(index_out.IndexFingerprint, root=index_out.index_root(index))
-        if stamps is None:
-            stamps = {}
-            for r in current_shards(con, out_dir, context, fingerprint):
-                st = (out_dir / r["shard"]).stat()
-                stamps[r["shard"]] = [st.st_size, st.st_mtime_ns, r["fingerprint"]]
-        if index is not None and not index_out.sources_unchanged(index):
-            stamps = {}
+        stamps = current_stamps(con, work, out_dir, info)
         before, recounted = _audited(work) if scope == "changed" else ({}, 0.0)
         trusted = frozenset(n for n, stamp in stamps.items() if before.get(n) == stamp)
         blend = info.stats.get("blend")

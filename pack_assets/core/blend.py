@@ -409,10 +409,11 @@ def retire_epochs(out_dir: Path, epochs: int) -> list[Path]:
 def run_blend_write(work: Path, recipe: Recipe, out_dir: Path, workers: int = 0, progress=None,
                     mode: str = "copy") -> BlendWriteSummary:
     """Every epoch written to ``<output>/epoch-<k>/``, copy or index mode (an index records every dataset's
-    folder: ``index_out``)."""
-    from .write import run_write
+    folder: ``core/indexmode.py``)."""
+    from .write import run_write, run_write_index
 
-    written = [run_write(epoch_work(work, k), recipe.roots, out_dir / epoch_name(k), workers, progress, mode=mode)
+    writer = run_write_index if mode == "index" else run_write
+    written = [writer(epoch_work(work, k), recipe.roots, out_dir / epoch_name(k), workers, progress)
                for k in range(recipe.epochs)]
     return BlendWriteSummary(written, out_dir, retire_epochs(out_dir, recipe.epochs))
 

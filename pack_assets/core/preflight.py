@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import owned, shardwork
 from .blend import epoch_name
-from .index_out import INDEX_FILE
+from .indexmode import INDEX_FILE
 from .settings import Settings
 
 

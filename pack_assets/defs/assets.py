@@ -164,9 +164,9 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     written = [0]  # packs written so far (not those of output shards found current)
 
     def progress(r, done, total):
-        context.log.info(f"[{done}/{total}] {r['shard']}: {r['packs']} packs, {r['bytes']} bytes"
-                         f"{' (already there)' if r['skipped'] else ''}")
-        written[0] += 0 if r["skipped"] else r["packs"]
+        context.log.info(f"[{done}/{total}] {r.shard}: {r.packs} packs, {r.bytes} bytes"
+                         f"{' (already there)' if r.skipped else ''}")
+        written[0] += 0 if r.skipped else r.packs
         events.emit(Progress(events.WRITE, done, total, "output shards", written[0], "packs written"))
 
     events.emit(Progress(events.WRITE, 0, 0, "output shards", 0, "packs written"))
@@ -176,7 +176,8 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
         if s.recipe:
             summary = blend.run_blend_write(s.work, s.blend(), s.out, s.write_workers, progress, s.output_mode)
         else:
-            summary = write.run_write(s.work, s.input_root, s.out, s.write_workers, progress, mode=s.output_mode)
+            writer = write.run_write_index if s.output_mode == "index" else write.run_write
+            summary = writer(s.work, s.input_root, s.out, s.write_workers, progress)
     if summary.foreign_files:
         context.log.info(f"{len(summary.foreign_files)} file(s) in {s.out} not written by pack_assets, left "
                          f"alone: {summary.foreign_files[:10]}")

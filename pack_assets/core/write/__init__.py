@@ -1,0 +1,22 @@
+"""packed_shards stage: one output sample per pack, in copy mode (media copied by byte range) or index mode
+(byte ranges into the sources instead). The caller chooses the mode: `run_write` or `run_write_index`.
+
+The modules, each on the ones before it:
+
+| module | owns |
+|---|---|
+| `energon.py` | Energon's `.nv-meta/` and `.tar.idx`, webdataset's `wids-index.json`; the index kept while writing |
+| `jobs.py` | the job types (output shard -> packs -> sub-samples), gathered from the catalog; the pack document |
+| `syscalls.py` | moving bytes: `copy_file_range`, one `pread` per sample into a reused buffer, `writev`, advice |
+| `fingerprints.py` | which output shards already hold their planned content (`current_shards`) |
+| `record.py` | the writer's record of what it wrote: the next write and the audit trust it while it holds |
+| `shard.py` | one copy-mode output shard written atomically (`write_shard`) |
+| `shared.py` | what both modes share as a stage: `_meta`'s context, the source check, the folder, the summary |
+| `copy.py`, `index.py` | the two modes as stages (`run_write`, `run_write_index`) |
+"""
+
+from .copy import run_write
+from .index import run_write_index
+from .shared import SourceChanged, WriteSummary, write_context
+
+__all__ = ["SourceChanged", "WriteSummary", "run_write", "run_write_index", "write_context"]

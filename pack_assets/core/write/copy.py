@@ -1,0 +1,93 @@
+"""packed_shards in copy mode (the default): every planned output shard written with its media (`shard.py`),
+in a process pool when there are several, or found current and left as it is (the writer's record, else the
+fingerprint query); then the folder's Energon and wids metadata and the writer's record."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from .. import owned, store
+from ..plan import PlanInfo
+from .energon import LastIndex
+from .fingerprints import current_shards
+from .jobs import WRITE_ROWS, ShardJob, ShardResult, load_shard_job
+from .record import last_index, load_record, record_written, shard_digests, vouched_shards, written_key
+from .shard import write_shard
+from .shared import (OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards,
+                     used_sources, write_context)
+
+def _write_shard_star(args) -> ShardResult:
+    return write_shard(*args)
+
+
+def _each_written(args: list[tuple], workers: int) -> Iterator[ShardResult]:
+    """write_shard of each job, in order: in this process, or in a pool of ``workers`` processes."""
+    if workers <= 1 or len(args) <= 1:
+        yield from map(_write_shard_star, args)
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        yield from pool.map(_write_shard_star, args)
+
+
+def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, workers: int = 0,
+              progress: Progress | None = None, loader=None, done: list[ShardResult] | None = None,
+              plan_fingerprint: str = "", last: LastIndex | None = None) -> list[ShardResult]:
+    """Write every shard (a process pool when there are several), remove stale ones, write Energon metadata
+    (its index uuid named after ``plan_fingerprint``). ``done``: results of shards the caller already found
+    current; they are kept, not rewritten. ``last``: the index the last write left, whose rows of those
+    still hold."""
+    names = sorted({r.shard for r in done or []} | {j if isinstance(j, str) else j.name for j in jobs})
+    folder = OutputFolder(out_dir, owned.planned_files(names))
+    workers = workers or min(os.cpu_count() or 1, max(1, len(jobs)))
+    args = [(str(out_dir), j, context, loader) for j in jobs]
+    results: list[ShardResult] = list(done or [])
+    total = len(results) + len(jobs)
+    for i, r in enumerate(results, 1):
+        if progress:
+            progress(r, i, total)
+    with contextlib.closing(_each_written(args, workers)) as written:
+        for r in written:
+            results.append(r)
+            if progress:
+                progress(r, len(results), total)
+    indexes = {r.shard: r.index for r in results if r.index is not None}
+    meta = folder.metadata(sorted(r.shard for r in results), plan_fingerprint or context["config_fingerprint"],
+                           indexes, last)
+    folder.finish(meta, results)
+    return [replace(r, index=None) for r in results]  # the indexes are written: not kept past here
+
+
+def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
+              progress: Progress | None = None) -> WriteSummary:
+    """The stage in copy mode: every planned output shard written or found current. ``input_root``: the
+    input folder, or a recipe's roots (dataset name -> folder) for one of its epochs."""
+    t0 = time.perf_counter()
+    check_roots(input_root, work, out_dir)
+    with store.connect(work, read_only=True) as con:
+        info = PlanInfo.load(con)
+        check_sources(con, input_root, used_sources(con))
+        names = planned_shards(con)
+        context = write_context(info)
+        key = written_key(con, info, context)
+        digests, keys = shard_digests(con, load_record(work))
+        done, refuted = vouched_shards(work, out_dir, context, digests)
+        # the rest of what is on disk (not as the writer left it, or no record of it) by its fingerprint
+        done += current_shards(con, out_dir, context, only=set(names) - {r.shard for r in done} - refuted)
+    skip = {r.shard for r in done}
+    last = last_index(work, out_dir, skip)
+    todo = [n for n in names if n not in skip]
+    with store.staged(work, WRITE_ROWS, todo) if len(todo) > 1 else contextlib.nullcontext() as rows:
+        root = input_root if isinstance(input_root, dict) else str(input_root)
+        results = write_all(out_dir, todo, context, workers=workers, progress=progress,
+                            loader=functools.partial(load_shard_job, str(work), root, rows), done=done,
+                            plan_fingerprint=info.fingerprint, last=last)
+    record_written(work, key, out_dir, results, context, digests, keys)
+    return WriteSummary.of(out_dir, owned.planned_files(names), names, results, time.perf_counter() - t0,
+                           info.fingerprint)

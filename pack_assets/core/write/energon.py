@@ -1,0 +1,235 @@
+"""The metadata that lets readers open an output folder as it is: Megatron-Energon's ``.nv-meta/`` (as
+``energon prepare`` writes it: dataset.yaml, split.yaml, .info.json, index.sqlite, index.uuid) with each
+shard's ``.tar.idx``, and webdataset's ``wids-index.json``. The index of a shard just written is kept while it
+is written (`IndexBuilder`), the rows of shards the last write left unchanged are taken from its index
+(`LastIndex`), and only the others are read back from their tar headers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import struct
+import urllib.parse
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import store
+from ..owned import NV_META, WIDS
+from ..safety import file_sha256, mkstemp
+from ..tario import Entry, group_by_key, iter_entries, split_key
+
+ENERGON_FORMAT = "7.4.1"  # the megatron-energon release whose `energon prepare` output this matches (tested)
+
+# (key, header offset, size) per sample, (sample index, part, data offset, size) per member, end offset
+Index = tuple[list[tuple[str, int, int]], list[tuple[int, str, int, int]], int]
+
+
+def plain_key(pack_id: str) -> bool:
+    """Whether every member `{pack_id}.{part}` has the key pack_id by the WebDataset rule (no dot, no
+    folder) and is no __meta__ member."""
+    return bool(pack_id) and "." not in pack_id and "/" not in pack_id and not (
+        pack_id.startswith("__") and pack_id.endswith("__"))
+
+
+def index_of(entries: list[Entry], end: int) -> Index:
+    """The index of a shard's entries as a reader groups them (WebDataset keys)."""
+    samples, parts = [], []
+    groups = list(group_by_key(entries))
+    for i, (key, entries) in enumerate(groups):
+        start = entries[0].header
+        stop = groups[i + 1][1][0].header if i + 1 < len(groups) else end
+        samples.append((key, start, stop - start))
+        parts += [(i, split_key(e.name)[1], e.offset, e.size) for e in entries]
+    return samples, parts, end
+
+
+def sample_index(path: Path) -> Index:
+    """The index of a shard on disk (one the writer did not just write), read back from its tar headers."""
+    trailer: list[int] = []
+    with open(path, "rb") as f:
+        entries = list(iter_entries(f, path.stat().st_size, trailer))
+    return index_of(entries, trailer[0] if trailer else path.stat().st_size)
+
+
+class IndexBuilder:
+    """The Energon index of a shard as it is written, instead of read back: per pack (one WebDataset sample
+    when every pack id is a plain key) its place and its members' data; other ids go through the reader's
+    own grouping of the entries a reader would see."""
+
+    def __init__(self, pack_ids: Iterable[str]) -> None:
+        self.plain = all(plain_key(p) for p in pack_ids)
+        self.samples: list[tuple[str, int, int]] = []
+        self.parts: list[tuple[int, str, int, int]] = []
+        self.entries: list[Entry] = []
+
+    def member(self, pack_id: str, name: str, header_at: int, data_at: int, size: int) -> None:
+        if self.plain:  # the part is the name after `{pack_id}.`
+            self.parts.append((len(self.samples), name[len(pack_id) + 1:], data_at, size))
+        else:
+            self.entries.append(Entry(name, data_at, size, "file", header=header_at))
+
+    def pack(self, pack_id: str, start: int, end: int) -> None:
+        self.samples.append((pack_id, start, end - start))
+
+    def index(self, end: int) -> Index:
+        return (self.samples, self.parts, end) if self.plain else index_of(self.entries, end)
+
+
+@dataclass(frozen=True)
+class LastIndex:
+    """What the writer's record says of the Energon index the last write left: its sha256, its tars in tar
+    id order (``listed``); ``kept``: those unchanged since (size, mtime), whose rows stand."""
+    sha256: str
+    listed: list[str]
+    kept: frozenset[str]
+
+    @staticmethod
+    def rows(db, tar_id: int, parts: bool = True) -> Index:
+        samples = db.execute("SELECT sample_key, byte_offset, byte_size FROM samples WHERE tar_file_id = ? "
+                             "ORDER BY sample_index", [tar_id]).fetchall()
+        found = db.execute("SELECT sample_index, part_name, content_byte_offset, content_byte_size FROM sample_parts "
+                           "WHERE tar_file_id = ? ORDER BY rowid", [tar_id]).fetchall() if parts else []
+        return samples, found, (samples[-1][1] + samples[-1][2]) if samples else 0
+
+
+_INDEX_TABLES = ("CREATE TABLE IF NOT EXISTS samples (tar_file_id INTEGER NOT NULL, sample_key TEXT NOT NULL UNIQUE, "
+                 "sample_index INTEGER NOT NULL, byte_offset INTEGER, byte_size INTEGER)",
+                 "CREATE TABLE IF NOT EXISTS sample_parts (tar_file_id INTEGER, sample_index INTEGER, part_name TEXT, "
+                 "content_byte_offset INTEGER, content_byte_size INTEGER)")
+_INDEX_INDEXES = ("CREATE INDEX IF NOT EXISTS idx_samples_by_tar_and_idx ON samples(tar_file_id, sample_index)",
+                  "CREATE INDEX IF NOT EXISTS idx_sample_parts_seq ON sample_parts(tar_file_id, sample_index, "
+                  "content_byte_offset)",
+                  "CREATE INDEX IF NOT EXISTS idx_sample_parts_full ON sample_parts(tar_file_id, sample_index, part_name, "
+                  "content_byte_offset, content_byte_size)")
+
+
+@dataclass(frozen=True)
+class EnergonMeta:
+    """What `write_energon_meta` wrote: the folder's shards and each one's sample count, as its index has it."""
+    folder: Path
+    counts: dict[str, int]
+
+    def check(self, planned: Iterable[tuple[str, int]]) -> None:
+        """Every (shard, packs planned) holds one sample per pack in the index just written."""
+        for shard, packs in planned:
+            if self.counts[shard] != packs:
+                raise RuntimeError(f"{shard}: {self.counts[shard]} samples on disk, {packs} packs planned")
+
+
+def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str,
+                       indexes: dict[str, Index] | None = None, last: LastIndex | None = None) -> EnergonMeta:
+    """`.nv-meta/` as `energon prepare` writes it (dataset.yaml, split.yaml, .info.json, index.sqlite,
+    index.uuid) plus each shard's `.tar.idx`, so Megatron-Energon loads the output as it is. ``indexes``: the
+    shards this run wrote, indexed as they were written; ``last``: the index the last write left, whose rows
+    of its unchanged shards are kept (when those are its every tar and come first, as after an incremental
+    plan, the new index starts as that file); the others are read back from their tar headers."""
+    meta = out_dir / NV_META
+    meta.mkdir(parents=True, exist_ok=True)
+    names = sorted(shard_names)
+    counts = _write_index(out_dir, names, indexes or {}, last)
+    store.atomic_write_text(meta / "index.uuid", str(uuid.uuid5(uuid.NAMESPACE_URL, f"pack_assets:{fingerprint}")))
+    store.atomic_write_text(meta / "dataset.yaml", "__module__: megatron.energon\n__class__: CrudeWebdataset\n")
+    split = "split_parts:\n  train:\n" + "".join(f"  - {n}\n" for n in names) + "  val: []\n  test: []\nexclude: []\n"
+    store.atomic_write_text(meta / "split.yaml", split)
+    info = {"energon_version": ENERGON_FORMAT, "shard_counts": {n: counts[n] for n in names}}
+    store.atomic_write_text(meta / ".info.json", json.dumps(info, indent=2))
+    return EnergonMeta(out_dir, counts)
+
+
+@dataclass(frozen=True)
+class _Start:
+    """Where the new index.sqlite is written (a temp file) and what it starts from: ``base``, the last index
+    copied as it is (its tars first and all kept); else empty, the last index's ``copied`` file read from."""
+    tmp_db: str
+    copied: str | None
+    last: LastIndex | None
+    base: bool
+
+
+def _start(meta: Path, names: list[str], last: LastIndex | None) -> _Start:
+    fd, tmp_db = mkstemp(prefix=".index.sqlite.tmp-", dir=meta)
+    os.close(fd)
+    try:
+        if last is not None:  # hashed as copied: the rows kept are the rows the record vouches for
+            try:
+                shutil.copyfile(meta / "index.sqlite", tmp_db)
+                vouched = file_sha256(tmp_db) == last.sha256
+            except OSError:
+                vouched = False
+            if not vouched:
+                last = None
+                Path(tmp_db).write_bytes(b"")
+        base = last is not None and names[:len(last.listed)] == last.listed and last.kept >= set(last.listed)
+        if last is None or base:
+            return _Start(tmp_db, None, last, base)
+        fd, new_db = mkstemp(prefix=".index.sqlite.tmp-", dir=meta)  # the copy is read from; the new one starts empty
+        os.close(fd)
+        return _Start(new_db, tmp_db, last, False)
+    except BaseException:
+        Path(tmp_db).unlink(missing_ok=True)
+        raise
+
+
+def _write_index(out_dir: Path, names: list[str], indexes: dict[str, Index], last: LastIndex | None) -> dict[str, int]:
+    """index.sqlite (atomically) and every shard's `.tar.idx`; returns each shard's sample count."""
+    meta = out_dir / NV_META
+    start = _start(meta, names, last)
+    old = db = None
+    try:
+        if start.copied is not None:
+            old = sqlite3.connect(f"file:{urllib.parse.quote(start.copied)}?mode=ro", uri=True)
+        db = sqlite3.connect(start.tmp_db)
+        for sql in _INDEX_TABLES:
+            db.execute(sql)
+        counts = {name: _tar_rows(db, old, out_dir, tar_id, name, indexes, start) for tar_id, name in enumerate(names)}
+        for sql in _INDEX_INDEXES:
+            db.execute(sql)
+        db.commit()
+    except BaseException:
+        Path(start.tmp_db).unlink(missing_ok=True)
+        raise
+    finally:
+        for con in (db, old):
+            if con is not None:
+                con.close()
+        if start.copied is not None:
+            Path(start.copied).unlink(missing_ok=True)
+    os.replace(start.tmp_db, meta / "index.sqlite")
+    return counts
+
+
+def _tar_rows(db, old, out_dir: Path, tar_id: int, name: str, indexes: dict[str, Index], start: _Start) -> int:
+    """Tar ``tar_id``'s rows in the new index (kept, as written, from the last index, or read back) and its
+    `.tar.idx`; returns its sample count."""
+    last = start.last
+    if start.base and tar_id < len(last.listed):
+        samples, _, end = LastIndex.rows(db, tar_id, parts=False)
+    else:
+        if name in indexes:
+            samples, parts, end = indexes[name]
+        elif old is not None and name in last.kept:  # kept: in the record, so in its listing
+            samples, parts, end = LastIndex.rows(old, last.listed.index(name))
+        else:
+            samples, parts, end = sample_index(out_dir / name)
+        db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?)",
+                       [(tar_id, k, i, off, size) for i, (k, off, size) in enumerate(samples)])
+        db.executemany("INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)", [(tar_id, *p) for p in parts])
+    idx = out_dir / f"{name}.idx"
+    data = struct.pack(f"<{len(samples) + 1}Q", *[off for _, off, _ in samples], end)
+    fd, tmp = mkstemp(prefix=f".{idx.name}.tmp-", dir=out_dir)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, idx)
+    return len(samples)
+
+
+def write_wids_index(meta: EnergonMeta) -> None:
+    """`wids-index.json`: the shard list with sample counts that webdataset's `wids` reads for random access."""
+    counts = meta.counts
+    index = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": meta.folder.name,
+             "shardlist": [{"url": n, "nsamples": counts[n]} for n in sorted(counts)]}
+    store.atomic_write_text(meta.folder / WIDS, json.dumps(index, indent=2))
