@@ -11,7 +11,9 @@ gather them into ``<work>/pack_assets.duckdb`` as views, next to the tables the 
 
 Views over the Parquet files: manifest_samples, members, shards, token_lengths, rejected, samples (status
 and reason after both scan and count). Tables the plan writes in one transaction: pack_plan, pack_members,
-dropped, plan_info (one JSON row), and the view lineage. The audit's temporary table: audit_seen.
+dropped, plan_info (one JSON row), and the view lineage. Temporary tables: the plan check's snapshot of
+samples (`samples_snapshot`) and the audit's audit_seen. Beside the catalog, the one other schema the tool
+writes: Megatron-Energon's ``index.sqlite`` in an output folder (`ENERGON_INDEX_TABLES`, SQLite).
 """
 
 from __future__ import annotations
@@ -496,9 +498,35 @@ def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict], dropped: list[d
             raise
 
 
+@contextlib.contextmanager
+def samples_snapshot(con: duckdb.DuckDBPyConnection, name: str = "plan_check_samples") -> Iterator[str]:
+    """The samples view's status and media type per sample as a temporary table for the block (the view joins
+    manifest and token_lengths over every Parquet file: a check that reads it several times reads this
+    once); dropped at the block's end."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT sample_id, status, media_type FROM samples")
+    try:
+        yield name
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {name}")
+
+
 def mark_audit_seen(con: duckdb.DuckDBPyConnection, pack_ids) -> None:
     """The packs an audit found in the outputs, as a temporary table its SQL checks join against."""
     con.execute("CREATE OR REPLACE TEMP TABLE audit_seen (pack_id VARCHAR)")  # (also ends a result left open)
     # one registered column, not executemany: a row per INSERT took 6 s for the 27,441 packs of 1M samples
     with columns_relation(con, "audit_seen_rows", [list(pack_ids)], pa.schema([("pack_id", pa.string())])) as rel:
         con.execute(f"INSERT INTO audit_seen {rel}")
+
+
+# Megatron-Energon's index of an output folder (``.nv-meta/index.sqlite``, SQLite), as `energon prepare` makes
+# it: tables first, indexes once the rows are in (core/write/energon.py fills it)
+ENERGON_INDEX_TABLES = (
+    "CREATE TABLE IF NOT EXISTS samples (tar_file_id INTEGER NOT NULL, sample_key TEXT NOT NULL UNIQUE, "
+    "sample_index INTEGER NOT NULL, byte_offset INTEGER, byte_size INTEGER)",
+    "CREATE TABLE IF NOT EXISTS sample_parts (tar_file_id INTEGER, sample_index INTEGER, part_name TEXT, "
+    "content_byte_offset INTEGER, content_byte_size INTEGER)")
+ENERGON_INDEX_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS idx_samples_by_tar_and_idx ON samples(tar_file_id, sample_index)",
+    "CREATE INDEX IF NOT EXISTS idx_sample_parts_seq ON sample_parts(tar_file_id, sample_index, content_byte_offset)",
+    "CREATE INDEX IF NOT EXISTS idx_sample_parts_full ON sample_parts(tar_file_id, sample_index, part_name, "
+    "content_byte_offset, content_byte_size)")

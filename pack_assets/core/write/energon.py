@@ -96,17 +96,6 @@ class LastIndex:
         return samples, found, (samples[-1][1] + samples[-1][2]) if samples else 0
 
 
-_INDEX_TABLES = ("CREATE TABLE IF NOT EXISTS samples (tar_file_id INTEGER NOT NULL, sample_key TEXT NOT NULL UNIQUE, "
-                 "sample_index INTEGER NOT NULL, byte_offset INTEGER, byte_size INTEGER)",
-                 "CREATE TABLE IF NOT EXISTS sample_parts (tar_file_id INTEGER, sample_index INTEGER, part_name TEXT, "
-                 "content_byte_offset INTEGER, content_byte_size INTEGER)")
-_INDEX_INDEXES = ("CREATE INDEX IF NOT EXISTS idx_samples_by_tar_and_idx ON samples(tar_file_id, sample_index)",
-                  "CREATE INDEX IF NOT EXISTS idx_sample_parts_seq ON sample_parts(tar_file_id, sample_index, "
-                  "content_byte_offset)",
-                  "CREATE INDEX IF NOT EXISTS idx_sample_parts_full ON sample_parts(tar_file_id, sample_index, part_name, "
-                  "content_byte_offset, content_byte_size)")
-
-
 @dataclass(frozen=True)
 class EnergonMeta:
     """What `write_energon_meta` wrote: the folder's shards and each one's sample count, as its index has it."""
@@ -183,10 +172,10 @@ def _write_index(out_dir: Path, names: list[str], indexes: dict[str, Index], las
         if start.copied is not None:
             old = sqlite3.connect(f"file:{urllib.parse.quote(start.copied)}?mode=ro", uri=True)
         db = sqlite3.connect(start.tmp_db)
-        for sql in _INDEX_TABLES:
+        for sql in store.ENERGON_INDEX_TABLES:
             db.execute(sql)
         counts = {name: _tar_rows(db, old, out_dir, tar_id, name, indexes, start) for tar_id, name in enumerate(names)}
-        for sql in _INDEX_INDEXES:
+        for sql in store.ENERGON_INDEX_INDEXES:
             db.execute(sql)
         db.commit()
     except BaseException:
