@@ -32,7 +32,7 @@ def decode_baseline(shard: Path, n: int) -> dict:
     import pack_assets.profiles as bundled
     from pack_assets.core.profiles import load_profile
     from pack_assets.core.media import probe_image
-    from pack_assets.core.tokens import image_tokens
+    from pack_assets.core.vision import image_tokens
 
     images = []
     with tarfile.open(shard) as tf:

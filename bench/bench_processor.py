@@ -94,12 +94,13 @@ def rate(counter, data) -> tuple[float, list]:
 
 def bench_model(name: str, folder: Path, n: int, fast: bool) -> dict:
     from pack_assets.core.profiles import processor_profile, profile_from_model_dir
+    from pack_assets.core.counters import counter_for
     from pack_assets.core.tokens import TokenCounter
 
     t0 = time.perf_counter()
-    tc = TokenCounter(processor_profile(folder))
+    tc = counter_for(processor_profile(folder))
     load = time.perf_counter() - t0
-    pc = tc._processor
+    pc = tc
     warm, cold = samples(n, True), samples(max(50, n // 5), False, seed=1)
     out = {"model": name, "processor": type(pc.processor).__name__, "n": n, "n_cold": len(cold),
            "load_seconds": round(load, 2)}

@@ -34,7 +34,7 @@ from pack_assets.core.scan import (
     ScanOptions,  # noqa: E402
     run_manifest,
 )
-from pack_assets.core.tokens import run_token_lengths
+from pack_assets.core.token_lengths import run_token_lengths
 from pack_assets.core.write import run_write
 
 

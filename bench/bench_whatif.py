@@ -32,7 +32,7 @@ CHILD = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import numpy as np
-from pack_assets.core.plan import simulate
+from pack_assets.core.sweep import simulate
 lengths = np.load(sys.argv[2])
 max_len = int(sys.argv[3])
 t = time.perf_counter()

@@ -140,7 +140,7 @@ def prepare(inp: Path, work: Path, max_len: int) -> None:
     from pack_assets.core.plan import PlanConfig, run_plan
     from pack_assets.core.profiles import load_profile
     from pack_assets.core.scan import ScanOptions, run_manifest
-    from pack_assets.core.tokens import run_token_lengths
+    from pack_assets.core.token_lengths import run_token_lengths
 
     shutil.rmtree(work, ignore_errors=True)
     shards = list(store.find_shards(inp))

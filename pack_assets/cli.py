@@ -211,14 +211,14 @@ def _profile_of_folder(args) -> int:
 
 def _lengths_caps(args):
     from .core.binpack import Caps
-    from .core.plan import load_lengths
+    from .core.sweep import load_lengths
 
     k = args.pad_multiple
     return load_lengths(args.lengths) if args.lengths else None, Caps(max_samples=args.max_samples_per_pack), k
 
 
 def cmd_plan(args) -> int:
-    from .core.plan import summarize
+    from .core.sweep import summarize
 
     lengths, caps, k = _lengths_caps(args)
     s = summarize(lengths, args.max_len // k * k, args.algorithm, caps, args.seed)
@@ -237,7 +237,7 @@ def cmd_simulate(args) -> int:
     import numpy as np
 
     from .core.binpack import ALGORITHMS
-    from .core.plan import simulate
+    from .core.sweep import simulate
 
     lengths, caps, k = _lengths_caps(args)
     if lengths is None:

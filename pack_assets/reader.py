@@ -51,7 +51,8 @@ from .core.media import VIDEO_EXTS, probe_image, probe_video
 from .core.profiles import ModelProfile, resolve_profile, tokenizer_for
 from .core.records import PackMeta
 from .core.tario import iter_pack_parts
-from .core.tokens import TokenCounter, image_grid, video_count
+from .core.tokens import TokenCounter
+from .core.vision import image_grid, video_count
 
 
 

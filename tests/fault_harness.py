@@ -41,11 +41,11 @@ def run_pipeline(inp: Path, work: Path, out: Path, workers: int) -> int:
     """The whole pipeline; 0 when the audit passes (the tests' rerun calls it in their own process)."""
     from pack_assets.core import store
     from pack_assets.core.audit import run_audit
-    from pack_assets.core.plan import PlanConfig
+    from pack_assets.core.plan import PlanConfig, run_plan
     from pack_assets.core.profiles import load_profile
-    from pack_assets.core.report import plan_with_what_if
+    from pack_assets.core.report import WhatIfBeside
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.tokens import run_token_lengths
+    from pack_assets.core.token_lengths import run_token_lengths
     from pack_assets.core.write import run_write
 
     profile = load_profile("qwen3-vl")
@@ -54,7 +54,8 @@ def run_pipeline(inp: Path, work: Path, out: Path, workers: int) -> int:
         run_manifest(inp, work, s)
         run_token_lengths(work, s, profile)
     config = PlanConfig(max_len=1500, max_packs_per_shard=2)
-    plan_with_what_if(work, shards, config, profile)  # as the pack_plan asset does
+    what_if = WhatIfBeside(work, config)  # as the pack_plan asset does
+    what_if.finish(run_plan(work, shards, config, profile, on_lengths=what_if.start).fingerprint)
     run_write(work, inp, out, workers=workers)
     result = run_audit(work, out)
     return 0 if result.ok else 3

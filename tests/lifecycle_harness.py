@@ -20,11 +20,11 @@ def main() -> None:
         arm(sys.argv[5], int(sys.argv[6]))
     from pack_assets.core import store
     from pack_assets.core.audit import run_audit
-    from pack_assets.core.plan import PlanConfig
+    from pack_assets.core.plan import PlanConfig, run_plan
     from pack_assets.core.profiles import load_profile
-    from pack_assets.core.report import plan_with_what_if
+    from pack_assets.core.report import WhatIfBeside
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.tokens import run_token_lengths
+    from pack_assets.core.token_lengths import run_token_lengths
     from pack_assets.core.write import run_write
 
     profile = load_profile("qwen3-vl")
@@ -33,7 +33,8 @@ def main() -> None:
         run_manifest(inp, work, s)
         run_token_lengths(work, s, profile)
     config = PlanConfig(**config)
-    plan_with_what_if(work, shards, config, profile)  # as the pack_plan asset does
+    what_if = WhatIfBeside(work, config)  # as the pack_plan asset does
+    what_if.finish(run_plan(work, shards, config, profile, on_lengths=what_if.start).fingerprint)
     run_write(work, inp, out, workers=1)
     result = run_audit(work, out)
     sys.exit(0 if result.ok else 3)

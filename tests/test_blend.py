@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 from conftest import small_dataset
 
-from pack_assets.core import blend, store
+from pack_assets.core import blend, epochs, store
 from pack_assets.core import recipe as rc
 from pack_assets.core.plan import PlanConfig
 from pack_assets.core.profiles import load_profile
 from pack_assets.core.safety import UnsafePaths
 from pack_assets.core.scan import run_manifest
 from pack_assets.core.settings import Settings
-from pack_assets.core.tokens import run_token_lengths
+from pack_assets.core.token_lengths import run_token_lengths
 from pack_assets.reader import iter_packs
 
 PROFILE = load_profile("qwen3-vl")
@@ -229,8 +229,8 @@ def test_a_blend_is_planned_written_audited_and_read_per_epoch(tmp_path, counted
     summary = blend.run_blend_plan(work, keys, cfg, PROFILE, recipe)
     assert summary.violations == [] and len(summary.epochs) == 1
     out = tmp_path / "out"
-    blend.run_blend_write(work, recipe, out, workers=1)
-    result = blend.run_blend_audit(work, recipe, out)
+    epochs.run_blend_write(work, recipe, out, workers=1)
+    result = epochs.run_blend_audit(work, recipe, out)
     assert result.verdict == "PASS", result.violations[:5]
     for k in range(recipe.epochs):
         per = result.stats["per_epoch"][k]
@@ -259,8 +259,8 @@ def test_a_trainer_resuming_at_epoch_k_reads_the_same_packs(tmp_path, counted):
     blend.run_blend_plan(work, keys, cfg, PROFILE, recipe, epochs=[1])  # epoch 1 alone, anew
     assert (blend.epoch_work(work, 1) / "pack_plan.jsonl").read_text() == all_epochs
     out1, out2 = tmp_path / "o1", tmp_path / "o2"
-    blend.run_blend_write(work, recipe, out1, workers=1)
-    blend.run_blend_write(work, recipe, out2, workers=1)
+    epochs.run_blend_write(work, recipe, out1, workers=1)
+    epochs.run_blend_write(work, recipe, out2, workers=1)
     for k in range(2):
         a = sorted((out1 / blend.epoch_name(k)).glob("*.tar"))
         assert [p.read_bytes() for p in a] == [(out2 / blend.epoch_name(k) / p.name).read_bytes() for p in a]
@@ -269,10 +269,10 @@ def test_a_trainer_resuming_at_epoch_k_reads_the_same_packs(tmp_path, counted):
     # user's file there stays, with its folder
     (out1 / blend.epoch_name(1) / "notes.txt").write_text("mine")
     one = dataclasses.replace(recipe, epochs=1)
-    summary = blend.run_blend_write(work, one, out1, workers=1)
+    summary = epochs.run_blend_write(work, one, out1, workers=1)
     assert summary.retired == [out1 / blend.epoch_name(1)]
     assert [p.name for p in (out1 / blend.epoch_name(1)).rglob("*")] == ["notes.txt"]
-    summary = blend.run_blend_write(work, one, out2, workers=1)
+    summary = epochs.run_blend_write(work, one, out2, workers=1)
     assert summary.retired == [out2 / blend.epoch_name(1)] and not (out2 / blend.epoch_name(1)).exists()
     assert sorted(p.name for p in out2.iterdir()) == [blend.epoch_name(0)]
 
@@ -397,8 +397,8 @@ def indexed(tmp_path, counted, no_png):
     recipe, work, keys, cfg = build(tmp_path, counted, {"a": 1.0, "b": 2.5}, epochs=2)
     assert blend.run_blend_plan(work, keys, cfg, PROFILE, recipe).violations == []
     copy, index = tmp_path / "copy", tmp_path / "index"
-    blend.run_blend_write(work, recipe, copy, workers=1)
-    summary = blend.run_blend_write(work, recipe, index, workers=1, mode="index")
+    epochs.run_blend_write(work, recipe, copy, workers=1)
+    summary = epochs.run_blend_write(work, recipe, index, workers=1, mode="index")
     assert [e.output_mode for e in summary.epochs] == ["index", "index"]
     return recipe, work, copy, index
 
@@ -426,14 +426,14 @@ def test_a_recipe_in_index_mode_gives_the_copy_modes_packs_per_epoch_and_passes_
     enc = PackEncoder("qwen3-vl")
     for a, b in zip(epoch_packs(copy, 1)[:4], epoch_packs(index, 1)[:4]):
         assert np.array_equal(enc.encode(a)["input_ids"], enc.encode(b)["input_ids"])
-    result = blend.run_blend_audit(work, recipe, index)
+    result = epochs.run_blend_audit(work, recipe, index)
     assert result.verdict == "PASS", result.violations[:5]
     assert result.stats["media_members_checked"] > 10  # re-hashed from the ranges of both datasets
     # the audit's fingerprint of an index shard takes the recorded roots: a clean audit vouches for every shard
-    again = blend.run_blend_audit(work, recipe, index, scope="changed")
+    again = epochs.run_blend_audit(work, recipe, index, scope="changed")
     assert again.verdict == "PASS" and again.stats["output_shards_trusted"] == again.stats["output_shards"] > 0
     # a rerun keeps every index shard: the fingerprint covers the roots and every source's stamp
-    assert blend.run_blend_write(work, recipe, index, workers=1, mode="index").written == 0
+    assert epochs.run_blend_write(work, recipe, index, workers=1, mode="index").written == 0
 
 
 def test_a_changed_source_of_one_dataset_is_named_by_the_reader_and_fails_the_blend_audit(indexed):
@@ -449,13 +449,13 @@ def test_a_changed_source_of_one_dataset_is_named_by_the_reader_and_fails_the_bl
         for k in range(2):
             epoch_packs(index, k)
     assert e.value.path == str(src.resolve())
-    result = blend.run_blend_audit(work, recipe, index)
+    result = epochs.run_blend_audit(work, recipe, index)
     assert result.verdict == "FAIL"
     changed = [v for v in result.violations if v["check"] == "source_changed"]
     assert changed and {v["epoch"] for v in changed} == {0, 1}
     assert all(str(src.resolve()) in v["detail"] for v in changed)
     # the copy's bytes are its own, intact; but the input changed since it was counted: not a PASS (coverage.py)
-    copied = blend.run_blend_audit(work, recipe, copy)
+    copied = epochs.run_blend_audit(work, recipe, copy)
     assert copied.verdict == "INCOMPLETE" and copied.ok and copied.waiting == ["b/part-000"]
 
 
@@ -475,11 +475,11 @@ def test_moved_blend_data_is_read_with_a_source_root_mapping_and_reindexed_from_
     # written again from a recipe that names the new folder: every index shard is new (the roots changed)
     recipe2 = dataclasses.replace(recipe, datasets=tuple(
         dataclasses.replace(d, input=str(moved)) if d.name == "a" else d for d in recipe.datasets))
-    assert blend.run_blend_write(work, recipe2, index, workers=1, mode="index").written == sum(
+    assert epochs.run_blend_write(work, recipe2, index, workers=1, mode="index").written == sum(
         len(list((index / blend.epoch_name(k)).glob("*.tar"))) for k in range(2))
     assert json.loads((index / "epoch-001" / INDEX_FILE).read_text())["input_roots"]["a"] == str(moved.resolve())
     assert epoch_packs(index, 1) == epoch_packs(copy, 1)
-    assert blend.run_blend_audit(work, recipe2, index).verdict == "PASS"
+    assert epochs.run_blend_audit(work, recipe2, index).verdict == "PASS"
 
 
 def test_a_partition_of_no_dataset_of_the_recipe_counts_as_removed_not_a_crash(tmp_path):

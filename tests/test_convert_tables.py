@@ -26,7 +26,7 @@ from pack_assets.core.profiles import load_profile
 from pack_assets.core.scan import run_manifest
 from pack_assets.core.shardsink import ShardSink
 from pack_assets.core.tables import TableReader, find_sources
-from pack_assets.core.tokens import run_token_lengths
+from pack_assets.core.token_lengths import run_token_lengths
 
 SHAPES = {"cauldron": "the_cauldron/ai2d", "finevision": "FineVision/ai2d_merged",
           "llava": "LLaVA-OneVision-Data/CLEVR-Math(MathV360K)", "messages": "llava-instruct-mix-vsft/data"}

@@ -7,12 +7,12 @@ from __future__ import annotations
 import dagster as dg
 from conftest import small_dataset, write_tar
 
-from pack_assets.core import blend, store
+from pack_assets.core import blend, epochs, store
 from pack_assets.core import recipe as rc
 from pack_assets.core.plan import PlanConfig
 from pack_assets.core.profiles import load_profile
 from pack_assets.core.scan import run_manifest
-from pack_assets.core.tokens import run_token_lengths
+from pack_assets.core.token_lengths import run_token_lengths
 from pack_assets.defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
 from pack_assets.defs.partitions import source_shards
 from pack_assets.defs.resources import PackSettings
@@ -73,12 +73,12 @@ def test_a_recipe_audit_names_the_dataset_shards_its_plan_did_not_count(tmp_path
         run_token_lengths(work, k, profile)
     counted = [k for k in keys if k != "b/part-001"]  # registered and counted; b/part-001 never was
     blend.run_blend_plan(work, counted, PlanConfig(max_len=1500, seed=1), profile, recipe)
-    blend.run_blend_write(work, recipe, out, workers=1)
-    result = blend.run_blend_audit(work, recipe, out)
+    epochs.run_blend_write(work, recipe, out, workers=1)
+    result = epochs.run_blend_audit(work, recipe, out)
     assert result.ok and result.verdict == "INCOMPLETE" and result.waiting == ["b/part-001"]
     blend.run_blend_plan(work, keys, PlanConfig(max_len=1500, seed=1), profile, recipe)
-    blend.run_blend_write(work, recipe, out, workers=1)
-    assert blend.run_blend_audit(work, recipe, out).verdict == "PASS"
+    epochs.run_blend_write(work, recipe, out, workers=1)
+    assert epochs.run_blend_audit(work, recipe, out).verdict == "PASS"
 
 
 def test_the_plan_names_a_shard_that_left_after_the_sensor_deleted_its_partition(tmp_path):

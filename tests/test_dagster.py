@@ -293,7 +293,8 @@ def test_shard_workers_scan_before_dagster_and_the_runs_record_every_shard(tmp_p
 def test_a_shard_step_that_fails_in_the_run_with_the_pack_assets_stops_before_the_plan(tmp_path, monkeypatch):
     """The pack assets follow the helpers' shards in one run: a shard step failing there (here: recording
     the counts) is the command's error, named by its step, and nothing is planned from the shards."""
-    from pack_assets.core import shardwork, tokens
+    from pack_assets.core import shardwork
+    from pack_assets.defs import assets
     from pack_assets.core.procs import Helpers
     from pack_assets.orchestrate import PipelineError, instance_for, run_pipeline
 
@@ -307,7 +308,7 @@ def test_a_shard_step_that_fails_in_the_run_with_the_pack_assets_stops_before_th
 
     with Helpers(2) as helpers:
         shardwork.start(work, settings, helpers)
-        monkeypatch.setattr(tokens, "run_token_counts", broken)  # after the fork: the helpers count as usual
+        monkeypatch.setattr(assets, "run_token_counts", broken)  # after the fork: the helpers count as usual
         instance = instance_for(tmp_path / "dh")
         with pytest.raises(PipelineError, match=r"token_lengths: .*the catalog disk went away"):
             run_pipeline(settings, instance, log=lambda m: None, work=work)

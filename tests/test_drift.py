@@ -120,7 +120,7 @@ def test_the_audit_step_recounts_samples_per_shard_with_the_processor(folder, tm
     from pack_assets.core.plan import run_plan
     from pack_assets.core.scan import run_manifest
     from pack_assets.core.settings import Settings
-    from pack_assets.core.tokens import run_token_lengths
+    from pack_assets.core.token_lengths import run_token_lengths
     from pack_assets.core.write import run_write
 
     rec = lambda q: {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]},  # noqa: E731

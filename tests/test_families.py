@@ -13,7 +13,8 @@ from family_fixtures import FAMILY_DIRS, materialize
 
 from pack_assets.core.profiles import FAMILIES, profile_from_model_dir
 from pack_assets.core.reasons import ReasonError
-from pack_assets.core.tokens import TokenCounter, media_crops, media_image_tokens
+from pack_assets.core.tokens import TokenCounter
+from pack_assets.core.vision import media_crops, media_image_tokens
 
 ORACLE = Path(__file__).resolve().parent / "fixtures" / "oracle"
 
@@ -148,7 +149,7 @@ def test_shard_stage_counts_a_fast_family_and_records_counted_by(dirs, tmp_path)
     from conftest import image_bytes, write_tar
 
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.tokens import run_token_lengths, token_lengths_are_current
+    from pack_assets.core.token_lengths import run_token_lengths, token_lengths_are_current
 
     oracle = _oracle("internvl")
     expected = {(w, h): n for w, h, n in oracle["sizes"]}

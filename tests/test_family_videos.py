@@ -14,7 +14,8 @@ from family_fixtures import VIDEO_CONFIGS, VIDEOS, materialize, video_variant
 
 from pack_assets.core.profiles import ProfileError, profile_from_model_dir
 from pack_assets.core.reasons import ReasonError
-from pack_assets.core.tokens import TokenCounter, sampled_frames
+from pack_assets.core.tokens import TokenCounter
+from pack_assets.core.vision import sampled_frames
 
 ORACLE = Path(__file__).resolve().parent / "fixtures" / "oracle"
 FAMILIES = ("internvl", "llava-onevision")
@@ -113,7 +114,7 @@ def test_shard_with_videos_counts_the_oracle_and_a_broken_video_is_a_reason_row(
     from conftest import write_tar
 
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.tokens import run_token_lengths
+    from pack_assets.core.token_lengths import run_token_lengths
 
     oracle = _oracle(family)
     single = {s["videos"][0]: s for s in oracle["configs"]["default"]["samples"] if len(s["messages"]) == 2

@@ -22,7 +22,7 @@ from pack_assets.core.owned import ForeignFiles
 from pack_assets.core.plan import PlanConfig, run_plan
 from pack_assets.core.profiles import load_profile
 from pack_assets.core.scan import run_manifest
-from pack_assets.core.tokens import run_token_lengths
+from pack_assets.core.token_lengths import run_token_lengths
 from pack_assets.core.write import SourceChanged, run_write, run_write_index
 from pack_assets.reader import PackEncoder, iter_packs
 

@@ -52,7 +52,7 @@ from pack_assets.core.plan import (
 )
 from pack_assets.core.profiles import load_profile  # noqa: E402
 from pack_assets.core.scan import manifest_is_current, run_manifest
-from pack_assets.core.tokens import run_token_lengths, token_lengths_are_current
+from pack_assets.core.token_lengths import run_token_lengths, token_lengths_are_current
 from pack_assets.core.write import run_write
 
 PROFILE = load_profile("qwen3-vl")

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pack_assets.core.binpack import Caps
-from pack_assets.core.plan import ALGORITHMS, PlanConfig, assign, lower_bounds, make_plan, plan_jsonl, simulate
+from pack_assets.core.plan import ALGORITHMS, PlanConfig, assign, lower_bounds, make_plan, plan_jsonl
+from pack_assets.core.sweep import simulate
 
 
 def check_assignment(lengths: np.ndarray, capacity: int, packs: np.ndarray) -> int:

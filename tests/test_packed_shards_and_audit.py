@@ -29,7 +29,7 @@ from pack_assets.core.procs import Helpers
 from pack_assets.core.profiles import load_profile
 from pack_assets.core.records import PackMeta, SourceRef
 from pack_assets.core.scan import manifest_is_current, run_manifest
-from pack_assets.core.tokens import run_token_lengths
+from pack_assets.core.token_lengths import run_token_lengths
 from pack_assets.core.write import run_write, write_context
 from pack_assets.core.write.fingerprints import current_shards
 from pack_assets.core.write.jobs import load_shard_job, shard_job
@@ -498,7 +498,7 @@ def test_sampled_recount_catches_a_tampered_token_length(packed, monkeypatch, wh
             def refuse(*a, **k):
                 raise AssertionError("the audit's process counted: the recount was not handed to the helper")
 
-            monkeypatch.setattr(audit_mod, "TokenCounter", refuse)
+            monkeypatch.setattr(audit_mod, "counter_for", refuse)
         _tampered_recount(work, out)
 
 

@@ -113,7 +113,7 @@ def test_processor_rule_in_the_shard_stage_records_counted_by(gemma_dir, tmp_pat
     import pyarrow.parquet as pq
 
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.tokens import run_token_lengths, token_lengths_are_current
+    from pack_assets.core.token_lengths import run_token_lengths, token_lengths_are_current
 
     rec = {"conversations": [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "A box."}]}
     members = []
@@ -188,7 +188,7 @@ def test_counts_from_the_size_cache_equal_the_processor_on_real_images_over_many
     from PIL import Image
 
     from pack_assets.core import procount
-    from pack_assets.core.tokens import TokenCounter
+    from pack_assets.core.counters import counter_for
 
     real = procount.load_processor(str(gemma_dir.resolve()))
     oracle = _pan_and_scan(real)
@@ -207,7 +207,7 @@ def test_counts_from_the_size_cache_equal_the_processor_on_real_images_over_many
                  {"role": "assistant", "content": [t(" also noise \n")]}],
                 [list(sizes[i]), list(sizes[(i * 7 + 3) % len(sizes)])][:1 + (i % 4 == 0)], [])
                for i in range(len(sizes))]
-    counter = TokenCounter(profile_from_model_dir(gemma_dir))._processor
+    counter = counter_for(profile_from_model_dir(gemma_dir))
     first = list(counter.count_many(samples))
     again = list(counter.count_many(samples))  # every size seen: all through the direct path
     assert counter.fallbacks == 0 and counter.direct_counts >= len(samples)
@@ -293,11 +293,12 @@ def test_without_torchvision_images_count_and_videos_get_reason_rows(tmp_path, m
     torchvision', so the processor is built without it; image samples equal the fast rule, video samples are
     rejected with missing_dependency naming the package and the extra."""
     from pack_assets.core.profiles import processor_profile
-    from pack_assets.core.tokens import TokenCounter, count_shard_rows
+    from pack_assets.core.counters import counter_for
+    from pack_assets.core.token_lengths import count_shard_rows
 
     d = _qwen3_folder(tmp_path)
     _no_torchvision(monkeypatch)
-    proc_counter, fast = TokenCounter(processor_profile(d)), TokenCounter(profile_from_model_dir(d))
+    proc_counter, fast = counter_for(processor_profile(d)), counter_for(profile_from_model_dir(d))
     assert (proc_counter.profile.rule, fast.profile.rule) == ("processor", "fast")
     t = lambda s: {"type": "text", "text": s}  # noqa: E731
     img_msgs = [{"role": "system", "content": "Short answers."},
@@ -311,7 +312,7 @@ def test_without_torchvision_images_count_and_videos_get_reason_rows(tmp_path, m
     got, want = list(proc_counter.count_many(items)), list(fast.count_many(items))
     assert [g["total_tokens"] for g in got] == [w["total_tokens"] for w in want]
     assert [g["image_tokens"] for g in got] == [w["image_tokens"] for w in want]
-    assert proc_counter._processor.direct_counts >= 2 and proc_counter._processor.fallbacks == 0  # repeated sizes: direct
+    assert proc_counter.direct_counts >= 2 and proc_counter.fallbacks == 0  # repeated sizes: direct
     meta = {"frames": 48, "fps": 24.0, "width": 320, "height": 240}
     rows = [{"sample_id": f"s{i}", "shard": "s0", "key": f"k{i}", "status": "ok", "media_type": m,
              "n_images": len(sz), "n_videos": len(v), "conversation": json.dumps(msgs), "image_sizes": sz,
@@ -326,11 +327,11 @@ def test_without_torchvision_images_count_and_videos_get_reason_rows(tmp_path, m
 
 def test_a_processor_that_cannot_be_built_names_the_missing_package_and_the_extra(gemma_dir, monkeypatch):
     from pack_assets.core.profiles import ProfileError
-    from pack_assets.core.tokens import TokenCounter
+    from pack_assets.core.counters import counter_for
 
     _no_torchvision(monkeypatch)  # Gemma 3's processor has no video part to leave out: nothing to count with
     with pytest.raises(ProfileError, match=r"needs torchvision.*pip install 'pack_assets\[processor\]'"):
-        TokenCounter(profile_from_model_dir(gemma_dir))
+        counter_for(profile_from_model_dir(gemma_dir))
 
 
 def test_a_processor_whose_image_part_needs_torchvision_is_refused_with_the_extra(gemma_dir, monkeypatch):
@@ -338,14 +339,14 @@ def test_a_processor_whose_image_part_needs_torchvision_is_refused_with_the_extr
     import transformers
 
     from pack_assets.core.profiles import ProfileError
-    from pack_assets.core.tokens import TokenCounter
+    from pack_assets.core.counters import counter_for
 
     def refuse(*a, **k):
         raise ValueError(f"{gemma_dir} requires `torchvision` to be installed. Please install `torchvision`.")
     monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", refuse)
     _fresh_caches(monkeypatch)
     with pytest.raises(ProfileError, match=r"needs torchvision.*pack_assets\[processor\]") as e:
-        TokenCounter(profile_from_model_dir(gemma_dir))
+        counter_for(profile_from_model_dir(gemma_dir))
     assert "trust-remote-code" not in str(e.value)
 
 
@@ -360,7 +361,7 @@ def test_a_processor_that_expands_its_own_way_falls_back_to_the_whole_call(gemma
     """The self-check: a processor whose __call__ does more than the standard hooks (here: it appends text)
     makes the direct path differ on the first new size; from then on every sample takes the whole call."""
     from pack_assets.core import procount
-    from pack_assets.core.tokens import TokenCounter
+    from pack_assets.core.counters import counter_for
 
     real = procount.load_processor(str(gemma_dir.resolve()))
 
@@ -372,7 +373,7 @@ def test_a_processor_that_expands_its_own_way_falls_back_to_the_whole_call(gemma
     odd.__class__ = OwnWay
     _fresh_caches(monkeypatch)
     monkeypatch.setattr(procount, "load_processor", lambda *a: odd)
-    counter = TokenCounter(profile_from_model_dir(gemma_dir))._processor
+    counter = counter_for(profile_from_model_dir(gemma_dir))
     msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
             {"role": "assistant", "content": [{"type": "text", "text": "A box."}]}]
     got = list(counter.count_many([(msgs, [[640, 480]], [])] * 5))

@@ -22,7 +22,7 @@ from family_fixtures import VIDEO_CONFIGS, VIDEOS, materialize, video_variant
 from pack_assets.core.media import probe_video
 from pack_assets.core.profiles import load_profile, processor_profile, profile_from_model_dir, tokenizer_for
 from pack_assets.core.reasons import ReasonError
-from pack_assets.core.tokens import TokenCounter
+from pack_assets.core.counters import counter_for
 
 _MISSING = importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchvision") is None
 pytestmark = needs(_MISSING, "torch + torchvision are not installed (pip install 'pack_assets[processor]')")
@@ -158,14 +158,14 @@ def _plain_processor(folder: Path):
 @pytest.mark.parametrize(("family", "config"), CASES)
 def test_video_samples_equal_the_processor_on_real_frames(family, config, root):
     folder = _variant(root, family, config)
-    counter = TokenCounter(processor_profile(folder))
+    counter = counter_for(processor_profile(folder))
     assert counter.profile.rule == "processor"
     proc = _plain_processor(folder)
     samples = _samples()
     items = [(m, [list(s) for s in sz], [_clip(c)[1] for c in clips]) for m, sz, clips in samples]
     first = list(counter.count_many(copy.deepcopy(items)))
     again = list(counter.count_many(copy.deepcopy(items)))  # every metadata seen: the direct path
-    pc = counter._processor
+    pc = counter
     expected = REFUSED.get((family, config), [])
     assert pc.fallbacks == 0 and (pc.direct_counts > 0 or expected == "all")
     refused = []
@@ -200,7 +200,7 @@ def test_video_samples_equal_the_fast_rule(family, config, root):
     folder = _variant(root, family, config)
     fast_profile = profile_from_model_dir(folder)
     assert fast_profile.rule == "fast"
-    fast, proc_rule = TokenCounter(fast_profile), TokenCounter(processor_profile(folder))
+    fast, proc_rule = counter_for(fast_profile), counter_for(processor_profile(folder))
     samples = _samples()
     items = [(m, [list(s) for s in sz], [_clip(c)[1] for c in clips]) for m, sz, clips in samples]
     got, want = list(proc_rule.count_many(copy.deepcopy(items))), list(fast.count_many(copy.deepcopy(items)))
@@ -219,7 +219,7 @@ def test_a_broken_video_and_a_refused_video_are_reason_rows(root, tmp_path):
     import pyarrow.parquet as pq
 
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.tokens import run_token_lengths
+    from pack_assets.core.token_lengths import run_token_lengths
 
     folder = _variant(root, "llava-onevision", "num_frames_8")
     msgs = [{"role": "user", "content": [VID, _t("What happens?")]}, {"role": "assistant", "content": [_t("A gradient.")]}]
@@ -238,11 +238,11 @@ def test_a_broken_video_and_a_refused_video_are_reason_rows(root, tmp_path):
     assert rows["k0"]["total_tokens"] == _oracle(_plain_processor(folder), msgs, [], ["lf_4.mp4"])
     assert (rows["k1"]["status"], rows["k1"]["reason"]) == ("rejected", "processor_error")
     want = _oracle(_plain_processor(folder), msgs, [], ["g7_32x320_10fps.webm"])
-    (res,) = TokenCounter(profile).count_many([(msgs, [], [_clip("g7_32x320_10fps.webm")[1]])])
+    (res,) = counter_for(profile).count_many([(msgs, [], [_clip("g7_32x320_10fps.webm")[1]])])
     assert want.startswith("error: ValueError") and res.reason == "processor_error" and res.detail in want
     manifest_rejected = pq.read_table(work / "manifest" / "s0" / "rejected.parquet").to_pylist()
     assert [(r["key"], r["reason"]) for r in manifest_rejected] == [("kbad", "bad_video")]
-    counter = TokenCounter(profile)
+    counter = counter_for(profile)
     metas = [{"fps": 10.0, "width": 64, "height": 48}, {"frames": 0, "fps": 10.0, "width": 64, "height": 48},
              {"frames": 10, "fps": 10.0, "width": 0, "height": 48}, {"frames": 10, "fps": 10.0}, None]
     res = list(counter.count_many([(msgs, [], [m]) for m in metas]))

@@ -26,7 +26,7 @@ KILL_POINTS = [
     ("pack_assets.core.store:os.replace", 1),
     ("pack_assets.core.store:os.replace", 2),
     ("pack_assets.core.store:pq.write_table", 2),
-    ("pack_assets.core.tokens:run_token_lengths", 2),
+    ("pack_assets.core.token_lengths:run_token_lengths", 2),
     ("pack_assets.core.tokens:TokenCounter.lengths", 1),
     ("pack_assets.core.store:write_token_lengths", 1),
     ("pack_assets.core.store:atomic_write_text", 2),
@@ -110,7 +110,7 @@ from pack_assets.core.profiles import load_profile  # noqa: E402
 from pack_assets.core.records import ShardInfo  # noqa: E402
 from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard  # noqa: E402
 from pack_assets.core.tario import split_key  # noqa: E402
-from pack_assets.core.tokens import run_token_lengths  # noqa: E402
+from pack_assets.core.token_lengths import run_token_lengths  # noqa: E402
 from pack_assets.core.write import SourceChanged, run_write  # noqa: E402
 
 PROFILE = load_profile("qwen3-vl")

@@ -19,7 +19,8 @@ from pack_assets.core.profiles import (
     tokenizer_for,
 )
 from pack_assets.core.reasons import ReasonError
-from pack_assets.core.tokens import TokenCounter, image_tokens, video_count
+from pack_assets.core.tokens import TokenCounter
+from pack_assets.core.vision import image_tokens, video_count
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "models"  # copies of ../shared/fixtures (tests/fixtures/README.md)
 CHECKPOINTS = {"qwen2-vl": "Qwen2-VL-7B-Instruct", "qwen2.5-vl": "Qwen2.5-VL-7B-Instruct", "qwen3-vl": "Qwen3-VL-8B-Instruct"}

@@ -183,7 +183,7 @@ def test_qwen3_video_frame_pixel_cap_is_a_profile_setting(tmp_path):
     import shutil
 
     from pack_assets.core.profiles import profile_from_model_dir
-    from pack_assets.core.tokens import video_count
+    from pack_assets.core.vision import video_count
 
     for f in (MODELS / FOLDERS["qwen3-vl"]).iterdir():
         shutil.copy(f, tmp_path / f.name)
@@ -201,7 +201,7 @@ def test_tool_and_inline_media_records_pack_and_the_reader_encodes_the_counted_l
     from pack_assets.core import store
     from pack_assets.core.plan import PlanConfig, run_plan
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.tokens import run_token_lengths
+    from pack_assets.core.token_lengths import run_token_lengths
     from pack_assets.core.write import run_write
     from pack_assets.reader import PackEncoder, iter_packs
 

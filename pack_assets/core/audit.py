@@ -27,16 +27,18 @@ from pathlib import Path
 import duckdb
 
 from . import drift, procs, store
+from .blend import check_blend
 from .coverage import not_counted
 from .indexmode import INDEX_PART, SourceFiles, is_index_folder
 from .plan import PlanConfig, PlanInfo, check_plan
 from .profiles import ModelProfile, ProfileError
 from .reasons import ReasonError
+from .recipe import expected_copies
 from .report import audit_figures, write_report
 from .results import AuditResult
 from .settings import AUDIT_SCOPES
 from .tario import iter_entries, split_key
-from .tokens import TokenCounter
+from .counters import counter_for
 from .write.current import current_stamps
 
 # Below this much output a second process costs more (spawn + imports, ~2 s) than it saves, and the output
@@ -346,8 +348,6 @@ def _per_shard(con: duckdb.DuckDBPyConnection) -> dict[str, dict]:
 def _per_dataset(con: duckdb.DuckDBPyConnection, repeats: dict[str, float]) -> dict[str, dict]:
     """A blend's counts per dataset (core/blend.py): source samples read, rejected, ok; the copies its draw
     gives (⌊r⌋·ok + the seeded share); copies read back in packs and copies dropped."""
-    from .recipe import expected_copies
-
     rows = con.execute(
         """WITH src AS (SELECT split_part(shard, '/', 1) AS dataset, count(*) AS read,
                                count(*) FILTER (WHERE status = 'rejected') AS rejected,
@@ -401,7 +401,7 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
     once there are ``min_bytes`` of them. ``trusted`` shards (unchanged since a clean audit) are not read: their
     planned packs count as seen. ``repeats``: a blend's plan (dataset -> repeat), counted per dataset.
     ``progress(shards read, shards to read, members re-hashed)`` after each output shard."""
-    res = AuditResult(violations=check_plan(con, config, repeats))
+    res = AuditResult(violations=check_plan(con, config) if repeats is None else check_blend(con, config, repeats))
     shards = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
     seen: Counter = Counter()
     if trusted:
@@ -493,7 +493,7 @@ def _audited(work: Path) -> tuple[dict, float]:
 
 def _recounted(profile: ModelProfile, rows: list[tuple]) -> list[int | None]:
     """Each (conversation, image_sizes, videos) row's total tokens, None where it cannot be counted."""
-    counts = TokenCounter(profile).count_many((json.loads(c), sizes or [], json.loads(v or "[]")) for c, sizes, v in rows)
+    counts = counter_for(profile).count_many((json.loads(c), sizes or [], json.loads(v or "[]")) for c, sizes, v in rows)
     return [None if isinstance(c, Exception) else c["total_tokens"] for c in counts]
 
 

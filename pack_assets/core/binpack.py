@@ -337,17 +337,21 @@ def _mix(lengths, capacity, limits_factory, seed: int, repack_below: float) -> n
     n = len(lengths)
     order = np.random.default_rng(seed).permutation(n)
     pack = _best_fit(lengths, capacity, order, limits_factory())
+    return _repack_weak(pack, lengths, capacity, repack_below, limits_factory)
+
+
+def _repack_weak(pack: np.ndarray, lengths: np.ndarray, capacity: int, below: float, limits_factory) -> np.ndarray:
+    """The items of packs filled under ``below`` x capacity packed again together by BFD (as packs numbered
+    after the others), then the packs renumbered (`_renumber`)."""
     kept = pack >= 0
     if not kept.any():
         return pack
     load = np.bincount(pack[kept], weights=lengths[kept])
-    weak = load < repack_below * capacity
-    redo = kept & weak[np.where(kept, pack, 0)]
+    redo = kept & (load < below * capacity)[np.where(kept, pack, 0)]
     if redo.sum() > 1:
         idx = np.flatnonzero(redo)
         again = _best_fit(lengths[idx], capacity, np.argsort(-lengths[idx], kind="stable"), limits_factory(idx))
-        offset = pack.max() + 1
-        pack[idx] = np.where(again >= 0, again + offset, -1)
+        pack[idx] = np.where(again >= 0, again + pack.max() + 1, -1)
     return _renumber(pack)
 
 
@@ -408,16 +412,7 @@ def _mixfill(lengths: np.ndarray, capacity: int, limits: _Limits, limits_factory
                 j = bisect.bisect_right(sizes, room) - 1
             else:
                 j, skipped = j - 1, skipped + 1
-    kept = pack >= 0
-    if not kept.any():
-        return pack
-    load = np.bincount(pack[kept], weights=lengths[kept])
-    redo = kept & (load < MIXFILL_REPACK_BELOW * capacity)[np.where(kept, pack, 0)]
-    if redo.sum() > 1:
-        idx = np.flatnonzero(redo)
-        again = _best_fit(lengths[idx], capacity, np.argsort(-lengths[idx], kind="stable"), limits_factory(idx))
-        pack[idx] = np.where(again >= 0, again + pack.max() + 1, -1)
-    return _renumber(pack)
+    return _repack_weak(pack, lengths, capacity, MIXFILL_REPACK_BELOW, limits_factory)
 
 
 def assign(

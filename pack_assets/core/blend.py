@@ -3,7 +3,7 @@
 Epoch k's plan is a function of (the counted samples, the packing settings, the recipe's repeats and seed, k)
 only: `make_blend_plan` draws each dataset's copies for k (`recipe.copies`), permutes the copies with the
 epoch's seed (so the grouping differs per epoch: `mixfill`'s seeded order, BFD's ties), packs all datasets
-together per media type (the planner's `_pack_group`, near the lower bound), and orders the packs so that
+together per media type (the planner's `pack_group`, near the lower bound), and orders the packs so that
 every window of 256 packs holds each dataset's share of tokens and an even number of samples per pack
 (`_deal_blend`, a greedy walk that keeps every prefix in proportion). Nothing depends on another epoch, so
 epoch k is planned alone; the same inputs give the same plan, and a trainer resuming at (epoch k, pack j)
@@ -16,7 +16,6 @@ writer and the audit run on it unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -28,11 +27,11 @@ import numpy as np
 
 from . import store
 from .coverage import input_stats, left_since
-from .plan import (DRIFT_WINDOW, Pack, PlanConfig, PlanInfo, PlanResult, PlanSummary, _assign_shards, _pack_group,
-                   _plan_stats, fingerprint, ok_lengths, pack_checks, plan_jsonl, plannable)
+from .plan import (DRIFT_WINDOW, Pack, PlanConfig, PlanInfo, PlanResult, PlanSummary, assign_shards, fingerprint,
+                   ok_lengths, pack_checks, pack_group, plan_jsonl, plan_stats, plannable)
 from .profiles import ModelProfile
 from .recipe import Recipe, blend_seed, copies, dataset_of, expected_copies
-from .results import AuditResult, FilePath, Markdown
+from .results import FilePath, Markdown
 
 SHARE_TOLERANCE = 0.10  # each dataset's token share per window within ±10 % (relative) of its global share
 DRIFT_LIMIT = 1.25
@@ -118,15 +117,27 @@ def _deal_blend(tokens: np.ndarray, spp: np.ndarray, media: np.ndarray, rng: np.
     return out
 
 
-def make_blend_plan(rows: dict[str, np.ndarray], repeats: dict[str, float], config: PlanConfig, epoch: int,
-                    profile: str = "") -> PlanResult:
-    """Epoch ``epoch`` of the blend: ``rows`` as `plan.ok_lengths` gives them (sample ids ``<dataset>/...``),
-    ``repeats`` per dataset in recipe order, ``config.seed`` the recipe's seed. Every drawn copy ends in
-    exactly one pack or in ``dropped`` (with dataset, epoch and copy)."""
-    if config.world_size > 1:
-        raise ValueError("world_size > 1 is not supported with a recipe yet: its balanced groups of W packs and the "
-                         "blend's per-window dataset shares are two orders; plan with world_size 1")
-    t0 = time.perf_counter()
+@dataclass(frozen=True)
+class _Copies:
+    """An epoch's draw: every copy of an ok sample, in the epoch's seeded order (``item``: the row of ``rows``
+    it copies; ``copy``: its number among that sample's copies), with its row's values."""
+    ids: np.ndarray  # every row's sample id
+    names: list[str]  # the datasets, in recipe order
+    ds_idx: np.ndarray  # every row's dataset (index into names)
+    n_copies: np.ndarray  # every row's copies this epoch
+    item: np.ndarray
+    copy: np.ndarray
+    lengths: np.ndarray
+    mtypes: np.ndarray
+    media_bytes: np.ndarray
+    n_media: np.ndarray
+    vision: np.ndarray
+
+
+def _draw(rows: dict[str, np.ndarray], repeats: dict[str, float], seed: int, epoch: int,
+          rng: np.random.Generator) -> _Copies:
+    """Each dataset's copies for the epoch (`recipe.copies`), permuted by ``rng``: bin packing's ties then
+    fall differently each epoch."""
     ids = np.asarray(rows["sample_ids"], dtype=object)
     names = list(repeats)
     ds_of = np.asarray([dataset_of(s) for s in ids.tolist()], dtype=object)
@@ -138,35 +149,42 @@ def make_blend_plan(rows: dict[str, np.ndarray], repeats: dict[str, float], conf
     for j, name in enumerate(names):
         m = np.flatnonzero(ds_of == name)
         ds_idx[m] = j
-        n_copies[m] = copies(ids[m].tolist(), repeats[name], config.seed, name, epoch)
+        n_copies[m] = copies(ids[m].tolist(), repeats[name], seed, name, epoch)
     item = np.repeat(np.arange(len(ids)), n_copies)
     copy = np.arange(len(item)) - np.repeat(np.cumsum(n_copies) - n_copies, n_copies)
-    seed = blend_seed(config.seed, "epoch", epoch)
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(len(item))  # this epoch's grouping: bin packing's ties fall differently each epoch
+    perm = rng.permutation(len(item))
     item, copy = item[perm], copy[perm]
-    lengths = np.asarray(rows["lengths"], dtype=np.int64)[item]
-    mtypes = np.asarray(rows["media_types"], dtype=object)[item]
-    media_bytes = np.asarray(rows["media_bytes"], dtype=np.int64)[item]
-    n_media = np.asarray(rows["n_media"], dtype=np.int64)[item]
-    vision = np.asarray(rows["vision_tokens"], dtype=np.int64)[item]
-    cfg = dataclasses.replace(config, seed=seed % (2**31))
+    return _Copies(ids, names, ds_idx, n_copies, item, copy, np.asarray(rows["lengths"], dtype=np.int64)[item],
+                   np.asarray(rows["media_types"], dtype=object)[item],
+                   np.asarray(rows["media_bytes"], dtype=np.int64)[item],
+                   np.asarray(rows["n_media"], dtype=np.int64)[item],
+                   np.asarray(rows["vision_tokens"], dtype=np.int64)[item])
 
+
+def _pack_copies(c: _Copies, config: PlanConfig, epoch: int) -> tuple[list, list[dict], dict[str, dict]]:
+    """All datasets' copies packed together per media type (the planner's `pack_group`): the packs (media
+    type, copy indices, overlong), the dropped copies (with dataset, epoch and copy) and the figures per type."""
     def drop_row(i: int, reason: str) -> dict:
-        return {"sample_id": ids[item[i]], "total_tokens": int(lengths[i]), "reason": reason,
-                "dataset": names[ds_idx[item[i]]], "epoch": epoch, "copy": int(copy[i])}
+        return {"sample_id": c.ids[c.item[i]], "total_tokens": int(c.lengths[i]), "reason": reason,
+                "dataset": c.names[c.ds_idx[c.item[i]]], "epoch": epoch, "copy": int(c.copy[i])}
 
     raw: list = []
     dropped: list[dict] = []
     per_type: dict[str, dict] = {}
-    for mt in (sorted(set(mtypes.tolist())) if config.pack_per_media_type else ["mixed"]):
-        idx = np.flatnonzero(mtypes == mt) if config.pack_per_media_type else np.arange(len(item))
-        groups, per_type[mt] = _pack_group(idx, None, lengths, n_media, vision, cfg, dropped, raw, mt, drop_row)
+    for mt in (sorted(set(c.mtypes.tolist())) if config.pack_per_media_type else ["mixed"]):
+        idx = np.flatnonzero(c.mtypes == mt) if config.pack_per_media_type else np.arange(len(c.item))
+        groups, per_type[mt] = pack_group(idx, None, c.lengths, c.n_media, c.vision, config, dropped, raw, mt,
+                                          drop_row)
         raw += [(mt, g, False) for g in groups]
-    d = len(names)
+    return raw, dropped, per_type
+
+
+def _ordered_packs(c: _Copies, raw: list, rng: np.random.Generator, epoch: int) -> tuple[list[Pack], np.ndarray]:
+    """The packs in output order (`_deal_blend`) and their tokens per dataset in that order."""
+    d = len(c.names)
     unit_tokens = np.zeros((len(raw), d))
     for u, (_, items, _) in enumerate(raw):
-        unit_tokens[u] = np.bincount(ds_idx[item[items]], weights=lengths[items], minlength=d)
+        unit_tokens[u] = np.bincount(c.ds_idx[c.item[items]], weights=c.lengths[items], minlength=d)
     spp = np.asarray([len(u[1]) for u in raw], dtype=np.float64)
     mt_names = sorted({u[0] for u in raw})
     media = np.asarray([mt_names.index(u[0]) for u in raw], dtype=np.int64)
@@ -174,17 +192,34 @@ def make_blend_plan(rows: dict[str, np.ndarray], repeats: dict[str, float], conf
     packs: list[Pack] = []
     for k, u in enumerate(order.tolist()):
         mt, items, over = raw[u]
-        lens = lengths[items].tolist()
-        src = item[items]
-        packs.append(Pack(f"p{k:08d}", mt, ids[src].tolist(), lens, int(sum(lens)),
-                          media_bytes=int(media_bytes[items].sum()), overlong=bool(over),
-                          datasets=[names[j] for j in ds_idx[src].tolist()], copies=copy[items].tolist(), epoch=epoch))
-    _assign_shards(packs, config)
-    stats = _plan_stats(packs, dropped, per_type, {}, len(item), config)
-    stats["blend"] = blend_stats(unit_tokens[order], names, repeats, ds_idx, n_copies, dropped, stats, epoch,
-                                 config.seed)
+        lens = c.lengths[items].tolist()
+        src = c.item[items]
+        packs.append(Pack(f"p{k:08d}", mt, c.ids[src].tolist(), lens, int(sum(lens)),
+                          media_bytes=int(c.media_bytes[items].sum()), overlong=bool(over),
+                          datasets=[c.names[j] for j in c.ds_idx[src].tolist()], copies=c.copy[items].tolist(),
+                          epoch=epoch))
+    return packs, unit_tokens[order]
+
+
+def make_blend_plan(rows: dict[str, np.ndarray], repeats: dict[str, float], config: PlanConfig, epoch: int,
+                    profile: str = "") -> PlanResult:
+    """Epoch ``epoch`` of the blend: ``rows`` as `plan.ok_lengths` gives them (sample ids ``<dataset>/...``),
+    ``repeats`` per dataset in recipe order, ``config.seed`` the recipe's seed. Every drawn copy ends in
+    exactly one pack or in ``dropped`` (with dataset, epoch and copy)."""
+    if config.world_size > 1:
+        raise ValueError("world_size > 1 is not supported with a recipe yet: its balanced groups of W packs and the "
+                         "blend's per-window dataset shares are two orders; plan with world_size 1")
+    t0 = time.perf_counter()
+    seed = blend_seed(config.seed, "epoch", epoch)
+    rng = np.random.default_rng(seed)
+    c = _draw(rows, repeats, config.seed, epoch, rng)
+    raw, dropped, per_type = _pack_copies(c, dataclasses.replace(config, seed=seed % (2**31)), epoch)
+    packs, tokens = _ordered_packs(c, raw, rng, epoch)
+    assign_shards(packs, config)
+    stats = plan_stats(packs, dropped, per_type, {}, len(c.item), config)
+    stats["blend"] = blend_stats(tokens, c.names, repeats, c.ds_idx, c.n_copies, dropped, stats, epoch, config.seed)
     stats["seconds"] = time.perf_counter() - t0
-    h = hashlib.sha256(json.dumps([fingerprint(config, profile, ids.tolist(), rows["lengths"].tolist()), repeats,
+    h = hashlib.sha256(json.dumps([fingerprint(config, profile, c.ids.tolist(), rows["lengths"].tolist()), repeats,
                                    epoch]).encode()).hexdigest()[:16]
     return PlanResult(packs, dropped, stats, h)
 
@@ -350,125 +385,3 @@ def run_blend_plan(work: Path, shards: list[str], config: PlanConfig, profile: M
     todo = list(range(recipe.epochs)) if epochs is None else epochs
     return BlendPlanSummary([plan_epoch(work, shards, config, profile, recipe, k, missing, removed, recursive)
                              for k in todo], work)
-
-
-# -- write and audit every epoch -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BlendWriteSummary:
-    epochs: list  # WriteSummary per epoch
-    output_dir: Path
-    retired: list = dataclasses.field(default_factory=list)  # epoch folders past the recipe's epochs, emptied
-
-    @property
-    def shards(self) -> int:
-        return sum(e.shards for e in self.epochs)
-
-    @property
-    def written(self) -> int:
-        return sum(e.written for e in self.epochs)
-
-    @property
-    def bytes(self) -> int:
-        return sum(e.bytes for e in self.epochs)
-
-    @property
-    def foreign_files(self) -> list[str]:
-        return [f for e in self.epochs for f in e.foreign_files]
-
-    def as_metadata(self) -> dict:
-        return {"dagster/row_count": sum(e.packs for e in self.epochs), "epochs": len(self.epochs),
-                "output_shards": self.shards, "written": self.written,
-                "skipped": sum(e.skipped for e in self.epochs), "bytes": self.bytes,
-                "dagster/uri": FilePath(self.output_dir), "epoch_folders": [str(e.output_dir) for e in self.epochs],
-                "retired_epoch_folders": [str(p) for p in self.retired]}
-
-
-def retire_epochs(out_dir: Path, epochs: int) -> list[Path]:
-    """The output folders of epochs the recipe no longer has (its `epochs` went down): their files the tool
-    wrote are deleted, as an earlier plan's shards are, so a trainer globbing ``epoch-*`` finds no stale
-    epoch; files the tool did not write stay, and so does a folder that holds any."""
-    from . import owned
-
-    retired = []
-    for d in sorted(out_dir.glob("epoch-[0-9][0-9][0-9]")):
-        if not d.is_dir() or int(d.name.split("-")[1]) < epochs or (before := owned.load(d)) is None:
-            continue
-        owned.finish(d, set(), before)
-        (d / owned.RECORD).unlink(missing_ok=True)
-        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), reverse=True):
-            with contextlib.suppress(OSError):
-                sub.rmdir()  # only empty folders
-        with contextlib.suppress(OSError):
-            d.rmdir()
-        retired.append(d)
-    return retired
-
-
-def run_blend_write(work: Path, recipe: Recipe, out_dir: Path, workers: int = 0, progress=None,
-                    mode: str = "copy") -> BlendWriteSummary:
-    """Every epoch written to ``<output>/epoch-<k>/``, copy or index mode (an index records every dataset's
-    folder: ``core/indexmode.py``)."""
-    from .write import run_write, run_write_index
-
-    writer = run_write_index if mode == "index" else run_write
-    written = [writer(epoch_work(work, k), recipe.roots, out_dir / epoch_name(k), workers, progress)
-               for k in range(recipe.epochs)]
-    return BlendWriteSummary(written, out_dir, retire_epochs(out_dir, recipe.epochs))
-
-
-def run_blend_audit(work: Path, recipe: Recipe, out_dir: Path, scope: str = "all", check_samples: int = 0,
-                    progress=None) -> AuditResult:
-    """Every epoch audited (its report in ``<work>/epoch-<k>/audit_report.md``); one result over all of them:
-    violations tagged with their epoch, totals summed, per dataset per epoch, and a blend report beside them.
-    ``progress``: as `audit.audit`'s, epoch by epoch."""
-    from .audit import run_audit
-
-    results = [run_audit(epoch_work(work, k), out_dir / epoch_name(k), scope=scope, check_samples=check_samples,
-                          progress=progress)
-               for k in range(recipe.epochs)]
-    total = AuditResult()
-    for k, r in enumerate(results):
-        total.violations += [{**v, "epoch": k} for v in r.violations]
-    keys = ("samples_read", "packed", "dropped", "rejected", "packs_read", "output_shards", "output_shards_trusted",
-            "media_members_checked", "media_bytes_checked")
-    # the source samples are the same in every epoch: counted once; copies packed and dropped add up over epochs
-    total.stats = {k: sum(r.stats.get(k, 0) for r in results) for k in keys}
-    total.stats.update(samples_read=results[0].stats["samples_read"], rejected=results[0].stats["rejected"],
-                       per_epoch={k: r.stats["per_dataset"] for k, r in enumerate(results)},
-                       blend={k: r.stats.get("blend", {}) for k, r in enumerate(results)})
-    total.waiting = results[0].waiting
-    total.stats.update(verdict=total.verdict, shards_waiting=total.waiting, violations=len(total.violations))
-    total.report = work / "blend_report.md"
-    total.plots = results[0].plots
-    store.atomic_write_text(total.report, blend_report(recipe, results))
-    return total
-
-
-def blend_report(recipe: Recipe, results: list[AuditResult]) -> str:
-    lines = ["# pack_assets blend audit", "",
-             f"Recipe `{recipe.path}`: {len(recipe.datasets)} dataset(s), {recipe.epochs} epoch(s), seed {recipe.seed}. "
-             f"Verdicts: {', '.join(f'epoch {k} {r.verdict}' for k, r in enumerate(results))}; each epoch's full report "
-             f"is `{epoch_name(0)}/audit_report.md` and so on.", ""]
-    for k, r in enumerate(results):
-        lines += [f"## Epoch {k}", "", *blend_lines(r.stats), ""]
-    return "\n".join(lines) + "\n"
-
-
-def blend_lines(stats: dict) -> list[str]:
-    """The audit's per-dataset table and the proportion figures (core/report.py prints it in each epoch's report)."""
-    b = stats.get("blend") or {}
-    lines = ["| dataset | source samples | rejected | ok | repeat | copies drawn (⌊r⌋·ok + seeded share) | packed | "
-             "dropped | token share | worst window share error |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, c in stats.get("per_dataset", {}).items():
-        p = b.get("datasets", {}).get(name, {})
-        lines.append(f"| {name} | {c['read']} | {c['rejected']} | {c['ok']} | {c['repeat']} | {c['expected']} | "
-                     f"{c['packed']} | {c['dropped']} | {p.get('share', 0):.2%} | {p.get('window_share_error', 0):.2%} |")
-    if b:
-        lines += ["", f"Windows of {b['window']} packs in output order: worst token share error "
-                  f"{b['worst_window_share_error']:.2%} (target ≤ {SHARE_TOLERANCE:.0%}: {'ok' if b['share_ok'] else 'MISSED'}); "
-                  f"samples-per-pack drift {b['drift']:.3f} (target ≤ {DRIFT_LIMIT}: {'ok' if b['drift_ok'] else 'MISSED'}); "
-                  f"packs over the lower bound {b['packs_over_bound_fraction']:.3%} (target ≤ 0.1 %: "
-                  f"{'ok' if b['bound_ok'] else 'MISSED'})."]
-    return lines

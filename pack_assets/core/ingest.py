@@ -11,7 +11,7 @@ from .conversation import media_refs, normalize, place_media
 from .media import probe_image, probe_video
 from .profiles import ModelProfile, resolve_profile
 from .reasons import ReasonError
-from .tokens import TokenCounter
+from .counters import counter_for
 
 
 def iter_records(path: Path) -> Iterator[dict]:
@@ -83,7 +83,7 @@ def count_records(path: Path, media_root: Path | None, profile: ModelProfile | s
     ``profile``: a resolved profile, or a built-in name resolved with the other arguments."""
     if not isinstance(profile, ModelProfile):
         profile = resolve_profile(profile, model_dir, trust_remote_code, chat_template_kwargs)
-    counter = TokenCounter(profile)
+    counter = counter_for(profile)
     out: list[dict] = []
     items: list[tuple] = []
     ids: list[int] = []

@@ -18,58 +18,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from . import labels, store
-from .binpack import ALGORITHMS, Caps, assign, check_algorithm, lower_bounds
+from . import store
+from .binpack import ALGORITHMS, assign, lower_bounds
 from .coverage import input_stats, left_since, tar_exists
 from .profiles import ModelProfile, resolve_profile
 from .results import FilePath, Markdown
+from .scan import manifest_is_current
+from .settings import PlanConfig
+from .token_lengths import token_lengths_are_current
 
 __all__ = ["ALGORITHMS", "Pack", "PlanConfig", "PlanResult", "assign", "lower_bounds", "make_plan"]
-
-
-@dataclass(frozen=True)
-class PlanConfig:
-    max_len: int = 8192
-    algorithm: str = "bfd"
-    seed: int = 0
-    pack_per_media_type: bool = True
-    max_samples_per_pack: int = 0
-    max_media_per_pack: int = 0
-    max_vision_tokens_per_pack: int = 0
-    pad_multiple: int = 1
-    keep_overlong: bool = False
-    world_size: int = 1
-    target_shard_bytes: int = 256 << 20
-    max_packs_per_shard: int = 1000
-    incremental: bool = False  # keep the previous plan's packs; new samples go into new packs and shards
-    # which tokens train (core/labels.py): a policy name, or JSON of dataset -> name; recorded in _meta
-    label_policy: str = "all"
-
-    def packing_key(self) -> dict:
-        """The settings a kept pack depends on: an incremental plan needs them unchanged."""
-        d = asdict(self)
-        for k in ("incremental", "seed", "target_shard_bytes", "max_packs_per_shard", "label_policy"):
-            d.pop(k)
-        return d
-
-    def __post_init__(self):
-        object.__setattr__(self, "label_policy", labels.canonical(self.label_policy))
-        if self.max_len <= 0:
-            raise ValueError(f"max_len must be positive, got {self.max_len}")
-        check_algorithm(self.algorithm)
-        if not 1 <= self.pad_multiple <= self.max_len:
-            raise ValueError(f"pad_multiple must be in [1, max_len], got {self.pad_multiple}")
-        if self.world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
-
-    @property
-    def capacity(self) -> int:
-        """Tokens a pack may hold so that, padded to ``pad_multiple``, it still fits ``max_len``."""
-        return self.max_len // self.pad_multiple * self.pad_multiple
-
-    @property
-    def caps(self) -> Caps:
-        return Caps(self.max_samples_per_pack, self.max_media_per_pack, self.max_vision_tokens_per_pack)
 
 
 @dataclass
@@ -201,7 +159,7 @@ def make_plan(
     per_type: dict[str, dict] = {}
     for mt in (sorted(set(media_types)) if config.pack_per_media_type else ["mixed"]):
         idx = np.flatnonzero(mtypes == mt) if config.pack_per_media_type else np.arange(n)
-        groups, per_type[mt] = _pack_group(idx, sample_ids, lengths, n_media, vision_tokens, config, dropped, raw, mt)
+        groups, per_type[mt] = pack_group(idx, sample_ids, lengths, n_media, vision_tokens, config, dropped, raw, mt)
         raw += [(mt, g, False) for g in groups]
     ordered, balance = _order(raw, lengths, config)
     packs: list[Pack] = []
@@ -209,13 +167,13 @@ def make_plan(
         lens = lengths[items].tolist()
         packs.append(Pack(f"p{k:08d}", mt, [sample_ids[i] for i in items.tolist()], lens, int(sum(lens)),
                           media_bytes=int(media_bytes[items].sum()), overlong=bool(over)))
-    _assign_shards(packs, config)
-    stats = _plan_stats(packs, dropped, per_type, balance, n, config)
+    assign_shards(packs, config)
+    stats = plan_stats(packs, dropped, per_type, balance, n, config)
     stats["seconds"] = time.perf_counter() - t0
     return PlanResult(packs, dropped, stats, fingerprint(config, profile, sample_ids, lengths.tolist()))
 
 
-def _pack_group(idx: np.ndarray, sample_ids, lengths: np.ndarray, n_media: np.ndarray, vision_tokens: np.ndarray,
+def pack_group(idx: np.ndarray, sample_ids, lengths: np.ndarray, n_media: np.ndarray, vision_tokens: np.ndarray,
                 config: PlanConfig, dropped: list[dict], raw: list, mt: str, drop_row=None) -> tuple[list[np.ndarray], dict]:
     """Bin-pack one media type's items: their packs (item index arrays) and figures; what does not fit
     goes to ``dropped`` (``drop_row(i, reason)`` makes its row), or alone to ``raw`` when overlong samples
@@ -246,7 +204,7 @@ def _pack_group(idx: np.ndarray, sample_ids, lengths: np.ndarray, n_media: np.nd
                     "over_bound": len(groups) - bound, "fill": fill, "dropped": int((~kept).sum())}
 
 
-def _plan_stats(packs: list[Pack], dropped: list[dict], per_type: dict, balance: dict, n: int,
+def plan_stats(packs: list[Pack], dropped: list[dict], per_type: dict, balance: dict, n: int,
                 config: PlanConfig) -> dict:
     spp = np.asarray([len(p.sample_ids) for p in packs], dtype=np.float64)
     n_packs = len(packs)
@@ -276,7 +234,7 @@ def _plan_stats(packs: list[Pack], dropped: list[dict], per_type: dict, balance:
     return stats
 
 
-def _assign_shards(packs: list[Pack], config: PlanConfig, first_shard: int = 0) -> None:
+def assign_shards(packs: list[Pack], config: PlanConfig, first_shard: int = 0) -> None:
     shard, size, count = first_shard, 0, 0
     for p in packs:
         if count and (count >= config.max_packs_per_shard or size + p.media_bytes > config.target_shard_bytes):
@@ -328,7 +286,7 @@ def extend_plan(old_packs: list[Pack], old_dropped: list[dict], new: PlanResult,
     first_shard = 1 + max((int(p.output_shard[len("packed-"):-len(".tar")]) for p in old_packs), default=-1)
     for k, p in enumerate(new.packs):
         p.pack_id = f"p{offset + k:08d}"
-    _assign_shards(new.packs, config, first_shard)
+    assign_shards(new.packs, config, first_shard)
     packs = old_packs + new.packs
     dropped = old_dropped + new.dropped
     spp = np.asarray([len(p.sample_ids) for p in packs], dtype=np.float64)
@@ -357,65 +315,6 @@ def plan_jsonl(plan: PlanResult) -> str:
     return "".join(json.dumps({"pack_id": p.pack_id, "media_type": p.media_type, "sample_ids": p.sample_ids,
                                "sample_token_lens": p.sample_token_lens, "total_token_len": p.total_token_len}) + "\n"
                    for p in plan.packs)
-
-
-def load_lengths(path: str) -> np.ndarray:
-    """`.npy` int array, or text with one integer a line."""
-    if path.endswith(".npy"):
-        return np.load(path, allow_pickle=False).astype(np.int64)
-    return np.loadtxt(path, dtype=np.int64, ndmin=1)
-
-
-def summarize(lengths: np.ndarray, capacity: int, algorithm: str, caps: Caps = Caps(), seed: int = 0,
-              global_batch: int = 0) -> dict:
-    """The planner alone on a list of lengths (what `pack-assets plan` and `simulate` print)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    t0 = time.perf_counter()
-    packs = assign(lengths, capacity, algorithm, caps, seed=seed)
-    seconds = time.perf_counter() - t0
-    kept = packs >= 0
-    n_packs = int(packs.max()) + 1 if kept.any() else 0
-    l1, l2 = lower_bounds(lengths[kept], capacity)
-    bound = max(l2, -(-int(kept.sum()) // caps.max_samples) if caps.max_samples else 0)
-    spp = np.bincount(packs[kept]) if n_packs else np.zeros(0)
-    out = {
-        "algorithm": algorithm,
-        "max_len": capacity,
-        "samples": int(len(lengths)),
-        "packs": n_packs,
-        "lower_bound": bound,
-        "lower_bound_l1": l1,
-        "packs_over_bound": n_packs - bound,
-        "efficiency": float(lengths[kept].sum()) / (n_packs * capacity) if n_packs else 0.0,
-        "dropped": int((~kept).sum()),
-        "mean_samples_per_pack": float(spp.mean()) if n_packs else 0.0,
-        "max_samples_per_pack": int(spp.max()) if n_packs else 0,
-        "seconds": seconds,
-        "assignment": packs,
-    }
-    if global_batch:
-        out["steps_per_epoch"] = -(-n_packs // global_batch)
-    return out
-
-
-def simulate(lengths: np.ndarray, max_lens: list[int], algorithms: list[str], caps: Caps = Caps(), seed: int = 0,
-             global_batch: int = 0) -> dict:
-    """The what-if sweep: every max length × algorithm, and a recommended max length.
-
-    Recommended: the smallest max length whose best algorithm fills ≥ 98 % and drops ≤ 0.1 % of the
-    samples; failing that, the one that packs the most tokens per pack-token (fill × kept fraction).
-    """
-    rows = []
-    for max_len in max_lens:
-        for alg in algorithms:
-            r = summarize(lengths, max_len, alg, caps, seed, global_batch)
-            r.pop("assignment")
-            r["dropped_fraction"] = r["dropped"] / max(1, r["samples"])
-            rows.append(r)
-    best = {m: max((r for r in rows if r["max_len"] == m), key=lambda r: r["efficiency"]) for m in max_lens}
-    good = [m for m in sorted(max_lens) if best[m]["efficiency"] >= 0.98 and best[m]["dropped_fraction"] <= 0.001]
-    rec = good[0] if good else max(max_lens, key=lambda m: best[m]["efficiency"] * (1 - best[m]["dropped_fraction"]))
-    return {"results": rows, "recommended_max_len": rec}
 
 
 # -- the stage: plan every counted shard into the catalog and pack_plan.jsonl -------------------------------
@@ -486,14 +385,10 @@ class PlanSummary:
                 "plan_file": FilePath(self.plan_file), "dagster/column_schema": store.PACK_PLAN_SCHEMA}
 
 
-def check_plan(con, config: PlanConfig, repeats: dict[str, float] | None = None) -> list[dict]:
+def check_plan(con, config: PlanConfig) -> list[dict]:
     """Invariants of the stored plan itself, before anything is written: every ok sample in exactly one pack
-    or in ``dropped``, one media type per pack, capacity (after padding) and caps held. A blend's plan
-    (``repeats``: dataset -> repeat) holds each sample as many times as its draw says instead (core/blend.py)."""
-    if repeats is not None:
-        from .blend import check_blend
-
-        return check_blend(con, config, repeats)
+    or in ``dropped``, one media type per pack, capacity (after padding) and caps held. (A blend's plan holds
+    each sample as many times as its draw says: `blend.check_blend` checks it instead.)"""
     # the samples view read once, not three times (it was half of the check's time at 1M samples)
     with store.samples_snapshot(con) as samples:
         ok, members, distinct, dropped, both, lost = con.execute(
@@ -536,9 +431,6 @@ def pack_checks(con, config: PlanConfig, samples: str = "samples") -> list[tuple
 def plannable(work: Path, shards: list[str], profile: ModelProfile, input_root: Path | None,
               allow_missing: bool) -> tuple[list[str], list[str], list[str]]:
     """(shards to plan, shards waiting for current counts, shards whose tar is gone)."""
-    from .scan import manifest_is_current
-    from .tokens import token_lengths_are_current
-
     removed: list[str] = []
     if input_root is not None:
         removed = [s for s in shards if not tar_exists(input_root, s)]

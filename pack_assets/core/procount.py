@@ -47,6 +47,8 @@ import numpy as np
 from . import environment
 from .profiles import ModelProfile, ProfileError, check_remote_code
 from .reasons import ReasonError
+from .tokens import batched
+from .vision import video_meta
 
 _CACHE_MAX = 4096  # distinct size lists kept (metadata only; pixel arrays are zero-stride views)
 _BATCH = 256  # samples per tokenizer call
@@ -272,7 +274,7 @@ def _blank(width: int, height: int):
 
 
 class ProcessorCounter:
-    """``count_many`` of the processor rule (TokenCounter delegates here for such profiles)."""
+    """``count_many`` of the processor rule (`counters.counter_for` gives it to such profiles)."""
 
     def __init__(self, profile: ModelProfile):
         self.profile = profile
@@ -328,8 +330,6 @@ class ProcessorCounter:
     # -- per sample ------------------------------------------------------------------------------------------
 
     def count_many(self, items: Iterable[tuple[list[dict], list, list]]):
-        from .tokens import batched
-
         for batch in batched(items, _BATCH):
             yield from self._count_batch(batch)
 
@@ -639,9 +639,7 @@ def _video_meta_key(meta) -> tuple:
     the processor carries (frames, fps, width, height, duration: Qwen3-VL's timestamps depend on fps and
     the sampled indices, which depend on frames and fps). Missing or implausible metadata is the fast rules'
     reason (bad_video)."""
-    from .tokens import _video_meta
-
-    total, fps = _video_meta(meta)
+    total, fps = video_meta(meta)
     try:
         width, height = int(meta["width"]), int(meta["height"])
     except (KeyError, TypeError, ValueError) as e:

@@ -12,9 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from . import drawing, procs, store
-from .plan import PlanConfig, PlanInfo, PlanSummary, ok_lengths, run_plan, simulate
+from .blend import DRIFT_LIMIT, SHARE_TOLERANCE, epoch_name
+from .plan import PlanConfig, PlanInfo, ok_lengths
+from .recipe import Recipe
 from .results import AuditResult, Markdown, png_data_uri
 from .store import atomic_write_text
+from .sweep import simulate
 
 WHAT_IF = "what_if.json"
 
@@ -205,8 +208,6 @@ def _fill(plan_stats: dict) -> list[str]:
 def _blend(stats: dict) -> list[str]:
     if "per_dataset" not in stats:
         return []
-    from .blend import blend_lines
-
     return ["", f"## Per dataset (blend epoch {stats.get('blend', {}).get('epoch', 0)})", "", *blend_lines(stats)]
 
 
@@ -343,14 +344,20 @@ class WhatIf:
                 "recommended_max_len": self.recommended_max_len}
 
 
-def plan_with_what_if(work: Path, shards: list[str], config: PlanConfig, profile, **plan_args
-                      ) -> tuple[PlanSummary, WhatIf]:
-    """`plan.run_plan` and the what-if sweep beside it, started from the lengths the plan reads (by a helper
-    inside `procs.aside`) and finished for the plan's fingerprint: what the pack_plan asset runs."""
-    started: list[Callable[[str], WhatIf]] = []
-    summary = run_plan(work, shards, config, profile, on_lengths=lambda rows: started.append(
-        start_what_if(work, config, rows)), **plan_args)
-    return summary, started[0](summary.fingerprint)
+class WhatIfBeside:
+    """The what-if sweep beside a plan (what the pack_plan asset shows with it): `start` is `plan.run_plan`'s
+    ``on_lengths``, so the sweep starts from the lengths the plan reads while the plan goes on; `finish` waits
+    for it and records it for the plan's fingerprint."""
+
+    def __init__(self, work: Path, config: PlanConfig) -> None:
+        self.work, self.config = work, config
+        self._finish: Callable[[str], WhatIf] | None = None
+
+    def start(self, rows: dict[str, np.ndarray]) -> None:
+        self._finish = start_what_if(self.work, self.config, rows)
+
+    def finish(self, plan_fingerprint: str) -> WhatIf:
+        return self._finish(plan_fingerprint)
 
 
 def run_what_if(work: Path, config: PlanConfig, plan_fingerprint: str) -> WhatIf:
@@ -409,3 +416,34 @@ def read_what_if(work: Path, plan_fingerprint: str) -> WhatIf | None:
     except (OSError, ValueError, TypeError):
         return None
     return what_if if what_if.plan_fingerprint == plan_fingerprint else None
+
+
+# -- a blend's report: per dataset, each epoch's and all epochs' ------------------------------------------
+
+
+def blend_report(recipe: Recipe, results: list[AuditResult]) -> str:
+    lines = ["# pack_assets blend audit", "",
+             f"Recipe `{recipe.path}`: {len(recipe.datasets)} dataset(s), {recipe.epochs} epoch(s), seed {recipe.seed}. "
+             f"Verdicts: {', '.join(f'epoch {k} {r.verdict}' for k, r in enumerate(results))}; each epoch's full report "
+             f"is `{epoch_name(0)}/audit_report.md` and so on.", ""]
+    for k, r in enumerate(results):
+        lines += [f"## Epoch {k}", "", *blend_lines(r.stats), ""]
+    return "\n".join(lines) + "\n"
+
+
+def blend_lines(stats: dict) -> list[str]:
+    """The audit's per-dataset table and the proportion figures (core/report.py prints it in each epoch's report)."""
+    b = stats.get("blend") or {}
+    lines = ["| dataset | source samples | rejected | ok | repeat | copies drawn (⌊r⌋·ok + seeded share) | packed | "
+             "dropped | token share | worst window share error |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, c in stats.get("per_dataset", {}).items():
+        p = b.get("datasets", {}).get(name, {})
+        lines.append(f"| {name} | {c['read']} | {c['rejected']} | {c['ok']} | {c['repeat']} | {c['expected']} | "
+                     f"{c['packed']} | {c['dropped']} | {p.get('share', 0):.2%} | {p.get('window_share_error', 0):.2%} |")
+    if b:
+        lines += ["", f"Windows of {b['window']} packs in output order: worst token share error "
+                  f"{b['worst_window_share_error']:.2%} (target ≤ {SHARE_TOLERANCE:.0%}: {'ok' if b['share_ok'] else 'MISSED'}); "
+                  f"samples-per-pack drift {b['drift']:.3f} (target ≤ {DRIFT_LIMIT}: {'ok' if b['drift_ok'] else 'MISSED'}); "
+                  f"packs over the lower bound {b['packs_over_bound_fraction']:.3%} (target ≤ 0.1 %: "
+                  f"{'ok' if b['bound_ok'] else 'MISSED'})."]
+    return lines

@@ -25,19 +25,12 @@ from .media import IMAGE_EXTS, VIDEO_EXTS, probe_image, probe_video
 from .reasons import ReasonError
 from .records import MANIFEST_FORMAT, SAMPLES_SCHEMA, Member, Rejection, Sample, ShardInfo
 from .results import KEPT, FilePath
+from .settings import ScanOptions
 from .tario import Entry, RangeFile, group_by_key, is_meta_member, is_unsafe_name, iter_entries, split_key
 
 CAPTION_EXTS = frozenset({"txt", "caption", "cap"})
 _CHUNK = 1 << 20
 _IMAGE_PREFIX = 16 << 10
-
-
-@dataclass(frozen=True, slots=True)
-class ScanOptions:
-    hash_members: bool = True
-    max_member_bytes: int = 4 << 30
-    max_json_bytes: int = 64 << 20
-    max_media_per_sample: int = 1024
 
 
 class _Reader:

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import labels
+from .binpack import Caps, check_algorithm
 from .chatkw import canonical
-from .plan import PlanConfig
 from .profiles import DEFAULT_PROFILE, ModelProfile, resolve_profile
 from .safety import check_paths
-from .scan import ScanOptions
 
 AUDIT_SCOPES = ("all", "changed")
 OUTPUT_MODES = ("copy", "index")
@@ -43,6 +43,65 @@ ENV = {
     "PACK_ASSETS_PROFILE": "profile",
     "PACK_ASSETS_MODEL_DIR": "model_dir",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class ScanOptions:
+    """How the manifest stage reads a shard (core/scan.py): whether members are hashed, and the sizes past which
+    a member, a record or a sample is refused."""
+
+    hash_members: bool = True
+    max_member_bytes: int = 4 << 30
+    max_json_bytes: int = 64 << 20
+    max_media_per_sample: int = 1024
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """How samples are packed (core/plan.py, core/blend.py): capacity, algorithm and seed, caps per pack, padding,
+    output shard sizes, the world size the order is balanced for, and which tokens train."""
+
+    max_len: int = 8192
+    algorithm: str = "bfd"
+    seed: int = 0
+    pack_per_media_type: bool = True
+    max_samples_per_pack: int = 0
+    max_media_per_pack: int = 0
+    max_vision_tokens_per_pack: int = 0
+    pad_multiple: int = 1
+    keep_overlong: bool = False
+    world_size: int = 1
+    target_shard_bytes: int = 256 << 20
+    max_packs_per_shard: int = 1000
+    incremental: bool = False  # keep the previous plan's packs; new samples go into new packs and shards
+    # which tokens train (core/labels.py): a policy name, or JSON of dataset -> name; recorded in _meta
+    label_policy: str = "all"
+
+    def packing_key(self) -> dict:
+        """The settings a kept pack depends on: an incremental plan needs them unchanged."""
+        d = asdict(self)
+        for k in ("incremental", "seed", "target_shard_bytes", "max_packs_per_shard", "label_policy"):
+            d.pop(k)
+        return d
+
+    def __post_init__(self):
+        object.__setattr__(self, "label_policy", labels.canonical(self.label_policy))
+        if self.max_len <= 0:
+            raise ValueError(f"max_len must be positive, got {self.max_len}")
+        check_algorithm(self.algorithm)
+        if not 1 <= self.pad_multiple <= self.max_len:
+            raise ValueError(f"pad_multiple must be in [1, max_len], got {self.pad_multiple}")
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+
+    @property
+    def capacity(self) -> int:
+        """Tokens a pack may hold so that, padded to ``pad_multiple``, it still fits ``max_len``."""
+        return self.max_len // self.pad_multiple * self.pad_multiple
+
+    @property
+    def caps(self) -> Caps:
+        return Caps(self.max_samples_per_pack, self.max_media_per_pack, self.max_vision_tokens_per_pack)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from .profiles import ModelProfile
 from .procs import Helpers
 from .scan import manifest_is_current, run_manifest
 from .settings import Settings
-from .tokens import run_token_lengths, token_lengths_are_current
+from .token_lengths import run_token_lengths, token_lengths_are_current
 
 
 def shards_to_run(settings: Settings, shards: list[str], profile: ModelProfile, force: bool = False) -> list[str]:

@@ -11,8 +11,9 @@ import dagster as dg
 import pyarrow as pa
 
 from .. import events
-from ..core import audit, blend, report, scan, tokens, write
+from ..core import audit, blend, epochs, plan, report, scan, write
 from ..core.results import FilePath, Markdown
+from ..core.token_lengths import run_token_counts
 from ..events import Progress
 from .partitions import source_shards
 from .resources import PackSettings
@@ -109,7 +110,7 @@ def token_lengths(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     s.check_paths()
     profile = s.model_profile()
     keys = context.partition_keys
-    summary = tokens.run_token_counts(s.work, keys, profile, log=context.log.info, by_helpers=_by_helpers(context),
+    summary = run_token_counts(s.work, keys, profile, log=context.log.info, by_helpers=_by_helpers(context),
                                       on_shard=_each_shard(events.COUNT, len(keys)))
     return dg.MaterializeResult(metadata=metadata(summary.as_metadata()), data_version=dg.DataVersion(profile.fingerprint),
                                 value=summary)
@@ -136,8 +137,10 @@ def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.M
                                            recursive=s.recursive)
             what_if = None
         else:
-            summary, what_if = report.plan_with_what_if(s.work, shards, s.plan, s.model_profile(), allow_missing=True,
-                                                        input_root=s.input_root, recursive=s.recursive)
+            what_if = report.WhatIfBeside(s.work, s.plan)  # the sweep, from the lengths the plan reads
+            summary = plan.run_plan(s.work, shards, s.plan, s.model_profile(), allow_missing=True,
+                                    input_root=s.input_root, recursive=s.recursive, on_lengths=what_if.start)
+            what_if = what_if.finish(summary.fingerprint)
     events.emit(Progress(events.PLAN, 1, 1, "step", summary.packs, "packs"))
     if summary.shards_removed:
         context.log.warning(f"{len(summary.shards_removed)} shard(s) no longer in the input since the last plan, "
@@ -174,10 +177,9 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     s.check_paths()
     with settings.work_lock(context, "packed_shards"):
         if s.recipe:
-            summary = blend.run_blend_write(s.work, s.blend(), s.out, s.write_workers, progress, s.output_mode)
+            summary = epochs.run_blend_write(s.work, s.blend(), s.out, s.write_workers, progress, s.output_mode)
         else:
-            writer = write.run_write_index if s.output_mode == "index" else write.run_write
-            summary = writer(s.work, s.input_root, s.out, s.write_workers, progress)
+            summary = write.writer(s.output_mode)(s.work, s.input_root, s.out, s.write_workers, progress)
     if summary.foreign_files:
         context.log.info(f"{len(summary.foreign_files)} file(s) in {s.out} not written by pack_assets, left "
                          f"alone: {summary.foreign_files[:10]}")
@@ -200,7 +202,7 @@ def audit_report(context: dg.AssetExecutionContext, settings: PackSettings) -> d
     events.emit(Progress(events.AUDIT, 0, 0, "output shards", 0, "members re-hashed"))
     s = settings.to_settings()
     with settings.work_lock(context, "audit_report"):
-        result = blend.run_blend_audit(s.work, s.blend(), s.out, scope=s.audit_scope, check_samples=s.check_samples,
+        result = epochs.run_blend_audit(s.work, s.blend(), s.out, scope=s.audit_scope, check_samples=s.check_samples,
                                        progress=progress) if s.recipe \
             else audit.run_audit(s.work, s.out, scope=s.audit_scope, check_samples=s.check_samples, progress=progress)
     return dg.MaterializeResult(

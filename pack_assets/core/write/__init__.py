@@ -19,4 +19,13 @@ from .copy import run_write
 from .index import run_write_index
 from .shared import SourceChanged, WriteSummary, write_context
 
-__all__ = ["SourceChanged", "WriteSummary", "run_write", "run_write_index", "write_context"]
+__all__ = ["SourceChanged", "WriteSummary", "run_write", "run_write_index", "write_context", "writer"]
+
+WRITERS = {"copy": run_write, "index": run_write_index}  # Settings.output_mode -> the stage
+
+
+def writer(mode: str):
+    """The stage of an output mode (`Settings.output_mode`): the one place a mode's name picks its writer."""
+    if mode not in WRITERS:
+        raise ValueError(f"output mode {mode!r}: expected one of {', '.join(WRITERS)}")
+    return WRITERS[mode]

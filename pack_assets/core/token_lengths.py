@@ -1,0 +1,142 @@
+"""token_lengths stage: every ok sample of a shard counted for the target model, by its profile's rule (the
+fast rule, core/tokens.py, or the processor rule, core/procount.py: `counters.counter_for` picks). Each row's
+``counted_by`` says which. A shard's counts are kept while its manifest and the profile are unchanged."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import store
+from .counters import Counter, counter_for
+from .profiles import ModelProfile
+from .reasons import ReasonError
+from .records import TOKEN_LENGTHS_SCHEMA, Rejection
+from .results import KEPT, FilePath
+
+
+def count_shard_rows(counter: Counter, samples: Iterable[dict], media_bytes: dict[str, int]) -> tuple[list[dict], list[Rejection]]:
+    """token_lengths rows for a shard's manifest rows (ok ones are counted; rejected ones are skipped)."""
+    ok = [s for s in samples if s["status"] == "ok"]
+    items = (
+        (json.loads(s["conversation"]), s["image_sizes"] or [], json.loads(s["videos"] or "[]")) for s in ok
+    )
+    rows: list[dict] = []
+    rejections: list[Rejection] = []
+    for s, res in zip(ok, counter.count_many(items)):
+        row = {
+            "sample_id": s["sample_id"],
+            "shard": s["shard"],
+            "media_type": s["media_type"],
+            "n_images": s["n_images"],
+            "n_videos": s["n_videos"],
+            "media_bytes": media_bytes.get(s["sample_id"], 0),
+            "profile": counter.profile.name,
+        }
+        if isinstance(res, ReasonError):
+            row.update(text_tokens=None, image_tokens=None, video_tokens=None, total_tokens=None, vision_tokens=None,
+                       status="rejected", reason=res.reason, counted_by=counter.profile.rule)
+            rejections.append(Rejection(s["shard"], s["key"], res.reason, res.detail, stage="token_lengths"))
+        else:
+            row.update(res, vision_tokens=res["image_tokens"] + res["video_tokens"], status="ok", reason=None)
+        rows.append(row)
+    return rows, rejections
+
+
+# -- one shard's counts into <work>/token_lengths/<profile>/<shard>/, kept while current -------------------
+
+
+@dataclass(frozen=True)
+class ShardCounts:
+    shard: str
+    profile: str
+    counted: int
+    rejected: int
+    total_tokens: int
+    seconds: float
+    cached: bool  # counted earlier from the same manifest and profile: kept
+
+
+@dataclass(frozen=True)
+class TokenLengthsSummary:
+    shards: list[ShardCounts]
+    profile: str
+    profile_fingerprint: str
+    folder: Path
+
+    def as_metadata(self) -> dict:
+        counted = sum(s.counted for s in self.shards)
+        rejected = sum(s.rejected for s in self.shards)
+        seconds = sum(s.seconds for s in self.shards)
+        return {"dagster/row_count": counted + rejected, "profile": self.profile,
+                "profile_fingerprint": self.profile_fingerprint, "counted": counted, "rejected": rejected,
+                "total_tokens": sum(s.total_tokens for s in self.shards),
+                "samples_per_second": round(counted / seconds, 1) if seconds else None,
+                "dagster/uri": FilePath(self.folder), "dagster/column_schema": TOKEN_LENGTHS_SCHEMA}
+
+
+# 2: token_lengths.parquet has `counted_by`; older counts are stale, so every file a view reads has the column
+TOKEN_LENGTHS_FORMAT = 2
+
+
+def _token_stamp(work: Path, shard: str, profile: ModelProfile) -> str:
+    info = store.read_shard_info(work, shard) or {}
+    return json.dumps({"profile": profile.fingerprint, "size": info.get("size"), "mtime_ns": info.get("mtime_ns"),
+                       "format": TOKEN_LENGTHS_FORMAT})
+
+
+def token_lengths_are_current(work: Path, shard: str, profile: ModelProfile) -> bool:
+    stamp = store.token_dir(work, profile.name, shard) / "stamp.json"
+    return stamp.exists() and stamp.read_text() == _token_stamp(work, shard, profile)
+
+
+def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool = False) -> ShardCounts:
+    """Count one shard for the profile; counts made from the same manifest and profile are kept."""
+    with store.shard_lock(work, shard):  # the manifest read here and the stamp written last stay paired
+        tdir = store.token_dir(work, profile.name, shard)
+        if not force and token_lengths_are_current(work, shard, profile):
+            t = store.read_parquet(tdir / "token_lengths.parquet", ["status", "total_tokens"]).to_pylist()
+            ok = [r["total_tokens"] for r in t if r["status"] == "ok"]
+            return ShardCounts(shard, profile.name, len(ok), len(t) - len(ok), int(sum(ok)), 0.0, cached=True)
+        t0 = time.perf_counter()
+        rows, rejections = count_shard_rows(counter_for(profile), *_manifest_rows(work, shard))
+        store.write_token_lengths(work, profile.name, shard, rows, rejections)
+        store.atomic_write_text(tdir / "stamp.json", _token_stamp(work, shard, profile))
+    ok = [r["total_tokens"] for r in rows if r["status"] == "ok"]
+    return ShardCounts(shard, profile.name, len(ok), len(rejections), int(sum(ok)),
+                       round(time.perf_counter() - t0, 3), cached=False)
+
+
+def _manifest_rows(work: Path, shard: str) -> tuple[list[dict], dict[str, int]]:
+    """A shard's manifest rows and each sample's media bytes (what the planner fills output shards by)."""
+    mdir = store.manifest_dir(work, shard)
+    if not (mdir / "samples.parquet").exists():
+        raise FileNotFoundError(f"no manifest for shard {shard!r} under {mdir}: materialize `manifest` first")
+    samples = store.read_parquet(mdir / "samples.parquet").to_pylist()
+    members = store.read_parquet(mdir / "members.parquet", ["sample_id", "name", "size"]).to_pylist()
+    media_names = {s["sample_id"]: set(s["media_members"] or []) for s in samples}
+    media_bytes: dict[str, int] = {}
+    for m in members:
+        if m["name"] in media_names.get(m["sample_id"], ()):
+            media_bytes[m["sample_id"]] = media_bytes.get(m["sample_id"], 0) + m["size"]
+    return samples, media_bytes
+
+
+def run_token_counts(work: Path, shards: list[str], profile: ModelProfile, log: Callable[[str], None] | None = None,
+                     by_helpers: Collection[str] = (), on_shard: Callable[[ShardCounts], None] | None = None
+                     ) -> TokenLengthsSummary:
+    """Count the shards one by one, a log line and an `on_shard` call each. `by_helpers`: as in
+    `scan.run_manifests`."""
+    counts = []
+    for shard in shards:
+        c = run_token_lengths(work, shard, profile)
+        if log:
+            log(f"{shard}: counted {c.counted} samples, {c.rejected} rejected, {c.total_tokens} tokens"
+                f"{KEPT[shard in by_helpers] if c.cached else ''}")
+        counts.append(c)
+        if on_shard:
+            on_shard(c)
+    return TokenLengthsSummary(counts, profile.name, profile.fingerprint, store.token_dir(work, profile.name, shards[0]))
