@@ -1,5 +1,5 @@
 """Whole `pack-assets run` processes at --jobs 1 vs 2 (and more) over a few shard counts, to set
-`pack_assets.runenv.JOBS_FROM_SHARDS`, the shard count from which the default goes to one process per core.
+`pack_assets.runner.runenv.JOBS_FROM_SHARDS`, the shard count from which the default goes to one process per core.
 
     python bench/bench_jobs.py --shards 2 4 8 16 --jobs 1 2 --repeats 5 --per-shard 500
 

@@ -1,4 +1,4 @@
-"""The plan step's what-if sweep (core/report.run_what_if: max lengths 1/4x..2x of the configured one x
+"""The plan step's what-if sweep (core/report.start_what_if: max lengths 1/4x..2x of the configured one x
 {bfd, next_fit}) on N lognormal lengths, this code against a baseline copy of the code, in the same run.
 
     git archive <commit before> pack_assets | tar -x -C /tmp/base

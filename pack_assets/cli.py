@@ -11,9 +11,7 @@ from pathlib import Path
 
 from .core.labels import POLICIES
 from .core.settings import AUDIT_SCOPES, DEFAULTS, OUTPUT_MODES, Settings
-from .progress import StageBars
-from .runenv import (ensure_dagster_yaml, exit_without_teardown, process_start, relax_gc,
-                     resolve_dagster_home)
+from .runner.runenv import exit_without_teardown, process_start, relax_gc, resolve_dagster_home
 
 DEMO_INPUT = Path("demo_data/shards")
 
@@ -106,34 +104,12 @@ def _refuse_default_over_recipe(args, fields: dict) -> None:
 
 def _run(args, **extra) -> int:
     from .core.preflight import preflight
-    from .core.safety import work_lock
+    from .runner.command import run
 
     settings = _settings(args, **extra)
     shards = preflight(settings)  # every refusal of the folders and settings: before the lock, a write, a scan
     home, home_from = resolve_dagster_home(args.dagster_home)
-    bars = StageBars()  # the run's progress on stderr when it is a terminal; nothing when not
-    with work_lock(settings.work, f"pack-assets {args.command}"):  # a second run on this work folder refuses
-        from .core import procs, shardwork
-
-        work = shardwork.find(settings, force=args.force, shards=shards)
-        # helper processes, forked now: they scan and count the shards while Dagster is imported below, then
-        # simulate the what-if sweep, recount the audit's samples and draw the report's figures
-        with procs.Helpers(shardwork.helpers_for(work, args.jobs)) as helpers, procs.aside(helpers.pool):
-            shardwork.start(work, settings, helpers, force=args.force)
-            if ensure_dagster_yaml(home):
-                print(f"new Dagster home {home}: wrote dagster.yaml (telemetry off, concurrency pools)",
-                      file=sys.stderr)
-            bars.line(f"start-up: {len(work.shards)} shard(s), {len(work.todo)} to scan and count"
-                      f"{f', {work.jobs} helper process(es) started' if work.running else ''}; loading Dagster")
-            from .events import listening
-            from .orchestrate import instance_for, run_pipeline
-
-            instance = instance_for(home)
-            try:
-                with listening(bars):
-                    summary = run_pipeline(settings, instance, force=args.force, started=args.started, work=work)
-            finally:
-                bars.close()
+    summary = run(settings, shards, home, command=args.command, force=args.force, jobs=args.jobs, started=args.started)
     summary.update(dagster_home=str(home), dagster_home_from=home_from)
     _emit(args, summary, _summary_text(summary))
     return verdict_exit(summary.get("verdict") or ("PASS" if summary["violations"] == 0 else "FAIL"))

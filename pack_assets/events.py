@@ -1,6 +1,6 @@
 """Typed progress events of a run's stages, from the Dagster assets (defs/assets.py) to whoever follows
 the run in the same process: `pack-assets run` executes its Dagster runs in process and shows the events on
-a terminal (progress.py). Under `dagster dev` nobody listens; the assets' log lines say the same in the UI.
+a terminal (runner/progress.py). Under `dagster dev` nobody listens; the assets' log lines say the same in the UI.
 
 A listener is added for a scope (`listening`), like a logging handler; `emit` calls each in turn."""
 

@@ -16,8 +16,8 @@ import pytest
 import pack_assets
 from pack_assets.cli import main
 from pack_assets.events import Progress
-from pack_assets.progress import MAX_LINES, ShardProgress, StageBars
-from pack_assets.runenv import DAGSTER_YAML, JOBS_FROM_SHARDS, default_jobs, ensure_dagster_yaml, resolve_dagster_home
+from pack_assets.runner.progress import MAX_LINES, ShardProgress, StageBars
+from pack_assets.runner.runenv import DAGSTER_YAML, JOBS_FROM_SHARDS, default_jobs, ensure_dagster_yaml, resolve_dagster_home
 
 REPO = Path(pack_assets.__file__).resolve().parent.parent
 
@@ -240,7 +240,7 @@ def test_the_cli_event_log_commits_without_an_fsync_each_in_wal_mode_only(tmp_pa
     code = f"""
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
-from pack_assets.runenv import relax_event_log_sync
+from pack_assets.runner.runenv import relax_event_log_sync
 relax_event_log_sync(); relax_event_log_sync()  # once is enough; twice is harmless
 def sync(name, wal):
     engine = sa.create_engine("sqlite:///{tmp_path}/" + name, poolclass=NullPool)
@@ -263,7 +263,7 @@ def test_the_cli_event_log_is_created_in_wal_mode(tmp_path):
 import os, sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 os.environ["DAGSTER_HOME"] = "{home}"
-from pack_assets.runenv import relax_event_log_sync
+from pack_assets.runner.runenv import relax_event_log_sync
 relax_event_log_sync()
 def event(path):
     engine = sa.create_engine("sqlite:///" + path, poolclass=NullPool)
@@ -298,7 +298,7 @@ def counted(self):
     loads.append(self.dir)
     yield from real(self)
 ScriptDirectory._load_revisions = counted
-from pack_assets.orchestrate import instance_for
+from pack_assets.runner.orchestrate import instance_for
 instance = instance_for(Path("{home}"))
 @dg.asset
 def a():
@@ -326,7 +326,7 @@ def test_a_full_standard_output_is_one_line_and_exit_120():
                              text=True, cwd=REPO)
     assert big.returncode == 120 and big.stderr.strip().splitlines() == [
         "error: could not write the result to standard output: [Errno 28] No space left on device"]
-    small = subprocess.Popen([sys.executable, "-c", "import sys; from pack_assets.runenv import exit_without_teardown\n"
+    small = subprocess.Popen([sys.executable, "-c", "import sys; from pack_assets.runner.runenv import exit_without_teardown\n"
                               "sys.stdin.readline(); sys.stdout.write('short'); exit_without_teardown(0)"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                              env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"})  # buffered output
@@ -340,7 +340,7 @@ def test_the_exit_joins_a_pool_still_alive_and_its_work_finishes(tmp_path):
     instead of hanging or being cut off by ``os._exit``."""
     done = tmp_path / "done"
     code = ("import time; from concurrent.futures import ThreadPoolExecutor\n"
-            "from pack_assets.runenv import exit_without_teardown\n"
+            "from pack_assets.runner.runenv import exit_without_teardown\n"
             "pool = ThreadPoolExecutor(2)\n"
             f"pool.submit(lambda: (time.sleep(0.3), open({str(done)!r}, 'w').write('ok')))\n"
             "exit_without_teardown(3)")

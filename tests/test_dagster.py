@@ -135,7 +135,7 @@ def test_dagster_asset_materialize_and_dg_launch_on_a_fresh_home_for_any_shard_i
 
 
 def test_four_shard_runs_side_by_side_no_lock_error_no_lost_rows(tmp_path, monkeypatch):
-    from pack_assets.orchestrate import instance_for, run_pipeline
+    from pack_assets.runner.orchestrate import instance_for, run_pipeline
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     inp = small_dataset(tmp_path / "in", n_shards=4, per_shard=9)
@@ -153,7 +153,7 @@ def test_four_shard_runs_side_by_side_no_lock_error_no_lost_rows(tmp_path, monke
 
 
 def test_one_process_scans_every_shard_in_one_run_over_a_partition_range(tmp_path, monkeypatch):
-    from pack_assets.orchestrate import instance_for, run_pipeline
+    from pack_assets.runner.orchestrate import instance_for, run_pipeline
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     inp = small_dataset(tmp_path / "in", n_shards=3, per_shard=9)
@@ -172,7 +172,7 @@ def test_one_process_scans_every_shard_in_one_run_over_a_partition_range(tmp_pat
 
 
 def test_shard_batches_are_consecutive_partitions():
-    from pack_assets.orchestrate import _batches
+    from pack_assets.runner.orchestrate import _batches
 
     order = ["a", "b", "c", "d", "e"]
     assert _batches(["a", "b", "c", "d", "e"], order, 16) == [["a", "b", "c", "d", "e"]]
@@ -250,12 +250,12 @@ def _materialization_logs(instance: dg.DagsterInstance, run_id: str) -> list[str
 
 
 def test_shard_workers_scan_before_dagster_and_the_runs_record_every_shard(tmp_path, monkeypatch):
-    """`pack-assets run`'s path: helper processes scan and count (core/shardwork.py), then one Dagster run
+    """`pack-assets run`'s path: helper processes scan and count (runner/shardwork.py), then one Dagster run
     over the partition range records each shard from their files, saying whose they are, and goes on with
     the pack assets; the outcome equals the shards scanned inside the Dagster steps."""
-    from pack_assets.core import shardwork
-    from pack_assets.core.procs import Helpers
-    from pack_assets.orchestrate import instance_for, run_pipeline
+    from pack_assets.runner import shardwork
+    from pack_assets.runner.procs import Helpers
+    from pack_assets.runner.orchestrate import instance_for, run_pipeline
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     inp = small_dataset(tmp_path / "in", n_shards=3, per_shard=9)
@@ -293,10 +293,10 @@ def test_shard_workers_scan_before_dagster_and_the_runs_record_every_shard(tmp_p
 def test_a_shard_step_that_fails_in_the_run_with_the_pack_assets_stops_before_the_plan(tmp_path, monkeypatch):
     """The pack assets follow the helpers' shards in one run: a shard step failing there (here: recording
     the counts) is the command's error, named by its step, and nothing is planned from the shards."""
-    from pack_assets.core import shardwork
+    from pack_assets.runner import shardwork
     from pack_assets.defs import assets
-    from pack_assets.core.procs import Helpers
-    from pack_assets.orchestrate import PipelineError, instance_for, run_pipeline
+    from pack_assets.runner.procs import Helpers
+    from pack_assets.runner.orchestrate import PipelineError, instance_for, run_pipeline
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     inp = small_dataset(tmp_path / "in", n_shards=2, per_shard=9)
@@ -321,8 +321,8 @@ def test_a_shard_the_helper_failed_on_is_scanned_by_its_dagster_step(tmp_path, m
     raise the error itself where the UI shows it); its log does not claim a helper's scan."""
     from concurrent.futures import Future
 
-    from pack_assets.core.shardwork import ShardWork
-    from pack_assets.orchestrate import instance_for, run_pipeline
+    from pack_assets.runner.shardwork import ShardWork
+    from pack_assets.runner.orchestrate import instance_for, run_pipeline
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     inp = small_dataset(tmp_path / "in", n_shards=2, per_shard=9)
@@ -348,8 +348,8 @@ def test_a_shard_the_helper_failed_on_is_scanned_by_its_dagster_step(tmp_path, m
 def test_a_shard_scanned_but_never_recorded_in_dagster_is_recorded_by_the_next_run(tmp_path, monkeypatch):
     """A command stopped between a helper's scan and its Dagster run leaves current files and no
     materialization; the next run (nothing left to scan) records the shard instead of skipping it."""
-    from pack_assets.core.shardwork import work_shard
-    from pack_assets.orchestrate import instance_for, run_pipeline
+    from pack_assets.runner.shardwork import work_shard
+    from pack_assets.runner.orchestrate import instance_for, run_pipeline
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     inp = small_dataset(tmp_path / "in", n_shards=2, per_shard=9)

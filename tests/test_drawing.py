@@ -1,4 +1,4 @@
-"""The command's helper processes (core/procs.py) and the figures drawn there (core/drawing.py): the same PNG
+"""The command's helper processes (runner/procs.py) and the figures drawn there (core/drawing.py): the same PNG
 bytes as drawn in line, drawn in another process, no figure lost when a helper dies, and helpers that end
 with their command."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pack_assets.core import drawing, procs, report
-from pack_assets.core.procs import Helpers
+from pack_assets.core import drawing, report
+from pack_assets.runner.procs import Helpers
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,15 +36,14 @@ def _pid(_, path: Path) -> None:
 def test_figures_drawn_aside_are_the_bytes_drawn_in_line_and_drawn_elsewhere(tmp_path):
     lengths, sim, media = _sim()
     inline = report.plot_simulation(lengths, sim, tmp_path / "inline", media)
-    with Helpers(1) as helpers, procs.aside(helpers.pool):
-        aside = report.plot_simulation(lengths, sim, tmp_path / "aside", media)
-        where = drawing.draw(_pid, None, tmp_path / "pid").wait()
+    with Helpers(1) as helpers:
+        aside = report.plot_simulation(lengths, sim, tmp_path / "aside", media, pool=helpers.pool)
+        where = drawing.draw(helpers.pool, _pid, None, tmp_path / "pid").wait()
     assert int(where.read_text()) != os.getpid()  # drawn in the helper, not here
-    assert procs._pool is None
     assert set(inline) == set(aside) == {"length_distribution", "fill_vs_max_len"}
     for k in inline:
         assert open(inline[k], "rb").read() == open(aside[k], "rb").read(), k
-    assert int(drawing.draw(_pid, None, tmp_path / "pid").wait().read_text()) == os.getpid()  # outside: here
+    assert int(drawing.draw(None, _pid, None, tmp_path / "pid").wait().read_text()) == os.getpid()  # no pool: here
 
 
 def test_the_what_if_beside_the_plan_draws_what_plot_simulation_draws_of_its_sweep(tmp_path):
@@ -55,8 +54,8 @@ def test_the_what_if_beside_the_plan_draws_what_plot_simulation_draws_of_its_swe
     lengths, _, media = _sim()
     rows = {"lengths": lengths, "media_types": np.array(["image"] * 3000 + ["text"] * 2000, dtype=object)}
     inline = report.start_what_if(tmp_path / "inline", PlanConfig(max_len=4096), rows)("fp")
-    with Helpers(2) as helpers, procs.aside(helpers.pool):
-        aside = report.start_what_if(tmp_path / "aside", PlanConfig(max_len=4096), rows)("fp")
+    with Helpers(2) as helpers:
+        aside = report.start_what_if(tmp_path / "aside", PlanConfig(max_len=4096), rows, helpers.pool)("fp")
     def timeless(w):
         return [{k: v for k, v in r.items() if k != "seconds"} for r in w.results], w.recommended_max_len
 
@@ -88,11 +87,11 @@ def test_a_histogram_binned_where_the_values_are_draws_as_ax_hist_draws_them(tmp
 
 def test_a_helper_that_dies_costs_no_figure(tmp_path):
     lengths, sim, media = _sim()
-    with Helpers(1) as helpers, procs.aside(helpers.pool):
-        helper = int(drawing.draw(_pid, None, tmp_path / "pid").wait().read_text())
+    with Helpers(1) as helpers:
+        helper = int(drawing.draw(helpers.pool, _pid, None, tmp_path / "pid").wait().read_text())
         assert helper != os.getpid()
         os.kill(helper, signal.SIGKILL)
-        plots = report.plot_simulation(lengths, sim, tmp_path / "after", media)
+        plots = report.plot_simulation(lengths, sim, tmp_path / "after", media, pool=helpers.pool)
     assert all(os.path.getsize(p) > 1000 for p in plots.values())
 
 
@@ -112,7 +111,7 @@ def test_helpers_end_with_their_command_and_an_error_stops_them(tmp_path, thread
     script = f"""
 import os, sys, threading, time
 sys.path.insert(0, {str(REPO)!r})
-from pack_assets.core.procs import Helpers
+from pack_assets.runner.procs import Helpers
 from pack_assets.core.safety import work_lock
 if {threads}:
     threading.Thread(target=time.sleep, args=(60,), daemon=True).start()

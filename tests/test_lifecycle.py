@@ -109,9 +109,9 @@ def test_the_audit_is_incomplete_while_a_registered_shard_waits(tmp_path, capsys
 
 
 def test_the_nothing_lost_check_fails_and_run_exits_non_zero_while_a_shard_waits(tmp_path, monkeypatch, capsys):
-    from pack_assets import orchestrate
+    from pack_assets.runner import orchestrate
     from pack_assets.cli import main
-    from pack_assets.core import shardwork
+    from pack_assets.runner import shardwork
 
     inp = small_dataset(tmp_path / "in", n_shards=2)
     real = orchestrate._batch_run

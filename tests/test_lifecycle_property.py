@@ -508,7 +508,7 @@ class Lifecycle(RuleBasedStateMachine):
             os.environ.pop("DAGSTER_HOME") if saved is None else os.environ.__setitem__("DAGSTER_HOME", saved)
 
     def _pipeline(self) -> Outcome:
-        from pack_assets.orchestrate import run_pipeline
+        from pack_assets.runner.orchestrate import run_pipeline
 
         try:
             with self._dagster_home() as instance:
@@ -529,7 +529,7 @@ class Lifecycle(RuleBasedStateMachine):
     def _tick(self, inst, res) -> Outcome:
         from pack_assets.defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
         from pack_assets.defs.sensors import new_shard_sensor, replan_sensor
-        from pack_assets.orchestrate import QUIET
+        from pack_assets.runner.orchestrate import QUIET
 
         errors, verdict, detail, planned = [], None, [], False
 

@@ -17,7 +17,7 @@ import pytest
 import webdataset as wds
 
 from pack_assets.core import audit as audit_mod
-from pack_assets.core import procs, store, tario
+from pack_assets.core import store, tario
 from pack_assets.core.write import copy as write_copy
 from pack_assets.core.write import energon, fingerprints, jobs, syscalls
 from pack_assets.core.write import record as write_record
@@ -25,7 +25,7 @@ from pack_assets.core.write import shard as write_shard_mod
 from pack_assets.core.audit import run_audit
 from pack_assets.core.lookup import lookup
 from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
-from pack_assets.core.procs import Helpers
+from pack_assets.runner.procs import Helpers
 from pack_assets.core.profiles import load_profile
 from pack_assets.core.records import PackMeta, SourceRef
 from pack_assets.core.scan import manifest_is_current, run_manifest
@@ -487,19 +487,19 @@ def test_overlong_samples_are_dropped_with_their_length(dataset, tmp_path):
 
 @pytest.mark.parametrize("where", ["here", "helper"])
 def test_sampled_recount_catches_a_tampered_token_length(packed, monkeypatch, where):
-    """`pack-assets run` hands the recount to its helper processes (procs.aside): it must find what the
+    """`pack-assets run` hands the recount to its helper processes (the audit's pool): it must find what the
     recount in the audit's own process finds, and this process then counts nothing itself."""
     _, work, out, _ = packed
     with contextlib.ExitStack() as stack:
+        pool = None
         if where == "helper":
-            helpers = stack.enter_context(Helpers(1))  # started (and forked) before the patch below
-            stack.enter_context(procs.aside(helpers.pool))
+            pool = stack.enter_context(Helpers(1)).pool  # started (and forked) before the patch below
 
             def refuse(*a, **k):
                 raise AssertionError("the audit's process counted: the recount was not handed to the helper")
 
             monkeypatch.setattr(audit_mod, "counter_for", refuse)
-        _tampered_recount(work, out)
+        _tampered_recount(work, out, pool)
 
 
 def test_the_audit_record_names_the_counting_versions_a_helper_looked_up(packed, monkeypatch):
@@ -509,19 +509,19 @@ def test_the_audit_record_names_the_counting_versions_a_helper_looked_up(packed,
 
     _, work, out, _ = packed
     expected = audit_mod._counting_versions()
-    with Helpers(1) as helpers, procs.aside(helpers.pool):
+    with Helpers(1) as helpers:
         audit_mod._counting_versions.cache_clear()
 
         def refuse(name):
             raise AssertionError(f"the audit's process looked up {name}'s version")
 
         monkeypatch.setattr(importlib.metadata, "version", refuse)
-        assert run_audit(work, out).ok
+        assert run_audit(work, out, pool=helpers.pool).ok
     assert json.loads((work / "audited_shards.json").read_text())["versions"] == expected
 
 
-def _tampered_recount(work: Path, out: Path) -> None:
-    result = run_audit(work, out, recount_fraction=1.0)
+def _tampered_recount(work: Path, out: Path, pool=None) -> None:
+    result = run_audit(work, out, recount_fraction=1.0, pool=pool)
     assert result.ok and result.stats["recounted"] == 24
     # tamper with one shard's stored counts (as a stale or buggy count would look)
     import pyarrow as pa
@@ -532,7 +532,7 @@ def _tampered_recount(work: Path, out: Path) -> None:
     col = t.column("total_tokens").to_pylist()
     col[1] += 1
     pq.write_table(t.set_column(t.schema.get_field_index("total_tokens"), "total_tokens", pa.array(col, pa.int64())), path)
-    checks = {v["check"] for v in run_audit(work, out, recount_fraction=1.0).violations}
+    checks = {v["check"] for v in run_audit(work, out, recount_fraction=1.0, pool=pool).violations}
     assert "recount_mismatch" in checks and "length_mismatch" in checks
 
 

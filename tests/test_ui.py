@@ -102,7 +102,7 @@ def _images(url: str, markdowns: int) -> dict:
 @pytest.fixture
 def ui(dataset, tmp_path):
     from pack_assets.defs.resources import PackSettings
-    from pack_assets.orchestrate import instance_for, run_pipeline
+    from pack_assets.runner.orchestrate import instance_for, run_pipeline
 
     home = tmp_path / "dh"
     old = os.environ.get("DAGSTER_HOME")

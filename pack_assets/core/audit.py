@@ -21,12 +21,13 @@ import queue
 import tarfile
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
 
-from . import drift, procs, store
+from . import drift, store
+from .aside import run_aside
 from .blend import check_blend
 from .coverage import not_counted
 from .indexmode import INDEX_PART, SourceFiles, is_index_folder
@@ -41,9 +42,8 @@ from .tario import iter_entries, split_key
 from .counters import counter_for
 from .write.current import current_stamps
 
-# Below this much output a second process costs more (spawn + imports, ~2 s) than it saves, and the output
-# shards are read by threads instead. 4 output shards of 870 MB in all, at a load average of 5 on 2 cores:
-# processes 8.96 / 5.66 / 8.59 s, threads 5.0 / 5.51 / 6.21 s, one thread 6.37 / 4.14 / 6.5 s (run_audit, in turn).
+# Below this much output a second process costs more (spawn and imports) than it saves, and the output shards
+# are read by threads instead (measured: docs/benchmarks.md).
 PARALLEL_MIN_BYTES = 1 << 30
 
 
@@ -464,12 +464,12 @@ def _counting_versions() -> dict[str, str | None]:
     return found
 
 
-def _versions_aside() -> Callable[[], dict[str, str | None]]:
-    """`_counting_versions` looked up by a helper while the outputs are read back (~50 ms of importlib.metadata
-    in a process that has not looked yet), unless this process knows them already."""
+def _versions_aside(pool: Executor | None) -> Callable[[], dict[str, str | None]]:
+    """`_counting_versions` looked up by ``pool`` while the outputs are read back (importlib.metadata is slow in
+    a process that has not looked yet), unless this process knows them already."""
     if _counting_versions.cache_info().currsize:
         return _counting_versions
-    return procs.run_aside(_counting_versions).result
+    return run_aside(pool, _counting_versions).result
 
 
 def _audited(work: Path) -> tuple[dict, float]:
@@ -497,12 +497,13 @@ def _recounted(profile: ModelProfile, rows: list[tuple]) -> list[int | None]:
     return [None if isinstance(c, Exception) else c["total_tokens"] for c in counts]
 
 
-def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = frozenset()) -> Callable[[AuditResult], None]:
+def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = frozenset(),
+            pool: Executor | None = None) -> Callable[[AuditResult], None]:
     """Count again, from the manifest rows, the samples whose id hashes below ``fraction``, except those
     packed in the ``trusted`` output shards (same content and profile as at a clean audit whose recount
-    covered at least this fraction: counting them again would give what it gave). Counted by a helper
-    inside `procs.aside` (its tokenizer usually loaded already, by the shards it counted) while the caller
-    reads the outputs back; returns what records the outcome in the audit's result."""
+    covered at least this fraction: counting them again would give what it gave). Counted by ``pool`` (the
+    command's helpers: their tokenizer usually loaded already, by the shards they counted), else now, while
+    the caller reads the outputs back; returns what records the outcome in the audit's result."""
     if fraction <= 0:
         return lambda result: None
     try:
@@ -520,7 +521,7 @@ def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = froz
         "WHERE p.output_shard IN (SELECT unnest(?::VARCHAR[])))",
         [int(fraction * 2**32), sorted(trusted)],
     ).fetchall()
-    counted = procs.run_aside(_recounted, profile, [r[1:4] for r in rows])
+    counted = run_aside(pool, _recounted, profile, [r[1:4] for r in rows])
 
     def record(result: AuditResult) -> None:
         bad = 0
@@ -538,23 +539,25 @@ def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = froz
 
 def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers: int = 0,
               parallel_min_bytes: int = PARALLEL_MIN_BYTES, scope: str = "all", check_samples: int = 0,
-              progress: Callable[[int, int, int], None] | None = None) -> AuditResult:
+              progress: Callable[[int, int, int], None] | None = None, pool: Executor | None = None) -> AuditResult:
     """Read the outputs back and check every invariant; recount a deterministic sample of token lengths;
     write audit_report.md. scope "changed" reads only the output shards that are new or changed since the
     last clean audit (same size, mtime and content fingerprint as then: trusted, like rsync's quick check);
     "all" reads every one. ``check_samples``: also recount that many samples per shard with the model's real
-    processor (core/drift.py), each difference a violation. ``progress``: as `audit`'s."""
+    processor (core/drift.py), each difference a violation. ``progress``: as `audit`'s. ``pool``: where the
+    recount and the report's figures run while the outputs are read back (the command's helpers), else here."""
     if scope not in AUDIT_SCOPES:
         raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
-    versions = _versions_aside()
+    versions = _versions_aside(pool)
     with store.connect(work, read_only=True) as con:
         info = PlanInfo.load(con)
-        figures = audit_figures(con, work, info.config.max_len)  # drawn aside while the outputs are read back
+        figures = audit_figures(con, work, info.config.max_len, pool)  # drawn while the outputs are read back
         stamps = current_stamps(con, work, out_dir, info)
         before, recounted = _audited(work) if scope == "changed" else ({}, 0.0)
         trusted = frozenset(n for n, stamp in stamps.items() if before.get(n) == stamp)
         blend = info.stats.get("blend")
-        recounting = recount(con, info, recount_fraction, trusted if recounted >= recount_fraction else frozenset())
+        recounting = recount(con, info, recount_fraction, trusted if recounted >= recount_fraction else frozenset(),
+                             pool)
         checking = drift.audit_check(con, info.model_profile(), check_samples) if check_samples else None
         result = audit(con, out_dir, info.config, work=work, workers=workers, min_bytes=parallel_min_bytes,
                        trusted=trusted, repeats=blend["repeats"] if blend else None, progress=progress)

@@ -1,7 +1,8 @@
-"""Where the report's PNGs are drawn: in line by default, or, inside `procs.aside(pool)`, in helper processes.
+"""Where the report's PNGs are drawn: in line, or by the executor the caller passes (the command's helper
+processes, runner/procs.py).
 
-Drawing costs matplotlib's import and ~0.1 s a figure, all holding the GIL. `pack-assets run` gives it
-to its helpers (core/procs.py) once they have scanned the shards: they import matplotlib (`warm()`) while
+Drawing costs matplotlib's import and a good part of a second per figure, all holding the GIL. `pack-assets
+run` gives it to its helpers once they have scanned the shards: they import matplotlib (`warm()`) while
 Dagster records the shards and the plan is made, and draw the audit's figures while the audit reads the
 outputs back. The caller computes what a figure shows (small arrays: histograms, not samples) and sends
 that with the path."""
@@ -9,17 +10,18 @@ that with the path."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import procs
+from .aside import Aside, run_aside, warm_aside
 
 
 @dataclass
 class Drawn:
     """A figure asked for: `wait()` before its file is read."""
 
-    aside: procs.Aside
+    aside: Aside
     path: Path
 
     @property
@@ -31,9 +33,9 @@ class Drawn:
         return self.path
 
 
-def draw(fn: Callable, data, path: Path) -> Drawn:
-    """fn(data, path) by a helper inside `procs.aside()`, else now (its errors raised by `wait()`)."""
-    return Drawn(procs.run_aside(fn, data, path), path)
+def draw(pool: Executor | None, fn: Callable, data, path: Path) -> Drawn:
+    """fn(data, path) by ``pool``, else now (its errors raised by `wait()`)."""
+    return Drawn(run_aside(pool, fn, data, path), path)
 
 
 def _warm() -> None:
@@ -45,7 +47,7 @@ def _warm() -> None:
     Figure(figsize=(1, 1)).subplots().figure.savefig(io.BytesIO(), format="png", dpi=20)
 
 
-def warm(n: int = 1) -> None:
-    """Have the drawing helpers import matplotlib now (when they run): called once the shards are done, so
-    the import takes a core the scan no longer needs. `n`: how many helpers (each imports it once)."""
-    procs.warm_aside(_warm, n)
+def warm(pool: Executor | None, n: int = 1) -> None:
+    """Have ``n`` of the pool's processes import matplotlib now (nothing without a pool): called once the shards
+    are done, so the import takes a core the scan no longer needs."""
+    warm_aside(pool, _warm, n)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,12 +79,12 @@ def run_blend_write(work: Path, recipe: Recipe, out_dir: Path, workers: int = 0,
 
 
 def run_blend_audit(work: Path, recipe: Recipe, out_dir: Path, scope: str = "all", check_samples: int = 0,
-                    progress=None) -> AuditResult:
+                    progress=None, pool: Executor | None = None) -> AuditResult:
     """Every epoch audited (its report in ``<work>/epoch-<k>/audit_report.md``); one result over all of them:
     violations tagged with their epoch, totals summed, per dataset per epoch, and a blend report beside them.
     ``progress``: as `audit.audit`'s, epoch by epoch."""
     results = [run_audit(epoch_work(work, k), out_dir / epoch_name(k), scope=scope, check_samples=check_samples,
-                          progress=progress)
+                          progress=progress, pool=pool)
                for k in range(recipe.epochs)]
     total = AuditResult()
     for k, r in enumerate(results):

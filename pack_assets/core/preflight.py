@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import owned, shardwork
+from . import owned, procount, store
 from .blend import epoch_name
 from .indexmode import INDEX_FILE
 from .settings import Settings
@@ -29,4 +29,19 @@ def preflight(settings: Settings) -> list[str]:
     extra = (INDEX_FILE,) if settings.output_mode == "index" else ()
     for folder in output_folders(settings):
         owned.refuse_foreign(folder, extra)
-    return shardwork.listing(settings)
+    return listing(settings)
+
+
+def listing(settings: Settings) -> list[str]:
+    """The input's shards, refusing (before any shard is touched) a missing input folder, one with no shards,
+    and a profile that does not resolve or whose processor cannot be built (a missing package)."""
+    root = settings.sources
+    if not settings.recipe and not root.is_dir():
+        raise FileNotFoundError(f"input directory {root} does not exist")
+    shards = list(store.find_sources(root, settings.recursive))
+    if not shards:
+        raise FileNotFoundError(f"no *.tar shards under {root}")
+    profile = settings.model_profile()
+    if profile.rule == "processor":
+        procount.processor_counter(profile)  # here: built, the forked helpers and the audit's recount reuse it
+    return shards

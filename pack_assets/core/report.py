@@ -6,14 +6,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from . import drawing, procs, store
+from . import drawing
+from .aside import run_aside
 from .blend import DRIFT_LIMIT, SHARE_TOLERANCE, epoch_name
-from .plan import PlanConfig, PlanInfo, ok_lengths
+from .plan import PlanConfig, PlanInfo
 from .recipe import Recipe
 from .results import AuditResult, Markdown, png_data_uri
 from .store import atomic_write_text
@@ -119,9 +121,9 @@ def draw_reasons(rows: list[tuple], path: Path) -> None:
     _save(fig, path)
 
 
-def audit_figures(con, work: Path, max_len: int) -> dict[str, drawing.Drawn]:
-    """The report's three figures, asked for as soon as the plan is known (inside `procs.aside`, the helpers
-    draw them while the audit reads the outputs back); `write_report` waits for them."""
+def audit_figures(con, work: Path, max_len: int, pool: Executor | None = None) -> dict[str, drawing.Drawn]:
+    """The report's three figures, asked for as soon as the plan is known (``pool``'s processes draw them while
+    the audit reads the outputs back); `write_report` waits for them."""
     plots = work / "plots"
     lens = con.execute("SELECT media_type, list(total_tokens) FROM token_lengths WHERE status='ok' GROUP BY 1 ORDER BY 1").fetchall()
     fills = np.asarray([r[0] for r in con.execute("SELECT total_token_len FROM pack_plan ORDER BY pack_id").fetchall()])
@@ -129,12 +131,12 @@ def audit_figures(con, work: Path, max_len: int) -> dict[str, drawing.Drawn]:
     w = max(1, min(256, len(spp) // 8)) if len(spp) else 0
     reasons = con.execute("SELECT reason, count(*) FROM rejected GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 15").fetchall()
     return {
-        "lengths": drawing.draw(draw_lengths, {"groups": [(mt, len(v), _hist(v, 60)) for mt, v in lens],
+        "lengths": drawing.draw(pool, draw_lengths, {"groups": [(mt, len(v), _hist(v, 60)) for mt, v in lens],
                                                "max_len": max_len}, plots / "lengths.png"),
-        "fill": drawing.draw(draw_fill, {"fill": _hist(fills / max_len if len(fills) else [], 40), "window": w,
+        "fill": drawing.draw(pool, draw_fill, {"fill": _hist(fills / max_len if len(fills) else [], 40), "window": w,
                                          "drift": np.convolve(spp, np.ones(w) / w, mode="valid") if w else []},
                              plots / "fill.png"),
-        "reasons": drawing.draw(draw_reasons, reasons, plots / "reasons.png"),
+        "reasons": drawing.draw(pool, draw_reasons, reasons, plots / "reasons.png"),
     }
 
 
@@ -280,14 +282,16 @@ def _fill_vs_max_len(sim: dict) -> dict:
             "recommended": sim["recommended_max_len"]}
 
 
-def plot_simulation(lengths: np.ndarray, sim: dict, folder: Path, media_lengths: dict | None = None) -> dict:
+def plot_simulation(lengths: np.ndarray, sim: dict, folder: Path, media_lengths: dict | None = None,
+                    pool: Executor | None = None) -> dict:
     """Length histogram + CDF (per media type when given) and fill vs max length per algorithm, drawn
-    (`drawing.draw`): the two files' paths."""
+    (`drawing.draw`, by ``pool`` when given): the two files' paths."""
     drawn = {
-        "length_distribution": drawing.draw(draw_distribution, _length_distribution(
+        "length_distribution": drawing.draw(pool, draw_distribution, _length_distribution(
             media_lengths or {"all": lengths}, sorted({r["max_len"] for r in sim["results"]})),
             folder / "length_distribution.png"),
-        "fill_vs_max_len": drawing.draw(draw_fill_vs_max_len, _fill_vs_max_len(sim), folder / "fill_vs_max_len.png"),
+        "fill_vs_max_len": drawing.draw(pool, draw_fill_vs_max_len, _fill_vs_max_len(sim),
+                                        folder / "fill_vs_max_len.png"),
     }
     return {k: str(d.wait()) for k, d in drawn.items()}
 
@@ -347,25 +351,17 @@ class WhatIf:
 class WhatIfBeside:
     """The what-if sweep beside a plan (what the pack_plan asset shows with it): `start` is `plan.run_plan`'s
     ``on_lengths``, so the sweep starts from the lengths the plan reads while the plan goes on; `finish` waits
-    for it and records it for the plan's fingerprint."""
+    for it and records it for the plan's fingerprint. ``pool``: where the sweep and its figures run (`start_what_if`)."""
 
-    def __init__(self, work: Path, config: PlanConfig) -> None:
-        self.work, self.config = work, config
+    def __init__(self, work: Path, config: PlanConfig, pool: Executor | None = None) -> None:
+        self.work, self.config, self.pool = work, config, pool
         self._finish: Callable[[str], WhatIf] | None = None
 
     def start(self, rows: dict[str, np.ndarray]) -> None:
-        self._finish = start_what_if(self.work, self.config, rows)
+        self._finish = start_what_if(self.work, self.config, rows, self.pool)
 
     def finish(self, plan_fingerprint: str) -> WhatIf:
         return self._finish(plan_fingerprint)
-
-
-def run_what_if(work: Path, config: PlanConfig, plan_fingerprint: str) -> WhatIf:
-    """Sweep max lengths around the configured one (¼×–2×) and the configured algorithm against bfd and
-    next_fit over the planned samples; plots and ``what_if.json`` go to the work folder."""
-    with store.connect(work, read_only=True) as con:
-        rows = ok_lengths(con)
-    return start_what_if(work, config, rows)(plan_fingerprint)
 
 
 def _max_lens(config: PlanConfig) -> list[int]:
@@ -384,18 +380,20 @@ def _distribution_drawn(groups: dict[str, np.ndarray], max_lens: list[int], path
     draw_distribution(_length_distribution(groups, max_lens), path)
 
 
-def start_what_if(work: Path, config: PlanConfig, rows: dict[str, np.ndarray]) -> Callable[[str], WhatIf]:
-    """`run_what_if` over ``rows`` (`plan.ok_lengths`): the sweep with its figure and the length
-    distribution's figure, each a helper's job inside `procs.aside`, done while the plan goes on; returns
-    what then waits for them and writes ``what_if.json`` for the plan's fingerprint."""
+def start_what_if(work: Path, config: PlanConfig, rows: dict[str, np.ndarray], pool: Executor | None = None
+                  ) -> Callable[[str], WhatIf]:
+    """The what-if sweep over ``rows`` (`plan.ok_lengths`): max lengths around the configured one (¼×–2×), the
+    configured algorithm against bfd and next_fit, with its figure, and the length distribution's figure,
+    each a job for ``pool`` (else done now) while the plan goes on; returns what then waits for them and
+    writes ``what_if.json`` for the plan's fingerprint."""
     lengths, mtypes = rows["lengths"].copy(), rows["media_types"]
     media = {mt: lengths[mtypes == mt] for mt in sorted(set(mtypes.tolist()))} or {"all": lengths}
     plots = {name: work / "plots" / f"{name}.png" for name in ("length_distribution", "fill_vs_max_len")}
     # drawn under temporary names while the plan goes on, in place once it is made (a failed plan leaves the
     # last figures with the last what_if.json)
     drawn_at = {name: path.with_name(f".{path.stem}.what-if.png") for name, path in plots.items()}
-    sweep = procs.run_aside(_sweep_drawn, lengths, config, drawn_at["fill_vs_max_len"])
-    distribution = procs.run_aside(_distribution_drawn, media, _max_lens(config), drawn_at["length_distribution"])
+    sweep = run_aside(pool, _sweep_drawn, lengths, config, drawn_at["fill_vs_max_len"])
+    distribution = run_aside(pool, _distribution_drawn, media, _max_lens(config), drawn_at["length_distribution"])
 
     def finish(plan_fingerprint: str) -> WhatIf:
         sim = sweep.result()

@@ -5,6 +5,7 @@ metadata."""
 import hashlib
 import json
 import warnings
+from concurrent.futures import Executor
 from pathlib import Path
 
 import dagster as dg
@@ -13,6 +14,7 @@ import pyarrow as pa
 from .. import events
 from ..core import audit, blend, epochs, plan, report, scan, write
 from ..core.results import FilePath, Markdown
+from ..core.settings import Settings
 from ..core.token_lengths import run_token_counts
 from ..events import Progress
 from .partitions import source_shards
@@ -23,7 +25,7 @@ INGEST, PACK = "ingest", "pack"
 SUMMARY = dg.Any
 BACKFILL_BATCH = 16  # shards per run when a backfill covers many partitions (fewer, longer runs)
 # on a shard run of `pack-assets run`: the shards its helper processes scanned and counted just before
-# (core/shardwork.py), comma-separated; the steps find them current and say whose they are
+# (runner/shardwork.py), comma-separated; the steps find them current and say whose they are
 SHARD_WORKERS_TAG = "pack_assets/shard_workers"
 
 
@@ -116,46 +118,56 @@ def token_lengths(context: dg.AssetExecutionContext, settings: PackSettings) -> 
                                 value=summary)
 
 
-@dg.asset(
-    **PACK_STAGE,
-    deps=[token_lengths],
-    kinds={"python", "duckdb"},
-    check_specs=[dg.AssetCheckSpec("every_sample_once", asset="pack_plan", blocking=True,
-                                   description="Every ok sample in exactly one pack or dropped; capacity, caps and "
-                                               "one media type per pack. Blocks writing when it fails.")],
-)
-def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
-    """Bin packing per media type near the lower bound, over every registered shard; writes
-    pack_plan.jsonl and the pack_plan / pack_members / dropped tables."""
-    s = settings.to_settings()
-    s.check_paths()
-    shards = sorted(context.instance.get_dynamic_partitions(source_shards.name))
-    events.emit(Progress(events.PLAN, 0, 1, "step", len(shards), "shards"))
-    with settings.work_lock(context, "pack_plan"):
-        if s.recipe:  # a blend: one plan per epoch under <work>/epoch-<k>/ (core/blend.py)
-            summary = blend.run_blend_plan(s.work, shards, s.plan, s.model_profile(), s.blend(), allow_missing=True,
-                                           recursive=s.recursive)
-            what_if = None
-        else:
-            what_if = report.WhatIfBeside(s.work, s.plan)  # the sweep, from the lengths the plan reads
-            summary = plan.run_plan(s.work, shards, s.plan, s.model_profile(), allow_missing=True,
-                                    input_root=s.input_root, recursive=s.recursive, on_lengths=what_if.start)
-            what_if = what_if.finish(summary.fingerprint)
-    events.emit(Progress(events.PLAN, 1, 1, "step", summary.packs, "packs"))
-    if summary.shards_removed:
-        context.log.warning(f"{len(summary.shards_removed)} shard(s) no longer in the input since the last plan, "
-                            f"not planned: {summary.shards_removed[:10]}")
-    if summary.shards_waiting:
-        context.log.warning(f"{len(summary.shards_waiting)} registered shard(s) not counted yet, left for the next "
-                            f"plan: {summary.shards_waiting[:10]}")
-    return dg.MaterializeResult(
-        # replan_sensor compares the digest with the partitions now registered (a removed shard needs a replan)
-        metadata=metadata({**summary.as_metadata(), **(what_if.as_metadata() if what_if else {}),
-                           "registered_shards_digest": shards_digest(shards)}),
-        check_results=[dg.AssetCheckResult(check_name="every_sample_once", passed=not summary.violations,
-                                           metadata={"violations": dg.MetadataValue.json(summary.violations)})],
-        value=summary,
+def _planned(s: Settings, shards: list[str], pool: Executor | None):
+    """The plan (a blend: one per epoch under <work>/epoch-<k>/, core/blend.py), and beside a plain plan the
+    what-if sweep, started by ``pool`` from the lengths the plan reads."""
+    if s.recipe:
+        return blend.run_blend_plan(s.work, shards, s.plan, s.model_profile(), s.blend(), allow_missing=True,
+                                    recursive=s.recursive), None
+    what_if = report.WhatIfBeside(s.work, s.plan, pool)
+    summary = plan.run_plan(s.work, shards, s.plan, s.model_profile(), allow_missing=True, input_root=s.input_root,
+                            recursive=s.recursive, on_lengths=what_if.start)
+    return summary, what_if.finish(summary.fingerprint)
+
+
+def _pack_plan(pool: Executor | None) -> dg.AssetsDefinition:
+    @dg.asset(
+        **PACK_STAGE,
+        deps=[token_lengths],
+        kinds={"python", "duckdb"},
+        check_specs=[dg.AssetCheckSpec("every_sample_once", asset="pack_plan", blocking=True,
+                                       description="Every ok sample in exactly one pack or dropped; capacity, caps "
+                                                   "and one media type per pack. Blocks writing when it fails.")],
     )
+    def pack_plan(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
+        """Bin packing per media type near the lower bound, over every registered shard; writes
+        pack_plan.jsonl and the pack_plan / pack_members / dropped tables."""
+        s = settings.to_settings()
+        s.check_paths()
+        shards = sorted(context.instance.get_dynamic_partitions(source_shards.name))
+        events.emit(Progress(events.PLAN, 0, 1, "step", len(shards), "shards"))
+        with settings.work_lock(context, "pack_plan"):
+            summary, what_if = _planned(s, shards, pool)
+        events.emit(Progress(events.PLAN, 1, 1, "step", summary.packs, "packs"))
+        if summary.shards_removed:
+            context.log.warning(f"{len(summary.shards_removed)} shard(s) no longer in the input since the last plan, "
+                                f"not planned: {summary.shards_removed[:10]}")
+        if summary.shards_waiting:
+            context.log.warning(f"{len(summary.shards_waiting)} registered shard(s) not counted yet, left for the "
+                                f"next plan: {summary.shards_waiting[:10]}")
+        return dg.MaterializeResult(
+            # replan_sensor compares the digest with the partitions now registered (a removed shard needs a replan)
+            metadata=metadata({**summary.as_metadata(), **(what_if.as_metadata() if what_if else {}),
+                               "registered_shards_digest": shards_digest(shards)}),
+            check_results=[dg.AssetCheckResult(check_name="every_sample_once", passed=not summary.violations,
+                                               metadata={"violations": dg.MetadataValue.json(summary.violations)})],
+            value=summary,
+        )
+
+    return pack_plan
+
+
+pack_plan = _pack_plan(None)
 
 
 @dg.asset(**PACK_STAGE, deps=[pack_plan], kinds={"python", "webdataset"})
@@ -186,34 +198,48 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     return dg.MaterializeResult(metadata=metadata(summary.as_metadata()), value=summary)
 
 
-@dg.asset(
-    **PACK_STAGE,
-    deps=[packed_shards],
-    kinds={"python", "markdown"},
-    check_specs=[dg.AssetCheckSpec("nothing_lost", asset="audit_report", blocking=True,
-                                   description="Outputs read back: every sample once, bytes equal, caps held.")],
-)
-def audit_report(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
-    """Reads the packed shards back and proves nothing was lost: counts per shard, capacity, media types,
-    sha256 of every media member against its source. Writes audit_report.md with plots."""
-    def progress(done: int, total: int, members: int) -> None:
-        events.emit(Progress(events.AUDIT, done, total, "output shards", members, "members re-hashed"))
-
-    events.emit(Progress(events.AUDIT, 0, 0, "output shards", 0, "members re-hashed"))
-    s = settings.to_settings()
-    with settings.work_lock(context, "audit_report"):
-        result = epochs.run_blend_audit(s.work, s.blend(), s.out, scope=s.audit_scope, check_samples=s.check_samples,
-                                       progress=progress) if s.recipe \
-            else audit.run_audit(s.work, s.out, scope=s.audit_scope, check_samples=s.check_samples, progress=progress)
-    return dg.MaterializeResult(
-        metadata=metadata(result.as_metadata()),
-        check_results=[dg.AssetCheckResult(
-            check_name="nothing_lost",
-            # shards of the input not counted (waiting, never registered, changed): nothing is proven about them
-            passed=result.verdict == "PASS",
-            severity=dg.AssetCheckSeverity.ERROR,
-            metadata={"verdict": result.verdict, "violations": len(result.violations),
-                      "shards_waiting": dg.MetadataValue.json(result.waiting),
-                      "first_violations": dg.MetadataValue.json(json.loads(json.dumps(result.violations[:20], default=str)))})],
-        value=result,
+def _audit_report(pool: Executor | None) -> dg.AssetsDefinition:
+    @dg.asset(
+        **PACK_STAGE,
+        deps=[packed_shards],
+        kinds={"python", "markdown"},
+        check_specs=[dg.AssetCheckSpec("nothing_lost", asset="audit_report", blocking=True,
+                                       description="Outputs read back: every sample once, bytes equal, caps held.")],
     )
+    def audit_report(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
+        """Reads the packed shards back and proves nothing was lost: counts per shard, capacity, media types,
+        sha256 of every media member against its source. Writes audit_report.md with plots."""
+        def progress(done: int, total: int, members: int) -> None:
+            events.emit(Progress(events.AUDIT, done, total, "output shards", members, "members re-hashed"))
+
+        events.emit(Progress(events.AUDIT, 0, 0, "output shards", 0, "members re-hashed"))
+        s = settings.to_settings()
+        options = {"scope": s.audit_scope, "check_samples": s.check_samples, "progress": progress, "pool": pool}
+        with settings.work_lock(context, "audit_report"):
+            result = (epochs.run_blend_audit(s.work, s.blend(), s.out, **options) if s.recipe
+                      else audit.run_audit(s.work, s.out, **options))
+        return dg.MaterializeResult(
+            metadata=metadata(result.as_metadata()),
+            check_results=[dg.AssetCheckResult(
+                check_name="nothing_lost",
+                # shards of the input not counted (waiting, never registered, changed): nothing is proven about them
+                passed=result.verdict == "PASS",
+                severity=dg.AssetCheckSeverity.ERROR,
+                metadata={"verdict": result.verdict, "violations": len(result.violations),
+                          "shards_waiting": dg.MetadataValue.json(result.waiting),
+                          "first_violations": dg.MetadataValue.json(
+                              json.loads(json.dumps(result.violations[:20], default=str)))})],
+            value=result,
+        )
+
+    return audit_report
+
+
+audit_report = _audit_report(None)
+
+
+def pack_stage_assets(pool: Executor | None = None) -> list[dg.AssetsDefinition]:
+    """The three pack stages' assets. ``pool``: where their side work runs (the what-if sweep beside the plan;
+    the audit's recount and figures): the command's helper processes when `pack-assets run` builds them
+    (runner/orchestrate.py); none, in line, for the code location's own (above: `dagster dev`, `dg`)."""
+    return [_pack_plan(pool), packed_shards, _audit_report(pool)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .events import AUDIT, PLAN, WRITE, Progress
+from ..events import AUDIT, PLAN, WRITE, Progress
 
 MAX_LINES = 20
 

@@ -1,34 +1,35 @@
-"""Drive the assets through Dagster from the CLI: register shard partitions, run each shard that needs
-work, then plan / write / audit (as steps of the last shard run when the command's helpers did its shards,
-else in a run of their own). Every run is recorded in the instance under DAGSTER_HOME."""
+"""Drive the assets through Dagster: register shard partitions, run each shard that needs work, then plan /
+write / audit (as steps of the last shard run when the command's helpers did its shards, else in a run of
+their own). Every run is recorded in the instance under DAGSTER_HOME. The pack assets are built with the
+command's helper pool (`defs.assets.pack_stage_assets`): it is a parameter of `run_pipeline`, not a global."""
 
 import multiprocessing
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import dagster as dg
 
-from . import events
-from .core import drawing, shardwork, store
-from .core.plan import PlanSummary
-from .core.results import AuditResult
-from .core.settings import Settings
-from .core.shardwork import ShardWork
-from .core.write import WriteSummary
-from .defs.assets import BACKFILL_BATCH as BATCH_MAX
-from .defs.assets import SHARD_WORKERS_TAG, audit_report, manifest, pack_plan, packed_shards, token_lengths
-from .defs.partitions import source_shards
-from .defs.resources import PackSettings, summary_io_manager
+from .. import events
+from ..core import drawing, store
+from ..core.plan import PlanSummary
+from ..core.results import AuditResult
+from ..core.settings import Settings
+from ..core.write import WriteSummary
+from ..defs.assets import BACKFILL_BATCH as BATCH_MAX
+from ..defs.assets import SHARD_WORKERS_TAG, manifest, pack_stage_assets, token_lengths
+from ..defs.partitions import source_shards
+from ..defs.resources import PackSettings, summary_io_manager
+from . import shardwork
 from .progress import ShardProgress, on_terminal
-from .runenv import cache_alembic_scripts, default_jobs, ensure_dagster_yaml, relax_event_log_sync, relax_gc
+from .runenv import default_jobs, ensure_dagster_yaml, prepare_dagster_process
+from .shardwork import ShardWork
 
 
 def instance_for(dagster_home: Path) -> dg.DagsterInstance:
-    relax_event_log_sync()
-    cache_alembic_scripts()
+    prepare_dagster_process()
     home = dagster_home.resolve()
     ensure_dagster_yaml(home)  # without one Dagster warns on every instance load and shows its telemetry banner
     os.environ["DAGSTER_HOME"] = str(home)  # dagster requires an absolute DAGSTER_HOME
@@ -69,9 +70,7 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 def _worker_init(dagster_home: str) -> None:
     os.environ["DAGSTER_HOME"] = dagster_home
-    relax_event_log_sync()
-    cache_alembic_scripts()
-    relax_gc()
+    prepare_dagster_process(worker=True)
 
 
 def _resources(settings: Settings) -> dict:
@@ -95,7 +94,7 @@ def _shard_listener(on_shard) -> events.Listener:
     return listen
 
 
-SHARD_ASSETS, PACK_ASSETS = [manifest, token_lengths], [pack_plan, packed_shards, audit_report]
+SHARD_ASSETS = [manifest, token_lengths]
 
 
 def _shards_run(keys: list[str], flat: dict, instance: dg.DagsterInstance | None = None, tags: dict | None = None,
@@ -156,13 +155,15 @@ def _sync_partitions(instance: dg.DagsterInstance, root: Path, shards: list[str]
 
 def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progress_log,
                 instance: dg.DagsterInstance | None = None, work: ShardWork | None = None,
-                then_pack=None) -> dg.ExecuteInProcessResult | None:
+                then_pack=None, pack_assets: list | None = None, pool: Executor | None = None
+                ) -> dg.ExecuteInProcessResult | None:
     """Scan and count the shards of `todo`: one Dagster run per range of consecutive partitions in this
     process (--jobs 1), or ranges of a few shards each spread over `jobs` worker processes, started once.
     With `work` (the shard stages under way in the command's helper processes), each range's run follows as
     soon as the helpers are done with its shards, in this process; when they did every shard of the last
     range, its run goes on with the pack assets (one run fewer: Dagster's run set-up and events), after
-    `then_pack()`, and its result is returned (else None)."""
+    `then_pack()`, and its result is returned (else None). ``pack_assets``: those assets, built for this run;
+    ``pool``: the helpers, which import matplotlib once the shards are done."""
     with ShardProgress(len(todo), log=progress_log) as progress:
         if work is not None and work.running and todo:
             batches = _batches(todo, order, BATCH_MAX)
@@ -180,14 +181,14 @@ def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progre
                 work.wait(keys, done)
                 last = i == len(batches) - 1
                 if last:
-                    drawing.warm(work.jobs)  # the shards are done: the helpers' cores are free for matplotlib
+                    drawing.warm(pool, work.jobs)  # the shards are done: the helpers' cores are free for matplotlib
                 # the last run goes on with the pack assets when its steps only record what the helpers wrote
                 pack = then_pack is not None and last and len(by_helpers) == len(keys)
                 if pack:
                     progress.close()
                     then_pack()
                 result = _shards_run(keys, flat, instance, {SHARD_WORKERS_TAG: ",".join(sorted(by_helpers))},
-                                     then=PACK_ASSETS if pack else None)
+                                     then=pack_assets if pack else None)
                 samples = _samples(result)
                 for key in keys:  # the rest were done (or, recorded late, found current) by their steps
                     if key not in by_helpers:
@@ -220,14 +221,17 @@ def _on_terminal(msg: str) -> None:
 
 
 def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, force: bool = False,
-                 jobs: int = 0, started: float | None = None, work: ShardWork | None = None) -> dict:
+                 jobs: int = 0, started: float | None = None, work: ShardWork | None = None,
+                 pool: Executor | None = None) -> dict:
     """Register the shards, run each that needs it, then plan → write → audit; the summary comes from the
     stages' own results. `started`: the time.perf_counter() the caller's wall time counts from (the CLI:
     process start), so the stage seconds, with start-up and other, add up to the seconds the user waited.
-    `work`: the shards found and those that need work (`core.shardwork.find`), under way in the command's
+    `work`: the shards found and those that need work (`shardwork.find`), under way in the command's
     helper processes when `shardwork.start` gave them the shards; the shard runs then record what the
     helpers wrote. `log`: where a library caller wants plain progress lines; without one, the command's own
-    progress on a terminal (nothing off one; the caller shows the pack stages: progress.StageBars)."""
+    progress on a terminal (nothing off one; the caller shows the pack stages: progress.StageBars). `pool`:
+    where the pack stages' side work runs (`defs.assets.pack_stage_assets`): the command's helpers, whose
+    shards `work` holds, or none (in line)."""
     progress_log = log
     log = log or _on_terminal
     t0 = time.perf_counter() if started is None else started
@@ -238,7 +242,7 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
     profile = settings.model_profile()
     jobs = work.jobs if work.running else max(1, min(jobs or default_jobs(len(todo)), len(todo)))
     if not (work.running and todo):
-        drawing.warm()  # no helper is scanning: a core is free for matplotlib
+        drawing.warm(pool)  # no helper is scanning: a core is free for matplotlib
     t_shards = time.perf_counter()
     order = list(instance.get_dynamic_partitions(source_shards.name))  # the order a partition range follows
     # a shard whose files are current but that Dagster never recorded (its command stopped between the two)
@@ -253,10 +257,12 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
         log(f"{len(todo)} shard run(s), {len(shards) - len(todo)} shard(s) unchanged"
             f"{f' ({len(late)} recorded in Dagster now)' if late else ''}; planning, writing and auditing")
 
-    result = _shard_runs(todo + late, order, jobs, settings.flat(), progress_log, instance, work, then_pack)
+    pack_assets = pack_stage_assets(pool)
+    result = _shard_runs(todo + late, order, jobs, settings.flat(), progress_log, instance, work, then_pack,
+                         pack_assets, pool)
     if result is None:  # the shard runs did not go on with the pack assets
         then_pack()
-        result = _materialize(PACK_ASSETS, instance=instance, resources=_resources(settings), run_config=QUIET)
+        result = _materialize(pack_assets, instance=instance, resources=_resources(settings), run_config=QUIET)
     steps = _step_seconds(instance, result.run_id)
     # the shard stage: until the pack run (or the run the pack assets are in), and its shard steps
     shard_stage = shard_seconds[0] + sum(steps.pop(a.key.to_user_string(), 0) for a in SHARD_ASSETS)

@@ -1,5 +1,5 @@
 """The shard stages' work (scan, then count) for the shards that need it, handed to the command's helper
-processes (core/procs.py) before Dagster is imported.
+processes (runner/procs.py) before Dagster is imported.
 
 `pack-assets run` spends its first 1–2 s importing Dagster and loading the instance, on one core. The
 helpers (no Dagster in them; forked from a process that has not imported it either) scan and count
@@ -15,12 +15,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
 
-from . import store
-from .profiles import ModelProfile
+from ..core.preflight import listing
+from ..core.profiles import ModelProfile
+from ..core.scan import manifest_is_current, run_manifest
+from ..core.settings import Settings
+from ..core.token_lengths import run_token_lengths, token_lengths_are_current
 from .procs import Helpers
-from .scan import manifest_is_current, run_manifest
-from .settings import Settings
-from .token_lengths import run_token_lengths, token_lengths_are_current
 
 
 def shards_to_run(settings: Settings, shards: list[str], profile: ModelProfile, force: bool = False) -> list[str]:
@@ -60,23 +60,6 @@ class ShardWork:
             del self._futures[key]
             err = fut.exception()
             on_done(key, None if err else fut.result(), err)
-
-
-def listing(settings: Settings) -> list[str]:
-    """The input's shards, refusing (before any shard is touched) a missing input folder, one with no shards,
-    and a profile that does not resolve or whose processor cannot be built (a missing package)."""
-    root = settings.sources
-    if not settings.recipe and not root.is_dir():
-        raise FileNotFoundError(f"input directory {root} does not exist")
-    shards = list(store.find_sources(root, settings.recursive))
-    if not shards:
-        raise FileNotFoundError(f"no *.tar shards under {root}")
-    profile = settings.model_profile()
-    if profile.rule == "processor":
-        from .procount import processor_counter  # here; built, forked helpers and the audit's recount reuse it
-
-        processor_counter(profile)
-    return shards
 
 
 def find(settings: Settings, force: bool = False, shards: list[str] | None = None) -> ShardWork:

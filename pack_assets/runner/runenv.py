@@ -1,7 +1,12 @@
 """What a `pack-assets run` needs around Dagster, kept free of the dagster import so `--help` stays fast:
-which Dagster home and its dagster.yaml, how its SQLite event log commits and how often its migration
-scripts are read, how many shard processes by default, when the process started, how its processes collect
-garbage and how the command exits."""
+which Dagster home and its dagster.yaml, how many shard processes by default, when the process started.
+
+And the only places where the command changes process-wide behaviour, each kept because it still pays (figures
+in docs/benchmarks.md, `bench/bench_runenv.py`): `prepare_dagster_process` (Dagster's SQLite event log
+committed without an fsync per event; alembic's migration scripts read once per process, a patch of
+alembic; fewer garbage collections), and `exit_without_teardown` (``os._exit`` after the summary, skipping
+the interpreter's teardown of every module). Only the CLI's processes call them; `dagster dev` and library
+callers keep Dagster's and Python's defaults."""
 
 from __future__ import annotations
 
@@ -17,11 +22,11 @@ DEFAULT_HOME = Path("dagster_home")
 # made from any folder gets them; the repository's dagster_home/dagster.yaml is the same file.
 DAGSTER_YAML = Path(__file__).with_name("dagster.yaml")
 
-# Without shard workers (`orchestrate.run_pipeline` called with no `core.shardwork` workers: a library
+# Without shard workers (`orchestrate.run_pipeline` called with no `runner.shardwork` workers: a library
 # caller), shard runs go to Dagster worker processes (one per core) only when at least this many shards need
-# a run: such workers pay ~3 s of imports each and leave the parent cold for plan and audit (~3 s more),
-# which fewer shards do not win back. bench/bench_jobs.py: --jobs 1 won every whole run up to 16 shards; 24
-# extrapolates the saving's slope (docs/benchmarks.md). `pack-assets run` uses core-only workers instead.
+# a run: such workers pay Dagster's imports each and leave the parent cold for plan and audit, which fewer
+# shards do not win back (bench/bench_jobs.py: --jobs 1 won every whole run up to 16 shards; 24 extrapolates
+# the saving's slope, docs/benchmarks.md). `pack-assets run` uses its helper processes instead.
 JOBS_FROM_SHARDS = 24
 
 
@@ -47,7 +52,7 @@ def ensure_dagster_yaml(home: Path) -> bool:
     target = home / "dagster.yaml"
     if target.exists():
         return False
-    from .core.safety import mkstemp
+    from ..core.safety import mkstemp
 
     fd, tmp = mkstemp(".dagster.yaml.tmp-", home)  # a unique name: a killed run's leftover never blocks the next
     try:
@@ -75,6 +80,20 @@ def process_start() -> float:
     return now - max(age, 0.0)
 
 
+# -- process-wide changes, the CLI's processes only ------------------------------------------------------------
+
+
+def prepare_dagster_process(worker: bool = False) -> None:
+    """What a CLI process that runs Dagster changes for the whole process, in this one place: the event log's
+    commits (`relax_event_log_sync`), the migration scripts read once (`cache_alembic_scripts`), and in a
+    Dagster worker process (``worker``) the collector's thresholds (`relax_gc`; the command's own process set
+    them at start)."""
+    relax_event_log_sync()
+    cache_alembic_scripts()
+    if worker:
+        relax_gc()
+
+
 _RELAXED = False  # the listener is process-wide: installed once
 
 
@@ -98,8 +117,9 @@ def relax_event_log_sync() -> None:
     checkpoint at each close was tried: `dagster dev` watches the .db file itself, not its -wal, so a UI
     following the run would stall until a checkpoint.) SQLite's
     documented trade-off: a WAL database stays consistent; a power cut may lose the last events, never the
-    run's outputs, which the stages fsync themselves. On a busy disk each fsync took 10-80 ms, ~100 events
-    per `pack-assets run`. Only the CLI's processes do this; `dagster dev` keeps Dagster's settings."""
+    run's outputs, which the stages fsync themselves. A run commits about a hundred events; on a busy disk
+    their fsyncs were a measurable share of a short run (docs/benchmarks.md). Only the CLI's processes do
+    this; `dagster dev` keeps Dagster's settings."""
     global _RELAXED
     if _RELAXED:
         return
@@ -114,8 +134,8 @@ def relax_event_log_sync() -> None:
             try:
                 mode = cur.execute("PRAGMA journal_mode").fetchone()[0]
                 if mode != "wal" and _new_in_dagster_home(cur):
-                    # Dagster creates each run's event database in rollback-journal mode (~40 fsyncs of the
-                    # journal and its folder for its tables) and only then switches it to WAL: switch first
+                    # Dagster creates each run's event database in rollback-journal mode (an fsync of the journal
+                    # and its folder per table) and only then switches it to WAL: switch first
                     mode = cur.execute("PRAGMA journal_mode=WAL").fetchone()[0]
                 if mode == "wal":
                     cur.execute("PRAGMA synchronous=NORMAL")
@@ -130,13 +150,14 @@ _ALEMBIC_CACHED = False
 
 
 def cache_alembic_scripts() -> None:
-    """Read Dagster's schema migration scripts once per process. Each time one of its SQLite storages checks
-    or stamps its schema revision (the run, schedule and event log storages at load, each new run's event
-    database), alembic's `ScriptDirectory.from_config` makes a new directory object, which loads every one
-    of Dagster's ~90 migration scripts again to find the head revision: ~12 ms each time, five times for
-    one run (nine in a new Dagster home), ~0.05 s of a one-shard `pack-assets run`. The scripts do not
-    change while a command runs, so this process keeps one directory object per set of the options it is
-    made from (Dagster's three alembic.ini files are the same there). Only the CLI's processes do this."""
+    """Read Dagster's schema migration scripts once per process: a patch of alembic's
+    `ScriptDirectory.from_config`, kept because it still pays (bench/bench_runenv.py: one load of the scripts
+    per command instead of five to nine). Each time one of Dagster's SQLite storages checks or stamps its
+    schema revision (the run, schedule and event log storages at load, each new run's event database),
+    alembic makes a new directory object, which loads every one of Dagster's migration scripts again to find
+    the head revision. The scripts do not change while a command runs, so this process keeps one directory
+    object per set of the options it is made from (Dagster's three alembic.ini files are the same there).
+    Only the CLI's processes do this."""
     global _ALEMBIC_CACHED
     if _ALEMBIC_CACHED:
         return
@@ -162,8 +183,9 @@ def cache_alembic_scripts() -> None:
 
 
 # CPython's default thresholds (700, 10, 10) run full collections again and again while a run loads ~1M
-# long-lived objects (Dagster, the tokenizer's vocabulary, DuckDB's and matplotlib's modules): py-spy put 17 %
-# of a one-shard run in the collector. A CLI process collects far less often; cycles are still collected.
+# long-lived objects (Dagster, the tokenizer's vocabulary, DuckDB's and matplotlib's modules): a profile of a
+# one-shard run found a sixth of it in the collector. A CLI process collects far less often; cycles are still
+# collected.
 GC_THRESHOLDS = (50_000, 20, 20)
 
 
@@ -172,12 +194,12 @@ def relax_gc() -> None:
 
 
 def exit_without_teardown(code: int):
-    """Leave the process as interpreter exit does up to its teardown: threading's shutdown (which wakes and
-    joins the worker threads of any executor still alive, then the other non-daemon threads), the atexit
-    handlers, output flushed (a flush that fails turns success into 120, as CPython's exit does), then
-    ``os._exit`` without freeing every module and object: that took ~0.8 s after a run's summary (one last
-    full collection). Every file the tool writes is closed and renamed into place before this; Dagster's
-    SQLite commits are in its WAL files."""
+    """Leave the process as interpreter exit does up to its teardown, then ``os._exit``: kept because it still
+    pays (bench/bench_runenv.py: the interpreter's own teardown, freeing every module and object, took half a
+    second after the summary). Up to there as CPython: threading's shutdown (which wakes and joins the worker
+    threads of any executor still alive, then the other non-daemon threads), the atexit handlers, output
+    flushed (a flush that fails turns success into 120, as CPython's exit does). Every file the tool writes is
+    closed and renamed into place before this; Dagster's SQLite commits are in its WAL files."""
     threading._shutdown()
     import atexit
 

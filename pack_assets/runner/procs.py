@@ -1,29 +1,27 @@
 """The helper processes of one command (`pack-assets run`): one pool, started at once, that scans and
-counts shards (core/shardwork.py), then, inside `aside()`, takes work the command can hand off: the what-if
-sweep (core/report.py), the audit's recount (core/audit.py) and the report's figures (core/drawing.py).
+counts shards (runner/shardwork.py), then takes the work the pack stages hand off (core/aside.py): the
+what-if sweep (core/report.py), the audit's recount (core/audit.py) and the report's figures
+(core/drawing.py). The pool reaches them as a parameter: `runner.orchestrate` builds the pack assets with it.
 
 Forked from a process with a single thread: at once, with what it has imported (the CLI, before Dagster).
 With other threads running (a library caller, a test runner) a fork could copy a lock another thread holds,
 so the helpers come from a fork server instead (started once per process with the helper modules
-imported; each helper forked from it in milliseconds, where a spawned one pays ~1 s of imports) and take
+imported; each helper forked from it in milliseconds, where a spawned one pays for every import again) and take
 the caller's environment of the moment. A helper ends with its command: it checks twice a second that the
 command's process is alive, and exits when it is gone (killed, crashed); an error in the command
 terminates the helpers, so no shard is written after the command has stopped."""
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
 
-from .safety import forget_inherited_locks, pid_alive
+from ..core.safety import forget_inherited_locks, pid_alive
 
-PRELOAD = ["pack_assets.core.shardwork", "pack_assets.core.report", "matplotlib.figure"]
+PRELOAD = ["pack_assets.runner.shardwork", "pack_assets.core.report", "matplotlib.figure"]
 
 
 def _watch(pid: int) -> None:
@@ -71,53 +69,3 @@ class Helpers:
 
     def __exit__(self, exc_type, *exc) -> None:
         self.close(terminate=exc_type is not None)
-
-
-_pool: Executor | None = None  # the helpers, inside aside()
-
-
-@dataclass
-class Aside:
-    """fn(*args) handed to a helper: `result()` waits for it, or computes it here when the helper died."""
-
-    future: Future
-    fn: Callable
-    args: tuple
-
-    def result(self):
-        try:
-            return self.future.result()
-        except BrokenExecutor:
-            return self.fn(*self.args)
-
-
-def run_aside(fn: Callable, *args) -> Aside:
-    """fn(*args) by a helper inside `aside()`, else now; either way its error is raised by `result()`."""
-    if _pool is not None:
-        with contextlib.suppress(BrokenExecutor, RuntimeError):  # a broken or closed pool: run here
-            return Aside(_pool.submit(fn, *args), fn, args)
-    done: Future = Future()
-    try:
-        done.set_result(fn(*args))
-    except Exception as e:
-        done.set_exception(e)
-    return Aside(done, fn, args)
-
-
-def warm_aside(fn: Callable, n: int = 1) -> None:
-    """Have `n` helpers run fn() now (its imports) when there are helpers; nothing otherwise."""
-    if _pool is not None:
-        with contextlib.suppress(BrokenExecutor, RuntimeError):
-            for _ in range(n):
-                _pool.submit(fn)
-
-
-@contextlib.contextmanager
-def aside(pool: Executor) -> Iterator[None]:
-    """Hand `run_aside` work to `pool` (the command's helpers) until the block ends."""
-    global _pool
-    outer, _pool = _pool, pool
-    try:
-        yield
-    finally:
-        _pool = outer
