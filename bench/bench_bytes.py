@@ -29,10 +29,10 @@ def decode_baseline(shard: Path, n: int) -> dict:
     from PIL import Image
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    import pack_assets.profiles as bundled
-    from pack_assets.core.profiles import load_profile
+    from pack_assets.core.counting.profiles import PROFILE_DIR
+    from pack_assets.core.counting.profiles import load_profile
     from pack_assets.core.media import probe_image
-    from pack_assets.core.vision import image_tokens
+    from pack_assets.core.counting.vision import image_tokens
 
     images = []
     with tarfile.open(shard) as tf:
@@ -42,7 +42,7 @@ def decode_baseline(shard: Path, n: int) -> dict:
                 if len(images) == n:
                     break
     rule = load_profile("qwen3-vl").image
-    proc = Qwen2VLImageProcessorPil.from_pretrained(Path(bundled.__file__).parent / "qwen3-vl")
+    proc = Qwen2VLImageProcessorPil.from_pretrained(PROFILE_DIR / "qwen3-vl")
     t0 = time.perf_counter()
     header = [image_tokens(*probe_image(data[:16384], ext), rule) for ext, data in images]
     header_s = time.perf_counter() - t0

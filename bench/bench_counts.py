@@ -21,8 +21,8 @@ import random
 import time
 from pathlib import Path
 
-from pack_assets.core.profiles import resolve_profile
-from pack_assets.core.tokens import TokenCounter
+from pack_assets.core.counting.profiles import resolve_profile
+from pack_assets.core.counting.tokens import TokenCounter
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a thing up.",
                                            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]

@@ -53,7 +53,7 @@ def gemma_folder(tmp: Path) -> Path:
 
 
 def qwen_folder(tmp: Path) -> Path:
-    from pack_assets.core.profiles import bundled_tokenizer_file
+    from pack_assets.core.counting.profiles import bundled_tokenizer_file
 
     d = tmp / "Qwen3-VL-8B-Instruct"
     shutil.copytree(FIXTURES / "Qwen3-VL-8B-Instruct", d)
@@ -93,9 +93,9 @@ def rate(counter, data) -> tuple[float, list]:
 
 
 def bench_model(name: str, folder: Path, n: int, fast: bool) -> dict:
-    from pack_assets.core.profiles import processor_profile, profile_from_model_dir
-    from pack_assets.core.counters import counter_for
-    from pack_assets.core.tokens import TokenCounter
+    from pack_assets.core.counting.profiles import processor_profile, profile_from_model_dir
+    from pack_assets.core.counting.counters import counter_for
+    from pack_assets.core.counting.tokens import TokenCounter
 
     t0 = time.perf_counter()
     tc = counter_for(processor_profile(folder))

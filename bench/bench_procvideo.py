@@ -45,7 +45,7 @@ POOL = [(300, 30.0, 640, 360), (750, 25.0, 1280, 720), (150, 30.0, 224, 224), (1
 def folders(tmp: Path) -> dict[str, Path]:
     from family_fixtures import materialize, video_variant
 
-    from pack_assets.core.profiles import bundled_tokenizer_file
+    from pack_assets.core.counting.profiles import bundled_tokenizer_file
 
     q = tmp / "Qwen3-VL-8B-Instruct"
     shutil.copytree(ROOT / "tests" / "fixtures" / "models" / "Qwen3-VL-8B-Instruct", q)
@@ -83,9 +83,9 @@ def rate(fn, items) -> float:
 
 
 def run(n: int, n_cold: int) -> dict:
-    from pack_assets.core.procount import ProcessorCounter
-    from pack_assets.core.profiles import processor_profile, profile_from_model_dir
-    from pack_assets.core.tokens import TokenCounter
+    from pack_assets.core.counting.procount import ProcessorCounter
+    from pack_assets.core.counting.profiles import processor_profile, profile_from_model_dir
+    from pack_assets.core.counting.tokens import TokenCounter
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -36,7 +36,7 @@ def run_once(src: Path, inp: Path, out: Path, args) -> dict:
     for d in ("work", "packed"):
         shutil.rmtree(out / d, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(src)}
-    if args.cold_cache:  # every run builds the tokenizer's rank table again (core/profiles.py), as a first run does
+    if args.cold_cache:  # every run builds the tokenizer's rank table again (core/counting/tokenizers.py), as a first run does
         cache = out / "rank_cache"
         shutil.rmtree(cache, ignore_errors=True)
         env["PACK_ASSETS_CACHE"] = str(cache)

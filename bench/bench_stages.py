@@ -29,12 +29,12 @@ from pack_assets.core.plan import (
     PlanConfig,  # noqa: E402
     run_plan,
 )
-from pack_assets.core.profiles import load_profile  # noqa: E402
+from pack_assets.core.counting.profiles import load_profile# noqa: E402
 from pack_assets.core.scan import (
     ScanOptions,  # noqa: E402
     run_manifest,
 )
-from pack_assets.core.token_lengths import run_token_lengths
+from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.write import run_write
 
 

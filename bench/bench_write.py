@@ -138,9 +138,9 @@ def floor_once(inp: Path, work: Path, out: Path, how: tuple[str, str], workers: 
 def prepare(inp: Path, work: Path, max_len: int) -> None:
     from pack_assets.core import store
     from pack_assets.core.plan import PlanConfig, run_plan
-    from pack_assets.core.profiles import load_profile
+    from pack_assets.core.counting.profiles import load_profile
     from pack_assets.core.scan import ScanOptions, run_manifest
-    from pack_assets.core.token_lengths import run_token_lengths
+    from pack_assets.core.counting.token_lengths import run_token_lengths
 
     shutil.rmtree(work, ignore_errors=True)
     shards = list(store.find_shards(inp))

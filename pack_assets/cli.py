@@ -137,8 +137,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_count(args) -> int:
-    from .core.ingest import count_records
-    from .core.profiles import resolve_profile
+    from .core.counting.count import count_records
+    from .core.counting.profiles import resolve_profile
 
     media_root = Path(args.media_root) if args.media_root else None
     profile = resolve_profile(args.profile, args.model_dir, args.trust_remote_code, args.chat_template_kwargs or "")
@@ -147,7 +147,7 @@ def cmd_count(args) -> int:
         _out(json.dumps(r, ensure_ascii=False))
     code = 0 if all("error" not in r for r in rows) else 1
     if args.check:
-        from .core.drift import check_file
+        from .core.counting.drift import check_file
 
         report = check_file(Path(args.input), media_root, profile, rows, args.check)
         for d in report.differences:
@@ -158,7 +158,7 @@ def cmd_count(args) -> int:
 
 
 def cmd_profiles(args) -> int:
-    from .core.profiles import FAMILIES
+    from .core.counting.profiles import FAMILIES
 
     if args.model_dir:
         return _profile_of_folder(args)
@@ -172,12 +172,12 @@ def cmd_profiles(args) -> int:
 def _profile_of_folder(args) -> int:
     """What `--model-dir` gets: its family and rule; for the processor rule, the processor built here (so a
     missing package or a remote-code refusal shows before a run)."""
-    from .core.profiles import profile_from_model_dir
+    from .core.counting.profiles import profile_from_model_dir
 
     p = profile_from_model_dir(args.model_dir, args.trust_remote_code)
     row = {"profile": p.name, "family": p.family, "rule": p.rule, "fingerprint": p.fingerprint}
     if p.rule == "processor":
-        from .core.procount import ProcessorCounter
+        from .core.counting.procount import ProcessorCounter
 
         c = ProcessorCounter(p)
         row.update(processor=type(c.processor).__name__, videos=c.video_status())
@@ -313,7 +313,7 @@ def _algorithm_help(default: str) -> str:
 
 def _common_run(p: argparse.ArgumentParser) -> None:
     """The options `run` and `demo` share; each default shown is the one the settings resource has too."""
-    from .core.profiles import BUILTIN_PROFILES
+    from .core.counting.profiles import BUILTIN_PROFILES
 
     d = DEFAULTS
     p.add_argument("--work", metavar="DIR", default=d["work_dir"],

@@ -48,11 +48,12 @@ from .core.chatkw import canonical
 from .core.labels import policy_for, trainable_spans
 from .core.indexmode import INDEX_PART, IndexSourceChanged, SourceFiles  # noqa: F401 (IndexSourceChanged: for callers)
 from .core.media import VIDEO_EXTS, probe_image, probe_video
-from .core.profiles import ModelProfile, resolve_profile, tokenizer_for
+from .core.counting.profiles import ModelProfile, resolve_profile
+from .core.counting.tokenizers import tokenizer_for
 from .core.records import PackMeta
 from .core.tario import iter_pack_parts
-from .core.tokens import TokenCounter
-from .core.vision import image_grid, video_count
+from .core.counting.tokens import TokenCounter
+from .core.counting.vision import image_grid, video_count
 
 
 

@@ -48,7 +48,7 @@ runs it alone (Gemma3Processor has a PIL backend):
 transformers 5.23's Gemma3Processor passes its own call defaults (do_pan_and_scan False, 256, 4, 1.2) over
 the folder's preprocessor_config.json, so crops appear only when the call asks; each setting here is the
 folder's file with do_pan_and_scan true (and the listed pan_and_scan_* values) AND the same values passed at
-call time (``processor_kwargs``), as the fast rule reads such a folder (core/profiles.py ``_pan_and_scan``).
+call time (``processor_kwargs``), as the fast rule reads such a folder (core/counting/profiles.py ``_pan_and_scan``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.fixture(autouse=True, scope="session")
 def _own_cache_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The tokenizer table cache (core/profiles.py) in a folder of this session, not the user's ~/.cache;
+    """The tokenizer table cache (core/counting/tokenizers.py) in a folder of this session, not the user's ~/.cache;
     set in the environment so the CLI's subprocesses and workers use it too."""
     os.environ.setdefault("PACK_ASSETS_CACHE", str(tmp_path_factory.mktemp("pack_assets_cache")))
 

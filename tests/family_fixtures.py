@@ -73,7 +73,8 @@ QWEN_DIRS = {"qwen2.5-vl": "Qwen2.5-VL-7B-Instruct", "qwen3-vl": "Qwen3-VL-8B-In
 def qwen_folder(root: Path, family: str) -> Path:
     """A Qwen2.5-VL / Qwen3-VL checkpoint folder: the fixture's files and the bundled tokenizer trimmed to the
     model's own added tokens (transformers builds the real processor from it)."""
-    from pack_assets.core.profiles import load_profile, tokenizer_for
+    from pack_assets.core.counting.profiles import load_profile
+    from pack_assets.core.counting.tokenizers import tokenizer_for
 
     d = root / QWEN_DIRS[family]
     if not (d / "tokenizer.json").exists():

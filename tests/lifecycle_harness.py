@@ -21,10 +21,10 @@ def main() -> None:
     from pack_assets.core import store
     from pack_assets.core.audit import run_audit
     from pack_assets.core.plan import PlanConfig, run_plan
-    from pack_assets.core.profiles import load_profile
+    from pack_assets.core.counting.profiles import load_profile
     from pack_assets.core.report import WhatIfBeside
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.token_lengths import run_token_lengths
+    from pack_assets.core.counting.token_lengths import run_token_lengths
     from pack_assets.core.write import run_write
 
     profile = load_profile("qwen3-vl")

@@ -10,9 +10,9 @@ from PIL import Image
 
 from pack_assets.core import store
 from pack_assets.core.plan import PlanConfig, run_plan
-from pack_assets.core.profiles import load_profile
+from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.scan import run_manifest
-from pack_assets.core.token_lengths import run_token_lengths
+from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.write import run_write
 from pack_assets.reader import iter_packs
 

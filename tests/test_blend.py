@@ -17,11 +17,11 @@ from conftest import small_dataset
 from pack_assets.core import blend, epochs, store
 from pack_assets.core import recipe as rc
 from pack_assets.core.plan import PlanConfig
-from pack_assets.core.profiles import load_profile
+from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.safety import UnsafePaths
 from pack_assets.core.scan import run_manifest
 from pack_assets.core.settings import Settings
-from pack_assets.core.token_lengths import run_token_lengths
+from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.reader import iter_packs
 
 PROFILE = load_profile("qwen3-vl")
@@ -486,7 +486,7 @@ def test_a_partition_of_no_dataset_of_the_recipe_counts_as_removed_not_a_crash(t
     """Under `dagster dev`, `recipe` switched on (or a dataset dropped) while old partitions are registered:
     the plan lists them as removed instead of raising KeyError."""
     from pack_assets.core.plan import plannable
-    from pack_assets.core.profiles import load_profile
+    from pack_assets.core.counting.profiles import load_profile
 
     (tmp_path / "a").mkdir()
     # both count as removed; nothing is left to plan, which is the usual refusal, not a KeyError

@@ -1,4 +1,4 @@
-"""The chunk -> count cache (core/chunkcount.py) against the plain tokenizers (tests/fixtures/models): Gemma 3
+"""The chunk -> count cache (core/counting/chunkcount.py) against the plain tokenizers (tests/fixtures/models): Gemma 3
 (SentencePiece-style BPE) and the byte-level BPEs (Qwen3-VL's bundled tokenizer.json, InternVL3's and
 LLaVA-OneVision's Qwen2 vocab.json + merges.txt as transformers converts them).
 
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, pre_tokenizers
 
-from pack_assets.core.chunkcount import (BYTE_LEVEL_CHUNK, BYTE_LEVEL_PATTERNS, SPACE, WHITESPACE, ChunkCounts,
+from pack_assets.core.counting.chunkcount import (BYTE_LEVEL_CHUNK, BYTE_LEVEL_PATTERNS, SPACE, WHITESPACE, ChunkCounts,
                                          split_rule, tokenizer_rule)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -187,8 +187,8 @@ def test_the_guard_refuses_a_tokenizer_that_encodes_special_tokens(tok):
 
 
 def test_the_fast_rule_counts_through_the_cache_and_equals_the_plain_tokenizer(gemma, spec):
-    from pack_assets.core.profiles import profile_from_model_dir
-    from pack_assets.core.tokens import TokenCounter
+    from pack_assets.core.counting.profiles import profile_from_model_dir
+    from pack_assets.core.counting.tokens import TokenCounter
 
     profile = profile_from_model_dir(gemma)
     cached, plain = TokenCounter(profile), TokenCounter(profile, chunk_cache=False)
@@ -204,8 +204,8 @@ def test_the_fast_rule_counts_through_the_cache_and_equals_the_plain_tokenizer(g
 def test_the_processor_path_counts_through_the_cache_and_equals_the_plain_path(gemma, spec):
     pytest.importorskip("transformers")
     pytest.importorskip("PIL")
-    from pack_assets.core.procount import ProcessorCounter, _chunk_counts
-    from pack_assets.core.profiles import processor_profile
+    from pack_assets.core.counting.procount import ProcessorCounter, _chunk_counts
+    from pack_assets.core.counting.profiles import processor_profile
 
     pc = ProcessorCounter(processor_profile(gemma))
     assert pc.chunks is not None
@@ -236,7 +236,7 @@ BYTE_LEVEL = ("qwen3", "internvl", "llava-onevision")
 def byte_level(tmp_path_factory) -> dict[str, Tokenizer]:
     """The byte-level tokenizers of the fixtures, as the counters load them (a ``tokenizers.Tokenizer`` each)."""
     transformers = pytest.importorskip("transformers")
-    from pack_assets.core.profiles import bundled_tokenizer_file
+    from pack_assets.core.counting.profiles import bundled_tokenizer_file
 
     dirs = materialize(tmp_path_factory.mktemp("bytelevel"), ("internvl", "llava-onevision"))
     out = {"qwen3": Tokenizer.from_file(str(bundled_tokenizer_file()))}
@@ -473,8 +473,8 @@ def _media_free(texts: list[str]) -> list[str]:
 def test_the_fast_rule_takes_the_cache_only_off_tiktoken(tmp_path):
     """A Qwen profile counts through tiktoken (no cache there); forced onto tokenizers it takes the cache and
     counts the same."""
-    from pack_assets.core.profiles import bundled_tokenizer_file, profile_from_model_dir
-    from pack_assets.core.tokens import TokenCounter
+    from pack_assets.core.counting.profiles import bundled_tokenizer_file, profile_from_model_dir
+    from pack_assets.core.counting.tokens import TokenCounter
 
     d = tmp_path / "qwen3"
     shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "models" / "Qwen3-VL-8B-Instruct", d)
@@ -493,8 +493,8 @@ def test_the_fast_rule_takes_the_cache_only_off_tiktoken(tmp_path):
 def test_the_qwen3_processor_path_counts_through_the_cache_and_equals_the_whole_call(tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("PIL")
-    from pack_assets.core.procount import ProcessorCounter, _chunk_counts
-    from pack_assets.core.profiles import bundled_tokenizer_file, processor_profile
+    from pack_assets.core.counting.procount import ProcessorCounter, _chunk_counts
+    from pack_assets.core.counting.profiles import bundled_tokenizer_file, processor_profile
 
     d = tmp_path / "qwen3"
     shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "models" / "Qwen3-VL-8B-Instruct", d)

@@ -21,12 +21,12 @@ from pack_assets.cli import main
 from pack_assets.core import store
 from pack_assets.core.convert import convert
 from pack_assets.core.hfshapes import detect, parse_columns
-from pack_assets.core.ingest import count_records
-from pack_assets.core.profiles import load_profile
+from pack_assets.core.counting.count import count_records
+from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.scan import run_manifest
 from pack_assets.core.shardsink import ShardSink
 from pack_assets.core.tables import TableReader, find_sources
-from pack_assets.core.token_lengths import run_token_lengths
+from pack_assets.core.counting.token_lengths import run_token_lengths
 
 SHAPES = {"cauldron": "the_cauldron/ai2d", "finevision": "FineVision/ai2d_merged",
           "llava": "LLaVA-OneVision-Data/CLEVR-Math(MathV360K)", "messages": "llava-instruct-mix-vsft/data"}

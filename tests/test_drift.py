@@ -20,8 +20,8 @@ processor_needed = needs(NO_TORCHVISION, "torchvision is not installed (the proc
 
 
 def test_the_fingerprint_follows_the_packages_versions(monkeypatch):
-    from pack_assets.core import environment
-    from pack_assets.core.profiles import load_profile
+    from pack_assets.core.counting import environment
+    from pack_assets.core.counting.profiles import load_profile
 
     profile = load_profile("qwen3-vl")
     before = profile.fingerprint
@@ -32,7 +32,7 @@ def test_the_fingerprint_follows_the_packages_versions(monkeypatch):
 
 def _fresh() -> None:
     """Each process builds its processor once: a test that changes the build stands for a new process."""
-    from pack_assets.core import environment, procount
+    from pack_assets.core.counting import environment, procount
 
     environment.processor_settings.cache_clear()
     procount.load_processor.cache_clear()
@@ -40,7 +40,7 @@ def _fresh() -> None:
 
 def _drift(monkeypatch) -> None:
     """From now on the processor caps images at 1024x1024 pixels, which the folder's files do not say."""
-    from pack_assets.core import environment
+    from pack_assets.core.counting import environment
 
     build = environment.build_processor.__wrapped__
 
@@ -89,7 +89,7 @@ def test_a_processor_default_that_moved_is_a_failure_naming_the_sample(folder, r
     the processor here caps images at 1024x1024 pixels, the folder's files do not say so; the fast rule follows
     the files. The check names the one sample over the cap and exits 1; the processor rule's fingerprint moves."""
     from pack_assets.cli import main
-    from pack_assets.core.profiles import processor_profile
+    from pack_assets.core.counting.profiles import processor_profile
 
     _fresh()
     before = processor_profile(folder).fingerprint
@@ -120,7 +120,7 @@ def test_the_audit_step_recounts_samples_per_shard_with_the_processor(folder, tm
     from pack_assets.core.plan import run_plan
     from pack_assets.core.scan import run_manifest
     from pack_assets.core.settings import Settings
-    from pack_assets.core.token_lengths import run_token_lengths
+    from pack_assets.core.counting.token_lengths import run_token_lengths
     from pack_assets.core.write import run_write
 
     rec = lambda q: {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]},  # noqa: E731

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from family_fixtures import FAMILY_DIRS, materialize
 
-from pack_assets.core.profiles import FAMILIES, profile_from_model_dir
+from pack_assets.core.counting.profiles import FAMILIES, profile_from_model_dir
 from pack_assets.core.reasons import ReasonError
-from pack_assets.core.tokens import TokenCounter
-from pack_assets.core.vision import media_crops, media_image_tokens
+from pack_assets.core.counting.tokens import TokenCounter
+from pack_assets.core.counting.vision import media_crops, media_image_tokens
 
 ORACLE = Path(__file__).resolve().parent / "fixtures" / "oracle"
 
@@ -127,7 +127,7 @@ def test_count_with_model_dir_reads_inline_media_and_gives_the_oracle(family, di
     """`pack-assets count --model-dir`: HF-native records with inline image paths, real image files."""
     from conftest import image_bytes
 
-    from pack_assets.core.ingest import count_records
+    from pack_assets.core.counting.count import count_records
 
     oracle = _oracle(family)
     picked = [row for row in oracle["sizes"] if (row[0], row[1]) in {(896, 448), (1, 1), (4000, 2)}]
@@ -149,7 +149,7 @@ def test_shard_stage_counts_a_fast_family_and_records_counted_by(dirs, tmp_path)
     from conftest import image_bytes, write_tar
 
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.token_lengths import run_token_lengths, token_lengths_are_current
+    from pack_assets.core.counting.token_lengths import run_token_lengths, token_lengths_are_current
 
     oracle = _oracle("internvl")
     expected = {(w, h): n for w, h, n in oracle["sizes"]}
@@ -240,7 +240,7 @@ def test_pan_and_scan_whole_samples_count_what_the_processor_counts(pas_counters
 
 
 def test_pan_and_scan_bad_settings_and_sizes_get_a_reason(dirs, tmp_path):
-    from pack_assets.core.profiles import ProfileError
+    from pack_assets.core.counting.profiles import ProfileError
 
     for values, match in (({"do_pan_and_scan": "yes"}, "do_pan_and_scan"),
                           ({"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 0}, "pan_and_scan_min_crop_size"),
@@ -260,7 +260,7 @@ def test_pan_and_scan_count_with_model_dir_reads_image_headers_and_gives_the_ora
     crops, their sizes read from the headers."""
     from conftest import image_bytes
 
-    from pack_assets.core.ingest import count_records
+    from pack_assets.core.counting.count import count_records
 
     (setting,) = [s for s in _PAS["settings"] if s["name"] == "defaults"]
     picked = {}

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from family_fixtures import VIDEO_CONFIGS, VIDEOS, materialize, video_variant
 
-from pack_assets.core.profiles import ProfileError, profile_from_model_dir
+from pack_assets.core.counting.profiles import ProfileError, profile_from_model_dir
 from pack_assets.core.reasons import ReasonError
-from pack_assets.core.tokens import TokenCounter
-from pack_assets.core.vision import sampled_frames
+from pack_assets.core.counting.tokens import TokenCounter
+from pack_assets.core.counting.vision import sampled_frames
 
 ORACLE = Path(__file__).resolve().parent / "fixtures" / "oracle"
 FAMILIES = ("internvl", "llava-onevision")
@@ -114,7 +114,7 @@ def test_shard_with_videos_counts_the_oracle_and_a_broken_video_is_a_reason_row(
     from conftest import write_tar
 
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.token_lengths import run_token_lengths
+    from pack_assets.core.counting.token_lengths import run_token_lengths
 
     oracle = _oracle(family)
     single = {s["videos"][0]: s for s in oracle["configs"]["default"]["samples"] if len(s["messages"]) == 2
@@ -203,7 +203,7 @@ def test_sampling_follows_the_folder_video_config(dirs, tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_count_with_model_dir_reads_inline_videos_and_gives_the_oracle(family, dirs, tmp_path):
     """`pack-assets count --model-dir`: HF-native records naming the committed clips inline."""
-    from pack_assets.core.ingest import count_records
+    from pack_assets.core.counting.count import count_records
 
     oracle = _oracle(family)
     samples = [s for s in oracle["configs"]["default"]["samples"]

@@ -12,9 +12,9 @@ from conftest import small_dataset, write_tar
 from pack_assets.core import store
 from pack_assets.core.audit import run_audit
 from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
-from pack_assets.core.profiles import load_profile
+from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.scan import run_manifest
-from pack_assets.core.token_lengths import run_token_lengths
+from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.write import run_write
 from pack_assets.defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
 from pack_assets.defs.partitions import source_shards

@@ -24,7 +24,7 @@ from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
 from pack_assets.core.reasons import REASONS
 from pack_assets.core.records import Rejection, Sample
 from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard
-from pack_assets.core.token_lengths import run_token_lengths
+from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.write import run_write, write_context
 from pack_assets.core.write.fingerprints import current_shards
 from pack_assets.core.write.jobs import shard_job

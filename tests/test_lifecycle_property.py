@@ -50,9 +50,9 @@ from pack_assets.core.plan import (
     PlanInfo,
     run_plan,
 )
-from pack_assets.core.profiles import load_profile  # noqa: E402
+from pack_assets.core.counting.profiles import load_profile# noqa: E402
 from pack_assets.core.scan import manifest_is_current, run_manifest
-from pack_assets.core.token_lengths import run_token_lengths, token_lengths_are_current
+from pack_assets.core.counting.token_lengths import run_token_lengths, token_lengths_are_current
 from pack_assets.core.write import run_write
 
 PROFILE = load_profile("qwen3-vl")

@@ -20,9 +20,9 @@ from pack_assets.cli import main
 from pack_assets.core import owned, safety, store
 from pack_assets.core.audit import run_audit
 from pack_assets.core.plan import PlanConfig, run_plan
-from pack_assets.core.profiles import load_profile
+from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.scan import run_manifest
-from pack_assets.core.token_lengths import run_token_lengths, token_lengths_are_current
+from pack_assets.core.counting.token_lengths import run_token_lengths, token_lengths_are_current
 from pack_assets.core.write import run_write
 
 PROFILE = load_profile("qwen3-vl")

@@ -26,10 +26,10 @@ from pack_assets.core.audit import run_audit
 from pack_assets.core.lookup import lookup
 from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
 from pack_assets.runner.procs import Helpers
-from pack_assets.core.profiles import load_profile
+from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.records import PackMeta, SourceRef
 from pack_assets.core.scan import manifest_is_current, run_manifest
-from pack_assets.core.token_lengths import run_token_lengths
+from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.write import run_write, write_context
 from pack_assets.core.write.fingerprints import current_shards
 from pack_assets.core.write.jobs import load_shard_job, shard_job

@@ -17,8 +17,8 @@ import pytest
 from conftest import image_bytes, write_tar
 
 from pack_assets.cli import main
-from pack_assets.core.ingest import count_records
-from pack_assets.core.profiles import FAMILIES, load_profile, profile_from_model_dir
+from pack_assets.core.counting.count import count_records
+from pack_assets.core.counting.profiles import FAMILIES, load_profile, profile_from_model_dir
 
 GEMMA = Path(__file__).resolve().parent / "fixtures" / "models" / "gemma-3-4b-it"
 SIZES = [(300, 200), (640, 480), (37, 1000), (1920, 1080), (896, 896)]
@@ -46,7 +46,7 @@ def gemma_dir(tmp_path_factory) -> Path:
 def _gemma3_on_the_processor_rule(monkeypatch):
     """Gemma 3 has a fast rule for every setting of its files now; these tests are about the processor rule,
     so a Gemma 3 folder is routed as a family without one."""
-    from pack_assets.core import profiles
+    from pack_assets.core.counting import profiles
 
     monkeypatch.delitem(profiles._DIR_FAMILIES, "gemma3")
 
@@ -86,7 +86,7 @@ def _oracle(proc, rec: dict) -> int:
 
 
 def test_gemma3_counts_equal_its_processor_on_whole_samples(gemma_dir, tmp_path):
-    from pack_assets.core.procount import load_processor
+    from pack_assets.core.counting.procount import load_processor
 
     p = profile_from_model_dir(gemma_dir)
     assert (p.rule, p.family) == ("processor", "gemma3")
@@ -113,7 +113,7 @@ def test_processor_rule_in_the_shard_stage_records_counted_by(gemma_dir, tmp_pat
     import pyarrow.parquet as pq
 
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.token_lengths import run_token_lengths, token_lengths_are_current
+    from pack_assets.core.counting.token_lengths import run_token_lengths, token_lengths_are_current
 
     rec = {"conversations": [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "A box."}]}
     members = []
@@ -135,7 +135,7 @@ def test_processor_rule_in_the_shard_stage_records_counted_by(gemma_dir, tmp_pat
 
 
 def test_a_folder_without_processor_files_says_what_it_needs(tmp_path):
-    from pack_assets.core.profiles import ProfileError
+    from pack_assets.core.counting.profiles import ProfileError
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "internvl"}))
     with pytest.raises(ProfileError, match="preprocessor_config.json"):
@@ -157,7 +157,7 @@ def test_profiles_command_lists_every_family(capsys):
 def _fresh_caches(monkeypatch):
     """Processors and counters are cached per worker; a test that patches what they are built from starts
     and leaves with empty caches."""
-    from pack_assets.core import environment, procount
+    from pack_assets.core.counting import environment, procount
 
     for name in ("load_processor", "processor_counter"):
         monkeypatch.setattr(procount, name, functools.lru_cache(maxsize=2)(getattr(procount, name).__wrapped__))
@@ -187,13 +187,13 @@ def test_counts_from_the_size_cache_equal_the_processor_on_real_images_over_many
     import numpy as np
     from PIL import Image
 
-    from pack_assets.core import procount
-    from pack_assets.core.counters import counter_for
+    from pack_assets.core.counting import processors, procount
+    from pack_assets.core.counting.counters import counter_for
 
     real = procount.load_processor(str(gemma_dir.resolve()))
     oracle = _pan_and_scan(real)
     counted = copy.copy(oracle)
-    counted.image_processor = procount._CachedImageProcessor(oracle.image_processor)
+    counted.image_processor = processors._CachedImageProcessor(oracle.image_processor)
     _fresh_caches(monkeypatch)
     monkeypatch.setattr(procount, "load_processor", lambda *a: counted)
     rnd = random.Random(7)
@@ -224,7 +224,7 @@ def test_counts_from_the_size_cache_equal_the_processor_on_real_images_over_many
 
 def test_gemma3_whole_samples_through_the_direct_path_equal_the_processor(gemma_dir, tmp_path):
     """Multi-turn, system, several images: counted twice, the second time every size is cached (direct path)."""
-    from pack_assets.core.procount import load_processor
+    from pack_assets.core.counting.procount import load_processor
 
     img = tmp_path / "img"
     img.mkdir()
@@ -253,7 +253,7 @@ def _remote_code_folder(tmp_path: Path) -> Path:
 
 
 def test_a_remote_code_folder_is_refused_without_trust_remote_code(tmp_path, capsys):
-    from pack_assets.core.profiles import ProfileError
+    from pack_assets.core.counting.profiles import ProfileError
     from pack_assets.core.settings import Settings
 
     d = _remote_code_folder(tmp_path)
@@ -269,7 +269,7 @@ def test_a_remote_code_folder_is_refused_without_trust_remote_code(tmp_path, cap
 
 
 def _qwen3_folder(tmp_path: Path) -> Path:
-    from pack_assets.core.profiles import bundled_tokenizer_file
+    from pack_assets.core.counting.profiles import bundled_tokenizer_file
 
     d = tmp_path / "qwen3"
     shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "models" / "Qwen3-VL-8B-Instruct", d)
@@ -292,9 +292,9 @@ def test_without_torchvision_images_count_and_videos_get_reason_rows(tmp_path, m
     """The processor rule on Qwen3-VL (a folder the fast rule covers too): its video processor 'needs
     torchvision', so the processor is built without it; image samples equal the fast rule, video samples are
     rejected with missing_dependency naming the package and the extra."""
-    from pack_assets.core.profiles import processor_profile
-    from pack_assets.core.counters import counter_for
-    from pack_assets.core.token_lengths import count_shard_rows
+    from pack_assets.core.counting.profiles import processor_profile
+    from pack_assets.core.counting.counters import counter_for
+    from pack_assets.core.counting.token_lengths import count_shard_rows
 
     d = _qwen3_folder(tmp_path)
     _no_torchvision(monkeypatch)
@@ -326,8 +326,8 @@ def test_without_torchvision_images_count_and_videos_get_reason_rows(tmp_path, m
 
 
 def test_a_processor_that_cannot_be_built_names_the_missing_package_and_the_extra(gemma_dir, monkeypatch):
-    from pack_assets.core.profiles import ProfileError
-    from pack_assets.core.counters import counter_for
+    from pack_assets.core.counting.profiles import ProfileError
+    from pack_assets.core.counting.counters import counter_for
 
     _no_torchvision(monkeypatch)  # Gemma 3's processor has no video part to leave out: nothing to count with
     with pytest.raises(ProfileError, match=r"needs torchvision.*pip install 'pack_assets\[processor\]'"):
@@ -338,8 +338,8 @@ def test_a_processor_whose_image_part_needs_torchvision_is_refused_with_the_extr
     """InternVL's way: transformers raises a ValueError 'requires `torchvision` to be installed'."""
     import transformers
 
-    from pack_assets.core.profiles import ProfileError
-    from pack_assets.core.counters import counter_for
+    from pack_assets.core.counting.profiles import ProfileError
+    from pack_assets.core.counting.counters import counter_for
 
     def refuse(*a, **k):
         raise ValueError(f"{gemma_dir} requires `torchvision` to be installed. Please install `torchvision`.")
@@ -360,8 +360,8 @@ def test_profiles_for_one_folder_builds_its_processor(gemma_dir, capsys):
 def test_a_processor_that_expands_its_own_way_falls_back_to_the_whole_call(gemma_dir, monkeypatch):
     """The self-check: a processor whose __call__ does more than the standard hooks (here: it appends text)
     makes the direct path differ on the first new size; from then on every sample takes the whole call."""
-    from pack_assets.core import procount
-    from pack_assets.core.counters import counter_for
+    from pack_assets.core.counting import procount
+    from pack_assets.core.counting.counters import counter_for
 
     real = procount.load_processor(str(gemma_dir.resolve()))
 
@@ -398,8 +398,8 @@ def test_an_image_size_checked_alone_is_checked_again_in_a_multi_image_sample(tm
     of a size in a one-image sample does not vouch for that size among several (it over-counted ~4x)."""
     from family_fixtures import materialize
 
-    from pack_assets.core.procount import ProcessorCounter
-    from pack_assets.core.profiles import processor_profile
+    from pack_assets.core.counting.procount import ProcessorCounter
+    from pack_assets.core.counting.profiles import processor_profile
 
     counter = ProcessorCounter(processor_profile(materialize(tmp_path, ("llava-onevision",))["llava-onevision"]))
     one = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]},

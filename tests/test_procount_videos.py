@@ -20,9 +20,10 @@ from conftest import image_bytes, needs, write_tar
 from family_fixtures import VIDEO_CONFIGS, VIDEOS, materialize, video_variant
 
 from pack_assets.core.media import probe_video
-from pack_assets.core.profiles import load_profile, processor_profile, profile_from_model_dir, tokenizer_for
+from pack_assets.core.counting.profiles import load_profile, processor_profile, profile_from_model_dir
+from pack_assets.core.counting.tokenizers import tokenizer_for
 from pack_assets.core.reasons import ReasonError
-from pack_assets.core.counters import counter_for
+from pack_assets.core.counting.counters import counter_for
 
 _MISSING = importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchvision") is None
 pytestmark = needs(_MISSING, "torch + torchvision are not installed (pip install 'pack_assets[processor]')")
@@ -219,7 +220,7 @@ def test_a_broken_video_and_a_refused_video_are_reason_rows(root, tmp_path):
     import pyarrow.parquet as pq
 
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.token_lengths import run_token_lengths
+    from pack_assets.core.counting.token_lengths import run_token_lengths
 
     folder = _variant(root, "llava-onevision", "num_frames_8")
     msgs = [{"role": "user", "content": [VID, _t("What happens?")]}, {"role": "assistant", "content": [_t("A gradient.")]}]
@@ -250,7 +251,7 @@ def test_a_broken_video_and_a_refused_video_are_reason_rows(root, tmp_path):
 
 
 def test_video_status_says_how_videos_are_counted(root):
-    from pack_assets.core.procount import ProcessorCounter
+    from pack_assets.core.counting.procount import ProcessorCounter
 
     status = ProcessorCounter(processor_profile(_variant(root, "qwen3-vl", "default"))).video_status()
     assert status.startswith("counted by Qwen3VLVideoProcessor") and "cached per video metadata" in status
@@ -259,7 +260,7 @@ def test_video_status_says_how_videos_are_counted(root):
 def test_qwen3_timestamps_follow_the_fps_in_the_cache_key(root):
     """Two videos with the same frames and size but another frame rate: Qwen3-VL samples and timestamps them
     differently; the cache keeps them apart (each equals a fresh counter's whole call)."""
-    from pack_assets.core.procount import ProcessorCounter
+    from pack_assets.core.counting.procount import ProcessorCounter
 
     folder = _variant(root, "qwen3-vl", "default")
     counter = ProcessorCounter(processor_profile(folder))
@@ -277,7 +278,7 @@ def test_a_video_too_big_for_the_memory_budget_is_a_reason_row_before_any_proces
     for each: a sample whose videos (one processor call) would pass the budget is video_memory_budget with the
     figures, before the processor runs on them; sampling that keeps fewer frames brings it under; the videos
     of one sample add up; an upsampling processor's output counts, not only the input size."""
-    from pack_assets.core import procount
+    from pack_assets.core.counting import procount
 
     monkeypatch.setenv(procount.BUDGET_ENV, "0.5")
     msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "what happens?"}]},
@@ -310,7 +311,7 @@ def test_a_video_too_big_for_the_memory_budget_is_a_reason_row_before_any_proces
 
 @pytest.mark.parametrize("value", ["abc", "0", "-2", "inf"])
 def test_a_bad_video_budget_is_a_clear_error_when_the_counter_is_built(root, monkeypatch, value):
-    from pack_assets.core import procount
+    from pack_assets.core.counting import procount
 
     monkeypatch.setenv(procount.BUDGET_ENV, value)
     with pytest.raises(ValueError, match=procount.BUDGET_ENV):
@@ -322,7 +323,7 @@ def test_a_full_video_cache_evicts_the_least_recently_used_and_never_turns_the_s
     one evicted; C's first sight then evicts again). Every count equals the whole processor call and the
     direct path stays on (a FIFO eviction once dropped a replacement a checked sample still needed: KeyError,
     self-check failed, whole calls for the rest of the run)."""
-    from pack_assets.core import procount
+    from pack_assets.core.counting import procount
 
     monkeypatch.setattr(procount, "_CACHE_MAX", 3)
     pc = procount.ProcessorCounter(processor_profile(_variant(root, "qwen2.5-vl", "default")))

@@ -26,8 +26,8 @@ KILL_POINTS = [
     ("pack_assets.core.store:os.replace", 1),
     ("pack_assets.core.store:os.replace", 2),
     ("pack_assets.core.store:pq.write_table", 2),
-    ("pack_assets.core.token_lengths:run_token_lengths", 2),
-    ("pack_assets.core.tokens:TokenCounter.lengths", 1),
+    ("pack_assets.core.counting.token_lengths:run_token_lengths", 2),
+    ("pack_assets.core.counting.tokens:TokenCounter.lengths", 1),
     ("pack_assets.core.store:write_token_lengths", 1),
     ("pack_assets.core.store:atomic_write_text", 2),
     ("pack_assets.core.plan:make_plan", 1),
@@ -106,11 +106,11 @@ from pack_assets.core.plan import (
     PlanConfig,  # noqa: E402
     run_plan,  # noqa: E402
 )
-from pack_assets.core.profiles import load_profile  # noqa: E402
+from pack_assets.core.counting.profiles import load_profile# noqa: E402
 from pack_assets.core.records import ShardInfo  # noqa: E402
 from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard  # noqa: E402
 from pack_assets.core.tario import split_key  # noqa: E402
-from pack_assets.core.token_lengths import run_token_lengths  # noqa: E402
+from pack_assets.core.counting.token_lengths import run_token_lengths  # noqa: E402
 from pack_assets.core.write import SourceChanged, run_write  # noqa: E402
 
 PROFILE = load_profile("qwen3-vl")
@@ -202,7 +202,7 @@ def test_a_sample_with_500_images_and_the_media_limit(tmp_path):
     path = write_tar(tmp_path / "x.tar", [("k.json", json.dumps(rec))] + [(f"k.{i}.png", img) for i in range(500)])
     recs = list(scan_shard(path, "x"))
     assert recs[0].status == "ok" and recs[0].n_images == 500
-    from pack_assets.core.tokens import TokenCounter
+    from pack_assets.core.counting.tokens import TokenCounter
 
     (res,) = TokenCounter(PROFILE).count_many([(json.loads(recs[0].conversation), recs[0].image_sizes, [])])
     assert res["image_tokens"] == 500 * 64  # 8x8 -> min_pixels 65536 -> 256x256 -> 8x8 patches of 32

@@ -56,8 +56,8 @@ def test_the_oracle_turns_images_where_it_matters():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_fast_rule_counts_rotated_images_as_the_processor_does(family, models, tmp_path):
-    from pack_assets.core.ingest import count_records
-    from pack_assets.core.profiles import profile_from_model_dir
+    from pack_assets.core.counting.count import count_records
+    from pack_assets.core.counting.profiles import profile_from_model_dir
 
     path, want = _records(tmp_path, family)
     fast = profile_from_model_dir(_folder(models, family))
@@ -68,8 +68,8 @@ def test_every_family_fast_rule_counts_rotated_images_as_the_processor_does(fami
 @processor_needed
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_processor_rule_counts_rotated_images_as_the_processor_does(family, models, tmp_path):
-    from pack_assets.core.ingest import count_records
-    from pack_assets.core.profiles import processor_profile
+    from pack_assets.core.counting.count import count_records
+    from pack_assets.core.counting.profiles import processor_profile
 
     path, want = _records(tmp_path, family)
     got = count_records(path, None, processor_profile(_folder(models, family)))

@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pack_assets.core.profiles import (
+from pack_assets.core.counting.profiles import (
     BUILTIN_PROFILES,
     ProfileError,
     bundled_tokenizer_file,
     load_profile,
     profile_from_model_dir,
-    tokenizer_for,
 )
+from pack_assets.core.counting.tokenizers import tokenizer_for
 from pack_assets.core.reasons import ReasonError
-from pack_assets.core.tokens import TokenCounter
-from pack_assets.core.vision import image_tokens, video_count
+from pack_assets.core.counting.tokens import TokenCounter
+from pack_assets.core.counting.vision import image_tokens, video_count
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "models"  # copies of ../shared/fixtures (tests/fixtures/README.md)
 CHECKPOINTS = {"qwen2-vl": "Qwen2-VL-7B-Instruct", "qwen2.5-vl": "Qwen2.5-VL-7B-Instruct", "qwen3-vl": "Qwen3-VL-8B-Instruct"}
@@ -229,17 +229,17 @@ def test_tiktoken_backend_gives_the_same_ids_as_hf_tokenizers(profile):
 
 
 def test_the_rank_table_is_saved_once_and_read_back_equal_and_a_damaged_one_is_rebuilt(tmp_path, monkeypatch):
-    """The tiktoken table kept in the cache folder (core/profiles.py) counts exactly as the one built from
+    """The tiktoken table kept in the cache folder (core/counting/tokenizers.py) counts exactly as the one built from
     tokenizer.json; a damaged or unwritable cache never changes a count."""
-    from pack_assets.core import profiles
+    from pack_assets.core.counting import tokenizers
 
     p = load_profile("qwen2.5-vl")
     texts = _corpus()[:400]
-    built = profiles._bpe_ranks(json.loads(Path(p.tokenizer_file).read_text()), p.last_added_id)
+    built = tokenizers._bpe_ranks(json.loads(Path(p.tokenizer_file).read_text()), p.last_added_id)
 
     def counter():
-        profiles._fast_counter.cache_clear()
-        return profiles.fast_counter_for(p)
+        tokenizers._fast_counter.cache_clear()
+        return tokenizers.fast_counter_for(p)
 
     def ids(enc):
         return [enc.encode(t, allowed_special="all") for t in texts]
@@ -248,15 +248,15 @@ def test_the_rank_table_is_saved_once_and_read_back_equal_and_a_damaged_one_is_r
     first = ids(counter())  # built, then saved
     saved = list((tmp_path / "cache").iterdir())
     assert len(saved) == 1
-    assert profiles._cached_ranks(p.tokenizer_file, p.last_added_id) == built  # pattern, every rank, added tokens
+    assert tokenizers._cached_ranks(p.tokenizer_file, p.last_added_id) == built  # pattern, every rank, added tokens
     assert ids(counter()) == first
     data = bytearray(saved[0].read_bytes())
     data[-10] ^= 0xFF  # one rank's bytes damaged: the checksum refuses the file, the table is built again
     saved[0].write_bytes(bytes(data))
-    assert profiles._cached_ranks(p.tokenizer_file, p.last_added_id) is None
+    assert tokenizers._cached_ranks(p.tokenizer_file, p.last_added_id) is None
     assert ids(counter()) == first
-    assert profiles._cached_ranks(p.tokenizer_file, p.last_added_id) == built  # and saved again, whole
+    assert tokenizers._cached_ranks(p.tokenizer_file, p.last_added_id) == built  # and saved again, whole
     (tmp_path / "ro").write_text("a file where the folder should be")
     monkeypatch.setenv("PACK_ASSETS_CACHE", str(tmp_path / "ro" / "cache"))
     assert ids(counter()) == first
-    profiles._fast_counter.cache_clear()
+    tokenizers._fast_counter.cache_clear()

@@ -12,10 +12,11 @@ import pytest
 
 from conftest import chat, image_bytes, write_tar
 from pack_assets.core.conversation import normalize, place_media
-from pack_assets.core.ingest import count_records
-from pack_assets.core.profiles import load_profile, tokenizer_for
+from pack_assets.core.counting.count import count_records
+from pack_assets.core.counting.profiles import load_profile
+from pack_assets.core.counting.tokenizers import tokenizer_for
 from pack_assets.core.reasons import ReasonError
-from pack_assets.core.tokens import TokenCounter
+from pack_assets.core.counting.tokens import TokenCounter
 
 MODELS = Path(__file__).resolve().parent / "fixtures" / "models"
 FOLDERS = {"qwen3-vl": "Qwen3-VL-8B-Instruct", "qwen2.5-vl": "Qwen2.5-VL-7B-Instruct"}
@@ -182,8 +183,8 @@ def test_nfc_runs_after_special_tokens_are_split_off():
 def test_qwen3_video_frame_pixel_cap_is_a_profile_setting(tmp_path):
     import shutil
 
-    from pack_assets.core.profiles import profile_from_model_dir
-    from pack_assets.core.vision import video_count
+    from pack_assets.core.counting.profiles import profile_from_model_dir
+    from pack_assets.core.counting.vision import video_count
 
     for f in (MODELS / FOLDERS["qwen3-vl"]).iterdir():
         shutil.copy(f, tmp_path / f.name)
@@ -201,7 +202,7 @@ def test_tool_and_inline_media_records_pack_and_the_reader_encodes_the_counted_l
     from pack_assets.core import store
     from pack_assets.core.plan import PlanConfig, run_plan
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.token_lengths import run_token_lengths
+    from pack_assets.core.counting.token_lengths import run_token_lengths
     from pack_assets.core.write import run_write
     from pack_assets.reader import PackEncoder, iter_packs
 

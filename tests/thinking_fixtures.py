@@ -14,7 +14,8 @@ TEMPLATES = {"qwen3-vl-thinking": "qwen3-vl-thinking.jinja", "qwen3.6": "qwen3.6
 
 def thinking_folder(root: Path, template: str) -> Path:
     """A Qwen3-VL checkpoint folder (configs, tokenizer) whose chat template is ``TEMPLATES[template]``."""
-    from pack_assets.core.profiles import load_profile, tokenizer_for
+    from pack_assets.core.counting.profiles import load_profile
+    from pack_assets.core.counting.tokenizers import tokenizer_for
 
     d = root / f"Qwen3-VL.{template}"
     if (d / "chat_template.json").exists():

@@ -26,20 +26,21 @@ from pathlib import Path
 
 import duckdb
 
-from . import drift, store
+from . import store
+from .counting import drift
 from .aside import run_aside
 from .blend import check_blend
 from .coverage import not_counted
 from .indexmode import INDEX_PART, SourceFiles, is_index_folder
 from .plan import PlanConfig, PlanInfo, check_plan
-from .profiles import ModelProfile, ProfileError
+from .counting.profiles import ModelProfile, ProfileError
 from .reasons import ReasonError
 from .recipe import expected_copies
 from .report import audit_figures, write_report
 from .results import AuditResult
 from .settings import AUDIT_SCOPES
 from .tario import iter_entries, split_key
-from .counters import counter_for
+from .counting.counters import counter_for
 from .write.current import current_stamps
 
 # Below this much output a second process costs more (spawn and imports) than it saves, and the output shards
@@ -544,7 +545,7 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
     write audit_report.md. scope "changed" reads only the output shards that are new or changed since the
     last clean audit (same size, mtime and content fingerprint as then: trusted, like rsync's quick check);
     "all" reads every one. ``check_samples``: also recount that many samples per shard with the model's real
-    processor (core/drift.py), each difference a violation. ``progress``: as `audit`'s. ``pool``: where the
+    processor (core/counting/drift.py), each difference a violation. ``progress``: as `audit`'s. ``pool``: where the
     recount and the report's figures run while the outputs are read back (the command's helpers), else here."""
     if scope not in AUDIT_SCOPES:
         raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")

@@ -29,7 +29,7 @@ from . import store
 from .coverage import input_stats, left_since
 from .plan import (DRIFT_WINDOW, Pack, PlanConfig, PlanInfo, PlanResult, PlanSummary, assign_shards, fingerprint,
                    ok_lengths, pack_checks, pack_group, plan_jsonl, plan_stats, plannable)
-from .profiles import ModelProfile
+from .counting.profiles import ModelProfile
 from .recipe import Recipe, blend_seed, copies, dataset_of, expected_copies
 from .results import FilePath, Markdown
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from . import hfshapes, tables
+from .jsonrecords import iter_records
 from .media import IMAGE_EXTS, VIDEO_EXTS
 from .reasons import ReasonError
 from .safety import mkstemp
@@ -197,8 +198,6 @@ class _Run:
 
 
 def _convert_json(run: _Run, path: Path, roots: list[Path]) -> None:
-    from .ingest import iter_records  # here: ingest brings the tokenizer stack, which tables never need
-
     rep = FileReport(path.name, "json", "json")
     run.files.append(rep)
 

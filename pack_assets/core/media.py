@@ -1,6 +1,6 @@
 """Image and video probes: size, frames and fps from headers and containers, no pixel decoded.
 
-Used by scan (manifest rows), ingest (records outside shards) and the training reader.
+Used by scan (manifest rows), jsonrecords (records outside shards) and the training reader.
 """
 
 from __future__ import annotations

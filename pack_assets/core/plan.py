@@ -21,11 +21,11 @@ import pyarrow as pa
 from . import store
 from .binpack import ALGORITHMS, assign, lower_bounds
 from .coverage import input_stats, left_since, tar_exists
-from .profiles import ModelProfile, resolve_profile
+from .counting.profiles import ModelProfile, resolve_profile
 from .results import FilePath, Markdown
 from .scan import manifest_is_current
 from .settings import PlanConfig
-from .token_lengths import token_lengths_are_current
+from .counting.token_lengths import token_lengths_are_current
 
 __all__ = ["ALGORITHMS", "Pack", "PlanConfig", "PlanResult", "assign", "lower_bounds", "make_plan"]
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import owned, procount, store
+from . import owned, store
+from .counting import procount
 from .blend import epoch_name
 from .indexmode import INDEX_FILE
 from .settings import Settings

@@ -15,7 +15,7 @@ Environment variables exist only for what a Dagster deployment cannot pass as ru
 | `PACK_ASSETS_LOCK_WAIT` | `core/safety.py` | seconds a single-writer step waits for the work folder's lock (default 600) |
 | `PACK_ASSETS_DUCKDB_MEMORY` | `core/store.py` | DuckDB's memory limit for the catalog, shared by a process's connections to it (default `1GB`; it spills past it) |
 | `DAGSTER_HOME` | `runenv.py` | the Dagster instance (`--dagster-home` overrides it) |
-| `PACK_ASSETS_CACHE` | `core/profiles.py` | where tokenizer rank tables are kept between processes (default `$XDG_CACHE_HOME/pack_assets`, else `~/.cache/pack_assets`) |
+| `PACK_ASSETS_CACHE` | `core/counting/tokenizers.py` | where tokenizer rank tables are kept between processes (default `$XDG_CACHE_HOME/pack_assets`, else `~/.cache/pack_assets`) |
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from . import labels
 from .binpack import Caps, check_algorithm
 from .chatkw import canonical
-from .profiles import DEFAULT_PROFILE, ModelProfile, resolve_profile
+from .counting.profiles import DEFAULT_PROFILE, ModelProfile, resolve_profile
 from .safety import check_paths
 
 AUDIT_SCOPES = ("all", "changed")

@@ -15,7 +15,7 @@ from .. import events
 from ..core import audit, blend, epochs, plan, report, scan, write
 from ..core.results import FilePath, Markdown
 from ..core.settings import Settings
-from ..core.token_lengths import run_token_counts
+from ..core.counting.token_lengths import run_token_counts
 from ..events import Progress
 from .partitions import source_shards
 from .resources import PackSettings

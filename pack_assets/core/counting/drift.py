@@ -6,7 +6,7 @@ counted records of its input with the real processor of the ``--model-dir`` fold
 ``apply_chat_template`` with the same template variables, then the whole ``processor(text=..., images=...,
 videos=...)`` call), each image as transformers' ``load_image`` gives it (decoded, EXIF orientation applied:
 only its size decides a count, so a blank image of that size stands in) and each video by its container
-metadata, as the processor rule counts videos (core/procount.py). Any difference is a failure naming the
+metadata, as the processor rule counts videos (core/counting/procount.py). Any difference is a failure naming the
 sample.
 """
 
@@ -16,9 +16,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .ingest import RecordItem
+from ..jsonrecords import RecordItem, record_items
 from .profiles import ModelProfile, ProfileError, processor_profile
-from .reasons import ReasonError
+from ..reasons import ReasonError
+from .procount import ProcessorCounter
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,6 @@ class CheckReport:
 def reference_counter(profile: ModelProfile):
     """The real processor of the profile's checkpoint folder, rendering with the profile's template variables;
     ProfileError where there is none to build (a built-in profile has no folder)."""
-    from .procount import ProcessorCounter
-
     if not profile.model_dir:
         raise ProfileError(f"--check recounts with the model's processor, which needs a checkpoint folder: pass "
                            f"--model-dir (profile {profile.name} is built in)")
@@ -93,8 +92,6 @@ def check_records(profile: ModelProfile, items: Iterable[tuple[RecordItem, int]]
 
 def check_file(path: Path, media_root: Path | None, profile: ModelProfile, rows: list[dict], n: int) -> CheckReport:
     """``check_records`` on the records of a JSON(L) file that `count_records` counted (``rows``, in order)."""
-    from .ingest import record_items
-
     pairs = ((item, row["total_tokens"]) for item, row in zip(record_items(path, media_root), rows)
              if "total_tokens" in row)
     return check_records(profile, pairs, n)

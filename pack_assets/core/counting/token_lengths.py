@@ -1,5 +1,5 @@
 """token_lengths stage: every ok sample of a shard counted for the target model, by its profile's rule (the
-fast rule, core/tokens.py, or the processor rule, core/procount.py: `counters.counter_for` picks). Each row's
+fast rule, core/counting/tokens.py, or the processor rule, core/counting/procount.py: `counters.counter_for` picks). Each row's
 ``counted_by`` says which. A shard's counts are kept while its manifest and the profile are unchanged."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import store
+from .. import store
 from .counters import Counter, counter_for
 from .profiles import ModelProfile
-from .reasons import ReasonError
-from .records import TOKEN_LENGTHS_SCHEMA, Rejection
-from .results import KEPT, FilePath
+from ..reasons import ReasonError
+from ..records import TOKEN_LENGTHS_SCHEMA, Rejection
+from ..results import KEPT, FilePath
 
 
 def count_shard_rows(counter: Counter, samples: Iterable[dict], media_bytes: dict[str, int]) -> tuple[list[dict], list[Rejection]]:

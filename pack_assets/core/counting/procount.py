@@ -12,7 +12,7 @@ the template is rendered once (transformers' ``render_jinja_template``), the pro
 ``get_text_with_replacements`` puts the kept strings in, and the tokenizer runs once, batched over many
 samples. A run of one repeated media token (Gemma 3's 256 ``<image_soft_token>``) is tokenized as one and
 the rest added back (each is an added token, split off before anything else); where the tokenizer is of a
-shape core/chunkcount.py proves (Gemma 3; the byte-level BPE of Qwen2/2.5/3-VL, InternVL3, LLaVA-OneVision),
+shape core/counting/chunkcount.py proves (Gemma 3; the byte-level BPE of Qwen2/2.5/3-VL, InternVL3, LLaVA-OneVision),
 the expanded texts are counted through its chunk -> count cache, each distinct chunk by the same tokenizer
 call. The first sample that shows a new image size is also counted the slow way (the whole processor
 call); if the two ever differ the counter falls back to the whole call for every sample, so an unusual
@@ -28,242 +28,25 @@ of video keys is new is counted by it and compared. Missing or implausible metad
 the fast rules); what the processor refuses is ``processor_error`` with its message; a sample whose videos
 would make the processor hold more than the memory budget (video_budget(): it materializes the frames it
 keeps) is ``video_memory_budget``, before any call; without torchvision, ``missing_dependency``
-(``_NoVideo``).
+(``NoVideo``).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
-import inspect
-import json
 import os
 import re
 from collections.abc import Iterable
-from pathlib import Path
 
-import numpy as np
 
-from . import environment
-from .profiles import ModelProfile, ProfileError, check_remote_code
-from .reasons import ReasonError
+from .profiles import ModelProfile, ProfileError
+from ..reasons import ReasonError
+from .processors import NoVideo, load_processor
 from .tokens import batched
 from .vision import video_meta
 
-_CACHE_MAX = 4096  # distinct size lists kept (metadata only; pixel arrays are zero-stride views)
+_CACHE_MAX = 4096  # video replacement strings kept (`_video_reps`, least recently used evicted)
 _BATCH = 256  # samples per tokenizer call
-EXTRA_HINT = "pip install 'pack_assets[processor]'"
-
-
-def _shape_key(images):
-    """The nesting and sizes of an image batch: all the image processor's output depends on."""
-    if isinstance(images, (list, tuple)):
-        return tuple(_shape_key(i) for i in images)
-    size = getattr(images, "size", None)
-    return tuple(size) if isinstance(size, tuple) else (type(images).__name__, getattr(images, "shape", None))
-
-
-def _hollow(value):
-    """The same shapes and dtypes without the memory (processors read shapes and metadata, not pixels)."""
-    if isinstance(value, np.ndarray) and value.size > 64:
-        return np.broadcast_to(np.zeros((), value.dtype), value.shape)
-    if isinstance(value, list):
-        return [_hollow(v) for v in value]
-    return value
-
-
-_ELEMENTWISE = ("rescale", "normalize")  # shape-preserving per-pixel steps: they never decide a count
-_UNSET = object()
-
-
-def _same(image, *args, **kwargs):
-    return image
-
-
-def _shapes_only(inner, images, args, kwargs, names=_ELEMENTWISE):
-    """The image processor's output with its per-pixel arithmetic (rescale, normalize) skipped: the shapes and
-    metadata are the real ones (the stand-in images are blank anyway); tests compare with real images. A
-    processor that objects gets the real run."""
-    saved = {n: inner.__dict__.get(n, _UNSET) for n in names if hasattr(inner, n)}
-    try:
-        for n in saved:
-            setattr(inner, n, _same)
-        return inner(images, *args, **kwargs)
-    except Exception:
-        pass
-    finally:
-        for n, v in saved.items():
-            if v is _UNSET:
-                inner.__dict__.pop(n, None)
-            else:
-                setattr(inner, n, v)
-    return inner(images, *args, **kwargs)
-
-
-class _CachedImageProcessor:
-    """Stands in for ``processor.image_processor``: same attributes, calls memoized by image sizes."""
-
-    def __init__(self, inner):
-        object.__setattr__(self, "_inner", inner)
-        object.__setattr__(self, "_cache", {})
-        object.__setattr__(self, "misses", 0)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    def __call__(self, images=None, *args, **kwargs):
-        key = (_shape_key(images), repr(args), repr(sorted(kwargs.items(), key=lambda kv: kv[0])))
-        hit = self._cache.get(key)
-        if hit is None:
-            out = _shapes_only(self._inner, images, args, kwargs)
-            object.__setattr__(self, "misses", self.misses + 1)
-            if len(self._cache) >= _CACHE_MAX:
-                self._cache.pop(next(iter(self._cache)))
-            hit = (type(out), {k: _hollow(v) for k, v in out.items()}, getattr(out, "tensor_type", None))
-            self._cache[key] = hit
-        cls, data, _ = hit
-        return cls(dict(data))  # a fresh container: processors pop keys from it
-
-
-def _meta_key(meta) -> tuple:
-    """A VideoMetadata (or dict) as a hashable key: every field the video processor can read."""
-    if meta is None:
-        return (None,)
-    get = meta.get if hasattr(meta, "get") else (lambda k, d=None: getattr(meta, k, d))
-    return tuple((k, repr(get(k))) for k in ("total_num_frames", "fps", "width", "height", "duration",
-                                                "video_backend", "frames_indices"))
-
-
-def _video_key(videos, kwargs) -> tuple:
-    """The shapes of a video batch and its metadata: all the video processor's output depends on."""
-    metas = kwargs.get("video_metadata")
-    rest = repr(sorted(((k, v) for k, v in kwargs.items() if k != "video_metadata"), key=lambda kv: kv[0]))
-    metas = list(metas) if isinstance(metas, (list, tuple)) else [metas]
-    return (_shape_key_video(videos), tuple(_meta_key(m) for m in metas), rest)
-
-
-def _shape_key_video(videos):
-    if isinstance(videos, (list, tuple)):
-        return tuple(_shape_key_video(v) for v in videos)
-    return (type(videos).__name__, tuple(getattr(videos, "shape", ())), str(getattr(videos, "dtype", "")))
-
-
-def _hollow_any(value):
-    """_hollow for torch tensors too (video processors return them)."""
-    if type(value).__module__.startswith("torch") and hasattr(value, "expand") and value.numel() > 64:
-        import torch
-
-        return torch.zeros((), dtype=value.dtype).expand(value.shape)
-    if isinstance(value, list):
-        return [_hollow_any(v) for v in value]
-    return _hollow(value)
-
-
-class _CachedVideoProcessor(_CachedImageProcessor):
-    """Stands in for ``processor.video_processor``: calls memoized by frame shapes and video metadata (the
-    stand-in frames are blank; the metadata decides the sampling). The metadata objects the processor returns
-    (it writes the sampled ``frames_indices`` into them, Qwen3-VL reads them for its timestamps) are copied
-    per call."""
-
-    def __call__(self, videos=None, *args, **kwargs):
-        key = (_video_key(videos, kwargs), repr(args))
-        hit = self._cache.get(key)
-        if hit is None:
-            # a fresh copy of the metadata for the run: the processor writes the sampled frames_indices into it
-            run_kw = {**kwargs, "video_metadata": copy.deepcopy(kwargs["video_metadata"])} \
-                if "video_metadata" in kwargs else kwargs
-            out = _shapes_only(self._inner, videos, args, run_kw, _ELEMENTWISE + ("rescale_and_normalize",))
-            object.__setattr__(self, "misses", self.misses + 1)
-            if len(self._cache) >= _CACHE_MAX:
-                self._cache.pop(next(iter(self._cache)))
-            hit = (type(out), {k: _hollow_any(v) for k, v in out.items()})
-            self._cache[key] = hit
-        cls, data = hit
-        return cls({k: copy.deepcopy(v) if k == "video_metadata" else v for k, v in data.items()})
-
-
-def _missing(e: BaseException) -> str:
-    """The package an ImportError names (transformers' own 'requires the Torchvision library' messages too)."""
-    name = getattr(e, "name", None)
-    text = str(e)
-    for pkg in ("torchvision", "torch", "av", "decord", "timm", "einops", "sentencepiece", "protobuf"):
-        if re.search(rf"\b{pkg}\b", text, re.IGNORECASE):
-            return pkg
-    return name or text.strip().splitlines()[0][:120]
-
-
-class _NoVideo:
-    """Where the folder's video processor cannot be built here (it needs torchvision): images still count,
-    every video is refused with the reason and the extra that fixes it."""
-
-    def __init__(self, why: str):
-        self.why = why
-
-
-def _image_only(model_dir: str, trust_remote_code: bool, err: ImportError):
-    """The folder's processor without its video processor (the one part that needs torchvision)."""
-    import transformers
-    from transformers import AutoImageProcessor, AutoTokenizer
-    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
-
-    cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")) \
-        if (Path(model_dir) / "config.json").exists() else {}
-    cls = getattr(transformers, PROCESSOR_MAPPING_NAMES.get(cfg.get("model_type", ""), "") or "", None)
-    if cls is None or "video_processor" not in cls.get_attributes():
-        raise err
-    from transformers.video_processing_utils import BaseVideoProcessor  # importable without torchvision
-
-    no_video = type("NoVideoProcessor", (BaseVideoProcessor,), {})
-    stand_in = no_video.__new__(no_video)  # never called: _NoVideo replaces it once the processor is built
-    kw = dict(local_files_only=True, trust_remote_code=trust_remote_code)
-    parts = {"image_processor": AutoImageProcessor.from_pretrained(model_dir, **kw),
-             "tokenizer": AutoTokenizer.from_pretrained(model_dir, **kw), "video_processor": stand_in}
-    if set(cls.get_attributes()) - set(parts):
-        raise err
-    processor_dict, _ = cls.get_processor_dict(model_dir, **kw)
-    proc = cls.__new__(cls)
-    # the base class checks each part's type against a registry that needs torchvision to import; the
-    # stand-in is the one part it cannot resolve, every other part is still checked
-    check = cls.check_argument_for_proper_class
-    proc.check_argument_for_proper_class = lambda name, arg: None if arg is stand_in else check(proc, name, arg)
-    named = set(inspect.signature(cls.__init__).parameters)  # what from_pretrained would pass it, by name
-    init_kw = {k: v for k, v in processor_dict.items() if k in named and k not in parts}
-    cls.__init__(proc, *[parts[a] for a in cls.get_attributes()], **init_kw)
-    del proc.check_argument_for_proper_class
-    proc.video_processor = _NoVideo(f"the video processor of {Path(model_dir).name} needs {_missing(err)}, which is "
-                                    f"not installed: {EXTRA_HINT}")
-    return proc
-
-
-@functools.lru_cache(maxsize=2)  # one per worker process: every shard and sample it counts reuses it
-def load_processor(model_dir: str, trust_remote_code: bool = False):
-    """AutoProcessor for a local folder, offline; a clear error when transformers (or torch) is missing."""
-    check_remote_code(model_dir, trust_remote_code)
-    try:
-        import transformers  # noqa: F401
-    except ImportError as e:
-        raise ProfileError(f"the processor rule needs transformers: {EXTRA_HINT} ({e})") from None
-    try:
-        # a copy: the build is shared with the profile's fingerprint (core/environment.py), the wrappers are ours
-        proc = copy.copy(environment.build_processor(model_dir, trust_remote_code))
-    except ImportError as e:  # e.g. a video processor that needs torchvision: count images without it
-        try:
-            proc = _image_only(model_dir, trust_remote_code, e)
-        except ImportError as e2:
-            raise ProfileError(f"the processor of {model_dir} needs {_missing(e2)}, which is not installed: "
-                               f"{EXTRA_HINT} ({str(e2).strip().splitlines()[0][:200]})") from None
-    except ValueError as e:
-        if re.search(r"requires .*(installed|library)", str(e)):  # e.g. InternVL: "requires `torchvision` ..."
-            raise ProfileError(f"the processor of {model_dir} needs {_missing(e)}, which is not installed: "
-                               f"{EXTRA_HINT} ({str(e).strip().splitlines()[0][:200]})") from None
-        hint = " (a remote-code model needs --trust-remote-code)" if "trust_remote_code" in str(e) else ""
-        raise ProfileError(f"transformers cannot build a processor from {model_dir}: {e}{hint}") from None
-    if getattr(proc, "image_processor", None) is not None:
-        proc.image_processor = _CachedImageProcessor(proc.image_processor)
-    vp = getattr(proc, "video_processor", None)
-    if vp is not None and not isinstance(vp, _NoVideo):
-        proc.video_processor = _CachedVideoProcessor(vp)
-    return proc
 
 
 @functools.lru_cache(maxsize=32)  # stand-ins for real images; big ones are big, keep few
@@ -293,7 +76,7 @@ class ProcessorCounter:
         self._direct = self._template is not None and _has_replacements(proc)
         vp = getattr(proc, "video_processor", None)
         # videos the direct way too: the processor expands them through replace_video_token
-        self._direct_video = self._direct and vp is not None and not isinstance(vp, _NoVideo) \
+        self._direct_video = self._direct and vp is not None and not isinstance(vp, NoVideo) \
             and _has_video_replacements(proc)
         if self._direct:
             merged = proc._merge_kwargs(tokenizer_init_kwargs=tok.init_kwargs, add_special_tokens=False)
@@ -302,7 +85,7 @@ class ProcessorCounter:
             self._text_kwargs = {k: v for k, v in merged["text_kwargs"].items()
                                  if k not in ("return_mm_token_type_ids", "return_text_replacement_offsets",
                                               "return_tensors")}
-        # chunk -> (tokens, media tokens) cache where its proof holds for this tokenizer (core/chunkcount.py)
+        # chunk -> (tokens, media tokens) cache where its proof holds for this tokenizer (core/counting/chunkcount.py)
         self.chunks = _chunk_counts(tok, self._text_kwargs, self._media_ids) if self._direct else None
         self._image_rep: dict[tuple[int, int], tuple[str, int]] = {}  # size -> (replacement, tokens folded)
         # (size, alone): sizes the direct path was checked on, in a sample with one image or with several (a
@@ -593,7 +376,7 @@ class ProcessorCounter:
         vp = getattr(self.processor, "video_processor", None)
         if vp is None:
             return "none (the processor takes no video): video samples are rejected (video_not_supported)"
-        if isinstance(vp, _NoVideo):
+        if isinstance(vp, NoVideo):
             return f"refused per sample (missing_dependency): {vp.why}"
         how = "replacement string cached per video metadata, self-checked against the whole call" \
             if self._direct_video else "the whole processor call per sample"
@@ -602,7 +385,7 @@ class ProcessorCounter:
 
     def _no_video(self, videos) -> None:
         vp = getattr(self.processor, "video_processor", None)
-        if videos and isinstance(vp, _NoVideo):
+        if videos and isinstance(vp, NoVideo):
             raise ReasonError("missing_dependency", vp.why)
 
 
@@ -741,7 +524,7 @@ _HIGH = 32  # a chunk's value: tokens + (media tokens << 32), so a text's sum ca
 
 
 def _chunk_counts(tok, text_kwargs: dict, media_ids: tuple[int, ...]):
-    """A ChunkCounts over the processor's tokenizer, or None. The proof (core/chunkcount.py) is about its
+    """A ChunkCounts over the processor's tokenizer, or None. The proof (core/counting/chunkcount.py) is about its
     ``tokenizers`` backend; the call the direct path makes must be that backend's plain encode: transformers'
     own ``__call__``/``_encode_plus`` (which hand the texts to ``encode_batch`` unchanged), no kwargs but
     add_special_tokens=False and ones that only pick outputs (Qwen3-VL's processor sets

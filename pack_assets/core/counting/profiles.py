@@ -15,19 +15,15 @@ import functools
 import hashlib
 import importlib.util
 import json
-import marshal
 import math
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tokenizers import Tokenizer
-
 from . import environment
-from .chatkw import as_dict, canonical
-from .safety import file_sha256
+from ..chatkw import as_dict, canonical
+from ..safety import file_sha256
 
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+PROFILE_DIR = Path(__file__).resolve().parent / "bundled"  # the built-in profiles' files, one folder each
 DEFAULT_PROFILE = "qwen3-vl"
 # last added-token id of each family's tokenizer (all share the Qwen2 vocabulary and merges)
 _LAST_ADDED_ID = {"qwen2-vl": 151656, "qwen2.5-vl": 151664, "qwen3-vl": 151668}
@@ -213,7 +209,7 @@ class ModelProfile:
     image: ImageRule
     video: VideoRule
     model_dir: str = ""  # the checkpoint folder a --model-dir profile was read from
-    rule: str = "fast"  # "processor": counted by the folder's own transformers processor (core/procount.py)
+    rule: str = "fast"  # "processor": counted by the folder's own transformers processor (core/counting/procount.py)
     trust_remote_code: bool = False
     media: MediaRule | None = None  # the tiled/fixed families' rule (then ``image`` is unused)
     template_vars: tuple[tuple[str, str], ...] = ()  # bos_token etc., as transformers passes them to the template
@@ -228,7 +224,7 @@ class ModelProfile:
     def fingerprint(self) -> str:
         """Changes whenever anything that decides a count changes (stale counts are recomputed): the files,
         the template variables, the counting packages' versions and, for the processor rule, the processor's
-        effective settings (core/environment.py)."""
+        effective settings (core/counting/environment.py)."""
         parts = [self._files_fingerprint(), self.chat_template_kwargs, environment.versions(self.rule)]
         if self.rule == "processor":
             parts.append(environment.processor_settings(self.model_dir, self.trust_remote_code))
@@ -246,20 +242,20 @@ class ModelProfile:
         return h.hexdigest()[:16]
 
 
-_file_sha256 = functools.lru_cache(maxsize=64)(file_sha256)  # per path: a profile's files are hashed once
+cached_sha256 = functools.lru_cache(maxsize=64)(file_sha256)  # per path: a profile's files are hashed once per process
 
 
 def _tokenizer_source_sha256(source: str) -> str:
     if not Path(source).is_dir():
-        return _file_sha256(source)
-    return hashlib.sha256("".join(_file_sha256(str(Path(source) / f)) for f in _QWEN2_TOKENIZER_FILES).encode()).hexdigest()
+        return cached_sha256(source)
+    return hashlib.sha256("".join(cached_sha256(str(Path(source) / f)) for f in _QWEN2_TOKENIZER_FILES).encode()).hexdigest()
 
 
 def _folder_fingerprint(folder: str, trust_remote_code: bool) -> str:
     h = hashlib.sha256(f"processor|{trust_remote_code}".encode())
     for f in sorted(Path(folder).iterdir()):
         if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf", ".md")):
-            h.update(f"{f.name}:{_file_sha256(str(f))}\n".encode())  # weights never decide a count
+            h.update(f"{f.name}:{cached_sha256(str(f))}\n".encode())  # weights never decide a count
     return h.hexdigest()[:16]
 
 
@@ -329,7 +325,7 @@ def _rules(family: str, pre: dict, vid: dict) -> tuple[ImageRule, VideoRule]:
     return image, video
 
 
-def _json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
@@ -338,7 +334,7 @@ def load_profile(name: str = DEFAULT_PROFILE) -> ModelProfile:
     if name not in _LAST_ADDED_ID:
         raise ProfileError(f"unknown profile {name!r}; built-in profiles: {', '.join(BUILTIN_PROFILES)}")
     folder = PROFILE_DIR / name
-    image, video = _rules(name, _json(folder / "preprocessor_config.json"), _json(folder / "video_preprocessor_config.json"))
+    image, video = _rules(name, read_json(folder / "preprocessor_config.json"), read_json(folder / "video_preprocessor_config.json"))
     return ModelProfile(
         name=name,
         family=name,
@@ -363,7 +359,7 @@ def profile_from_model_dir(model_dir: str | Path, trust_remote_code: bool = Fals
     folder = Path(model_dir)
     if not folder.is_dir():
         raise ProfileError(f"--model-dir {folder} is not a directory")
-    config = _json(folder / "config.json")
+    config = read_json(folder / "config.json")
     model_type = config.get("model_type")
     if model_type in _DIR_FAMILIES:
         fast = _media_profile(folder, _DIR_FAMILIES[model_type], config)
@@ -371,10 +367,10 @@ def profile_from_model_dir(model_dir: str | Path, trust_remote_code: bool = Fals
     family = _MODEL_TYPES.get(model_type or "")
     if family is None:
         return _processor_profile(folder, model_type, trust_remote_code)
-    vid_cfg = _json(folder / "video_preprocessor_config.json")
+    vid_cfg = read_json(folder / "video_preprocessor_config.json")
     if family == "qwen3-vl" and _qwen3_sampling_unmodelled(vid_cfg):
         return _processor_profile(folder, model_type, trust_remote_code)
-    image, video = _rules(family, _json(folder / "preprocessor_config.json"), vid_cfg)
+    image, video = _rules(family, read_json(folder / "preprocessor_config.json"), vid_cfg)
     tok = folder / "tokenizer.json"
     base = load_profile(family)
     return replace(
@@ -417,7 +413,7 @@ def check_remote_code(model_dir: str | Path, trust_remote_code: bool) -> None:
 def processor_profile(folder: str | Path, trust_remote_code: bool = False) -> ModelProfile:
     """The processor rule for any checkpoint folder, even one a fast rule covers (cross-checks, benchmarks)."""
     folder = Path(folder)
-    return _processor_profile(folder, _json(folder / "config.json").get("model_type"), trust_remote_code)
+    return _processor_profile(folder, read_json(folder / "config.json").get("model_type"), trust_remote_code)
 
 
 _QWEN2_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
@@ -428,7 +424,7 @@ def _tokenizer_source(folder: Path) -> str | None:
     merges.txt (transformers builds that one from them: see ``_tokenizer_spec``); None otherwise."""
     if (folder / "tokenizer.json").exists():
         return str(folder / "tokenizer.json")
-    cfg = _json(folder / "tokenizer_config.json")
+    cfg = read_json(folder / "tokenizer_config.json")
     if cfg.get("tokenizer_class") in ("Qwen2Tokenizer", "Qwen2TokenizerFast") and all(
             (folder / f).exists() for f in _QWEN2_TOKENIZER_FILES):
         return str(folder)
@@ -439,7 +435,7 @@ def _special_tokens(folder: Path) -> dict:
     """The tokenizer's named tokens (bos_token, image_token, ...): tokenizer_config.json over special_tokens_map."""
     out: dict = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):
-        cfg = _json(folder / name)
+        cfg = read_json(folder / name)
         extra = cfg.get("extra_special_tokens")
         for key, val in {**(extra if isinstance(extra, dict) else {}), **cfg}.items():
             if key.endswith("_token") and isinstance(val, (str, dict)):
@@ -453,8 +449,8 @@ def _media_profile(folder: Path, family: str, config: dict) -> ModelProfile | No
     source = _tokenizer_source(folder)
     if source is None:
         return None
-    pre = _json(folder / "preprocessor_config.json")
-    processor_cfg = _json(folder / "processor_config.json")
+    pre = read_json(folder / "preprocessor_config.json")
+    processor_cfg = read_json(folder / "processor_config.json")
     proc = {**pre, **processor_cfg}
     tok = _special_tokens(folder)
     video_rule = VideoRule("none", 0, 0, 0, 0.0, 0, 0, 0, 0)
@@ -500,10 +496,10 @@ def _media_profile(folder: Path, family: str, config: dict) -> ModelProfile | No
 def _is_added_token(folder: Path, content: str) -> bool:
     """Whether the tokenizer has ``content`` as an added token (tokenizer_config.json's added_tokens_decoder,
     else tokenizer.json's added_tokens: read only when needed, it is a large file to parse)."""
-    decoder = _json(folder / "tokenizer_config.json").get("added_tokens_decoder", {})
+    decoder = read_json(folder / "tokenizer_config.json").get("added_tokens_decoder", {})
     if any(t.get("content") == content for t in decoder.values()):
         return True
-    return any(t.get("content") == content for t in _json(folder / "tokenizer.json").get("added_tokens", []))
+    return any(t.get("content") == content for t in read_json(folder / "tokenizer.json").get("added_tokens", []))
 
 
 def _video_processor_config(folder: Path, processor_cfg: dict, pre: dict) -> dict:
@@ -515,7 +511,7 @@ def _video_processor_config(folder: Path, processor_cfg: dict, pre: dict) -> dic
     if isinstance(nested, dict):
         return nested
     video = folder / "video_preprocessor_config.json"
-    return _json(video) if video.exists() else pre
+    return read_json(video) if video.exists() else pre
 
 
 def _frame_sampling(family: str, cfg: dict) -> VideoRule:
@@ -593,170 +589,3 @@ def resolve_profile(profile: str | None = None, model_dir: str | None = None,
     base = profile_from_model_dir(model_dir, trust_remote_code) if model_dir else load_profile(profile or DEFAULT_PROFILE)
     kwargs = canonical(chat_template_kwargs)
     return replace(base, chat_template_kwargs=kwargs) if kwargs else base
-
-
-def _tokenizer_spec(source: str) -> dict:
-    """tokenizer.json as a dict. A folder (a Qwen2Tokenizer's vocab.json + merges.txt): transformers' own
-    Qwen2 build (NFC, the Qwen split regex, byte-level), i.e. the bundled Qwen tokenizer.json's pipeline with the
-    folder's vocabulary, merges and added tokens (tokenizer_config.json ``added_tokens_decoder``)."""
-    if not Path(source).is_dir():
-        return json.loads(Path(source).read_text(encoding="utf-8"))
-    folder = Path(source)
-    spec = json.loads(bundled_tokenizer_file().read_text(encoding="utf-8"))
-    spec["model"]["vocab"] = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-    lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
-    spec["model"]["merges"] = [ln.split(" ") for ln in lines if ln and not ln.startswith("#version")]
-    decoder = _json(folder / "tokenizer_config.json").get("added_tokens_decoder", {})
-    spec["added_tokens"] = [
-        {"id": int(i), "content": t["content"], "single_word": t.get("single_word", False),
-         "lstrip": t.get("lstrip", False), "rstrip": t.get("rstrip", False),
-         "normalized": t.get("normalized", False), "special": t.get("special", True)}
-        for i, t in sorted(decoder.items(), key=lambda kv: int(kv[0]))]
-    return spec
-
-
-@functools.lru_cache(maxsize=8)
-def _tokenizer(path: str, last_added_id: int) -> Tokenizer:
-    spec = _tokenizer_spec(path)
-    # Qwen2/2.5-VL share Qwen3's vocabulary but not its later added tokens (<think>, <tool_response>, ...):
-    # in those models such strings are ordinary text and split into several tokens.
-    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] <= last_added_id]
-    return Tokenizer.from_str(json.dumps(spec))
-
-
-def tokenizer_for(profile: ModelProfile) -> Tokenizer:
-    return _tokenizer(profile.tokenizer_file, profile.last_added_id)
-
-
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2 byte-level alphabet: the printable character that stands for each byte in the vocabulary."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
-@functools.lru_cache(maxsize=8)
-def _fast_counter(path: str, last_added_id: int):
-    """A tiktoken encoding equal to the tokenizer.json (ids = BPE ranks, same split regex, same added
-    tokens), or None when the file is not a plain byte-level BPE of that shape. tests/ prove equal ids."""
-    try:
-        import tiktoken
-    except ImportError:
-        return None
-    parts = _cached_ranks(path, last_added_id)
-    if parts is None:
-        parts = _bpe_ranks(_tokenizer_spec(path), last_added_id)
-        if parts is None:
-            return None
-        _save_ranks(path, last_added_id, *parts)
-    pattern, ranks, special = parts
-    return tiktoken.Encoding(f"pack_assets:{Path(path).name}", pat_str=pattern, mergeable_ranks=ranks,
-                             special_tokens=special)
-
-
-def _bpe_ranks(spec: dict, last_added_id: int) -> tuple[str, dict[bytes, int], dict[str, int]] | None:
-    """tiktoken's three inputs (split regex, byte string -> rank, added tokens) from a tokenizer.json, or None
-    when it is not a plain byte-level BPE whose rank order is its merge order."""
-    model, pre = spec.get("model", {}), spec.get("pre_tokenizer") or {}
-    steps = pre.get("pretokenizers", [])
-    if (model.get("type") != "BPE" or (spec.get("normalizer") or {}).get("type") not in (None, "NFC")
-            or len(steps) != 2 or steps[0].get("type") != "Split" or steps[1].get("type") != "ByteLevel"
-            or steps[1].get("use_regex") or "Regex" not in steps[0].get("pattern", {})):
-        return None
-    vocab = model["vocab"]
-    merges = model.get("merges", [])
-    # rank order must be merge order: true when each merge result's id grows with the merge's position
-    ids = [vocab.get("".join(m) if isinstance(m, list) else m.replace(" ", "", 1)) for m in merges[:1000]]
-    if any(i is None for i in ids) or ids != sorted(ids):
-        return None
-    # each symbol to the byte it stands for, in C (str.translate + latin-1) rather than a generator per token;
-    # a character outside the alphabet maps past latin-1, so the encode fails as the lookup would have
-    table = dict.fromkeys(range(256), "\uffff") | {ord(ch): b for ch, b in _byte_decoder().items()}
-    try:
-        ranks = {tok.translate(table).encode("latin-1"): i for tok, i in vocab.items()}
-    except UnicodeEncodeError:
-        return None
-    special = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t["id"] <= last_added_id}
-    return steps[0]["pattern"]["Regex"], ranks, special
-
-
-# Reading a 7 MB tokenizer.json and building the rank table takes ~0.35 s in every process that counts (the
-# CLI's helpers, its audit's recount); the table, kept in the user's cache folder under the file's content
-# hash, loads in ~0.03 s (building tiktoken's encoding from it takes ~0.1 s more). A file there is used only
-# when its checksum holds and it holds bytes -> int; anything else is rebuilt. Bump RANKS_FORMAT whenever
-# `_bpe_ranks` changes what it returns.
-CACHE_ENV = "PACK_ASSETS_CACHE"
-RANKS_FORMAT = 1
-
-
-def cache_dir() -> Path:
-    """$PACK_ASSETS_CACHE, else $XDG_CACHE_HOME/pack_assets, else ~/.cache/pack_assets."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pack_assets"
-
-
-def _ranks_file(path: str, last_added_id: int) -> Path | None:
-    """Where the table of this tokenizer file is kept, or None (a folder's vocab.json + merges.txt, which is
-    built each time; no home folder to cache in)."""
-    src = Path(path)
-    if not src.is_file():
-        return None
-    try:
-        folder = cache_dir()
-    except RuntimeError:  # no $HOME and no passwd entry (some containers): no cache
-        return None
-    import tiktoken
-
-    from .. import __version__
-
-    digest = _file_sha256(str(src))[:24]  # as the profile's fingerprint hashed it (cached per process)
-    return folder / (f"tiktoken-ranks-v{RANKS_FORMAT}-{digest}-{last_added_id}-pack_assets{__version__}"
-                     f"-tiktoken{getattr(tiktoken, '__version__', '')}-marshal{marshal.version}.bin")
-
-
-def _save_ranks(path: str, last_added_id: int, pattern: str, ranks: dict[bytes, int], special: dict[str, int]) -> None:
-    """The rank table as: header length (8 bytes), JSON header (pattern, added tokens, the table's sha256),
-    the table in `marshal` form. Best effort: a folder that cannot be written only means the next process
-    builds the table again."""
-    from .safety import atomic_write_bytes
-
-    try:
-        target = _ranks_file(path, last_added_id)
-        if target is None:
-            return
-        table = marshal.dumps(ranks)
-        header = json.dumps({"pattern": pattern, "special": special,
-                             "sha256": hashlib.sha256(table).hexdigest()}).encode()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(target, len(header).to_bytes(8, "little") + header + table)
-    except OSError:
-        pass
-
-
-def _cached_ranks(path: str, last_added_id: int) -> tuple[str, dict[bytes, int], dict[str, int]] | None:
-    """The saved table when its file is there and intact (its checksum holds), else None."""
-    try:
-        target = _ranks_file(path, last_added_id)
-        if target is None or not target.exists():
-            return None
-        data = target.read_bytes()
-        hlen = int.from_bytes(data[:8], "little")
-        header, table = json.loads(data[8:8 + hlen]), data[8 + hlen:]
-        if hashlib.sha256(table).hexdigest() != header["sha256"]:
-            return None
-        ranks = marshal.loads(table)
-        if not (isinstance(ranks, dict) and all(type(k) is bytes and type(v) is int for k, v in ranks.items())):
-            return None
-        return header["pattern"], ranks, header["special"]
-    except (OSError, ValueError, KeyError, TypeError, EOFError):
-        return None
-
-
-def fast_counter_for(profile: ModelProfile):
-    return _fast_counter(profile.tokenizer_file, profile.last_added_id)

@@ -1,4 +1,6 @@
-"""Records outside shards (ShareGPT / LLaVA / messages JSON or JSONL with a media folder)."""
+"""Records outside shards (ShareGPT / LLaVA / messages JSON or JSONL with a media folder): read, their media
+found and probed, their messages normalized. `convert` writes them into shards; `pack-assets count` counts
+them (core/counting/count.py); the drift guard recounts them with the real processor."""
 
 from __future__ import annotations
 
@@ -9,9 +11,7 @@ from pathlib import Path
 
 from .conversation import media_refs, normalize, place_media
 from .media import probe_image, probe_video
-from .profiles import ModelProfile, resolve_profile
 from .reasons import ReasonError
-from .counters import counter_for
 
 
 def iter_records(path: Path) -> Iterator[dict]:
@@ -74,29 +74,3 @@ def record_items(path: Path, media_root: Path | None) -> Iterator[RecordItem]:
             yield RecordItem(rid, error="bad_media", detail=f"{type(e).__name__}: {e}")
             continue
         yield RecordItem(rid, messages, images, videos, sizes, metas)
-
-
-def count_records(path: Path, media_root: Path | None, profile: ModelProfile | str | None = None,
-                  model_dir: str | None = None, trust_remote_code: bool = False,
-                  chat_template_kwargs: str | dict = "") -> list[dict]:
-    """One result per record: counts (``counted_by`` names the rule), or an ``error`` reason with detail.
-    ``profile``: a resolved profile, or a built-in name resolved with the other arguments."""
-    if not isinstance(profile, ModelProfile):
-        profile = resolve_profile(profile, model_dir, trust_remote_code, chat_template_kwargs)
-    counter = counter_for(profile)
-    out: list[dict] = []
-    items: list[tuple] = []
-    ids: list[int] = []
-    for item in record_items(path, media_root):
-        if item.error:
-            out.append({"id": item.id, "error": item.error, "detail": item.detail})
-            continue
-        out.append({"id": item.id})
-        items.append((item.messages, item.sizes, item.videos))
-        ids.append(len(out) - 1)
-    for i, res in zip(ids, counter.count_many(items)):
-        if isinstance(res, ReasonError):
-            out[i].update(error=res.reason, detail=res.detail)
-        else:
-            out[i].update(res)
-    return out

@@ -1,5 +1,5 @@
 """The fast rule: exact token counts for the target model, from headers and text only (proven equal to the
-model's processor; a family without it is counted by its processor: core/procount.py, and core/counters.py
+model's processor; a family without it is counted by its processor: core/counting/procount.py, and core/counting/counters.py
 picks the rule).
 
 total = len(tokenize(render(chat_template, messages))) + Σ(N_image − 1) + Σ(N_video − 1): the
@@ -25,8 +25,9 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .chunkcount import ChunkCounts, tokenizer_rule
-from .profiles import ModelProfile, _tokenizer, fast_counter_for, tokenizer_for
-from .reasons import ReasonError
+from .profiles import ModelProfile
+from ..reasons import ReasonError
+from .tokenizers import fast_counter_for, load_tokenizer, tokenizer_for
 from .vision import VideoCount, image_tokens, media_crops, media_image_tokens, sampled_frames, video_count
 
 _BATCH = 512
@@ -85,7 +86,7 @@ def _plain_lengths(tokenizer, texts: list[str]) -> list[int]:
 
 @functools.lru_cache(maxsize=8)  # one per tokenizer and worker process: every shard it counts shares the cache
 def _chunk_counts(path: str, last_added_id: int) -> ChunkCounts | None:
-    tok = _tokenizer(path, last_added_id)
+    tok = load_tokenizer(path, last_added_id)
     pattern, glue = tokenizer_rule(tok)
     return ChunkCounts(pattern, functools.partial(_plain_lengths, tok), glue) if pattern else None
 
@@ -98,12 +99,12 @@ class TokenCounter:
     byte-level BPE (the Qwen family): same ids as Hugging Face ``tokenizers`` (tested), several times
     faster (the chunk -> count cache is not used there). Any other tokenizer file, or a byte-level BPE with
     ``backend="tokenizers"``, is run by ``tokenizers`` itself, through the chunk -> count cache where its proof
-    holds for that file (Gemma 3, byte-level BPE; core/chunkcount.py).
+    holds for that file (Gemma 3, byte-level BPE; core/counting/chunkcount.py).
     """
 
     def __init__(self, profile: ModelProfile, backend: str = "auto", chunk_cache: bool = True):
         if profile.rule == "processor":
-            raise ValueError(f"{profile.name} is counted by its own processor (core/procount.py), not the fast rule: "
+            raise ValueError(f"{profile.name} is counted by its own processor (core/counting/procount.py), not the fast rule: "
                              "count with counters.counter_for(profile)")
         self.profile = profile
         self._use_chunks = chunk_cache  # False: every text through the tokenizer (benchmarks' "before")
@@ -126,7 +127,7 @@ class TokenCounter:
 
     @functools.cached_property
     def chunks(self) -> ChunkCounts | None:
-        """The chunk -> count cache (core/chunkcount.py) where its proof holds for this tokenizer, else None."""
+        """The chunk -> count cache (core/counting/chunkcount.py) where its proof holds for this tokenizer, else None."""
         if self.fast is not None or not self._use_chunks:
             return None
         return _chunk_counts(self.profile.tokenizer_file, self.profile.last_added_id)

@@ -1,5 +1,5 @@
-"""Which counter counts a profile's samples: the fast rule (core/tokens.py) for a profile that has one, else
-the folder's own processor (core/procount.py). Every stage that counts (token_lengths, the audit's recount,
+"""Which counter counts a profile's samples: the fast rule (core/counting/tokens.py) for a profile that has one, else
+the folder's own processor (core/counting/procount.py). Every stage that counts (token_lengths, the audit's recount,
 `pack-assets count`) asks here, so neither counter knows of the other."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Protocol
 
 from . import procount
 from .profiles import ModelProfile
-from .reasons import ReasonError
+from ..reasons import ReasonError
 from .tokens import TokenCounter
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .profiles import ImageRule, MediaRule, VideoRule
-from .reasons import ReasonError
+from ..reasons import ReasonError
 
 
 def _round(x: float, f: int) -> int:
