@@ -89,7 +89,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--max-len", type=int, default=16384)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--algorithm", default=BLEND_ALGORITHM, help="default: what a recipe packs with unless it names another")
+    ap.add_argument("--algorithm", default=BLEND_ALGORITHM,
+                    help="default: what a recipe packs with unless it names another")
     ap.add_argument("--out", default="bench/results/blend.json")
     ap.add_argument("--against", default="", help="also time this algorithm, alternating: the ratio pair by pair")
     args = ap.parse_args()

@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_blend import MIX as bench_mix  # noqa: E402
 from bench_blend import quality  # noqa: E402
@@ -72,7 +71,8 @@ def main() -> None:
                     q = quality(plan, names)
                     q.pop("window_share_error_single_input_order")
                     worst = max(q["window_share_error"].values())
-                    row = {"case": case, "approach": label, "epoch": k, "seconds_median": round(statistics.median(secs), 3),
+                    row = {"case": case, "approach": label, "epoch": k,
+                           "seconds_median": round(statistics.median(secs), 3),
                            **q, "worst_window_share_error": worst,
                            "targets_met": bool(q["over_bound_fraction"] <= 0.001 and worst <= blend.SHARE_TOLERANCE
                                                and q["drift"] <= blend.DRIFT_LIMIT)}

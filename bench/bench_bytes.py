@@ -29,10 +29,9 @@ def decode_baseline(shard: Path, n: int) -> dict:
     from PIL import Image
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from pack_assets.core.counting.profiles import PROFILE_DIR
-    from pack_assets.core.counting.profiles import load_profile
-    from pack_assets.core.media import probe_image
+    from pack_assets.core.counting.profiles import PROFILE_DIR, load_profile
     from pack_assets.core.counting.vision import image_tokens
+    from pack_assets.core.media import probe_image
 
     images = []
     with tarfile.open(shard) as tf:

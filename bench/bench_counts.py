@@ -7,7 +7,8 @@ pass is the cold figure (processor rule: every size new to the cache), the secon
 to a temp folder. A ``tokenizers`` family with the chunk -> count cache (Gemma 3) starts each pass with it
 empty; ``--no-chunk-cache`` runs every text through the tokenizer (the rule before it). ``--backend
 tokenizers``: a byte-level BPE (Qwen) off tiktoken, through the cache. ``--zipf``: the
-one-image samples' words from a 50k pseudo-word Zipf vocabulary (k // 4 words: ~the same tokens, pseudo-words being rarer pieces).
+one-image samples' words from a 50k pseudo-word Zipf vocabulary (k // 4 words: ~the same tokens, pseudo-words being
+rarer pieces).
 ``--pan-and-scan``: the folder's preprocessor_config.json with ``do_pan_and_scan: true`` (Gemma 3; four of the
 five bench sizes get 2 crops each, 512x512 none).
 """
@@ -35,7 +36,9 @@ def samples(n: int, seed: int = 0) -> list[tuple[list[dict], list, list]]:
     out = []
     for i in range(n):
         k = rng.randint(0, 2)
-        text = lambda: {"type": "text", "text": " ".join(rng.choice(words) for _ in range(rng.randint(5, 80)))}  # noqa: E731
+        def text():
+            return {"type": "text", "text": " ".join(rng.choice(words) for _ in range(rng.randint(5, 80)))}
+
         msgs = [{"role": "system", "content": [{"type": "text", "text": "You are helpful."}]},
                 {"role": "user", "content": [{"type": "image"}] * k + [text()]},
                 {"role": "assistant", "content": [text()]},

@@ -20,7 +20,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Results, drop_caches, machine, make_shards, require_free, timed  # noqa: E402
 
-
 _MEASURE = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
             "sys.stderr.write(p.stderr); print(p.stdout); "
             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(p.returncode)")
@@ -71,7 +70,8 @@ def main() -> None:
            "--output", str(out / "packed"), "--dagster-home", str(out / "dagster_home"), "--json"]
     cold = args.drop_caches and drop_caches()
     seconds, summary, peak = run(cmd)
-    emit({"page_cache": "dropped before the run" if cold else "as the steps above left it", "full_run_s": round(seconds, 1), "samples_per_s": round(summary["samples"] / seconds), "peak_rss_bytes": peak,
+    emit({"page_cache": "dropped before the run" if cold else "as the steps above left it",
+          "full_run_s": round(seconds, 1), "samples_per_s": round(summary["samples"] / seconds), "peak_rss_bytes": peak,
           **{k: summary[k] for k in ("samples", "packed", "dropped", "rejected", "packs", "lower_bound", "fill",
                                      "violations", "stage_seconds")}})
     # each rerun adds one new shard: incremental (audit all), incremental with the quick audit, full replan
@@ -86,7 +86,8 @@ def main() -> None:
         shutil.copy(extra, new)
         cold = args.drop_caches and drop_caches()
         seconds2, summary2, peak2 = run(cmd + flags)
-        emit({"rerun_after_one_new_shard": label, "page_cache": "dropped" if cold else "warm", "seconds": round(seconds2, 1),
+        emit({"rerun_after_one_new_shard": label, "page_cache": "dropped" if cold else "warm",
+              "seconds": round(seconds2, 1),
               "shard_runs": summary2["shard_runs"], "samples": summary2["samples"], "packs": summary2["packs"],
               "fill": summary2["fill"], "output_shards_written": summary2["output_shards_written"],
               "output_shards_trusted": summary2["output_shards_trusted"], "violations": summary2["violations"],

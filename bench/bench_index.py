@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, make_shards  # noqa: E402
 
 from pack_assets.core import store  # noqa: E402
-from pack_assets.core.plan import PlanConfig, run_plan  # noqa: E402
-from pack_assets.core.counting.profiles import load_profile# noqa: E402
-from pack_assets.core.scan import run_manifest  # noqa: E402
+from pack_assets.core.counting.profiles import load_profile  # noqa: E402
 from pack_assets.core.counting.token_lengths import run_token_lengths  # noqa: E402
+from pack_assets.core.plan import PlanConfig, run_plan  # noqa: E402
+from pack_assets.core.scan import run_manifest  # noqa: E402
 from pack_assets.core.write import run_write, run_write_index  # noqa: E402
 from pack_assets.reader import iter_packs  # noqa: E402
 

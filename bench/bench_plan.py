@@ -1,7 +1,8 @@
 """Planner speed and quality: lognormal lengths like the seed's LVIS table and a 10M run.
 
     python bench/bench_plan.py --n 10000000
-    python bench/bench_plan.py --caps 2048 8192 32768 65536 --n 10000000 --repeats 3   # writes bench/results/plan_caps.json
+    python bench/bench_plan.py --caps 2048 8192 32768 65536 --n 10000000 --repeats 3   # writes
+    bench/results/plan_caps.json
 
 Compares the planner's wall time with numpy loading and stable-argsorting the same lengths (same run).
 --caps: whole processes, each fresh: `plan` loads the .npy and runs BFD at the cap, `numpy` loads the same

@@ -93,8 +93,8 @@ def rate(counter, data) -> tuple[float, list]:
 
 
 def bench_model(name: str, folder: Path, n: int, fast: bool) -> dict:
-    from pack_assets.core.counting.profiles import processor_profile, profile_from_model_dir
     from pack_assets.core.counting.counters import counter_for
+    from pack_assets.core.counting.profiles import processor_profile, profile_from_model_dir
     from pack_assets.core.counting.tokens import TokenCounter
 
     t0 = time.perf_counter()
@@ -172,7 +172,8 @@ def main() -> None:
            "cpus_allowed": sorted(os.sched_getaffinity(0)), "loadavg_start": [round(x, 2) for x in load],
            "command": " ".join(["python", *sys.argv]), "text": "zipf" if a.zipf else "28 words", "models": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, folder, fast in (("gemma3", gemma_folder(Path(tmp)), False), ("qwen3-vl", qwen_folder(Path(tmp)), True)):
+        for name, folder, fast in (("gemma3", gemma_folder(Path(tmp)), False),
+                                   ("qwen3-vl", qwen_folder(Path(tmp)), True)):
             r = bench_model(name, folder, a.n, fast)
             run["models"].append(r)
             print(json.dumps(r), flush=True)

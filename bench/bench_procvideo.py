@@ -70,7 +70,8 @@ def samples(n: int, cold: bool, seed: int = 0) -> list:
         else:
             m = meta(*POOL[rng.randrange(len(POOL))])
         msgs = [{"role": "system", "content": "Answer briefly."},
-                {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": f"What happens? {words[:200]}"}]},
+                {"role": "user", "content": [{"type": "video"},
+                                             {"type": "text", "text": f"What happens? {words[:200]}"}]},
                 {"role": "assistant", "content": [{"type": "text", "text": words}]}]
         out.append((msgs, [], [m]))
     return out
@@ -95,12 +96,12 @@ def run(n: int, n_cold: int) -> dict:
             counter = ProcessorCounter(processor_profile(folder))
             first = list(counter.count_many(warm))  # one pass: every metadata seen (and self-checked)
             errors = sum(isinstance(r, Exception) for r in first)
-            rounds = [rate(lambda xs: list(counter.count_many(xs)), warm) for _ in range(ROUNDS)]
+            rounds = [rate(lambda xs, c=counter: list(c.count_many(xs)), warm) for _ in range(ROUNDS)]
             row["processor_warm"] = statistics.median(rounds)
             row["processor_warm_rounds"] = rounds
             sub = warm[: max(50, n // 10)]
             row["whole_call_warm"] = statistics.median(
-                [rate(lambda xs: [counter.count(*x) for x in xs], sub) for _ in range(ROUNDS)])
+                [rate(lambda xs, c=counter: [c.count(*x) for x in xs], sub) for _ in range(ROUNDS)])
             again = list(counter.count_many(sub))
             whole = [counter.count(*x) for x in sub]
             row["warm_equal_to_whole_call"] = again == whole
@@ -117,13 +118,13 @@ def run(n: int, n_cold: int) -> dict:
             if fast_profile.rule == "fast":
                 fast = TokenCounter(fast_profile)
                 fast_out = list(fast.count_many(warm))
-                row["fast_warm"] = statistics.median([rate(lambda xs: list(fast.count_many(xs)), warm)
+                row["fast_warm"] = statistics.median([rate(lambda xs, f=fast: list(f.count_many(xs)), warm)
                                                       for _ in range(ROUNDS)])
                 row["processor_equal_to_fast"] = [r["total_tokens"] for r in first] == \
                     [r["total_tokens"] for r in fast_out]
-                row["processor_cold_equal_to_fast"] = [getattr(r, "get", lambda k: r.reason)("total_tokens")
+                row["processor_cold_equal_to_fast"] = [getattr(r, "get", lambda k, r=r: r.reason)("total_tokens")
                                                        for r in cold_out] == \
-                    [getattr(r, "get", lambda k: r.reason)("total_tokens") for r in fast.count_many(cold)]
+                    [getattr(r, "get", lambda k, r=r: r.reason)("total_tokens") for r in fast.count_many(cold)]
             out[name] = row
             print(name, json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()
                                     if k != "processor_warm_rounds"}), flush=True)

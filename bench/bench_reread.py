@@ -95,7 +95,8 @@ def main() -> None:
     result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "load_avg_at_end": os.getloadavg(),
               "bytes": size, "files": len(files),
               "median_s": {k: statistics.median(r[k] for r in rounds) for k in keys},
-              "median_speed_vs_hashlib": {k: statistics.median(r["ratios_to_hashlib"][k] for r in rounds) for k in keys},
+              "median_speed_vs_hashlib": {k: statistics.median(r["ratios_to_hashlib"][k] for r in rounds)
+                                          for k in keys},
               "rounds": rounds}
     Path(args.results).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=1))

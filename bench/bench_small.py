@@ -7,7 +7,8 @@ Cases: 6,000 image-text samples in 4 shards (~136 KB per image, ~0.86 GB) and on
 (Qwen2.5-VL, max_len 8,192). Each timed run is a fresh process with a fresh work and output directory
 against a Dagster home made by one untimed warm-up run per case and code (every shard needs a run); A and B
 alternate, A B B A A B ..., and the ratio A/B is taken pair by pair, so neither drift on a shared machine
-nor going first in a pair (files the page cache dropped in between are read again) favours one. Wall seconds are measured outside the process (start-up and imports included). Writes every run,
+nor going first in a pair (files the page cache dropped in between are read again) favours one. Wall seconds are
+measured outside the process (start-up and imports included). Writes every run,
 the medians and the paired ratios to bench/results/small.json (--results). The tokenizer's rank-table cache
 (PACK_ASSETS_CACHE) is the user's, filled by the warm-up run, unless --cold-cache gives every run an empty one.
 """
@@ -36,7 +37,8 @@ def run_once(src: Path, inp: Path, out: Path, args) -> dict:
     for d in ("work", "packed"):
         shutil.rmtree(out / d, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(src)}
-    if args.cold_cache:  # every run builds the tokenizer's rank table again (core/counting/tokenizers.py), as a first run does
+    # every run builds the tokenizer's rank table again (core/counting/tokenizers.py), as a first run does
+    if args.cold_cache:
         cache = out / "rank_cache"
         shutil.rmtree(cache, ignore_errors=True)
         env["PACK_ASSETS_CACHE"] = str(cache)

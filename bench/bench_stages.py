@@ -25,16 +25,16 @@ from common import machine, make_shards, timed  # noqa: E402
 
 from pack_assets.core import store  # noqa: E402
 from pack_assets.core.audit import run_audit
+from pack_assets.core.counting.profiles import load_profile  # noqa: E402
+from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.plan import (
     PlanConfig,  # noqa: E402
     run_plan,
 )
-from pack_assets.core.counting.profiles import load_profile# noqa: E402
 from pack_assets.core.scan import (
     ScanOptions,  # noqa: E402
     run_manifest,
 )
-from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.write import run_write
 
 
@@ -109,8 +109,8 @@ def main() -> None:
     res["cp_s"] = timed(["cp", *files, str(cp_dest)])
     shutil.rmtree(cp_dest, ignore_errors=True)
     cp_dest.mkdir()
-    res["cp_sync_s"] = timed(f"cp {shlex.join(files)} {shlex.quote(str(cp_dest))} && sync -f {shlex.quote(str(cp_dest))}",
-                             shell=True)  # the writer fsyncs
+    quoted = shlex.quote(str(cp_dest))
+    res["cp_sync_s"] = timed(f"cp {shlex.join(files)} {quoted} && sync -f {quoted}", shell=True)  # the writer fsyncs
     res["write_vs_cp"] = (w.bytes / res["write_s"]) / (total_bytes / res["cp_s"])
     res["write_vs_cp_sync"] = (w.bytes / res["write_s"]) / (total_bytes / res["cp_sync_s"])
     shutil.rmtree(cp_dest, ignore_errors=True)
@@ -122,7 +122,8 @@ def main() -> None:
     res["date"], res["load_avg_at_end"] = time.strftime("%Y-%m-%d"), os.getloadavg()
     text = json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}, indent=1)
     print(text)
-    path = Path(args.results or f"bench/results/stages-{args.shards}x{args.per_shard}-{args.image_kb}k-{args.images}i.json")
+    path = Path(args.results
+                or f"bench/results/stages-{args.shards}x{args.per_shard}-{args.image_kb}k-{args.images}i.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text + "\n")
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
 from bench_plan import lognormal  # noqa: E402
+from common import machine  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

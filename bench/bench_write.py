@@ -67,7 +67,8 @@ kernel, sync = sys.argv[4] == "kernel", sys.argv[5] != "nosync"
 part, parts, start_at = int(sys.argv[6]), int(sys.argv[7]), float(sys.argv[8])
 con = duckdb.connect(str(work / "pack_assets.duckdb"), read_only=True)
 rows = con.execute(\'\'\'SELECT p.output_shard, p.pack_id, s.shard, min(m."offset"), max(m."offset" + m.size)
-    FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id) JOIN members m USING (sample_id)
+    FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
+    JOIN members m USING (sample_id)
     GROUP BY p.output_shard, p.pack_id, pm.position, s.shard, s.sample_id ORDER BY 1, 2, pm.position\'\'\').fetchall()
 con.close()
 mine = sorted({r[0] for r in rows})[part::parts]
@@ -137,10 +138,10 @@ def floor_once(inp: Path, work: Path, out: Path, how: tuple[str, str], workers: 
 
 def prepare(inp: Path, work: Path, max_len: int) -> None:
     from pack_assets.core import store
-    from pack_assets.core.plan import PlanConfig, run_plan
     from pack_assets.core.counting.profiles import load_profile
-    from pack_assets.core.scan import ScanOptions, run_manifest
     from pack_assets.core.counting.token_lengths import run_token_lengths
+    from pack_assets.core.plan import PlanConfig, run_plan
+    from pack_assets.core.scan import ScanOptions, run_manifest
 
     shutil.rmtree(work, ignore_errors=True)
     shards = list(store.find_shards(inp))

@@ -68,12 +68,13 @@ def drop_caches() -> bool:
     return True
 
 
-def make_shards(root: Path, n_shards: int, per_shard: int, image_kb: int = 16, seed: int = 0, images: int = 1) -> list[Path]:
+def make_shards(root: Path, n_shards: int, per_shard: int, image_kb: int = 16, seed: int = 0,
+                images: int = 1) -> list[Path]:
     """Image-text samples with unique small JPEGs (plus padding bytes to reach the size), fast to make."""
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     base = []
-    for i in range(32):
+    for _ in range(32):
         buf = io.BytesIO()
         Image.fromarray(rng.integers(0, 255, (96, 128, 3), dtype=np.uint8)).save(buf, format="JPEG", quality=90)
         base.append(buf.getvalue())
@@ -159,7 +160,8 @@ def make_heavy_shards(root: Path, target_bytes: int, shard_bytes: int = 1 << 30,
                         k = 1 if u < 0.75 else int(rng.integers(2, 5))
                         for m in range(k):
                             ext, img = photos[int(rng.integers(len(photos)))]
-                            media.append((f"{m}.{ext}", img + (s << 32 | n).to_bytes(8, "little") + m.to_bytes(2, "little")))
+                            unique = (s << 32 | n).to_bytes(8, "little") + m.to_bytes(2, "little")
+                            media.append((f"{m}.{ext}", img + unique))
                         rec = {"conversations": [{"from": "human", "value": "<image>\n" * k + words},
                                                  {"from": "gpt", "value": words}], "images": [p for p, _ in media]}
                     for name, data in [("json", json.dumps(rec).encode()), *media]:

@@ -22,19 +22,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
+import test_lifecycle_property as tl  # noqa: E402
+from common import machine  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
-import test_lifecycle_property as tl  # noqa: E402
-from common import machine  # noqa: E402
 
-
-def _spec(tag: str, kinds: list[str], extra: bool = False) -> "tl.ShardSpec":
+def _spec(tag: str, kinds: list[str], extra: bool = False) -> tl.ShardSpec:
     return tl.ShardSpec([tl.SampleSpec(key=f"{tag}{j:02d}", kind=k, style=("messages", "sharegpt")[j % 2], words=30,
                                        number="1234", extra=extra and j == 0) for j, k in enumerate(kinds)])
 
 
-def _machine(n: int = 2, extra: bool = False) -> "tl.Lifecycle":
+def _machine(n: int = 2, extra: bool = False) -> tl.Lifecycle:
     m = tl.Lifecycle()
     for i, name in enumerate(tl.SHARD_NAMES[:n]):
         m.shards[name] = _spec(f"g{i}k", ["text", "image1", "image2", "overlong"], extra)
@@ -152,7 +151,8 @@ def main() -> int:
         run_state_machine_as_test(m, settings=settings(
             max_examples=args.examples, stateful_step_count=args.steps, deadline=None, database=None,
             derandomize=args.derandomize, suppress_health_check=list(HealthCheck),
-            phases=settings.default.phases if args.minimize else [p for p in settings.default.phases if p.name != "shrink"]))
+            phases=settings.default.phases if args.minimize
+            else [p for p in settings.default.phases if p.name != "shrink"]))
     except SystemExit:
         pass
     except AssertionError as e:
@@ -160,7 +160,8 @@ def main() -> int:
     seconds = time.perf_counter() - t0
     by_invariant = collections.Counter(v["invariant"] for rec in m.log for v in rec["violations"])
     result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "seconds": round(seconds, 1),
-              "steps": m.steps, "runs": {k: {"runs": n, "seconds": s} for k, (n, s) in m.runs.items()}, "runs_with_violations": len(m.log),
+              "steps": m.steps, "runs": {k: {"runs": n, "seconds": s} for k, (n, s) in m.runs.items()},
+              "runs_with_violations": len(m.log),
               "violations": dict(sorted(by_invariant.items())), "minimized": minimal,
               "examples": [{"trace": rec["trace"], "violations": rec["violations"]} for rec in m.log[:200]]}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -231,7 +231,8 @@ def cmd_simulate(args) -> int:
         res["plots"] = plot_simulation(lengths, res, Path(args.plots))
     text = "\n".join(f"{r['max_len']:>7} {r['algorithm']:>10} packs {r['packs']:>8} bound {r['lower_bound']:>8} "
                      f"fill {r['efficiency']:.4f} dropped {r['dropped']:>6} mean/pack {r['mean_samples_per_pack']:.2f} "
-                     f"max/pack {r['max_samples_per_pack']}" + (f" steps {r['steps_per_epoch']}" if "steps_per_epoch" in r else "")
+                     f"max/pack {r['max_samples_per_pack']}"
+                     + (f" steps {r['steps_per_epoch']}" if "steps_per_epoch" in r else "")
                      for r in res["results"])
     _emit(args, res, text + f"\nrecommended max length: {res['recommended_max_len']}")
     return 0
@@ -288,7 +289,8 @@ def cmd_verify(args) -> int:
              f"{result.stats['packs_read']} packs, {result.stats['media_members_checked']} media members re-hashed; "
              f"{len(result.violations)} violation(s)"]
     if result.waiting:
-        lines.append(f"  {len(result.waiting)} shard(s) in the input not counted in the plan: {', '.join(result.waiting[:20])}")
+        lines.append(f"  {len(result.waiting)} shard(s) in the input not counted in the plan: "
+                     f"{', '.join(result.waiting[:20])}")
     lines += [f"  {v['check']}: {v['detail']}" for v in result.violations]
     _emit(args, payload, "\n".join(lines))
     return verdict_exit(result.verdict)
@@ -337,11 +339,13 @@ def _common_run(p: argparse.ArgumentParser) -> None:
                    help="keep the previous plan's packs and output shards; new samples go into new ones")
     p.add_argument("--audit-scope", choices=AUDIT_SCOPES,
                    help="changed: re-read only output shards new or changed since the last clean audit "
-                        f"(the others are trusted by size, mtime and content fingerprint) (default: {d['audit_scope']})")
+                        "(the others are trusted by size, mtime and content fingerprint) "
+                        f"(default: {d['audit_scope']})")
     p.add_argument("--mode", choices=OUTPUT_MODES,
                    help="copy: output shards hold the media (self-contained); index: they hold the conversations "
                         "and byte ranges into the input shards, read from there at training time (small output; "
-                        f"the inputs must stay in place). See docs/usage.md, 'Copy or index?' (default: {d['output_mode']})")
+                        "the inputs must stay in place). See docs/usage.md, 'Copy or index?' "
+                        f"(default: {d['output_mode']})")
     p.add_argument("--check-samples", type=int, metavar="N",
                    help="the audit also recounts N samples per shard with the --model-dir folder's real "
                         "processor; each difference is a violation (drift guard; default 0: off)")
@@ -423,7 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "and exits 1")
     p.set_defaults(func=cmd_count, json=True)
 
-    p = sub.add_parser("profiles", help="every supported model family, its counting rule and the files --model-dir needs")
+    p = sub.add_parser("profiles",
+                       help="every supported model family, its counting rule and the files --model-dir needs")
     p.add_argument("--model-dir", help="instead: the rule this folder gets, its processor built here as a check")
     _trust(p)
     p.add_argument("--json", action="store_true")

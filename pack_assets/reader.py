@@ -45,16 +45,15 @@ from PIL import Image
 
 from .core import labels
 from .core.chatkw import canonical
-from .core.labels import policy_for, trainable_spans
-from .core.indexmode import INDEX_PART, IndexSourceChanged, SourceFiles  # noqa: F401 (IndexSourceChanged: for callers)
-from .core.media import VIDEO_EXTS, probe_image, probe_video
 from .core.counting.profiles import ModelProfile, resolve_profile
 from .core.counting.tokenizers import tokenizer_for
-from .core.records import PackMeta
-from .core.tario import iter_pack_parts
 from .core.counting.tokens import TokenCounter
 from .core.counting.vision import image_grid, video_count
-
+from .core.indexmode import INDEX_PART, IndexSourceChanged, SourceFiles  # noqa: F401 (IndexSourceChanged: for callers)
+from .core.labels import policy_for, trainable_spans
+from .core.media import VIDEO_EXTS, probe_image, probe_video
+from .core.records import PackMeta
+from .core.tario import iter_pack_parts
 
 
 def iter_packs(paths: str | Path | Iterable[str | Path], source_root: str | Path | Mapping | None = None,

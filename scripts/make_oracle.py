@@ -35,7 +35,8 @@ Qwen3-VL): each stored size of ``tests/exif_images.py`` in every EXIF orientatio
 carried by a PNG eXIf chunk, PNG XMP, WebP EXIF and JPEG XMP, each given to the processor as the PIL image
 transformers' ``load_image`` returns for the file (the orientation applied). Not the file path itself: with a
 path, ``apply_chat_template`` decodes through torchcodec or torchvision where installed, and torchvision
-applies JPEG and PNG EXIF orientations but not XMP or WebP ones. Made in the project venv (torch + torchvision installed there
+applies JPEG and PNG EXIF orientations but not XMP or WebP ones. Made in the project venv (torch + torchvision installed
+there
 since issue 36), transformers 5.24.0:
 
     PYTHONPATH=. .venv/bin/python scripts/make_oracle.py --models /tmp/oracle-models --rotated
@@ -104,8 +105,9 @@ def samples() -> list[dict]:
     to images (Gemma 3 merges them), Unicode (NFD too), a record-level tools list."""
     t = lambda s: {"type": "text", "text": s}  # noqa: E731
     img = {"type": "image"}
-    tools = [{"type": "function", "function": {"name": "lookup", "description": "Look a thing up.",
-                                               "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
+    tools = [{"type": "function", "function": {
+        "name": "lookup", "description": "Look a thing up.",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
     rng = random.Random(4)
     pick = lambda k: [[rng.randint(1, 4000), rng.randint(1, 4000)] for _ in range(k)]  # noqa: E731
     convs = [
@@ -117,12 +119,17 @@ def samples() -> list[dict]:
          [[300, 200], [1920, 1080], [37, 1000]]),
         ([{"role": "user", "content": [t("Look:\n\n"), img, t("\n\nand this one"), img]},
           {"role": "assistant", "content": [t("  Both squares.  \n\n")]}], [[896, 896], [1, 1]]),
-        ([{"role": "user", "content": [t("No image, just text:  spaces\n\n\n")]}, {"role": "assistant", "content": [t("ok")]}], []),
-        ([{"role": "system", "content": [t("Be brief.")]}, {"role": "user", "content": [t("Ünïcödé ✓ 数据 🙂 — \"quotes\""), img]},
-          {"role": "assistant", "content": [t("Cafe\u0301 nai\u0308ve")]}, {"role": "user", "content": [img, t("again?")]},
+        ([{"role": "user", "content": [t("No image, just text:  spaces\n\n\n")]},
+          {"role": "assistant", "content": [t("ok")]}], []),
+        ([{"role": "system", "content": [t("Be brief.")]},
+          {"role": "user", "content": [t("Ünïcödé ✓ 数据 🙂 — \"quotes\""), img]},
+          {"role": "assistant", "content": [t("Cafe\u0301 nai\u0308ve")]},
+          {"role": "user", "content": [img, t("again?")]},
           {"role": "assistant", "content": [t("Yes.\n")]}], [[4000, 1], [448, 449]]),
-        ([{"role": "user", "content": [img, t("Describe.")]}, {"role": "assistant", "content": [t("A wide strip.")]}], [[4000, 2]]),
-        ([{"role": "user", "content": [img, t("Describe.")]}, {"role": "assistant", "content": [t("Tall.")]}], [[5, 3999]]),
+        ([{"role": "user", "content": [img, t("Describe.")]}, {"role": "assistant", "content": [t("A wide strip.")]}],
+         [[4000, 2]]),
+        ([{"role": "user", "content": [img, t("Describe.")]}, {"role": "assistant", "content": [t("Tall.")]}],
+         [[5, 3999]]),
         ([{"role": "user", "content": [t("Weather in Paris?")]}, {"role": "assistant", "content": [t("Sunny.")]}], []),
     ]
     out = [{"messages": m, "image_sizes": s} for m, s in convs]
@@ -130,7 +137,7 @@ def samples() -> list[dict]:
     for k in range(12):  # random multi-turn samples with 0-4 images
         n = rng.randint(0, 4)
         words = "the a cat dog sat on mat red blue image shows large small tree house car , . ? \n".split(" ")
-        text = lambda: t(" ".join(rng.choice(words) for _ in range(rng.randint(1, 60))))  # noqa: E731
+        text = lambda words=words: t(" ".join(rng.choice(words) for _ in range(rng.randint(1, 60))))  # noqa: E731
         msgs = [{"role": "system", "content": [t("You describe images.")]}] if k % 2 else []
         msgs += [{"role": "user", "content": [img] * n + [text()]}, {"role": "assistant", "content": [text()]},
                  {"role": "user", "content": [text()]}, {"role": "assistant", "content": [text()]}]
@@ -165,8 +172,9 @@ def video_samples(names: list[str]) -> list[dict]:
     image and a video together, several images and a video, two videos of one length, two of different lengths."""
     t = lambda s: {"type": "text", "text": s}  # noqa: E731
     vid, img = {"type": "video"}, {"type": "image"}
-    tools = [{"type": "function", "function": {"name": "seek", "description": "Seek to a time.",
-                                               "parameters": {"type": "object", "properties": {"t": {"type": "number"}}}}}]
+    tools = [{"type": "function", "function": {
+        "name": "seek", "description": "Seek to a time.",
+        "parameters": {"type": "object", "properties": {"t": {"type": "number"}}}}}]
     out = [{"messages": [{"role": "user", "content": [vid, t("What happens?")]},
                          {"role": "assistant", "content": [t("Colors move.")]}], "videos": [n], "image_sizes": []}
            for n in names]
@@ -181,10 +189,11 @@ def video_samples(names: list[str]) -> list[dict]:
           {"role": "assistant", "content": [t("Yes.")]}], [a], [[640, 480]]),
         ([{"role": "user", "content": [img, img, vid, t("Ünïcödé ✓ 数据 — Cafe\u0301")]},
           {"role": "assistant", "content": [t("Three.")]}], [b], [[300, 200], [1920, 1080]]),
-        ([{"role": "user", "content": [vid, vid, t("Which is longer?")]}, {"role": "assistant", "content": [t("Same.")]}],
-         [a, a], []),
+        ([{"role": "user", "content": [vid, vid, t("Which is longer?")]},
+          {"role": "assistant", "content": [t("Same.")]}], [a, a], []),
         ([{"role": "user", "content": [vid, t("First.")]}, {"role": "assistant", "content": [t("Ok.")]},
-          {"role": "user", "content": [vid, t("Second.")]}, {"role": "assistant", "content": [t("Longer.")]}], [a, b], []),
+          {"role": "user", "content": [vid, t("Second.")]}, {"role": "assistant", "content": [t("Longer.")]}],
+         [a, b], []),
     ]
     for w in whole:
         out.append({"messages": w[0], "videos": w[1], "image_sizes": w[2], **({"tools": w[3]} if len(w) > 3 else {})})
@@ -364,7 +373,8 @@ def rotated_oracle(models: Path, out: Path, one: list[dict]) -> None:
                          "torch": torch.__version__},
            "how": "len(processor.apply_chat_template(messages, tokenize=True, return_dict=True)['input_ids'][0]) "
                   "with the image part the PIL image transformers' load_image returns for a file made by "
-                  "tests/exif_images.oriented_image (scripts/make_oracle.py --rotated)", "single_image_messages": one, "families": {}}
+                  "tests/exif_images.oriented_image (scripts/make_oracle.py --rotated)",
+           "single_image_messages": one, "families": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for family, folder in dirs.items():
             proc = AutoProcessor.from_pretrained(folder, local_files_only=True)
@@ -378,7 +388,8 @@ def rotated_oracle(models: Path, out: Path, one: list[dict]) -> None:
                 msgs = [{**m, "content": [{**p, "image": img} if p["type"] == "image" else p for p in m["content"]]}
                         for m in one]
                 out_ids = proc.apply_chat_template(msgs, tokenize=True, return_dict=True)["input_ids"][0]
-                rows.append({**{k: c[k] for k in ("format", "how", "stored", "orientation")}, "input_ids": len(out_ids)})
+                case = {k: c[k] for k in ("format", "how", "stored", "orientation")}
+                rows.append({**case, "input_ids": len(out_ids)})
             doc["families"][family] = {"folder": folder.name, "processor": type(proc).__name__, "cases": rows}
             print(family, len(rows), "rotated cases")
     path = out / "rotated.json"

@@ -51,5 +51,6 @@ def rotated_cases() -> list[dict]:
     """Every stored size in every orientation 1-8 as JPEG, then the other carriers at orientation 6."""
     cases = [{"format": "JPEG", "ext": "jpg", "how": "exif", "stored": list(s), "orientation": o}
              for s in ROTATED_SIZES for o in range(1, 9)]
-    cases += [{"format": f, "ext": e, "how": how, "stored": [800, 300], "orientation": 6} for f, e, how in OTHER_CARRIERS]
+    cases += [{"format": f, "ext": e, "how": how, "stored": [800, 300], "orientation": 6}
+              for f, e, how in OTHER_CARRIERS]
     return cases

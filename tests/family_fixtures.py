@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 MODELS = Path(__file__).resolve().parent / "fixtures" / "models"
-FAMILY_DIRS = {"internvl": "InternVL3-2B-hf.RECONSTRUCTED", "llava-onevision": "llava-onevision-qwen2-7b-ov-hf.RECONSTRUCTED",
-               "gemma3": "gemma-3-4b-it"}
+FAMILY_DIRS = {"internvl": "InternVL3-2B-hf.RECONSTRUCTED",
+               "llava-onevision": "llava-onevision-qwen2-7b-ov-hf.RECONSTRUCTED", "gemma3": "gemma-3-4b-it"}
 _QWEN2_BPE = ("internvl", "llava-onevision")  # vocab.json + merges.txt stored once in qwen2-bpe/
 VIDEOS = Path(__file__).resolve().parent / "fixtures" / "videos"
 _VIDEO_PROCESSOR = {"internvl": "InternVLVideoProcessor", "llava-onevision": "LlavaOnevisionVideoProcessor"}

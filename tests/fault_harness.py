@@ -41,11 +41,11 @@ def run_pipeline(inp: Path, work: Path, out: Path, workers: int) -> int:
     """The whole pipeline; 0 when the audit passes (the tests' rerun calls it in their own process)."""
     from pack_assets.core import store
     from pack_assets.core.audit import run_audit
-    from pack_assets.core.plan import PlanConfig, run_plan
     from pack_assets.core.counting.profiles import load_profile
+    from pack_assets.core.counting.token_lengths import run_token_lengths
+    from pack_assets.core.plan import PlanConfig, run_plan
     from pack_assets.core.report import WhatIfBeside
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.counting.token_lengths import run_token_lengths
     from pack_assets.core.write import run_write
 
     profile = load_profile("qwen3-vl")

@@ -45,20 +45,23 @@ def rows(shape: str, n: int, seed: int = 0) -> list[dict]:
     out = []
     for r in range(n):
         k = seed + r
-        imgs = [{"bytes": image(k * 3 + j)[0], "path": f"src_{k}_{j}.bin"} for j in range((k % 3) if shape != "llava" else 1)]
+        imgs = [{"bytes": image(k * 3 + j)[0], "path": f"src_{k}_{j}.bin"}
+                for j in range((k % 3) if shape != "llava" else 1)]
         turns = [(f"Question {k}.{t}: " + "what is here? " * (1 + (k + t) % 4), f"Answer {k}.{t}. " * (1 + (k * t) % 5))
                  for t in range(1 + k % 3)]
         if shape == "cauldron":
             out.append({"images": imgs, "texts": [{"user": u, "assistant": a, "source": "AI2D"} for u, a in turns]})
         elif shape == "finevision":
-            out.append({"images": imgs, "texts": [{"user": u, "assistant": a} for u, a in turns], "source": "ai2d_merged",
+            out.append({"images": imgs, "texts": [{"user": u, "assistant": a} for u, a in turns],
+                        "source": "ai2d_merged",
                         **{f"{x}_ratings": [4 + t % 2 for t in range(len(turns))] for x in
                            ("image_correspondence", "visual_dependency", "relevance", "formatting")}})
         elif shape == "llava":
             img = imgs[0] if k % 5 else None  # every fifth row text-only, as in the text subsets
             conv = []
             for t, (u, a) in enumerate(turns):
-                conv += [{"from": "human", "value": ("<image>\n" if t == 0 and img else "") + u}, {"from": "gpt", "value": a}]
+                conv += [{"from": "human", "value": ("<image>\n" if t == 0 and img else "") + u},
+                         {"from": "gpt", "value": a}]
             out.append({"id": f"ov-{k}", "image": img, "conversations": conv, "data_source": "CLEVR-Math(MathV360K)"})
         else:
             msgs = []

@@ -1,4 +1,5 @@
-"""The core pipeline in a subprocess with settings, SIGKILLed at the n-th call of one function (test_lifecycle_property).
+"""The core pipeline in a subprocess with settings, SIGKILLed at the n-th call of one function
+(test_lifecycle_property).
 
     python lifecycle_harness.py INPUT WORK OUT SETTINGS_JSON [module:function n]
 
@@ -20,11 +21,11 @@ def main() -> None:
         arm(sys.argv[5], int(sys.argv[6]))
     from pack_assets.core import store
     from pack_assets.core.audit import run_audit
-    from pack_assets.core.plan import PlanConfig, run_plan
     from pack_assets.core.counting.profiles import load_profile
+    from pack_assets.core.counting.token_lengths import run_token_lengths
+    from pack_assets.core.plan import PlanConfig, run_plan
     from pack_assets.core.report import WhatIfBeside
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.counting.token_lengths import run_token_lengths
     from pack_assets.core.write import run_write
 
     profile = load_profile("qwen3-vl")

@@ -9,10 +9,10 @@ from pathlib import Path
 from PIL import Image
 
 from pack_assets.core import store
-from pack_assets.core.plan import PlanConfig, run_plan
 from pack_assets.core.counting.profiles import load_profile
-from pack_assets.core.scan import run_manifest
 from pack_assets.core.counting.token_lengths import run_token_lengths
+from pack_assets.core.plan import PlanConfig, run_plan
+from pack_assets.core.scan import run_manifest
 from pack_assets.core.write import run_write
 from pack_assets.reader import iter_packs
 
@@ -47,8 +47,10 @@ def rotated_samples(n: int = 8) -> list[tuple[str, bytes | str]]:
     """Members of ``n`` samples with one or two EXIF-rotated JPEGs (orientations 1-8, non-square sizes)."""
     members: list[tuple[str, bytes | str]] = []
     for i in range(n):
-        images = [(f"img{m}.jpg", rotated_jpeg(120 + 40 * i + 13 * m, 60 + 9 * i, (i + m) % 8 + 1)) for m in range(1 + i % 2)]
-        rec = {"messages": [{"role": "user", "content": [{"type": "image"} for _ in images] + [{"type": "text", "text": f"Turned {i}?"}]},
+        images = [(f"img{m}.jpg", rotated_jpeg(120 + 40 * i + 13 * m, 60 + 9 * i, (i + m) % 8 + 1))
+                  for m in range(1 + i % 2)]
+        asked = [{"type": "image"} for _ in images] + [{"type": "text", "text": f"Turned {i}?"}]
+        rec = {"messages": [{"role": "user", "content": asked},
                             {"role": "assistant", "content": "Yes, it is turned."}],
                "images": [name for name, _ in images]}
         members.append((f"rot{i:03d}.json", json.dumps(rec)))
@@ -65,7 +67,8 @@ def tiny_media_samples(n: int = 72, seed: int = 3) -> list[tuple[str, bytes | st
 
     rng = np.random.default_rng(seed)
     words = "the a red blue cat dog left right shows picture count two three what where small".split()
-    clips = [video_bytes(f, w, h, fps, seed=i) for i, (f, w, h, fps) in enumerate([(4, 32, 32, 2), (8, 48, 32, 4), (6, 32, 48, 3)])]
+    clips = [video_bytes(f, w, h, fps, seed=i)
+             for i, (f, w, h, fps) in enumerate([(4, 32, 32, 2), (8, 48, 32, 4), (6, 32, 48, 3)])]
     members: list[tuple[str, bytes | str]] = []
     for i in range(n):
         kind = ("text", "image", "text", "images", "text", "video")[i % 6]
@@ -74,14 +77,17 @@ def tiny_media_samples(n: int = 72, seed: int = 3) -> list[tuple[str, bytes | st
         for t in range(turns):
             content = [{"type": "text", "text": " ".join(rng.choice(words, int(rng.integers(2, 12))))}]
             if t == 0 and kind != "text":
-                content = [{"type": "video" if kind == "video" else "image"} for _ in range(2 if kind == "images" else 1)] + content
+                media = [{"type": "video" if kind == "video" else "image"} for _ in range(2 if kind == "images" else 1)]
+                content = media + content
             msgs += [{"role": "user", "content": content},
                      {"role": "assistant", "content": " ".join(rng.choice(words, int(rng.integers(1, 10))))}]
         rec, key = {"messages": msgs}, f"t{i:04d}"
         if kind in ("image", "images"):
-            sizes = [(int(rng.integers(20, 90)), int(rng.integers(20, 90))) for _ in range(2 if kind == "images" else 1)]
+            sizes = [(int(rng.integers(20, 90)), int(rng.integers(20, 90)))
+                     for _ in range(2 if kind == "images" else 1)]
             rec["images"] = [f"img{m}.jpg" for m in range(len(sizes))]
-            members += [(f"{key}.img{m}.jpg", rotated_jpeg(w, h, int(rng.integers(1, 9)), tuple(int(c) for c in rng.integers(0, 255, 3))))
+            members += [(f"{key}.img{m}.jpg",
+                         rotated_jpeg(w, h, int(rng.integers(1, 9)), tuple(int(c) for c in rng.integers(0, 255, 3))))
                         for m, (w, h) in enumerate(sizes)]
         elif kind == "video":
             rec["video"] = "mp4"

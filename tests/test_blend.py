@@ -16,12 +16,12 @@ from conftest import small_dataset
 
 from pack_assets.core import blend, epochs, store
 from pack_assets.core import recipe as rc
-from pack_assets.core.plan import PlanConfig
 from pack_assets.core.counting.profiles import load_profile
+from pack_assets.core.counting.token_lengths import run_token_lengths
+from pack_assets.core.plan import PlanConfig
 from pack_assets.core.safety import UnsafePaths
 from pack_assets.core.scan import run_manifest
 from pack_assets.core.settings import Settings
-from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.reader import iter_packs
 
 PROFILE = load_profile("qwen3-vl")
@@ -320,7 +320,8 @@ def test_run_recipe_refuses_bad_input_before_anything_is_written(tmp_path, capsy
     assert main([*base, "--recipe", str(typo)]) == 2
     assert "unknown setting 'max_lenn'" in capsys.readouterr().err
     ok = write_recipe(tmp_path / "r.yaml", "datasets: [{name: a, input: a}]\n")
-    for args, told in ((["--recipe", str(ok), "--input", str(tmp_path / "a")], "--input: not allowed with argument --recipe"),
+    for args, told in ((["--recipe", str(ok), "--input", str(tmp_path / "a")],
+                        "--input: not allowed with argument --recipe"),
                        ([], "one of the arguments --input --recipe is required")):
         with pytest.raises(SystemExit) as usage:  # a usage error: argparse's exit 2, one line
             main([*base, *args])
@@ -485,8 +486,8 @@ def test_moved_blend_data_is_read_with_a_source_root_mapping_and_reindexed_from_
 def test_a_partition_of_no_dataset_of_the_recipe_counts_as_removed_not_a_crash(tmp_path):
     """Under `dagster dev`, `recipe` switched on (or a dataset dropped) while old partitions are registered:
     the plan lists them as removed instead of raising KeyError."""
-    from pack_assets.core.plan import plannable
     from pack_assets.core.counting.profiles import load_profile
+    from pack_assets.core.plan import plannable
 
     (tmp_path / "a").mkdir()
     # both count as removed; nothing is left to plan, which is the usual refusal, not a KeyError

@@ -19,8 +19,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, pre_tokenizers
 
-from pack_assets.core.counting.chunkcount import (BYTE_LEVEL_CHUNK, BYTE_LEVEL_PATTERNS, SPACE, WHITESPACE, ChunkCounts,
-                                         split_rule, tokenizer_rule)
+from pack_assets.core.counting.chunkcount import (
+    BYTE_LEVEL_CHUNK,
+    BYTE_LEVEL_PATTERNS,
+    SPACE,
+    WHITESPACE,
+    ChunkCounts,
+    split_rule,
+    tokenizer_rule,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from family_fixtures import materialize  # noqa: E402

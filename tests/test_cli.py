@@ -70,10 +70,12 @@ def test_plan_and_simulate_on_a_lengths_file(tmp_path, capsys):
     assert a["packs"] == b["packs"] and a["packs"] - a["lower_bound"] <= 2
     assert len((tmp_path / "packs.txt").read_text().split()) == 5000
     assert main(["simulate", "--lengths", str(tmp_path / "l.npy"), "--max-len", "2048,4096", "--json",
-                 "--algorithms", "bfd,next_fit,window_8", "--global-batch", "64", "--plots", str(tmp_path / "plots")]) == 0
+                 "--algorithms", "bfd,next_fit,window_8", "--global-batch", "64",
+                 "--plots", str(tmp_path / "plots")]) == 0
     res = json.loads(capsys.readouterr().out)
     rows = res["results"]
-    assert {(r["max_len"], r["algorithm"]) for r in rows} == {(m, a) for m in (2048, 4096) for a in ("bfd", "next_fit", "window_8")}
+    assert {(r["max_len"], r["algorithm"]) for r in rows} == {(m, a) for m in (2048, 4096)
+                                                              for a in ("bfd", "next_fit", "window_8")}
     assert all(r["steps_per_epoch"] == -(-r["packs"] // 64) for r in rows)
     assert res["recommended_max_len"] in (2048, 4096)
     assert all(Path(p).stat().st_size > 0 for p in res["plots"].values())
@@ -86,10 +88,12 @@ def test_count_records_outside_shards(tmp_path, capsys):
     from conftest import image_bytes
 
     (tmp_path / "img.jpg").write_bytes(image_bytes(640, 480))
-    recs = [{"id": "a", "conversations": [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "A box."}],
+    recs = [{"id": "a", "conversations": [{"from": "human", "value": "<image>\nWhat?"},
+                                          {"from": "gpt", "value": "A box."}],
              "image": "img.jpg"},
             {"id": "b", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
-            {"id": "c", "image": "missing.jpg", "conversations": [{"from": "human", "value": "<image>"}, {"from": "gpt", "value": "x"}]}]
+            {"id": "c", "image": "missing.jpg",
+             "conversations": [{"from": "human", "value": "<image>"}, {"from": "gpt", "value": "x"}]}]
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
     assert main(["count", "--input", str(tmp_path / "d.jsonl"), "--media-root", str(tmp_path)]) == 1
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -100,7 +104,8 @@ def test_count_records_outside_shards(tmp_path, capsys):
 
 
 def test_errors_are_clear_not_tracebacks(tmp_path, capsys):
-    assert main(["run", "--input", str(tmp_path / "nope"), "--max-len", "100", "--dagster-home", str(tmp_path / "dh")]) == 2
+    assert main(["run", "--input", str(tmp_path / "nope"), "--max-len", "100",
+                 "--dagster-home", str(tmp_path / "dh")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 

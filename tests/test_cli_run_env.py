@@ -17,7 +17,13 @@ import pack_assets
 from pack_assets.cli import main
 from pack_assets.events import Progress
 from pack_assets.runner.progress import MAX_LINES, ShardProgress, StageBars
-from pack_assets.runner.runenv import DAGSTER_YAML, JOBS_FROM_SHARDS, default_jobs, ensure_dagster_yaml, resolve_dagster_home
+from pack_assets.runner.runenv import (
+    DAGSTER_YAML,
+    JOBS_FROM_SHARDS,
+    default_jobs,
+    ensure_dagster_yaml,
+    resolve_dagster_home,
+)
 
 REPO = Path(pack_assets.__file__).resolve().parent.parent
 
@@ -163,7 +169,8 @@ def test_progress_of_the_whole_run_on_a_terminal(dataset, tmp_path):
     assert code == 0, err[-3000:]
     shown = [s.strip() for s in re.split(r"[\r\n]+", err) if s.strip()]
     assert shown[1].startswith("start-up: 2 shard(s), 2 to scan and count"), shown
-    last = {stage: [s for s in shown if s.startswith(f"{stage}:")][-1] for stage in ("shards", "plan", "write", "audit")}
+    last = {stage: [s for s in shown if s.startswith(f"{stage}:")][-1]
+            for stage in ("shards", "plan", "write", "audit")}
     assert "2/2" in last["shards"] and "samples/s" in last["shards"]
     assert re.match(r"plan: 1/1 step \|█+\| \S+, \d+ packs$", last["plan"]), last
     assert re.match(r"write: (\d+)/\1 output shards \|█+\| \S+, [1-9]\d* packs written$", last["write"]), last
@@ -326,7 +333,8 @@ def test_a_full_standard_output_is_one_line_and_exit_120():
                              text=True, cwd=REPO)
     assert big.returncode == 120 and big.stderr.strip().splitlines() == [
         "error: could not write the result to standard output: [Errno 28] No space left on device"]
-    small = subprocess.Popen([sys.executable, "-c", "import sys; from pack_assets.runner.runenv import exit_without_teardown\n"
+    small = subprocess.Popen([sys.executable, "-c",
+                              "import sys; from pack_assets.runner.runenv import exit_without_teardown\n"
                               "sys.stdin.readline(); sys.stdout.write('short'); exit_without_teardown(0)"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                              env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"})  # buffered output

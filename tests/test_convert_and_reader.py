@@ -14,14 +14,15 @@ from pack_assets.cli import main
 from pack_assets.core import store
 from pack_assets.core.audit import run_audit
 from pack_assets.core.convert import convert
-from pack_assets.core.plan import PlanConfig, run_plan
 from pack_assets.core.counting.profiles import load_profile
-from pack_assets.core.scan import run_manifest
 from pack_assets.core.counting.token_lengths import run_token_lengths
+from pack_assets.core.plan import PlanConfig, run_plan
+from pack_assets.core.scan import run_manifest
 from pack_assets.core.write import run_write
 from pack_assets.reader import PackEncoder, iter_encoded, iter_packs
 
-DATA = Path(__file__).resolve().parent / "fixtures" / "datasets"  # copies of ../shared/fixtures (tests/fixtures/README.md)
+# copies of ../shared/fixtures (tests/fixtures/README.md)
+DATA = Path(__file__).resolve().parent / "fixtures" / "datasets"
 
 
 def _inputs(tmp: Path) -> tuple[list[Path], list[Path]]:
@@ -45,7 +46,8 @@ def test_convert_real_demo_datasets_with_reasons_for_what_cannot_be_packed(tmp_p
     inputs, roots = _inputs(tmp_path)
     res = convert(inputs, tmp_path / "shards", roots, samples_per_shard=10)
     assert res["records"] == res["converted"] + res["rejected"]
-    assert res["reasons"] == {"unsupported_media": 3, "missing_media": 1, "remote_media": 2}  # audio, a video not in the demo, URLs
+    # audio, a video not in the demo, URLs
+    assert res["reasons"] == {"unsupported_media": 3, "missing_media": 1, "remote_media": 2}
     rejected = [json.loads(line) for line in Path(res["rejected_file"]).read_text().splitlines()]
     assert {r["reason"] for r in rejected} == set(res["reasons"]) and all(r["detail"] for r in rejected)
     assert len(res["shards"]) == -(-res["converted"] // 10)
@@ -75,7 +77,8 @@ def test_round_trip_convert_pack_read_lengths_equal_the_plan(tmp_path, profile):
     assert run_audit(work, out).ok
     with store.connect(work, read_only=True) as con:
         counts = dict(con.execute("SELECT sample_id, total_tokens FROM token_lengths WHERE status='ok'").fetchall())
-        media_types = {r[0] for r in con.execute("SELECT DISTINCT media_type FROM samples WHERE status='ok'").fetchall()}
+        media_types = {r[0] for r in
+                       con.execute("SELECT DISTINCT media_type FROM samples WHERE status='ok'").fetchall()}
     assert media_types == {"text", "image", "video"}
     n = 0
     for enc in iter_encoded(sorted(out.glob("*.tar")), profile):
@@ -106,7 +109,8 @@ def test_labels_cover_assistant_turns_only_and_weights(tmp_path, dataset):
     for i, s in enumerate(pack["samples"]):
         labels = res["labels"][cu[i]:cu[i + 1]]
         trained = tok.decode([int(t) for t in labels if t != -100], skip_special_tokens=False)
-        answers = [p["text"] for m in s["messages"] if m["role"] == "assistant" for p in m["content"] if p["type"] == "text"]
+        answers = [p["text"] for m in s["messages"] if m["role"] == "assistant"
+                   for p in m["content"] if p["type"] == "text"]
         assert trained == "".join(a + "<|im_end|>" for a in answers)
     for mode in ("sample", "sqrt"):
         w = PackEncoder("qwen3-vl", loss_weighting=mode).encode(pack)["loss_weights"]
@@ -114,7 +118,8 @@ def test_labels_cover_assistant_turns_only_and_weights(tmp_path, dataset):
             n = int((res["labels"][a:b] != -100).sum())
             expected = 1.0 if mode == "sample" else np.sqrt(n)
             assert np.isclose(w[a:b].sum(), expected, rtol=1e-4)
-    tampered = dict(pack, _meta=dict(pack["_meta"], sample_token_lens=[n + 1 for n in pack["_meta"]["sample_token_lens"]]))
+    tampered = dict(pack, _meta=dict(pack["_meta"],
+                                     sample_token_lens=[n + 1 for n in pack["_meta"]["sample_token_lens"]]))
     with pytest.raises(ValueError, match="differ"):
         enc.encode(tampered)
 

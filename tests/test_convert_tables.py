@@ -20,13 +20,13 @@ from PIL import Image
 from pack_assets.cli import main
 from pack_assets.core import store
 from pack_assets.core.convert import convert
-from pack_assets.core.hfshapes import detect, parse_columns
 from pack_assets.core.counting.count import count_records
 from pack_assets.core.counting.profiles import load_profile
+from pack_assets.core.counting.token_lengths import run_token_lengths
+from pack_assets.core.hfshapes import detect, parse_columns
 from pack_assets.core.scan import run_manifest
 from pack_assets.core.shardsink import ShardSink
 from pack_assets.core.tables import TableReader, find_sources
-from pack_assets.core.counting.token_lengths import run_token_lengths
 
 SHAPES = {"cauldron": "the_cauldron/ai2d", "finevision": "FineVision/ai2d_merged",
           "llava": "LLaVA-OneVision-Data/CLEVR-Math(MathV360K)", "messages": "llava-instruct-mix-vsft/data"}
@@ -39,7 +39,8 @@ def _snapshot(root: Path, n: int = 40) -> dict[str, list[dict]]:
     for shape, folder in SHAPES.items():
         made[shape] = rows(shape, n, seed=100 * len(made))
         for i in range(2):
-            write_parquet(root / folder / f"train-{i:05d}-of-00002.parquet", shape, made[shape][i * n // 2:(i + 1) * n // 2])
+            write_parquet(root / folder / f"train-{i:05d}-of-00002.parquet", shape,
+                          made[shape][i * n // 2:(i + 1) * n // 2])
     return made
 
 
@@ -57,7 +58,8 @@ def _samples(shards: list[str]) -> dict[tuple[str, int], tuple[str, dict]]:
 
 def test_hub_shapes_pack_every_row_each_counted_as_its_json_twin(tmp_path, monkeypatch, capsys):
     made = _snapshot(tmp_path / "hub")
-    inputs = [tmp_path / "hub" / f for f in ("the_cauldron", "FineVision", "LLaVA-OneVision-Data", "llava-instruct-mix-vsft")]
+    inputs = [tmp_path / "hub" / f
+              for f in ("the_cauldron", "FineVision", "LLaVA-OneVision-Data", "llava-instruct-mix-vsft")]
     assert main(["convert", "--input", *map(str, inputs), "--output", str(tmp_path / "shards"), "--json",
                  "--samples-per-shard", "50"]) == 0
     res = json.loads(capsys.readouterr().out)
@@ -131,7 +133,8 @@ def test_detect_reads_the_shape_from_the_columns_and_a_mapping():
                        ("photos", pa.list_(pa.binary()))])
     assert detect(other) is None
     mapped = detect(other, parse_columns(["texts=dialog,user=q", "assistant=a", "images=photos"]))
-    assert (mapped.name, mapped.turns, mapped.images, mapped.user, mapped.assistant) == ("cauldron", "dialog", "photos", "q", "a")
+    assert (mapped.name, mapped.turns, mapped.images, mapped.user, mapped.assistant) == (
+        "cauldron", "dialog", "photos", "q", "a")
     with pytest.raises(ValueError, match="NAME=COLUMN"):
         parse_columns(["pictures=photos"])
 
@@ -142,12 +145,15 @@ def _bad_rows(tmp: Path) -> list[dict]:
     (tmp / "t" / "on_disk.png").parent.mkdir(parents=True, exist_ok=True)
     (tmp / "t" / "on_disk.png").write_bytes(image(1)[0])
     good = {"bytes": image(0)[0], "path": None}
-    return [{"images": [{"bytes": b"\xff\xd8\xff\xe0 not a jpeg at all", "path": "x.jpg"}], "texts": [{"user": "a", "assistant": "b"}]},
+    return [{"images": [{"bytes": b"\xff\xd8\xff\xe0 not a jpeg at all", "path": "x.jpg"}],
+             "texts": [{"user": "a", "assistant": "b"}]},
             {"images": [{"bytes": b"", "path": None}], "texts": [{"user": "a", "assistant": "b"}]},
-            {"images": [{"bytes": b"definitely not an image", "path": None}], "texts": [{"user": "a", "assistant": "b"}]},
+            {"images": [{"bytes": b"definitely not an image", "path": None}],
+             "texts": [{"user": "a", "assistant": "b"}]},
             {"images": [{"bytes": ico.getvalue(), "path": "i.ico"}], "texts": [{"user": "a", "assistant": "b"}]},
             {"images": [{"bytes": None, "path": "missing.png"}], "texts": [{"user": "a", "assistant": "b"}]},
-            {"images": [{"bytes": None, "path": "https://example.org/a.png"}], "texts": [{"user": "a", "assistant": "b"}]},
+            {"images": [{"bytes": None, "path": "https://example.org/a.png"}],
+             "texts": [{"user": "a", "assistant": "b"}]},
             {"images": [good, None], "texts": [{"user": "a", "assistant": "b"}]},
             {"images": [good], "texts": []},
             {"images": [{"bytes": None, "path": "on_disk.png"}], "texts": [{"user": "a", "assistant": "b"}]},
@@ -188,7 +194,8 @@ def test_inputs_that_are_not_tables_or_records_get_a_clear_error(tmp_path, capsy
     err = capsys.readouterr().err
     assert "no .parquet or .arrow file" in err and "Traceback" not in err
     assert main(["convert", "--input", str(tmp_path / "nope.parquet"), "--output", str(tmp_path / "o")]) == 2
-    assert main(["convert", "--input", str(tmp_path / "empty"), "--output", str(tmp_path / "o"), "--columns", "pix=img"]) == 2
+    assert main(["convert", "--input", str(tmp_path / "empty"), "--output", str(tmp_path / "o"),
+                 "--columns", "pix=img"]) == 2
     assert "NAME=COLUMN" in capsys.readouterr().err
 
 
@@ -226,7 +233,8 @@ def test_save_to_disk_folders_and_datasets_parquet_give_the_same_samples(tmp_pat
     ds.to_parquet(str(tmp_path / "pq" / "train-00000-of-00001.parquet"))
     out = {k: convert([tmp_path / k], tmp_path / f"out_{k}") for k in ("one", "dict", "pq")}
     assert out["one"]["shapes"] == out["pq"]["shapes"] == {"cauldron": 12} and out["dict"]["shapes"] == {"cauldron": 15}
-    assert [f["file"] for f in out["dict"]["files"]] == ["test/data-00000-of-00001.arrow", "train/data-00000-of-00001.arrow"]
+    assert [f["file"] for f in out["dict"]["files"]] == ["test/data-00000-of-00001.arrow",
+                                                         "train/data-00000-of-00001.arrow"]
     media = {k: [(n, tf.extractfile(n).read()) for tf in [tarfile.open(v["shards"][0])] for n in tf.getnames()
                  if not n.endswith(".json")] for k, v in out.items()}
     assert media["one"] == media["pq"] and len(media["one"]) == sum(len(r["images"]) for r in table)

@@ -9,10 +9,10 @@ from conftest import small_dataset, write_tar
 
 from pack_assets.core import blend, epochs, store
 from pack_assets.core import recipe as rc
-from pack_assets.core.plan import PlanConfig
 from pack_assets.core.counting.profiles import load_profile
-from pack_assets.core.scan import run_manifest
 from pack_assets.core.counting.token_lengths import run_token_lengths
+from pack_assets.core.plan import PlanConfig
+from pack_assets.core.scan import run_manifest
 from pack_assets.defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
 from pack_assets.defs.partitions import source_shards
 from pack_assets.defs.resources import PackSettings

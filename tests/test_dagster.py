@@ -49,7 +49,8 @@ def test_full_materialization_in_process(dataset, tmp_path):
         res = dg.materialize([manifest, token_lengths], partition_key=key, instance=instance,
                              resources={"settings": settings})
         assert res.success
-        assert [(c.check_name, c.passed) for c in res.get_asset_check_evaluations()] == [("every_sample_accounted", True)]
+        evaluated = [(c.check_name, c.passed) for c in res.get_asset_check_evaluations()]
+        assert evaluated == [("every_sample_accounted", True)]
     res = dg.materialize([pack_plan, packed_shards, audit_report], instance=instance, resources={"settings": settings})
     assert res.success
     checks = res.get_asset_check_evaluations()
@@ -189,9 +190,11 @@ def test_lookup_job_answers_like_the_cli(dataset, tmp_path):
     settings = _settings(dataset, tmp_path)
     instance.add_dynamic_partitions(source_shards.name, ["part-000", "part-001"])
     for key in ("part-000", "part-001"):
-        dg.materialize([manifest, token_lengths], partition_key=key, instance=instance, resources={"settings": settings})
+        dg.materialize([manifest, token_lengths], partition_key=key, instance=instance,
+                       resources={"settings": settings})
     dg.materialize([pack_plan, packed_shards, audit_report], instance=instance, resources={"settings": settings})
-    res = lookup_job.execute_in_process(run_config={"ops": {"lookup_provenance": {"config": {"id": "part-001/s1_002"}}}},
+    asked = {"ops": {"lookup_provenance": {"config": {"id": "part-001/s1_002"}}}}
+    res = lookup_job.execute_in_process(run_config=asked,
                                         resources={"settings": settings}, instance=instance)
     assert res.success
     (ev,) = [e for e in res.all_events if e.event_type_value == "STEP_OUTPUT"]
@@ -231,7 +234,8 @@ def test_replan_sensor_fires_after_new_counts_and_plan_skips_a_failed_shard(data
     instance.add_dynamic_partitions(source_shards.name, ["part-000", "part-001", "part-broken"])
     assert isinstance(replan_sensor(dg.build_sensor_context(instance=instance)), dg.SkipReason)
     for key in ("part-000", "part-001"):
-        dg.materialize([manifest, token_lengths], partition_key=key, instance=instance, resources={"settings": settings})
+        dg.materialize([manifest, token_lengths], partition_key=key, instance=instance,
+                       resources={"settings": settings})
     # a shard whose counting never finished: scanned, not counted (its tar is there: a removed one is not waiting)
     write_tar(dataset / "part-broken.tar", [("k.json", '{"messages": [{"role": "user", "content": "hi"}]}')])
     dg.materialize([manifest, token_lengths], selection=[manifest], partition_key="part-broken", instance=instance,
@@ -254,8 +258,8 @@ def test_shard_workers_scan_before_dagster_and_the_runs_record_every_shard(tmp_p
     over the partition range records each shard from their files, saying whose they are, and goes on with
     the pack assets; the outcome equals the shards scanned inside the Dagster steps."""
     from pack_assets.runner import shardwork
-    from pack_assets.runner.procs import Helpers
     from pack_assets.runner.orchestrate import instance_for, run_pipeline
+    from pack_assets.runner.procs import Helpers
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     inp = small_dataset(tmp_path / "in", n_shards=3, per_shard=9)
@@ -293,10 +297,10 @@ def test_shard_workers_scan_before_dagster_and_the_runs_record_every_shard(tmp_p
 def test_a_shard_step_that_fails_in_the_run_with_the_pack_assets_stops_before_the_plan(tmp_path, monkeypatch):
     """The pack assets follow the helpers' shards in one run: a shard step failing there (here: recording
     the counts) is the command's error, named by its step, and nothing is planned from the shards."""
-    from pack_assets.runner import shardwork
     from pack_assets.defs import assets
-    from pack_assets.runner.procs import Helpers
+    from pack_assets.runner import shardwork
     from pack_assets.runner.orchestrate import PipelineError, instance_for, run_pipeline
+    from pack_assets.runner.procs import Helpers
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     inp = small_dataset(tmp_path / "in", n_shards=2, per_shard=9)
@@ -321,8 +325,8 @@ def test_a_shard_the_helper_failed_on_is_scanned_by_its_dagster_step(tmp_path, m
     raise the error itself where the UI shows it); its log does not claim a helper's scan."""
     from concurrent.futures import Future
 
-    from pack_assets.runner.shardwork import ShardWork
     from pack_assets.runner.orchestrate import instance_for, run_pipeline
+    from pack_assets.runner.shardwork import ShardWork
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     inp = small_dataset(tmp_path / "in", n_shards=2, per_shard=9)
@@ -348,8 +352,8 @@ def test_a_shard_the_helper_failed_on_is_scanned_by_its_dagster_step(tmp_path, m
 def test_a_shard_scanned_but_never_recorded_in_dagster_is_recorded_by_the_next_run(tmp_path, monkeypatch):
     """A command stopped between a helper's scan and its Dagster run leaves current files and no
     materialization; the next run (nothing left to scan) records the shard instead of skipping it."""
-    from pack_assets.runner.shardwork import work_shard
     from pack_assets.runner.orchestrate import instance_for, run_pipeline
+    from pack_assets.runner.shardwork import work_shard
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     inp = small_dataset(tmp_path / "in", n_shards=2, per_shard=9)

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import image_bytes, needs
 from thinking_fixtures import thinking_folder
 
@@ -116,19 +115,24 @@ def test_the_audit_step_recounts_samples_per_shard_with_the_processor(folder, tm
     """Setting check_samples: the audit recounts that many samples per shard with the real processor; a
     processor whose default moved gives a processor_mismatch violation naming the sample."""
     from conftest import write_tar
+
     from pack_assets.core.audit import run_audit
+    from pack_assets.core.counting.token_lengths import run_token_lengths
     from pack_assets.core.plan import run_plan
     from pack_assets.core.scan import run_manifest
     from pack_assets.core.settings import Settings
-    from pack_assets.core.counting.token_lengths import run_token_lengths
     from pack_assets.core.write import run_write
 
-    rec = lambda q: {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]},  # noqa: E731
-                                  {"role": "assistant", "reasoning_content": "look", "content": "A box."}]}
+    def rec(q):
+        return {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]},
+                             {"role": "assistant", "reasoning_content": "look", "content": "A box."}]}
+
     inp, work, out = tmp_path / "in", tmp_path / "work", tmp_path / "out"
     for shard in ("a", "b"):
-        write_tar(inp / f"{shard}.tar", [("k1.json", json.dumps(rec("big?"))), ("k1.png", image_bytes(1600, 1200, "PNG")),
-                                         ("k2.json", json.dumps(rec("small?"))), ("k2.png", image_bytes(64, 48, "PNG"))])
+        write_tar(inp / f"{shard}.tar", [("k1.json", json.dumps(rec("big?"))),
+                                         ("k1.png", image_bytes(1600, 1200, "PNG")),
+                                         ("k2.json", json.dumps(rec("small?"))),
+                                         ("k2.png", image_bytes(64, 48, "PNG"))])
     s = Settings(input_dir=str(inp), work_dir=str(work), output_dir=str(out), model_dir=str(folder))
     profile = s.model_profile()
     for shard in ("a", "b"):

@@ -8,10 +8,10 @@ import io
 import json
 
 import pytest
-from PIL import Image
-
 from conftest import write_tar
 from exif_images import oriented_image as image
+from PIL import Image
+
 from pack_assets.core.media import probe_image
 
 

@@ -12,9 +12,9 @@ import pytest
 from family_fixtures import FAMILY_DIRS, materialize
 
 from pack_assets.core.counting.profiles import FAMILIES, profile_from_model_dir
-from pack_assets.core.reasons import ReasonError
 from pack_assets.core.counting.tokens import TokenCounter
 from pack_assets.core.counting.vision import media_crops, media_image_tokens
+from pack_assets.core.reasons import ReasonError
 
 ORACLE = Path(__file__).resolve().parent / "fixtures" / "oracle"
 
@@ -58,7 +58,8 @@ def test_every_image_size_counts_what_the_processor_counts(family, counters):
     sizes = [(w, h, n) for w, h, n in oracle["sizes"]]
     assert len(sizes) >= 300 and {(1, 1), (1, 4000), (4000, 1), (16384, 16384)} <= {(w, h) for w, h, _ in sizes}
     results = list(counter.count_many(_item(oracle["single_image_messages"], [[w, h]]) for w, h, _ in sizes))
-    wrong = [(w, h, n, r) for (w, h, n), r in zip(sizes, results) if isinstance(r, ReasonError) or r["total_tokens"] != n]
+    wrong = [(w, h, n, r) for (w, h, n), r in zip(sizes, results)
+             if isinstance(r, ReasonError) or r["total_tokens"] != n]
     assert not wrong, wrong[:10]
 
 
@@ -67,7 +68,8 @@ def test_whole_samples_count_what_the_processor_counts(family, counters):
     oracle = _oracle(family)
     counter = counters[family]
     samples = oracle["samples"]
-    assert any(len(s["image_sizes"]) > 1 for s in samples) and any(s["messages"][0]["role"] == "system" for s in samples)
+    assert any(len(s["image_sizes"]) > 1 for s in samples)
+    assert any(s["messages"][0]["role"] == "system" for s in samples)
     results = list(counter.count_many(_item(s["messages"], s["image_sizes"], s.get("tools")) for s in samples))
     for s, r in zip(samples, results):
         assert not isinstance(r, ReasonError), (r.reason, r.detail)
@@ -82,7 +84,8 @@ def test_rules_follow_the_folder_files(dirs, tmp_path):
     import shutil
 
     p = profile_from_model_dir(dirs["internvl"])
-    assert (p.family, p.media.kind, p.media.tile, p.media.max_tiles, p.media.tokens) == ("internvl", "tiles", 448, 12, 256)
+    assert (p.family, p.media.kind, p.media.tile, p.media.max_tiles, p.media.tokens) == (
+        "internvl", "tiles", 448, 12, 256)
     assert p.media.prefix == "<img>" and p.media.suffix == "</img>"
     # a user who caps InternVL at 6 tiles: fewer tokens for a big image, another fingerprint
     d = tmp_path / "internvl6"
@@ -148,8 +151,8 @@ def test_shard_stage_counts_a_fast_family_and_records_counted_by(dirs, tmp_path)
     import pyarrow.parquet as pq
     from conftest import image_bytes, write_tar
 
-    from pack_assets.core.scan import run_manifest
     from pack_assets.core.counting.token_lengths import run_token_lengths, token_lengths_are_current
+    from pack_assets.core.scan import run_manifest
 
     oracle = _oracle("internvl")
     expected = {(w, h): n for w, h, n in oracle["sizes"]}
@@ -221,7 +224,7 @@ def test_pan_and_scan_every_image_size_counts_the_processors_crops_and_tokens(se
     wrong = [(w, h, n, r) for (w, h, n, _), r in zip(rows, results)
              if isinstance(r, ReasonError) or r["total_tokens"] != n]
     assert not wrong, wrong[:10]
-    for (w, h, _, c), r in zip(rows, results):
+    for (_, _, _, c), r in zip(rows, results):
         assert r["image_tokens"] == 256 * (1 + c) and r["counted_by"] == "fast"
 
 

@@ -13,9 +13,9 @@ import pytest
 from family_fixtures import VIDEO_CONFIGS, VIDEOS, materialize, video_variant
 
 from pack_assets.core.counting.profiles import ProfileError, profile_from_model_dir
-from pack_assets.core.reasons import ReasonError
 from pack_assets.core.counting.tokens import TokenCounter
 from pack_assets.core.counting.vision import sampled_frames
+from pack_assets.core.reasons import ReasonError
 
 ORACLE = Path(__file__).resolve().parent / "fixtures" / "oracle"
 FAMILIES = ("internvl", "llava-onevision")
@@ -113,8 +113,8 @@ def test_shard_with_videos_counts_the_oracle_and_a_broken_video_is_a_reason_row(
     import pyarrow.parquet as pq
     from conftest import write_tar
 
-    from pack_assets.core.scan import run_manifest
     from pack_assets.core.counting.token_lengths import run_token_lengths
+    from pack_assets.core.scan import run_manifest
 
     oracle = _oracle(family)
     single = {s["videos"][0]: s for s in oracle["configs"]["default"]["samples"] if len(s["messages"]) == 2
@@ -144,8 +144,8 @@ def test_unreadable_metadata_and_refusals_are_reasons_not_crashes(dirs):
     counter = TokenCounter(profile_from_model_dir(dirs["internvl"]))
     msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What?"}]},
             {"role": "assistant", "content": [{"type": "text", "text": "A ball."}]}]
-    metas = [{"fps": 10.0}, {"frames": "many", "fps": 10.0}, {"frames": 0, "fps": 10.0}, {"frames": 1_000_001, "fps": 30.0},
-             None]
+    metas = [{"fps": 10.0}, {"frames": "many", "fps": 10.0}, {"frames": 0, "fps": 10.0},
+             {"frames": 1_000_001, "fps": 30.0}, None]
     res = list(counter.count_many([(msgs, [], [m]) for m in metas] + [(msgs, [], [])]))
     assert [r.reason for r in res] == ["bad_video"] * 5 + ["placeholder_mismatch"], res
     # every frame needs no rate; sampling by fps does

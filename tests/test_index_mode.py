@@ -17,12 +17,12 @@ from conftest import image_bytes, needs, small_dataset, write_tar
 
 from pack_assets.core import store
 from pack_assets.core.audit import run_audit
+from pack_assets.core.counting.profiles import load_profile
+from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.indexmode import INDEX_FILE, IndexSourceChanged
 from pack_assets.core.owned import ForeignFiles
 from pack_assets.core.plan import PlanConfig, run_plan
-from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.scan import run_manifest
-from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.write import SourceChanged, run_write, run_write_index
 from pack_assets.reader import PackEncoder, iter_packs
 

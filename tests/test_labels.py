@@ -80,9 +80,9 @@ def test_the_pack_meta_decides_each_sub_samples_policy_and_the_weights_follow(en
 
 
 def test_the_setting_from_flags_config_and_recipe(tmp_path):
+    from pack_assets.core.plan import PlanConfig, PlanInfo
     from pack_assets.core.recipe import load
     from pack_assets.core.write import write_context
-    from pack_assets.core.plan import PlanConfig, PlanInfo
 
     assert Settings.from_flat({"label_policy": "last_turn"}).plan.label_policy == "last_turn"
     with pytest.raises(ValueError, match="label_policy 'last'"):

@@ -11,10 +11,10 @@ from conftest import small_dataset, write_tar
 
 from pack_assets.core import store
 from pack_assets.core.audit import run_audit
-from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
 from pack_assets.core.counting.profiles import load_profile
-from pack_assets.core.scan import run_manifest
 from pack_assets.core.counting.token_lengths import run_token_lengths
+from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
+from pack_assets.core.scan import run_manifest
 from pack_assets.core.write import run_write
 from pack_assets.defs.assets import audit_report, manifest, pack_plan, packed_shards, token_lengths
 from pack_assets.defs.partitions import source_shards
@@ -109,9 +109,8 @@ def test_the_audit_is_incomplete_while_a_registered_shard_waits(tmp_path, capsys
 
 
 def test_the_nothing_lost_check_fails_and_run_exits_non_zero_while_a_shard_waits(tmp_path, monkeypatch, capsys):
-    from pack_assets.runner import orchestrate
     from pack_assets.cli import main
-    from pack_assets.runner import shardwork
+    from pack_assets.runner import orchestrate, shardwork
 
     inp = small_dataset(tmp_path / "in", n_shards=2)
     real = orchestrate._batch_run
@@ -138,7 +137,8 @@ def test_the_nothing_lost_check_fails_and_run_exits_non_zero_while_a_shard_waits
     instance = dg.DagsterInstance.get()
     (check,) = [e for e in instance.get_records_for_run(instance.get_runs(limit=1)[0].run_id).records
                 if e.event_log_entry.dagster_event and e.event_log_entry.dagster_event.event_type_value
-                == "ASSET_CHECK_EVALUATION" and "nothing_lost" in str(e.event_log_entry.dagster_event.event_specific_data)]
+                == "ASSET_CHECK_EVALUATION"
+                and "nothing_lost" in str(e.event_log_entry.dagster_event.event_specific_data)]
     data = check.event_log_entry.dagster_event.event_specific_data
     assert not data.passed and data.metadata["shards_waiting"].value == ["part-001"]
 
@@ -259,10 +259,12 @@ def test_the_sensor_removes_a_deleted_shard_and_the_replan_drops_its_packs(datas
 def assert_no_trace_of(work: Path, out: Path, shard: str) -> None:
     """No pack, drop or output member refers to the shard; the remaining counts add up."""
     with store.connect(work, read_only=True) as con:
-        refs = con.execute("SELECT count(*) FROM pack_members WHERE starts_with(sample_id, ?)", [shard + "/"]).fetchone()[0]
+        refs = con.execute("SELECT count(*) FROM pack_members WHERE starts_with(sample_id, ?)",
+                           [shard + "/"]).fetchone()[0]
         refs += con.execute("SELECT count(*) FROM dropped WHERE starts_with(sample_id, ?)", [shard + "/"]).fetchone()[0]
         ok = con.execute("SELECT count(*) FROM samples WHERE status = 'ok'").fetchone()[0]
-        planned = con.execute("SELECT (SELECT count(*) FROM pack_members) + (SELECT count(*) FROM dropped)").fetchone()[0]
+        planned = con.execute("SELECT (SELECT count(*) FROM pack_members) + (SELECT count(*) FROM dropped)"
+                              ).fetchone()[0]
     assert refs == 0 and ok == planned
     from pack_assets.reader import iter_packs
 
@@ -274,8 +276,8 @@ def assert_no_trace_of(work: Path, out: Path, shard: str) -> None:
 
 
 def text_shard(path: Path, n: int = 4) -> Path:
-    return write_tar(path, [(f"t{i}.json", json.dumps({"messages": [{"role": "user", "content": "text " * (40 + 50 * i)},
-                                                                  {"role": "assistant", "content": "ok"}]}))
+    return write_tar(path, [(f"t{i}.json", json.dumps({"messages": [
+        {"role": "user", "content": "text " * (40 + 50 * i)}, {"role": "assistant", "content": "ok"}]}))
                             for i in range(n)])
 
 
@@ -307,7 +309,8 @@ def test_a_removed_shard_leaves_the_plan_and_outputs_on_the_next_run(tmp_path, m
     with store.connect(work, read_only=True) as con:
         stats = PlanInfo.load(con).stats
     if incremental:
-        assert stats["planning"].startswith("incremental: kept") and "removed 4 gone and 0 recounted" in stats["planning"]
+        assert stats["planning"].startswith("incremental: kept")
+        assert "removed 4 gone and 0 recounted" in stats["planning"]
         assert stats["samples_gone"] == 4 and stats["new_packs"] == 0
         # output shards that held none of its samples are kept as they were
         assert all((out / n).stat().st_mtime_ns == t for n, t in stamps.items())

@@ -17,15 +17,14 @@ from test_packed_shards_and_audit import PROFILE, run_all
 
 from pack_assets.core import scan as scan_mod
 from pack_assets.core import store
-from pack_assets.core.write import fingerprints
-from pack_assets.core.write import shared as write_shared
 from pack_assets.core.audit import run_audit
+from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
 from pack_assets.core.reasons import REASONS
 from pack_assets.core.records import Rejection, Sample
 from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard
-from pack_assets.core.counting.token_lengths import run_token_lengths
-from pack_assets.core.write import run_write, write_context
+from pack_assets.core.write import fingerprints, run_write, write_context
+from pack_assets.core.write import shared as write_shared
 from pack_assets.core.write.fingerprints import current_shards
 from pack_assets.core.write.jobs import shard_job
 from pack_assets.reader import PackEncoder, iter_packs
@@ -236,7 +235,7 @@ def _with_extras(root: Path) -> tuple[Path, dict[str, bytes]]:
     rec = {**chat("Which one?", "The left one.", images=1), "image": "a.jpg"}
     extras = {"k000.b.jpg": image_bytes(40, 30, color=(1, 2, 3)), "k000.cls": b"7\n",
               "k000.meta.json": json.dumps({"source": "crawl", "license": "cc-by"}).encode(),
-              "k000.txt": "a caption the record does not use".encode()}
+              "k000.txt": b"a caption the record does not use"}
     members = [("k000.json", json.dumps(rec)), ("k000.a.jpg", image_bytes(64, 48)), *extras.items(),
                # the same sample without extras: its token count must be the same
                ("k001.json", json.dumps({**rec})), ("k001.a.jpg", image_bytes(64, 48)),
@@ -252,7 +251,8 @@ def test_members_the_record_does_not_name_travel_with_their_sample(tmp_path):
     run_all(inp, work, out)
     with store.connect(work, read_only=True) as con:
         listed = dict(con.execute("SELECT key, extra_members FROM samples").fetchall())
-    assert listed == {"k000": ["k000.b.jpg", "k000.cls", "k000.meta.json", "k000.txt"], "k001": [], "k002": ["k002.cls"]}
+    assert listed == {"k000": ["k000.b.jpg", "k000.cls", "k000.meta.json", "k000.txt"], "k001": [],
+                      "k002": ["k002.cls"]}
     tokens = _tokens(work)
     assert tokens["x/k000"] == tokens["x/k001"]  # extras add no tokens
 
@@ -262,7 +262,8 @@ def test_members_the_record_does_not_name_travel_with_their_sample(tmp_path):
         for s, src in zip(pack["samples"], pack["_meta"]["sources"]):
             assert [n for n, _ in s["media"]] == [m["output_name"].split(".", 1)[1] for m in src["media"]]
             for (part, data), m in zip(s.get("extra", []), src.get("extra", [])):
-                assert m["output_name"] == f"{pack['pack_id']}.{part}" and m["output_name"].split(".")[0] == pack["pack_id"]
+                assert m["output_name"] == f"{pack['pack_id']}.{part}"
+                assert m["output_name"].split(".")[0] == pack["pack_id"]
                 assert m["sha256"] == hashlib.sha256(data).hexdigest()
                 carried[m["name"]] = data
     assert carried == extras  # every extra, byte-equal to its source

@@ -45,14 +45,14 @@ from conftest import image_bytes  # noqa: E402
 
 from pack_assets.core import report, store  # noqa: E402
 from pack_assets.core.audit import run_audit
+from pack_assets.core.counting.profiles import load_profile  # noqa: E402
+from pack_assets.core.counting.token_lengths import run_token_lengths, token_lengths_are_current
 from pack_assets.core.plan import (
     PlanConfig,  # noqa: E402
     PlanInfo,
     run_plan,
 )
-from pack_assets.core.counting.profiles import load_profile# noqa: E402
 from pack_assets.core.scan import manifest_is_current, run_manifest
-from pack_assets.core.counting.token_lengths import run_token_lengths, token_lengths_are_current
 from pack_assets.core.write import run_write
 
 PROFILE = load_profile("qwen3-vl")
@@ -147,7 +147,8 @@ def sample_members(s: SampleSpec) -> list[tuple[str, bytes]]:
         fmts = {"jpg": "JPEG", "a.png": "PNG", "b.webp": "WEBP"}
         media = [(f"{s.key}.{n}", _image(s, i, fmts[n])) for i, n in enumerate(names)]
         if s.style == "messages":
-            rec = {"messages": [{"role": "user", "content": [{"type": "image"}] * len(names) + [{"type": "text", "text": text}]},
+            asked = [{"type": "image"}] * len(names) + [{"type": "text", "text": text}]
+            rec = {"messages": [{"role": "user", "content": asked},
                                 {"role": "assistant", "content": [{"type": "text", "text": "A picture."}]}],
                    "images": names}
         else:
@@ -273,7 +274,8 @@ def tree(root: Path, skip: set[str] = frozenset()) -> dict[str, str]:
             continue
         if p.name == "index.sqlite":
             with contextlib.closing(sqlite3.connect(f"file:{p}?mode=ro", uri=True)) as db:
-                rows = [db.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in ("samples", "sample_parts")]
+                rows = [db.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall()
+                        for t in ("samples", "sample_parts")]
             out[rel] = sha(json.dumps(rows).encode())
         else:
             out[rel] = sha(p.read_bytes())
@@ -454,7 +456,8 @@ class Lifecycle(RuleBasedStateMachine):
         self._run("core incremental", lambda: core_run(self.inp, self.work, self.out, self.config(incremental=True)))
 
     @precondition(lambda self: self.orchestrated_left > 0)
-    @rule(via=st.sampled_from(["sensor", "pipeline", "kill", "sensor", "kill", "cli"]), n=st.integers(0, len(KILL_POINTS) - 1))
+    @rule(via=st.sampled_from(["sensor", "pipeline", "kill", "sensor", "kill", "cli"]),
+          n=st.integers(0, len(KILL_POINTS) - 1))
     def run_orchestrated(self, via, n):
         self.orchestrated_left -= 1
         if via in ("kill", "cli"):
@@ -516,7 +519,8 @@ class Lifecycle(RuleBasedStateMachine):
         except Exception as e:  # noqa: BLE001 - the oracle reports it
             return Outcome("", error=f"{type(e).__name__}: {e}", plan_config=self.config())
         verdict = str(s.get("verdict") or ("PASS" if s.get("violations") == 0 else "FAIL")).upper()
-        return Outcome("", verdict=verdict, audit_detail=[f"{s.get('violations')} violation(s)"], plan_config=self.config())
+        return Outcome("", verdict=verdict, audit_detail=[f"{s.get('violations')} violation(s)"],
+                       plan_config=self.config())
 
     def _sensor_tick(self) -> Outcome:
         """What the daemon does: evaluate new_shard_sensor, apply its partition requests, launch each run
@@ -558,8 +562,8 @@ class Lifecycle(RuleBasedStateMachine):
                 if "nothing_lost" in checks:
                     verdict = "PASS" if checks["nothing_lost"] else "FAIL"
             if not r.success:
-                errors.extend(f"{ev.step_key}: {(ev.step_failure_data.error.cause or ev.step_failure_data.error).message.strip()[:300]}"
-                              for ev in r.all_events if ev.is_step_failure)
+                errors.extend(f"{ev.step_key}: {(e.cause or e).message.strip()[:300]}"
+                              for ev in r.all_events if ev.is_step_failure for e in [ev.step_failure_data.error])
 
         for sensor in (new_shard_sensor, replan_sensor):
             ctx = dg.build_sensor_context(instance=inst, resources=res)
@@ -676,8 +680,8 @@ class Lifecycle(RuleBasedStateMachine):
                 count.setdefault(sid, []).append(table)
         for sid in sorted(set(packed_out) | set(in_packs)):
             if packed_out.get(sid, 0) != in_packs.count(sid):
-                bad("every_sample_once", f"{sid}: in {in_packs.count(sid)} planned pack(s) but {packed_out.get(sid, 0)} "
-                    "time(s) in the output")
+                bad("every_sample_once", f"{sid}: in {in_packs.count(sid)} planned pack(s) but "
+                    f"{packed_out.get(sid, 0)} time(s) in the output")
         for sid in sorted(required):
             if len(count.get(sid, [])) != 1:
                 bad("every_sample_once", f"{sid}: {count.get(sid) or 'in no table'} (expected exactly one of packed, "
@@ -742,7 +746,8 @@ class Lifecycle(RuleBasedStateMachine):
                                              f"current source member {m['name']}"))
                     named = {json_name} | {m["name"] for m in meta.get("media", [])}
                     for name, data in src.items():
-                        if name in named or sha(data) in carried or data.decode("utf-8", "replace") in doc_bytes.decode():
+                        if (name in named or sha(data) in carried
+                                or data.decode("utf-8", "replace") in doc_bytes.decode()):
                             continue
                         shard, key = sid.rsplit("/", 1)
                         if not any(r[0] == shard and r[1] == key and name in (r[3] or "") for r in reason_rows):
@@ -765,7 +770,8 @@ class Lifecycle(RuleBasedStateMachine):
             return
         got = tree(self.out, skip=set(self.user_files))
         if got != expected[0]:
-            diff = sorted(set(got) ^ set(expected[0])) + sorted(k for k in set(got) & set(expected[0]) if got[k] != expected[0][k])
+            diff = sorted(set(got) ^ set(expected[0]))
+            diff += sorted(k for k in set(got) & set(expected[0]) if got[k] != expected[0][k])
             bad("same_as_from_scratch", f"output files differ from a from-scratch run: {diff[:6]}")
         plan = self.work / "pack_plan.jsonl"
         if not plan.exists() or plan.read_bytes() != expected[1]:

@@ -19,10 +19,10 @@ from conftest import chat, image_bytes, small_dataset, write_tar
 from pack_assets.cli import main
 from pack_assets.core import owned, safety, store
 from pack_assets.core.audit import run_audit
-from pack_assets.core.plan import PlanConfig, run_plan
 from pack_assets.core.counting.profiles import load_profile
-from pack_assets.core.scan import run_manifest
 from pack_assets.core.counting.token_lengths import run_token_lengths, token_lengths_are_current
+from pack_assets.core.plan import PlanConfig, run_plan
+from pack_assets.core.scan import run_manifest
 from pack_assets.core.write import run_write
 
 PROFILE = load_profile("qwen3-vl")
@@ -171,8 +171,8 @@ def holder(tmp_path):
     procs = []
 
     def start(work: Path) -> subprocess.Popen:
-        p = subprocess.Popen([sys.executable, "-c", HOLDER, str(work)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        p = subprocess.Popen([sys.executable, "-c", HOLDER, str(work)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         assert p.stdout.readline().strip() == "held"
         procs.append(p)
         return p
@@ -243,7 +243,8 @@ def _scan_and_count(inp: str, work: str, shard: str) -> None:
 def test_two_concurrent_runs_of_one_shard_both_finish_with_a_correct_manifest(tmp_path):
     members = []
     for j in range(300):
-        members.append((f"k{j:04d}.json", json.dumps({**chat(f"question {j} " * 20, "answer", images=1), "image": "png"})))
+        rec = {**chat(f"question {j} " * 20, "answer", images=1), "image": "png"}
+        members.append((f"k{j:04d}.json", json.dumps(rec)))
         members.append((f"k{j:04d}.png", image_bytes(16 + j % 50, 16, "PNG")))
     inp = tmp_path / "in"
     write_tar(inp / "big.tar", members)

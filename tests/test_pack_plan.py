@@ -87,7 +87,8 @@ def test_caps_always_hold_on_adversarial_inputs(items, capacity, algorithm, max_
     caps = Caps(max_samples, max_media, max_vision)
     packs = assign(lengths, capacity, algorithm, caps, media, vision, seed=3)
     kept = packs >= 0
-    alone_ok = (lengths <= capacity) & ((media <= max_media) | (max_media == 0)) & ((vision <= max_vision) | (max_vision == 0))
+    alone_ok = ((lengths <= capacity) & ((media <= max_media) | (max_media == 0))
+                & ((vision <= max_vision) | (max_vision == 0)))
     assert (kept == alone_ok).all()  # dropped only when the item breaks a limit on its own
     if kept.any():
         n = packs.max() + 1
@@ -267,12 +268,15 @@ def test_a_plan_that_cannot_be_stored_leaves_the_last_one_and_says_why(tmp_path)
             "total_token_len": 7, "output_shard": "packed-00000.tar", "overlong": False}
     dropped = [{"sample_id": "a/3", "total_tokens": 99, "reason": "overlong"}]
     with store.connect(tmp_path) as con:
-        con.execute("CREATE TABLE manifest_samples (sample_id VARCHAR, shard VARCHAR, key VARCHAR, json_member VARCHAR, "
-                    "media_members VARCHAR[])")  # what the lineage view reads (the catalog's, in a real work folder)
+        # what the lineage view reads (the catalog's, in a real work folder)
+        con.execute("CREATE TABLE manifest_samples (sample_id VARCHAR, shard VARCHAR, key VARCHAR, "
+                    "json_member VARCHAR, media_members VARCHAR[])")
         store.save_plan(con, [pack], dropped, {"fingerprint": "first"})
         with pytest.raises(duckdb.ConversionException):
             store.save_plan(con, [{**pack, "total_token_len": "seven"}], [], {"fingerprint": "second"})
         assert store.read_plan_info(con) == {"fingerprint": "first"}
         packs, kept = store.read_plan(con)
-        assert packs == [("p00000000", "text", ["a/1", "a/2"], [3, 4], 7, "packed-00000.tar", False)] and kept == dropped
-        assert con.execute("SELECT sample_id, position FROM pack_members ORDER BY 2").fetchall() == [("a/1", 0), ("a/2", 1)]
+        assert packs == [("p00000000", "text", ["a/1", "a/2"], [3, 4], 7, "packed-00000.tar", False)]
+        assert kept == dropped
+        members = con.execute("SELECT sample_id, position FROM pack_members ORDER BY 2").fetchall()
+        assert members == [("a/1", 0), ("a/2", 1)]

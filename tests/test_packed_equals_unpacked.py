@@ -14,7 +14,6 @@ import zlib
 
 import numpy as np
 import pytest
-
 from conftest import needs, write_tar
 from pack_helpers import MODELS, pack_shards, tiny_media_samples
 
@@ -43,9 +42,8 @@ def shards(tmp_path_factory):
 
 
 def _processor(profile: str):
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
     from tiny_models import CHECKPOINTS
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     return Qwen2VLImageProcessorPil.from_pretrained(MODELS / CHECKPOINTS[profile])
 
 
@@ -99,7 +97,8 @@ def _token_losses(logits, labels):
 def _run(model, vocab, batch: dict, position_ids, mask):
     import torch
 
-    kw = {k: batch[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw") if k in batch}
+    kw = {k: batch[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+          if k in batch}
     with torch.no_grad():
         return model(input_ids=vocab(batch["input_ids"]), mm_token_type_ids=batch["mm_token_type_ids"],
                      position_ids=position_ids, attention_mask=mask, use_cache=False, **kw).logits
@@ -144,9 +143,9 @@ def _check_pack(res: dict, logits: dict, ref_logits, ref_losses, vocab, weights:
 @pytest.mark.parametrize("profile", ["qwen2.5-vl", "qwen3-vl"])
 def test_pack_logits_and_losses_equal_each_sub_sample_alone(shards, tmp_path, profile):
     import torch
+    from tiny_models import tiny_model
 
     from pack_assets.reader import PackCollator, PackEncoder
-    from tiny_models import tiny_model
 
     # Qwen3-VL counts fewer tokens per video: a smaller max_len keeps 20+ packs from the same samples
     packs = pack_shards(shards, tmp_path, profile, max_len={"qwen2.5-vl": 448, "qwen3-vl": 384}[profile])
@@ -167,13 +166,15 @@ def test_pack_logits_and_losses_equal_each_sub_sample_alone(shards, tmp_path, pr
             alone = [_alone(model, vocab, proc, video_pixels, res, i) for i in range(len(res["cu_seqlens"]) - 1)]
             ref_logits, ref_losses = torch.cat([a[0] for a in alone]), torch.cat([a[1] for a in alone])
             weights = {m: e.encode(pack)["loss_weights"] for m, e in encoders.items()}
-            _check_pack(res, {n: r[row] for n, r in runs.items() if n != "1-D"}, ref_logits, ref_losses, vocab, weights, profile)
+            _check_pack(res, {n: r[row] for n, r in runs.items() if n != "1-D"}, ref_logits, ref_losses, vocab, weights,
+                        profile)
             if (res["mm_token_type_ids"] > 0).any():  # 1-D positions differ from mRoPE only around vision tokens
                 one_d.append(float((runs["1-D"][row][:len(res["input_ids"])] - ref_logits).abs().max()))
             checked += 1
             for kind in kinds:
                 kinds[kind] += bool((res["mm_token_type_ids"] == kind).any())
     MAX_DIFF[f"{profile} 1-D positions, smallest logits diff over packs with media"] = min(one_d)
-    print(f"\n{profile}: {checked} packs ({kinds[1]} with images, {kinds[2]} with videos)", {k: f"{v:.2e}" for k, v in MAX_DIFF.items() if k.startswith(profile)})
+    print(f"\n{profile}: {checked} packs ({kinds[1]} with images, {kinds[2]} with videos)",
+          {k: f"{v:.2e}" for k, v in MAX_DIFF.items() if k.startswith(profile)})
     assert checked >= 20 and len(one_d) >= 10 and min(kinds.values()) >= 3, (checked, kinds)
     assert min(one_d) > 100 * TOL  # the failure it prevents: 1-D positions give other logits

@@ -18,21 +18,20 @@ import webdataset as wds
 
 from pack_assets.core import audit as audit_mod
 from pack_assets.core import store, tario
-from pack_assets.core.write import copy as write_copy
-from pack_assets.core.write import energon, fingerprints, jobs, syscalls
-from pack_assets.core.write import record as write_record
-from pack_assets.core.write import shard as write_shard_mod
 from pack_assets.core.audit import run_audit
+from pack_assets.core.counting.profiles import load_profile
+from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.lookup import lookup
 from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
-from pack_assets.runner.procs import Helpers
-from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.records import PackMeta, SourceRef
 from pack_assets.core.scan import manifest_is_current, run_manifest
-from pack_assets.core.counting.token_lengths import run_token_lengths
-from pack_assets.core.write import run_write, write_context
+from pack_assets.core.write import copy as write_copy
+from pack_assets.core.write import energon, fingerprints, jobs, run_write, syscalls, write_context
+from pack_assets.core.write import record as write_record
+from pack_assets.core.write import shard as write_shard_mod
 from pack_assets.core.write.fingerprints import current_shards
 from pack_assets.core.write.jobs import load_shard_job, shard_job
+from pack_assets.runner.procs import Helpers
 
 PROFILE = load_profile("qwen3-vl")
 
@@ -61,7 +60,8 @@ def sha(p: Path) -> str:
 def test_every_media_member_equals_its_source_bytes(packed):
     inp, work, out, _ = packed
     with store.connect(work, read_only=True) as con:
-        members = {(r[0], r[1]): (r[2], r[3]) for r in con.execute('SELECT sample_id, name, "offset", size FROM members').fetchall()}
+        rows = con.execute('SELECT sample_id, name, "offset", size FROM members').fetchall()
+        members = {(r[0], r[1]): (r[2], r[3]) for r in rows}
     checked = 0
     for shard in sorted(out.glob("*.tar")):
         with tarfile.open(shard) as tf:
@@ -167,7 +167,8 @@ def test_packs_larger_than_the_writers_read_buffer_are_written_byte_identical(pa
     run_write(work, inp, tmp_path / "small_buffer", workers=1)
     assert sizes and all(len(a.buf) > 700 for a in sizes)  # each grew to the largest pack it met
     assert len(advised) > len(sizes)  # (one arena per shard, writeback after each of its packs)
-    assert {p.name: sha(p) for p in (tmp_path / "small_buffer").glob("*.tar")} == {p.name: sha(p) for p in out.glob("*.tar")}
+    assert {p.name: sha(p) for p in (tmp_path / "small_buffer").glob("*.tar")} == {p.name: sha(p)
+                                                                                  for p in out.glob("*.tar")}
 
 
 @pytest.mark.skipif(not hasattr(os, "copy_file_range"), reason="no copy_file_range on this platform")
@@ -261,7 +262,8 @@ def test_unchanged_output_shards_are_found_without_loading_each_shard(dataset, t
         # one query over all shards gives each shard's fingerprint exactly as the writer computed it
         for r in found:
             job = shard_job(con, dataset, r.shard)
-            assert fingerprints.shard_fingerprint(job, context) == tario.first_pack_meta(out / r.shard)["shard_fingerprint"]
+            on_disk = tario.first_pack_meta(out / r.shard)["shard_fingerprint"]
+            assert fingerprints.shard_fingerprint(job, context) == on_disk
             assert (r.packs, r.samples) == (len(job.packs), sum(len(p.subs) for p in job.packs))
     assert sorted(r.shard for r in found) == names and len(names) >= 2
     before = {n: sha(out / n) for n in names}
@@ -284,7 +286,8 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     host = socket.gethostname().replace("-", "_")
     stale = work / f"{store.STAGED_PREFIX}{host}-999999999-left"  # a killed run's on this host (no such process)
     live = work / f"{store.STAGED_PREFIX}{host}-{os.getppid()}-running"  # a running process's
-    elsewhere = work / f"{store.STAGED_PREFIX}otherhost-999999999-running"  # another machine's: its pids mean nothing here
+    # another machine's: its pids mean nothing here
+    elsewhere = work / f"{store.STAGED_PREFIX}otherhost-999999999-running"
     for d in (stale, live, elsewhere):
         (d / "subs").mkdir(parents=True)
     monkeypatch.setattr(store, "_STAGED_GROUP", 1)  # one output shard per pass: the groups add up
@@ -296,7 +299,8 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
             for n in names:
                 assert shard_job(con, inp, n, rows) == shard_job(con, inp, n)
         with store.staged(work, audit_stage.AUDIT_ROWS, names[1:], con) as rows:
-            assert audit_stage._shard_expectations(con, names[1], rows) == audit_stage._shard_expectations(con, names[1])
+            gathered = audit_stage._shard_expectations(con, names[1], rows)
+            assert gathered == audit_stage._shard_expectations(con, names[1])
         with pytest.raises(FileNotFoundError):  # gone from under a reader: an error, never "no rows"
             shard_job(con, inp, names[0], rows)
     leftovers = sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*"))
@@ -369,7 +373,8 @@ def _edit_meta(items):
 )
 def test_audit_reports_each_kind_of_damage(packed, damage, check):
     _, work, out, _ = packed
-    shard = next(p for p in sorted(out.glob("*.tar")) if any(not n.endswith(".json") for n in tarfile.open(p).getnames()))
+    shard = next(p for p in sorted(out.glob("*.tar"))
+                 if any(not n.endswith(".json") for n in tarfile.open(p).getnames()))
     _rewrite(shard, damage)
     result = run_audit(work, out)
     assert check in {v["check"] for v in result.violations}
@@ -390,7 +395,8 @@ def test_an_output_shard_cut_short_is_unreadable_and_only_the_packs_after_the_cu
     while the pack before is checked): the packs before a break are checked and counted, the one it cuts
     through and those after are missing; as when the shards are shared by threads."""
     _, work, out, _ = packed
-    shard = next(p for p in sorted(out.glob("*.tar")) if len({n.split(".")[0] for n in tarfile.open(p).getnames()}) == 2)
+    shard = next(p for p in sorted(out.glob("*.tar"))
+                 if len({n.split(".")[0] for n in tarfile.open(p).getnames()}) == 2)
     with tarfile.open(shard) as tf:
         members = tf.getmembers()
     first, second = members[0].name.split(".")[0], members[-1].name.split(".")[0]
@@ -416,7 +422,8 @@ def test_audit_in_two_processes_or_threads_reports_what_one_process_reports(pack
     shards[1].unlink()
     one = run_audit(work, out, workers=1)
     two = run_audit(work, out, workers=2, parallel_min_bytes=0)
-    assert {"media_hash_mismatch", "duplicate_pack", "missing_shard", "lost_sample"} <= {v["check"] for v in one.violations}
+    assert {"media_hash_mismatch", "duplicate_pack", "missing_shard", "lost_sample"} <= {
+        v["check"] for v in one.violations}
     threads = run_audit(work, out, workers=2)  # below PARALLEL_MIN_BYTES: two threads
     assert two.violations == one.violations == threads.violations
     assert two.stats == one.stats == threads.stats
@@ -428,9 +435,10 @@ def test_audit_scope_changed_rereads_only_what_changed_since_a_clean_audit(packe
     full = run_audit(work, out)
     assert full.ok and full.stats["output_shards_trusted"] == 0
     quick = run_audit(work, out, scope="changed")
-    assert quick.ok and quick.stats["output_shards_trusted"] == len(shards) and quick.stats["media_members_checked"] == 0
-    assert {k: quick.stats[k] for k in ("samples_read", "packed", "dropped", "rejected", "packs_read", "per_shard")} == \
-        {k: full.stats[k] for k in ("samples_read", "packed", "dropped", "rejected", "packs_read", "per_shard")}
+    assert quick.ok and quick.stats["output_shards_trusted"] == len(shards)
+    assert quick.stats["media_members_checked"] == 0
+    same = ("samples_read", "packed", "dropped", "rejected", "packs_read", "per_shard")
+    assert {k: quick.stats[k] for k in same} == {k: full.stats[k] for k in same}
     # a rewritten shard (new mtime) is read again and its damage reported; the failed audit vouches for nothing
     _rewrite(shards[0], _flip_media)
     damaged = run_audit(work, out, scope="changed")
@@ -531,7 +539,8 @@ def _tampered_recount(work: Path, out: Path, pool=None) -> None:
     t = pq.read_table(path)
     col = t.column("total_tokens").to_pylist()
     col[1] += 1
-    pq.write_table(t.set_column(t.schema.get_field_index("total_tokens"), "total_tokens", pa.array(col, pa.int64())), path)
+    column = t.schema.get_field_index("total_tokens")
+    pq.write_table(t.set_column(column, "total_tokens", pa.array(col, pa.int64())), path)
     checks = {v["check"] for v in run_audit(work, out, recount_fraction=1.0, pool=pool).violations}
     assert "recount_mismatch" in checks and "length_mismatch" in checks
 
@@ -546,7 +555,8 @@ def test_the_quick_audit_recounts_only_the_samples_it_reads_back(packed):
     assert wider.ok and wider.stats["output_shards_trusted"] == wider.stats["output_shards"]
     assert wider.stats["recounted"] == 24
     quick = run_audit(work, out, recount_fraction=1.0, scope="changed")
-    assert quick.ok and quick.stats["recounted"] == 0 and quick.stats["recount_skipped_shards"] == quick.stats["output_shards"]
+    assert quick.ok and quick.stats["recounted"] == 0
+    assert quick.stats["recount_skipped_shards"] == quick.stats["output_shards"]
     record = json.loads((work / "audited_shards.json").read_text())
     record["versions"]["transformers"] = "0.0.1"  # counted under other packages: an upgrade may count otherwise
     (work / "audited_shards.json").write_text(json.dumps(record))
@@ -561,14 +571,16 @@ def test_the_quick_audit_recounts_only_the_samples_it_reads_back(packed):
     t = pq.read_table(path)
     col = t.column("total_tokens").to_pylist()
     col[1] += 1
-    pq.write_table(t.set_column(t.schema.get_field_index("total_tokens"), "total_tokens", pa.array(col, pa.int64())), path)
+    column = t.schema.get_field_index("total_tokens")
+    pq.write_table(t.set_column(column, "total_tokens", pa.array(col, pa.int64())), path)
     tampered = run_audit(work, out, recount_fraction=1.0, scope="changed")
-    assert 0 < tampered.stats["recounted"] < 24 and tampered.stats["output_shards_trusted"] < tampered.stats["output_shards"]
+    assert 0 < tampered.stats["recounted"] < 24
+    assert tampered.stats["output_shards_trusted"] < tampered.stats["output_shards"]
     assert "recount_mismatch" in {v["check"] for v in tampered.violations}
 
 
-@pytest.mark.parametrize("name, size", [("p00000001.json", 0), ("p00000001.s000_00.jpg", 123_456), ("x" * 99, 8**11 - 1),
-                                        ("ü.json", 5), ("y" * 150, 7), ("big.mp4", 8**11 + 1)])
+@pytest.mark.parametrize("name, size", [("p00000001.json", 0), ("p00000001.s000_00.jpg", 123_456),
+                                        ("x" * 99, 8**11 - 1), ("ü.json", 5), ("y" * 150, 7), ("big.mp4", 8**11 + 1)])
 def test_fast_tar_header_is_byte_identical_to_tarfile(name, size):
     assert tario.member_header(name, size) == tario._tarfile_header(name, size)
 
@@ -646,7 +658,8 @@ def test_spliced_pack_document_is_byte_identical_to_dumping_the_dict():
     member = lambda name, off, sha: {"name": name, "offset": off, "size": 7, "sha256": sha}  # noqa: E731
     subs = [
         SubSample('a/"k"', "s", 'a/"k"', "/x", 12, None, member("k.json", 0, "ab"), [member("k.jpg", 512, None)],
-                  extra=[member('k.ü"x', 1024, "cd")], conversation_sha256="c", messages_json=json.dumps(messages, ensure_ascii=False)),
+                  extra=[member('k.ü"x', 1024, "cd")], conversation_sha256="c",
+                  messages_json=json.dumps(messages, ensure_ascii=False)),
         SubSample("b", "s", "b", "/x", 3, messages, member("b.txt", 2048, "ef"), [], messages_json=None),
         SubSample("c", "s", "c", "/x", 0, [], None, [member("c.png", 4096, "01")]),
         # members not shaped as the catalog gives them: dumped as dicts, same bytes
@@ -741,8 +754,8 @@ def test_a_bad_duckdb_memory_limit_is_named(tmp_path, monkeypatch):
         store.connect(tmp_path)
     monkeypatch.setenv(store.MEMORY_ENV, "300MB")
     with store.connect(tmp_path) as con:
-        assert con.execute("SELECT current_setting('memory_limit'), current_setting('enable_progress_bar')").fetchone() \
-            == ("286.1 MiB", False)
+        settings = con.execute("SELECT current_setting('memory_limit'), current_setting('enable_progress_bar')")
+        assert settings.fetchone() == ("286.1 MiB", False)
 
 
 def _energon_rows(out: Path) -> tuple[list, list]:
@@ -750,7 +763,8 @@ def _energon_rows(out: Path) -> tuple[list, list]:
 
     with sqlite3.connect(out / ".nv-meta" / "index.sqlite") as db:
         return (db.execute("SELECT * FROM samples ORDER BY tar_file_id, sample_index").fetchall(),
-                db.execute("SELECT * FROM sample_parts ORDER BY tar_file_id, sample_index, content_byte_offset").fetchall())
+                db.execute("SELECT * FROM sample_parts ORDER BY tar_file_id, sample_index, content_byte_offset"
+                           ).fetchall())
 
 
 def test_a_rerun_keeps_the_energon_index_rows_of_untouched_shards_only_while_the_record_vouches(packed, monkeypatch):
@@ -788,7 +802,8 @@ def test_after_an_incremental_plan_the_energon_index_grows_from_the_last_one(pac
     real_index, real_rows = energon.sample_index, energon.LastIndex.rows
     monkeypatch.setattr(energon, "sample_index", lambda p: read_back.append(p.name) or real_index(p))
     monkeypatch.setattr(energon.LastIndex, "rows",
-                        staticmethod(lambda db, tar_id, parts=True: rows_read.append(parts) or real_rows(db, tar_id, parts)))
+                        staticmethod(lambda db, tar_id, parts=True: rows_read.append(parts)
+                                     or real_rows(db, tar_id, parts)))
     res = run_write(work, inp, out, workers=1)
     assert res.written >= 1 and res.skipped == len(before) and {p.name for p in out.glob("*.tar")} > before
     assert read_back == [] and rows_read == [False] * len(before)
@@ -836,8 +851,9 @@ def test_a_rerun_vouches_for_its_own_shards_by_content_digest_and_for_nothing_it
         {n: tario.first_pack_meta(out / n)["shard_fingerprint"] for n in names}
     with store.connect(work, read_only=True) as con:
         sid, offset, size, shard = con.execute(
-            """SELECT m.sample_id, m."offset", m.size, p.output_shard FROM members m JOIN pack_members pm USING (sample_id)
-               JOIN pack_plan p USING (pack_id) WHERE m.name LIKE '%.jpg' ORDER BY 1 LIMIT 1""").fetchone()
+            """SELECT m.sample_id, m."offset", m.size, p.output_shard FROM members m
+               JOIN pack_members pm USING (sample_id) JOIN pack_plan p USING (pack_id)
+               WHERE m.name LIKE '%.jpg' ORDER BY 1 LIMIT 1""").fetchone()
         plan_before = PlanInfo.load(con).fingerprint
     src = inp / f"{sid.split('/')[0]}.tar"
     st = src.stat()
@@ -922,7 +938,8 @@ def test_the_writer_takes_each_digest_from_its_record_until_its_sources_catalog_
     assert digests()[2] == [()]  # every digest computed, in one query over every shard
 
 
-def test_a_touched_source_is_rescanned_and_its_output_shards_are_kept_a_new_plan_refutes_every_shard(packed, monkeypatch):
+def test_a_touched_source_is_rescanned_and_its_output_shards_are_kept_a_new_plan_refutes_every_shard(packed,
+                                                                                                     monkeypatch):
     """A source shard copied or touched (new mtime, same bytes) is rescanned; its members are hashed, so the
     digest, like the fingerprint, leaves its mtime out: every output shard is vouched for, none rewritten.
     A replan after a source is removed moves samples between packs under the same settings: the record

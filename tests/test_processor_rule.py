@@ -112,8 +112,8 @@ def test_gemma3_counts_equal_its_processor_on_whole_samples(gemma_dir, tmp_path)
 def test_processor_rule_in_the_shard_stage_records_counted_by(gemma_dir, tmp_path):
     import pyarrow.parquet as pq
 
-    from pack_assets.core.scan import run_manifest
     from pack_assets.core.counting.token_lengths import run_token_lengths, token_lengths_are_current
+    from pack_assets.core.scan import run_manifest
 
     rec = {"conversations": [{"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "A box."}]}
     members = []
@@ -292,8 +292,8 @@ def test_without_torchvision_images_count_and_videos_get_reason_rows(tmp_path, m
     """The processor rule on Qwen3-VL (a folder the fast rule covers too): its video processor 'needs
     torchvision', so the processor is built without it; image samples equal the fast rule, video samples are
     rejected with missing_dependency naming the package and the extra."""
-    from pack_assets.core.counting.profiles import processor_profile
     from pack_assets.core.counting.counters import counter_for
+    from pack_assets.core.counting.profiles import processor_profile
     from pack_assets.core.counting.token_lengths import count_shard_rows
 
     d = _qwen3_folder(tmp_path)
@@ -326,8 +326,8 @@ def test_without_torchvision_images_count_and_videos_get_reason_rows(tmp_path, m
 
 
 def test_a_processor_that_cannot_be_built_names_the_missing_package_and_the_extra(gemma_dir, monkeypatch):
-    from pack_assets.core.counting.profiles import ProfileError
     from pack_assets.core.counting.counters import counter_for
+    from pack_assets.core.counting.profiles import ProfileError
 
     _no_torchvision(monkeypatch)  # Gemma 3's processor has no video part to leave out: nothing to count with
     with pytest.raises(ProfileError, match=r"needs torchvision.*pip install 'pack_assets\[processor\]'"):
@@ -338,8 +338,8 @@ def test_a_processor_whose_image_part_needs_torchvision_is_refused_with_the_extr
     """InternVL's way: transformers raises a ValueError 'requires `torchvision` to be installed'."""
     import transformers
 
-    from pack_assets.core.counting.profiles import ProfileError
     from pack_assets.core.counting.counters import counter_for
+    from pack_assets.core.counting.profiles import ProfileError
 
     def refuse(*a, **k):
         raise ValueError(f"{gemma_dir} requires `torchvision` to be installed. Please install `torchvision`.")
@@ -408,5 +408,6 @@ def test_an_image_size_checked_alone_is_checked_again_in_a_multi_image_sample(tm
            {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
     size = (640, 480)
     batched = [r["total_tokens"] for r in counter.count_many([(one, [size], []), (two, [size, size], [])])]
-    assert batched == [counter.count(one, [size], [])["total_tokens"], counter.count(two, [size, size], [])["total_tokens"]]
+    assert batched == [counter.count(one, [size], [])["total_tokens"],
+                       counter.count(two, [size, size], [])["total_tokens"]]
     assert batched[1] < batched[0]  # several images: 729 + 1 each, less than one anyres image

@@ -19,11 +19,11 @@ import pytest
 from conftest import image_bytes, needs, write_tar
 from family_fixtures import VIDEO_CONFIGS, VIDEOS, materialize, video_variant
 
-from pack_assets.core.media import probe_video
+from pack_assets.core.counting.counters import counter_for
 from pack_assets.core.counting.profiles import load_profile, processor_profile, profile_from_model_dir
 from pack_assets.core.counting.tokenizers import tokenizer_for
+from pack_assets.core.media import probe_video
 from pack_assets.core.reasons import ReasonError
-from pack_assets.core.counting.counters import counter_for
 
 _MISSING = importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchvision") is None
 pytestmark = needs(_MISSING, "torch + torchvision are not installed (pip install 'pack_assets[processor]')")
@@ -55,7 +55,7 @@ REFUSED = {("qwen2.5-vl", "fps_2"): [G1], ("qwen2.5-vl", "num_frames_8"): [G7, G
 # decodes a file and as the stand-ins are, count it as the fast rule does)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _clip(name: str) -> tuple[np.ndarray, dict]:
     """Real frames (PyAV, rgb24) and the metadata the manifest stores for the clip."""
     import av
@@ -120,8 +120,8 @@ def _samples() -> list[tuple[list[dict], list, list[str]]]:
     out.append(([{"role": "user", "content": [VID, _t("First.")]}, {"role": "assistant", "content": "Ok."},
                  {"role": "user", "content": [VID, _t("Second; which is longer?")]},
                  {"role": "assistant", "content": "Equal."}], [], ["g12_64x48_30fps.mp4", "g12_64x48_30fps.mp4"]))
-    out.append(([{"role": "user", "content": [VID, VID, _t("Compare.")]}, {"role": "assistant", "content": "Different."}],
-                [], ["lf_4.mp4", "g40_80x60_ntsc.mov"]))
+    out.append(([{"role": "user", "content": [VID, VID, _t("Compare.")]},
+                 {"role": "assistant", "content": "Different."}], [], ["lf_4.mp4", "g40_80x60_ntsc.mov"]))
     return out
 
 
@@ -210,7 +210,8 @@ def test_video_samples_equal_the_fast_rule(family, config, root):
             assert isinstance(g, ReasonError), (clips, w.reason, g)
             continue
         assert not isinstance(g, ReasonError), (clips, g.reason, g.detail)
-        assert (g["total_tokens"], g["video_tokens"]) == (w["total_tokens"], w["video_tokens"]), (family, config, clips, g, w)
+        assert (g["total_tokens"], g["video_tokens"]) == (w["total_tokens"], w["video_tokens"]), (
+            family, config, clips, g, w)
 
 
 def test_a_broken_video_and_a_refused_video_are_reason_rows(root, tmp_path):
@@ -219,14 +220,16 @@ def test_a_broken_video_and_a_refused_video_are_reason_rows(root, tmp_path):
     metadata is `bad_video` before any processor call."""
     import pyarrow.parquet as pq
 
-    from pack_assets.core.scan import run_manifest
     from pack_assets.core.counting.token_lengths import run_token_lengths
+    from pack_assets.core.scan import run_manifest
 
     folder = _variant(root, "llava-onevision", "num_frames_8")
-    msgs = [{"role": "user", "content": [VID, _t("What happens?")]}, {"role": "assistant", "content": [_t("A gradient.")]}]
+    msgs = [{"role": "user", "content": [VID, _t("What happens?")]},
+            {"role": "assistant", "content": [_t("A gradient.")]}]
     members = []
     for key, clip in (("k0", "lf_4.mp4"), ("k1", "g7_32x320_10fps.webm")):  # 150 frames; 7 < 8 asked
-        members += [(f"{key}.json", json.dumps({"messages": msgs})), (f"{key}{Path(clip).suffix}", (VIDEOS / clip).read_bytes())]
+        members += [(f"{key}.json", json.dumps({"messages": msgs})),
+                    (f"{key}{Path(clip).suffix}", (VIDEOS / clip).read_bytes())]
     members += [("kbad.json", json.dumps({"messages": msgs})), ("kbad.mp4", (VIDEOS / "lf_4.mp4").read_bytes()[:300])]
     write_tar(tmp_path / "in" / "s0.tar", members)
     work = tmp_path / "work"

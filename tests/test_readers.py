@@ -53,7 +53,10 @@ def test_energon_prepare_would_write_exactly_our_metadata(out, tmp_path):
     for name in shards:
         shutil.copy(out / name, theirs / name)
     energon = Path(sys.executable).parent / "energon"
-    parts = "train:" + ",".join(shards) if len(shards) == 1 else f"train:{shards[0][:-10]}{{{shards[0][-10:-4]}..{shards[-1][-10:-4]}}}.tar"
+    if len(shards) == 1:
+        parts = "train:" + ",".join(shards)
+    else:
+        parts = f"train:{shards[0][:-10]}{{{shards[0][-10:-4]}..{shards[-1][-10:-4]}}}.tar"
     subprocess.run([str(energon), "prepare", str(theirs), "--non-interactive", "--split-parts", parts,
                     "--sample-type", "CrudeWebdataset", "--no-progress"], check=True, capture_output=True, timeout=300)
     ours_meta, their_meta = out / ".nv-meta", theirs / ".nv-meta"

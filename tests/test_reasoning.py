@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import image_bytes, needs, write_tar
 from thinking_fixtures import thinking_folder
 
@@ -40,7 +39,9 @@ def hf_records(img: str) -> list[dict]:
     inline <think> in string or typed content, multi-turn (the template drops reasoning before the last user
     query), multi-step tool calls after the last query, a `thinking` key, tool turns with names."""
     pic = {"type": "image", "image": img}
-    r = lambda i: f"Step {i}: the user wants a short answer, so I check the picture first.\n\nThen answer."  # noqa: E731
+    def r(i):
+        return f"Step {i}: the user wants a short answer, so I check the picture first.\n\nThen answer."
+
     return [
         {"messages": [{"role": "user", "content": [pic, {"type": "text", "text": "What colour is it?"}]},
                       {"role": "assistant", "reasoning_content": r(1), "content": "Red."}]},
@@ -50,11 +51,13 @@ def hf_records(img: str) -> list[dict]:
                       {"role": "user", "content": "And 3+3?"},
                       {"role": "assistant", "reasoning_content": r(3), "content": "6."}]},
         {"messages": [{"role": "user", "content": "Why is the sky blue?"},
-                      {"role": "assistant", "content": "<think>\nRayleigh scattering.\n</think>\n\nShort waves scatter."},
+                      {"role": "assistant",
+                       "content": "<think>\nRayleigh scattering.\n</think>\n\nShort waves scatter."},
                       {"role": "user", "content": "Sunsets?"},
                       {"role": "assistant", "content": "<think>Longer path.</think>Red light is left."}]},
         {"messages": [{"role": "user", "content": [pic, {"type": "text", "text": "Describe."}]},
-                      {"role": "assistant", "content": [{"type": "text", "text": "<think>A square.</think>\n\nA red square."}]}]},
+                      {"role": "assistant",
+                       "content": [{"type": "text", "text": "<think>A square.</think>\n\nA red square."}]}]},
         {"tools": TOOLS, "messages": [
             {"role": "system", "content": "You use tools."},
             {"role": "user", "content": [pic, {"type": "text", "text": "Read the sign."}]},
@@ -90,7 +93,8 @@ def sharegpt_records(img: str) -> list[tuple[dict, list[dict]]]:
     t = lambda s: {"type": "text", "text": s}  # noqa: E731
     return [
         ({"conversations": [{"from": "human", "value": "<image>What is it?"},
-                            {"from": "gpt", "value": "<think>\nLooks red.\n</think>\n\nA red square."}], "images": [img]},
+                            {"from": "gpt", "value": "<think>\nLooks red.\n</think>\n\nA red square."}],
+          "images": [img]},
          [{"role": "user", "content": [{"type": "image", "image": img}, t("What is it?")]},
           {"role": "assistant", "content": "<think>\nLooks red.\n</think>\n\nA red square."}]),
         ({"system": "Be careful.", "conversations": [
@@ -147,7 +151,6 @@ def test_count_equals_transformers_on_reasoning_records(template, kwargs, media,
     records = hf + sharegpt_records(img)
     path = media / f"recs-{template}-{len(kwargs)}.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r, _ in records))
-    out = tmp_path_factory.mktemp("out") / "counts.jsonl"
     import contextlib
     import io
 
@@ -198,7 +201,8 @@ def test_run_through_shards_counts_packs_and_encodes_exactly(media, tmp_path, tm
     with store.connect(work, read_only=True) as con:
         got = dict(con.execute("SELECT sample_id, total_tokens FROM token_lengths").fetchall())
     img = str(media / "a.png")
-    want = {f"s/k{i:02d}": oracle(folder, msgs, rec.get("tools"), kwargs) for i, (rec, msgs) in enumerate(_shard_records(img))}
+    want = {f"s/k{i:02d}": oracle(folder, msgs, rec.get("tools"), kwargs)
+            for i, (rec, msgs) in enumerate(_shard_records(img))}
     assert got == want
     packs = list(iter_packs(out))
     assert {json.dumps(p["_meta"]["chat_template_kwargs"]) for p in packs} == {json.dumps(kwargs)}

@@ -100,18 +100,15 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from pack_assets.core import scan as scan_mod  # noqa: E402
-from pack_assets.core.write import shard as write_shard_mod  # noqa: E402
 from pack_assets.core.audit import run_audit  # noqa: E402
-from pack_assets.core.plan import (
-    PlanConfig,  # noqa: E402
-    run_plan,  # noqa: E402
-)
-from pack_assets.core.counting.profiles import load_profile# noqa: E402
+from pack_assets.core.counting.profiles import load_profile  # noqa: E402
+from pack_assets.core.counting.token_lengths import run_token_lengths  # noqa: E402
+from pack_assets.core.plan import PlanConfig, run_plan  # noqa: E402
 from pack_assets.core.records import ShardInfo  # noqa: E402
 from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard  # noqa: E402
 from pack_assets.core.tario import split_key  # noqa: E402
-from pack_assets.core.counting.token_lengths import run_token_lengths  # noqa: E402
 from pack_assets.core.write import SourceChanged, run_write  # noqa: E402
+from pack_assets.core.write import shard as write_shard_mod  # noqa: E402
 
 PROFILE = load_profile("qwen3-vl")
 
@@ -191,7 +188,8 @@ def test_a_shard_of_100k_tiny_samples(tmp_path):
             ti.name, ti.size = f"{i:06d}.json", len(body)
             tf.addfile(ti, io.BytesIO(body))
     info = ShardInfo("tiny", str(path), 0, 0)
-    counts = store.write_manifest(tmp_path / "w", "tiny", scan_shard(path, "tiny", ScanOptions(hash_members=False), info), info)
+    rows = scan_shard(path, "tiny", ScanOptions(hash_members=False), info)
+    counts = store.write_manifest(tmp_path / "w", "tiny", rows, info)
     assert counts == {"samples": 100_000, "members": 100_000, "rejected": 0} and info.n_ok == 100_000
 
 
@@ -256,7 +254,8 @@ def test_writer_reader_round_trip_keeps_every_byte(sub_media, packs_per_shard):
                     f.write(data)
                     refs.append({"name": f"k{i}.{j}.jpg", "offset": offset, "size": len(data), "sha256": None})
                     offset += len(data)
-                subs.append(SubSample(f"s/k{i}", "s", f"k{i}", str(src), 10 + i, [{"role": "user", "content": []}], None, refs))
+                subs.append(SubSample(f"s/k{i}", "s", f"k{i}", str(src), 10 + i, [{"role": "user", "content": []}],
+                                      None, refs))
         packs = [PackJob(f"p{k:08d}", "image", sum(s.token_len for s in subs[k::len(subs)]), [subs[k]])
                  for k in range(len(subs))]
         jobs = [ShardJob(f"packed-{n:06d}.tar", packs[i:i + packs_per_shard])

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import needs
 from exif_images import oriented_image
 from family_fixtures import materialize, qwen_folder

@@ -60,11 +60,13 @@ def test_chat_template_kwargs_from_every_source_is_one_canonical_setting_and_par
     assert a == b and a.chat_template_kwargs == '{"enable_thinking":false,"preserve_thinking":true}'
     assert PackSettings.of(a).to_settings() == a
     (tmp_path / "in").mkdir()
-    (tmp_path / "r.yaml").write_text("datasets: [{name: d, input: in}]\nchat_template_kwargs: {enable_thinking: false}\n")
+    (tmp_path / "r.yaml").write_text("datasets: [{name: d, input: in}]\n"
+                                     "chat_template_kwargs: {enable_thinking: false}\n")
     assert load(tmp_path / "r.yaml").flat()["chat_template_kwargs"] == {"enable_thinking": False}
     assert Settings.from_flat({"recipe": str(tmp_path / "r.yaml")}).chat_template_kwargs == '{"enable_thinking":false}'
     plain, kw = Settings().model_profile(), a.model_profile()
-    assert plain.fingerprint != kw.fingerprint and kw.template_kwargs == {"enable_thinking": False, "preserve_thinking": True}
+    assert plain.fingerprint != kw.fingerprint
+    assert kw.template_kwargs == {"enable_thinking": False, "preserve_thinking": True}
     assert Settings.from_flat({"chat_template_kwargs": "{}"}).model_profile().fingerprint == plain.fingerprint
     for bad, why in (("[1]", "JSON object"), ("{x", "not JSON"), ('{"tools": []}', "apply_chat_template's own")):
         with pytest.raises(ValueError, match=why):

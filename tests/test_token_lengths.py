@@ -18,12 +18,14 @@ from pack_assets.core.counting.profiles import (
     profile_from_model_dir,
 )
 from pack_assets.core.counting.tokenizers import tokenizer_for
-from pack_assets.core.reasons import ReasonError
 from pack_assets.core.counting.tokens import TokenCounter
 from pack_assets.core.counting.vision import image_tokens, video_count
+from pack_assets.core.reasons import ReasonError
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "models"  # copies of ../shared/fixtures (tests/fixtures/README.md)
-CHECKPOINTS = {"qwen2-vl": "Qwen2-VL-7B-Instruct", "qwen2.5-vl": "Qwen2.5-VL-7B-Instruct", "qwen3-vl": "Qwen3-VL-8B-Instruct"}
+# copies of ../shared/fixtures (tests/fixtures/README.md)
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "models"
+CHECKPOINTS = {"qwen2-vl": "Qwen2-VL-7B-Instruct", "qwen2.5-vl": "Qwen2.5-VL-7B-Instruct",
+               "qwen3-vl": "Qwen3-VL-8B-Instruct"}
 
 SIZES = [(1, 1), (1, 199), (1, 200), (3, 599), (10, 10), (27, 29), (28, 28), (56, 56), (57, 1000), (100, 20000),
          (224, 224), (333, 777), (640, 480), (1023, 1), (1280, 720), (1920, 1080), (3000, 4000), (4000, 300),
@@ -80,7 +82,8 @@ def _conversations() -> list[list[dict]]:
          {"role": "tool", "content": [t('{"temp": 21}')]},
          {"role": "tool", "content": [t('{"sky": "clear"}')]},
          {"role": "assistant", "content": [t("21 °C and clear.")]}],
-        [{"role": "user", "content": [t("\nleading newline"), img]}, {"role": "assistant", "content": [t("  spaces  ")]}],
+        [{"role": "user", "content": [t("\nleading newline"), img]},
+         {"role": "assistant", "content": [t("  spaces  ")]}],
     ]
 
 

@@ -9,14 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import chat, image_bytes, write_tar
+
 from pack_assets.core.conversation import normalize, place_media
 from pack_assets.core.counting.count import count_records
 from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.counting.tokenizers import tokenizer_for
-from pack_assets.core.reasons import ReasonError
 from pack_assets.core.counting.tokens import TokenCounter
+from pack_assets.core.reasons import ReasonError
 
 MODELS = Path(__file__).resolve().parent / "fixtures" / "models"
 FOLDERS = {"qwen3-vl": "Qwen3-VL-8B-Instruct", "qwen2.5-vl": "Qwen2.5-VL-7B-Instruct"}
@@ -48,7 +48,8 @@ def _records(img_dir: Path) -> list[dict]:
         {"messages": [
             {"role": "user", "content": [img("a.png"), img("b.png"), {"type": "text", "text": "Same place?"}]},
             {"role": "assistant", "content": [{"type": "text", "text": "No."}]},
-            {"role": "user", "content": [{"type": "image", "path": str(img_dir / "b.png")}, {"type": "text", "text": "And?"}]},
+            {"role": "user", "content": [{"type": "image", "path": str(img_dir / "b.png")},
+                                         {"type": "text", "text": "And?"}]},
             {"role": "assistant", "content": "Yes."}]},
         {"messages": [
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"file://{img_dir / 'a.png'}"}},
@@ -114,8 +115,8 @@ def test_the_tool_record_counts_what_the_qwen3_vl_template_counts(img_dir, tmp_p
     rec = _records(img_dir)[0]
     counter = TokenCounter(load_profile("qwen3-vl"))
     msgs = place_media(normalize(rec), 1, 0)
-    no_tools = TokenCounter(load_profile("qwen3-vl")).render([{k: v for k, v in m.items() if k != "tools"} for m in msgs],
-                                                              tools=[])
+    no_tools = TokenCounter(load_profile("qwen3-vl")).render(
+        [{k: v for k, v in m.items() if k != "tools"} for m in msgs], tools=[])
     assert "<tools>" in counter.render(msgs) and "<tools>" not in no_tools
     (res,) = counter.count_many([(msgs, [[300, 200]], [])])
     assert res["total_tokens"] == _hf_total("qwen3-vl", rec, img_dir, tmp_path)
@@ -125,7 +126,8 @@ def test_inline_media_in_shards_by_member_name_or_kind_only(tmp_path):
     from pack_assets.core.scan import scan_shard
 
     named = {"messages": [{"role": "user", "content": [{"type": "image", "image": "b.png"},
-                                                      {"type": "image", "image": "a.jpg"}, {"type": "text", "text": "?"}]},
+                                                      {"type": "image", "image": "a.jpg"},
+                                                      {"type": "text", "text": "?"}]},
                           {"role": "assistant", "content": "ok"}]}
     kind_only = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]},
                               {"role": "assistant", "content": "ok"}]}
@@ -145,7 +147,8 @@ def test_inline_media_in_shards_by_member_name_or_kind_only(tmp_path):
 
 def test_llama_factory_function_call_turns_become_tool_calls():
     rec = {"conversations": [{"from": "human", "value": "Weather in Paris?"},
-                             {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "Paris"}}'},
+                             {"from": "function_call",
+                              "value": '{"name": "get_weather", "arguments": {"city": "Paris"}}'},
                              {"from": "observation", "value": '{"temp": 21}'}, {"from": "gpt", "value": "21 °C."}],
            "tools": json.dumps([t["function"] for t in TOOLS])}
     msgs = place_media(normalize(rec), 0, 0)
@@ -200,9 +203,9 @@ def test_qwen3_video_frame_pixel_cap_is_a_profile_setting(tmp_path):
 def test_tool_and_inline_media_records_pack_and_the_reader_encodes_the_counted_length(tmp_path):
     """What a user trains on: the packed tool record renders (tools included) to the length that was planned."""
     from pack_assets.core import store
+    from pack_assets.core.counting.token_lengths import run_token_lengths
     from pack_assets.core.plan import PlanConfig, run_plan
     from pack_assets.core.scan import run_manifest
-    from pack_assets.core.counting.token_lengths import run_token_lengths
     from pack_assets.core.write import run_write
     from pack_assets.reader import PackEncoder, iter_packs
 

@@ -17,7 +17,8 @@ from pack_assets.reader import PackEncoder
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "training.md"
 needs_torch = needs(importlib.util.find_spec("torch") is None, "torch is not installed (extra `train`)")
-needs_energon = needs(importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.energon") is None,
+needs_energon = needs(importlib.util.find_spec("megatron") is None
+                      or importlib.util.find_spec("megatron.energon") is None,
                       "megatron-energon not installed (extra `energon`)")
 
 

@@ -48,7 +48,8 @@ IMAGES_JS = """(async () => {
     while (Date.now() < end) { const v = cond(); if (v) return v; await sleep(100); } return cond(); };
   const links = () => [...document.querySelectorAll('a')].filter(a => a.textContent.trim() === '[Show Markdown]');
   await until(() => links().length >= %(markdowns)d, 60000);
-  const shown = async imgs => { await Promise.all(imgs.map(i => i.complete ? 0 : new Promise(r => { i.onload = i.onerror = r; })));
+  const shown = async imgs => {
+    await Promise.all(imgs.map(i => i.complete ? 0 : new Promise(r => { i.onload = i.onerror = r; })));
     return imgs.map(i => ({src: (i.getAttribute('src') || '').slice(0, 60), width: i.naturalWidth})); };
   const out = {page: await shown([...document.images]), markdown: []};
   for (let k = 0; k < links().length; k++) {

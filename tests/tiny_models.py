@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from pack_helpers import MODELS
 from transformers import AutoConfig
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLForConditionalGeneration
-
-from pack_helpers import MODELS
 
 CHECKPOINTS = {"qwen2.5-vl": "Qwen2.5-VL-7B-Instruct", "qwen3-vl": "Qwen3-VL-8B-Instruct"}
 _CLASSES = {"qwen2.5-vl": Qwen2_5_VLForConditionalGeneration, "qwen3-vl": Qwen3VLForConditionalGeneration}
@@ -41,7 +40,8 @@ def tiny_model(profile: str, vocab_ids: np.ndarray, seed: int = 0):
     t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.vocab_size = 4, 2, 16, vocab.size
     t.layer_types = ["full_attention"] * 2
     t.initializer_range = v_range = 0.3  # logits of order 1, not 0.01: a tolerance of 1e-4 then means something
-    t.rope_parameters = {**t.rope_parameters, "mrope_section": [2, 3, 3]}  # sums to head_dim / 2, as 16+24+24 does to 64
+    # sums to head_dim / 2, as 16+24+24 does to 64
+    t.rope_parameters = {**t.rope_parameters, "mrope_section": [2, 3, 3]}
     v = cfg.vision_config
     v.depth, v.hidden_size, v.intermediate_size, v.num_heads, v.out_hidden_size = 1, 32, 64, 2, 64
     v.initializer_range = v_range

@@ -27,20 +27,20 @@ from pathlib import Path
 import duckdb
 
 from . import store
-from .counting import drift
 from .aside import run_aside
 from .blend import check_blend
+from .counting import drift
+from .counting.counters import counter_for
+from .counting.profiles import ModelProfile, ProfileError
 from .coverage import not_counted
 from .indexmode import INDEX_PART, SourceFiles, is_index_folder
 from .plan import PlanConfig, PlanInfo, check_plan
-from .counting.profiles import ModelProfile, ProfileError
 from .reasons import ReasonError
 from .recipe import expected_copies
 from .report import audit_figures, write_report
 from .results import AuditResult
 from .settings import AUDIT_SCOPES
 from .tario import iter_entries, split_key
-from .counting.counters import counter_for
 from .write.current import current_stamps
 
 # Below this much output a second process costs more (spawn and imports) than it saves, and the output shards
@@ -51,8 +51,8 @@ PARALLEL_MIN_BYTES = 1 << 30
 # what the audit reads per output shard besides its plan rows, gathered for every shard it reads at once
 # (store.staged); the conversations, most of the bytes, per shard (AUDIT_CONVERSATIONS)
 AUDIT_ROWS = {
-    "samples": """SELECT p.output_shard, s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos, t.vision_tokens,
-                         s.json_member, s.media_members, s.extra_members
+    "samples": """SELECT p.output_shard, s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos,
+                         t.vision_tokens, s.json_member, s.media_members, s.extra_members
                   FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
                   LEFT JOIN token_lengths t USING (sample_id) WHERE {shards}""",
     "members": """SELECT p.output_shard, m.sample_id, m.name, m.sha256, m.size FROM pack_plan p
@@ -60,7 +60,8 @@ AUDIT_ROWS = {
 }
 AUDIT_CONVERSATIONS = {
     "conversations": """SELECT p.output_shard, s.sample_id, s.conversation FROM pack_plan p
-                        JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id) WHERE {shards}""",
+                        JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
+                        WHERE {shards}""",
 }
 
 
@@ -101,8 +102,9 @@ def _check_current(res: AuditResult, name: str, key: str, doc: dict, meta: dict,
                     shard=name, pack_id=key, sample_id=sid)
         for kind, current in (("media", media_names), ("extra", extra_names)):
             if [m.get("name") for m in src.get(kind, [])] != list(current or []):
-                res.add(f"stale_{kind}", f"{sid}: packed {kind} members {[m.get('name') for m in src.get(kind, [])][:5]}"
-                        f" are not the current {list(current or [])[:5]}", shard=name, pack_id=key, sample_id=sid)
+                packed_names = [m.get("name") for m in src.get(kind, [])]
+                res.add(f"stale_{kind}", f"{sid}: packed {kind} members {packed_names[:5]} are not the current "
+                        f"{list(current or [])[:5]}", shard=name, pack_id=key, sample_id=sid)
 
 
 def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict | None, samples: dict,
@@ -296,7 +298,8 @@ def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, wo
     processes (each with its own DuckDB cursor or read-only connection) share them."""
     total = sum((out_dir / n).stat().st_size for n in shards if (out_dir / n).exists())
     if is_index_folder(out_dir):  # what is read and hashed is the sources' media, not the small index
-        total += con.execute("SELECT coalesce(sum(m.size), 0) FROM pack_members JOIN members m USING (sample_id)").fetchone()[0]
+        total += con.execute("SELECT coalesce(sum(m.size), 0) FROM pack_members JOIN members m USING (sample_id)"
+                             ).fetchone()[0]
     workers = min(workers or os.cpu_count() or 1, len(shards))
     if workers <= 1:
         # shard by shard here: with a core to spare, a second thread hashes each pack while this one checks
@@ -370,11 +373,12 @@ def _check_seen(con: duckdb.DuckDBPyConnection, res: AuditResult, seen: Counter)
             res.add("duplicate_pack", f"pack {p} appears {n} times", pack_id=p)
             res.add("duplicate_sample", f"the samples of pack {p} appear {n} times", pack_id=p)
     store.mark_audit_seen(con, seen)
-    missing = con.execute("SELECT pack_id, output_shard FROM pack_plan WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen) "
-                          "ORDER BY pack_id").fetchall()
+    missing = con.execute("SELECT pack_id, output_shard FROM pack_plan "
+                          "WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen) ORDER BY pack_id").fetchall()
     for p, shard in missing[:100]:
         res.add("missing_pack", f"pack {p} of {shard} not found", pack_id=p)
-    lost = con.execute("SELECT count(*) FROM pack_members WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen)").fetchone()[0]
+    lost = con.execute("SELECT count(*) FROM pack_members WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen)"
+                       ).fetchone()[0]
     if lost:
         res.add("lost_sample", f"{lost} planned sample(s) are in packs missing from the output")
 
@@ -424,7 +428,8 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
     # a blend holds copies, so its samples add up per dataset (read = ok + rejected, copies = packed + dropped)
     per_shard = _per_shard(con) if repeats is None else {}
     _check_counts(res, per_shard, per_dataset)
-    total = {k: sum(c[k] for c in (per_dataset or per_shard).values()) for k in ("read", "packed", "dropped", "rejected")}
+    counted = (per_dataset or per_shard).values()
+    total = {k: sum(c[k] for c in counted) for k in ("read", "packed", "dropped", "rejected")}
     res.stats = {
         "samples_read": total["read"],
         "packed": total["packed"],
@@ -494,7 +499,8 @@ def _audited(work: Path) -> tuple[dict, float]:
 
 def _recounted(profile: ModelProfile, rows: list[tuple]) -> list[int | None]:
     """Each (conversation, image_sizes, videos) row's total tokens, None where it cannot be counted."""
-    counts = counter_for(profile).count_many((json.loads(c), sizes or [], json.loads(v or "[]")) for c, sizes, v in rows)
+    counts = counter_for(profile).count_many((json.loads(c), sizes or [], json.loads(v or "[]"))
+                                             for c, sizes, v in rows)
     return [None if isinstance(c, Exception) else c["total_tokens"] for c in counts]
 
 

@@ -65,7 +65,8 @@ class _Limits:
 
     def alone_ok(self, i: int) -> bool:
         c = self.caps
-        return (not c.max_media or self.media[i] <= c.max_media) and (not c.max_vision_tokens or self.vision[i] <= c.max_vision_tokens)
+        return ((not c.max_media or self.media[i] <= c.max_media)
+                and (not c.max_vision_tokens or self.vision[i] <= c.max_vision_tokens))
 
     def new(self) -> int:
         self.count.append(0)
@@ -289,7 +290,9 @@ def _next_fit(lengths: np.ndarray, capacity: int, window: int, limits: _Limits) 
         while len(buf) < window and nxt < len(queue):
             buf.append(queue[nxt])
             nxt += 1
-        k = next((k for k, i in enumerate(buf) if lens[i] <= room and limits.fits(current, i)), -1) if current >= 0 else -1
+        k = -1
+        if current >= 0:
+            k = next((k for k, i in enumerate(buf) if lens[i] <= room and limits.fits(current, i)), -1)
         if k < 0:
             current, room = limits.new(), capacity
             k = 0
@@ -365,7 +368,8 @@ def _mixfill(lengths: np.ndarray, capacity: int, limits: _Limits, limits_factory
     on ~3,000 packs and at 1M."""
     n = len(lengths)
     lens = lengths.tolist()
-    order = [i for i in np.random.default_rng(seed).permutation(n).tolist() if lens[i] <= capacity and limits.alone_ok(i)]
+    order = [i for i in np.random.default_rng(seed).permutation(n).tolist()
+             if lens[i] <= capacity and limits.alone_ok(i)]
     pool: dict[int, list[int]] = {}  # length -> its unplaced items, the earliest in the seeded order last
     for i in reversed(order):
         pool.setdefault(lens[i], []).append(i)
@@ -437,7 +441,8 @@ def assign(
     def limits(idx: np.ndarray | None = None) -> _Limits:
         if idx is None:
             return _Limits(caps, media, vision, n)
-        return _Limits(caps, None if media is None else np.asarray(media)[idx], None if vision is None else np.asarray(vision)[idx], len(idx))
+        return _Limits(caps, None if media is None else np.asarray(media)[idx],
+                       None if vision is None else np.asarray(vision)[idx], len(idx))
 
     if algorithm == "bfd" and not caps.any:
         return _bfd_histogram(lengths, capacity)

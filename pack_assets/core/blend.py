@@ -26,10 +26,24 @@ from pathlib import Path
 import numpy as np
 
 from . import store
-from .coverage import input_stats, left_since
-from .plan import (DRIFT_WINDOW, Pack, PlanConfig, PlanInfo, PlanResult, PlanSummary, assign_shards, fingerprint,
-                   ok_lengths, pack_checks, pack_group, plan_jsonl, plan_stats, plannable)
 from .counting.profiles import ModelProfile
+from .coverage import input_stats, left_since
+from .plan import (
+    DRIFT_WINDOW,
+    Pack,
+    PlanConfig,
+    PlanInfo,
+    PlanResult,
+    PlanSummary,
+    assign_shards,
+    fingerprint,
+    ok_lengths,
+    pack_checks,
+    pack_group,
+    plan_jsonl,
+    plan_stats,
+    plannable,
+)
 from .recipe import Recipe, blend_seed, copies, dataset_of, expected_copies
 from .results import FilePath, Markdown
 
@@ -255,10 +269,12 @@ def check_blend(con, config: PlanConfig, repeats: dict[str, float]) -> list[dict
     """Every (sample, copy) at most once across packs and drops; each ok sample drawn ⌊r⌋ or ⌊r⌋ + 1 times,
     copies numbered 0..c-1; per dataset the draw adds up to ⌊r⌋·n + round(frac·n); nothing else planned;
     the packs' own limits."""
-    drawn = """(SELECT sample_id, dataset, copy FROM pack_members UNION ALL SELECT sample_id, dataset, copy FROM dropped)"""
+    drawn = """(SELECT sample_id, dataset, copy FROM pack_members
+                UNION ALL SELECT sample_id, dataset, copy FROM dropped)"""
     dup, unknown = con.execute(
         f"""SELECT (SELECT count(*) - count(DISTINCT (sample_id, copy)) FROM {drawn}),
-                   (SELECT count(*) FROM {drawn} WHERE sample_id NOT IN (SELECT sample_id FROM samples WHERE status = 'ok'))"""
+                   (SELECT count(*) FROM {drawn}
+                      WHERE sample_id NOT IN (SELECT sample_id FROM samples WHERE status = 'ok'))"""
     ).fetchone()
     found: list[tuple[str, int, str]] = [
         ("duplicate_sample", dup, f"{dup} (sample, copy) pair(s) planned more than once"),
@@ -335,15 +351,16 @@ class BlendPlanSummary:
         for e in self.epochs:
             b = e.stats["blend"]
             for name, v in b["datasets"].items():
-                rows.append(f"| {b['epoch']} | {name} | {v['repeat']} | {v['samples']} | {v['copies']} | {v['packed']} | "
-                            f"{v['dropped']} | {v['share']:.2%} | {v['window_share_error']:.1%} |")
+                rows.append(f"| {b['epoch']} | {name} | {v['repeat']} | {v['samples']} | {v['copies']} | "
+                            f"{v['packed']} | {v['dropped']} | {v['share']:.2%} | {v['window_share_error']:.1%} |")
         return {"dagster/row_count": self.packs, "epochs": len(self.epochs), "packs": self.packs,
                 "lower_bound": self.lower_bound, "packs_over_bound": self.packs_over_bound, "fill": float(self.fill),
                 "drift": max(float(e.drift) for e in self.epochs),
                 "worst_window_share_error": max(e.stats["blend"]["worst_window_share_error"] for e in self.epochs),
                 "fingerprint": self.fingerprint, "shards_waiting": self.shards_waiting,
-                "per_dataset": Markdown("| epoch | dataset | repeat | samples | copies | packed | dropped | token share "
-                                        "| worst window share error |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n"
+                "per_dataset": Markdown("| epoch | dataset | repeat | samples | copies | packed | dropped | "
+                                        "token share | worst window share error |\n"
+                                        "|---:|---|---:|---:|---:|---:|---:|---:|---:|\n"
                                         + "\n".join(rows)),
                 "plan_folder": FilePath(self.work), "dagster/column_schema": store.BLEND_PACK_PLAN_SCHEMA}
 

@@ -235,7 +235,8 @@ def _check_media_tokens(messages: list[dict]) -> None:
         for text in _texts(m["content"]):
             found = _MEDIA_TOKEN.search(text)
             if found:
-                raise ReasonError("media_token_in_text", f"{m['role']} text holds the literal media token {found.group(0)!r}")
+                raise ReasonError("media_token_in_text",
+                                  f"{m['role']} text holds the literal media token {found.group(0)!r}")
 
 
 def normalize(record: dict, caption: str | None = None) -> list[dict]:

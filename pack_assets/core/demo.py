@@ -106,8 +106,9 @@ def make_demo(out_dir: Path, n_shards: int = 4, per_shard: int = 520, seed: int 
         pool.append((_image_bytes(w, h, fmt, seed + i), ext[fmt]))
     weights = 0.8 ** np.arange(len(pool))
     weights /= weights.sum()
-    videos = [video_bytes(f, w, h, fps, seed + i) for i, (f, w, h, fps) in
-              enumerate([(8, 64, 48, 4), (16, 96, 64, 8), (24, 128, 96, 12), (30, 160, 120, 10), (48, 112, 112, 24), (12, 320, 64, 6)])]
+    clips = [(8, 64, 48, 4), (16, 96, 64, 8), (24, 128, 96, 12), (30, 160, 120, 10), (48, 112, 112, 24),
+             (12, 320, 64, 6)]
+    videos = [video_bytes(f, w, h, fps, seed + i) for i, (f, w, h, fps) in enumerate(clips)]
     paths = []
     for s in range(n_shards):
         path = out_dir / f"part-{s:05d}.tar"
@@ -144,8 +145,9 @@ def make_demo(out_dir: Path, n_shards: int = 4, per_shard: int = 520, seed: int 
                                                                         {"from": "gpt", "value": "hello"}],
                                                      "image": "missing.jpg"}).encode())
                 add_member(tf, "bad0002.json", b'{"conversations": [')
-                add_member(tf, "bad0003.json", json.dumps({"conversations": [{"from": "human", "value": "<image><image> two?"},
-                                                                        {"from": "gpt", "value": "one"}]}).encode())
+                two = {"conversations": [{"from": "human", "value": "<image><image> two?"},
+                                         {"from": "gpt", "value": "one"}]}
+                add_member(tf, "bad0003.json", json.dumps(two).encode())
                 add_member(tf, "bad0003.jpg", pool[0][0])
         tmp.replace(path)
         paths.append(path)

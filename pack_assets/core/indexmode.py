@@ -114,8 +114,8 @@ class SourceFiles:
         fd = self._fd(path, pinned)
         st = os.fstat(fd)
         if (st.st_size, st.st_mtime_ns) != (stamp.get("size"), stamp.get("mtime_ns")):
-            raise IndexSourceChanged(path, f"changed since it was packed (size {st.st_size}, mtime_ns {st.st_mtime_ns}; "
-                                           f"indexed {stamp.get('size')}, {stamp.get('mtime_ns')})")
+            raise IndexSourceChanged(path, f"changed since it was packed (size {st.st_size}, mtime_ns "
+                                           f"{st.st_mtime_ns}; indexed {stamp.get('size')}, {stamp.get('mtime_ns')})")
         return fd
 
     def resolve(self, parts: dict, problems: list[str] | None = None) -> dict:

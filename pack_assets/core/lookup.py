@@ -6,26 +6,31 @@ from .tario import media_name
 
 
 def _members(con, sample_id: str) -> list[dict]:
-    rows = con.execute('SELECT name, "offset", size, sha256 FROM members WHERE sample_id = ? ORDER BY "offset"', [sample_id]).fetchall()
+    rows = con.execute('SELECT name, "offset", size, sha256 FROM members WHERE sample_id = ? ORDER BY "offset"',
+                       [sample_id]).fetchall()
     return [{"name": r[0], "offset": r[1], "size": r[2], "sha256": r[3]} for r in rows]
 
 
 def lookup(con, ident: str) -> dict:
     """Everything known about a sample id or a pack id; raises KeyError when it is neither."""
     pack = con.execute(
-        "SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, output_shard FROM pack_plan WHERE pack_id = ?",
+        "SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, output_shard FROM pack_plan "
+        "WHERE pack_id = ?",
         [ident],
     ).fetchone()
     if pack is not None:
         sources = []
         for pos, sid in enumerate(pack[2]):
-            row = con.execute("SELECT shard, key, media_members FROM manifest_samples WHERE sample_id = ?", [sid]).fetchone()
-            sources.append({"position": pos, "sample_id": sid, "shard": row[0], "key": row[1], "token_len": pack[3][pos],
-                            "media_members": list(row[2] or []), "members": _members(con, sid)})
+            row = con.execute("SELECT shard, key, media_members FROM manifest_samples WHERE sample_id = ?",
+                              [sid]).fetchone()
+            sources.append({"position": pos, "sample_id": sid, "shard": row[0], "key": row[1],
+                            "token_len": pack[3][pos], "media_members": list(row[2] or []),
+                            "members": _members(con, sid)})
         return {"kind": "pack", "pack_id": pack[0], "media_type": pack[1], "total_token_len": pack[4],
                 "output_shard": pack[5], "sources": sources}
     s = con.execute(
-        "SELECT sample_id, shard, key, media_type, status, reason, media_members FROM samples WHERE sample_id = ?", [ident]
+        "SELECT sample_id, shard, key, media_type, status, reason, media_members FROM samples WHERE sample_id = ?",
+        [ident]
     ).fetchone()
     if s is None:
         raise KeyError(f"{ident!r} is neither a sample id nor a pack id")
@@ -33,15 +38,15 @@ def lookup(con, ident: str) -> dict:
            "members": _members(con, ident)}
     if s[4] == "rejected":
         out["outcome"] = "rejected"
-        out["reasons"] = [{"reason": r[0], "detail": r[1]} for r in con.execute(
-            "SELECT reason, detail FROM rejected WHERE shard = ? AND key = ?", [s[1], s[2]]).fetchall()] or [{"reason": s[5]}]
+        rows = con.execute("SELECT reason, detail FROM rejected WHERE shard = ? AND key = ?", [s[1], s[2]]).fetchall()
+        out["reasons"] = [{"reason": r[0], "detail": r[1]} for r in rows] or [{"reason": s[5]}]
         return out
     d = con.execute("SELECT total_tokens, reason FROM dropped WHERE sample_id = ?", [ident]).fetchone()
     if d is not None:
         out.update(outcome="dropped", total_tokens=d[0], reason=d[1])
         return out
-    lin = con.execute("SELECT pack_id, position, output_shard FROM pack_members JOIN pack_plan USING (pack_id) WHERE sample_id = ?",
-                      [ident]).fetchone()
+    lin = con.execute("SELECT pack_id, position, output_shard FROM pack_members JOIN pack_plan USING (pack_id) "
+                      "WHERE sample_id = ?", [ident]).fetchone()
     if lin is None:
         out["outcome"] = "not planned (run pack_plan)"
         return out

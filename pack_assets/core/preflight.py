@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import owned, store
-from .counting import procount
 from .blend import epoch_name
+from .counting import procount
 from .indexmode import INDEX_FILE
 from .settings import Settings
 

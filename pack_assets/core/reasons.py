@@ -32,7 +32,8 @@ REASONS: dict[str, str] = {  # in the order of the table in docs/formats.md
     "member_too_large": "a member is over the configured size limit",
     "too_many_media": "the sample has more media than the configured limit",
     "shard_changed": "the shard changed while it was scanned (it is rescanned on the next run)",
-    "bad_tar_header": "a tar header or PAX record is malformed (bad number or length field); samples before it are kept",
+    "bad_tar_header": "a tar header or PAX record is malformed (bad number or length field); samples before it are "
+                      "kept",
     "scan_error": "an unexpected error while scanning (the detail names it); the rest of the shard and run go on",
     # token_lengths
     "image_aspect_ratio": "an image's aspect ratio is over 200: the processor refuses it",
@@ -40,11 +41,16 @@ REASONS: dict[str, str] = {  # in the order of the table in docs/formats.md
     "video_too_short": "a video has fewer frames than the temporal patch size",
     "template_error": "the chat template raised an error for this conversation",
     "processor_error": "the model's own processor (--model-dir, processor rule) refused the sample",
-    "missing_dependency": "the model's processor needs a package that is not installed for this sample (the detail names it and the extra)",
-    "video_memory_budget": "processor rule: counting the sample's videos would make the video processor hold more than PACK_ASSETS_VIDEO_BUDGET_GB (per worker); sample fewer frames or raise the budget",
-    "video_not_supported": "the model takes no video (Gemma 3; a processor without a video processor): a video sample is not guessed",
-    "video_sampling": "the processor's frame sampling (num_frames / fps in its video config) refuses this video, e.g. more frames asked than it has",
-    "video_frames_differ": "InternVL: the videos of one sample keep different frame counts, which its processor cannot stack",
+    "missing_dependency": "the model's processor needs a package that is not installed for this sample (the detail "
+                          "names it and the extra)",
+    "video_memory_budget": "processor rule: counting the sample's videos would make the video processor hold more "
+                           "than PACK_ASSETS_VIDEO_BUDGET_GB (per worker); sample fewer frames or raise the budget",
+    "video_not_supported": "the model takes no video (Gemma 3; a processor without a video processor): a video "
+                           "sample is not guessed",
+    "video_sampling": "the processor's frame sampling (num_frames / fps in its video config) refuses this video, e.g. "
+                      "more frames asked than it has",
+    "video_frames_differ": "InternVL: the videos of one sample keep different frame counts, which its processor "
+                           "cannot stack",
     # count (records outside shards)
     "bad_media": "a media file of a record cannot be decoded (Pillow/PyAV error)",
     # convert
@@ -52,7 +58,8 @@ REASONS: dict[str, str] = {  # in the order of the table in docs/formats.md
     "unsupported_media": "audio or another media kind that is not packed",
     "not_an_object": "the record is not a JSON object",
     "unknown_shape": "a table's columns match no shape convert knows (map them with --columns NAME=COLUMN)",
-    "unreadable_file": "a Parquet or Arrow file cannot be read (pyarrow's error in the detail); rows before the damage are kept",
+    "unreadable_file": "a Parquet or Arrow file cannot be read (pyarrow's error in the detail); rows before the "
+                       "damage are kept",
 }
 
 

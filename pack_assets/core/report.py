@@ -125,7 +125,8 @@ def audit_figures(con, work: Path, max_len: int, pool: Executor | None = None) -
     """The report's three figures, asked for as soon as the plan is known (``pool``'s processes draw them while
     the audit reads the outputs back); `write_report` waits for them."""
     plots = work / "plots"
-    lens = con.execute("SELECT media_type, list(total_tokens) FROM token_lengths WHERE status='ok' GROUP BY 1 ORDER BY 1").fetchall()
+    lens = con.execute("SELECT media_type, list(total_tokens) FROM token_lengths WHERE status='ok' "
+                       "GROUP BY 1 ORDER BY 1").fetchall()
     fills = np.asarray([r[0] for r in con.execute("SELECT total_token_len FROM pack_plan ORDER BY pack_id").fetchall()])
     spp = np.asarray([r[0] for r in con.execute("SELECT len(sample_ids) FROM pack_plan ORDER BY pack_id").fetchall()])
     w = max(1, min(256, len(spp) // 8)) if len(spp) else 0
@@ -190,7 +191,8 @@ def _fill(plan_stats: dict) -> list[str]:
              "| media type | samples | packs | lower bound (L2) | over bound | fill | dropped |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for mt, v in sorted(plan_stats["per_media_type"].items()):
-        lines.append(f"| {mt} | {v['samples']} | {v['packs']} | {v['l2']} | {v['over_bound']} | {v['fill']:.2%} | {v['dropped']} |")
+        lines.append(f"| {mt} | {v['samples']} | {v['packs']} | {v['l2']} | {v['over_bound']} | {v['fill']:.2%} | "
+                     f"{v['dropped']} |")
     balance = plan_stats.get("balance")
     return lines + [
         f"| **all** | {plan_stats['samples']} | {plan_stats['packs']} | {plan_stats['lower_bound']} | "
@@ -214,9 +216,11 @@ def _blend(stats: dict) -> list[str]:
 
 
 def _per_shard(stats: dict) -> list[str]:
-    lines = ["", "## Per source shard", "", "| shard | read | packed | dropped | rejected |", "|---|---:|---:|---:|---:|"]
+    lines = ["", "## Per source shard", "", "| shard | read | packed | dropped | rejected |",
+             "|---|---:|---:|---:|---:|"]
     for shard, c in stats["per_shard"].items():
-        lines.append(f"| {shard} | {c.get('read', 0)} | {c.get('packed', 0)} | {c.get('dropped', 0)} | {c.get('rejected', 0)} |")
+        lines.append(f"| {shard} | {c.get('read', 0)} | {c.get('packed', 0)} | {c.get('dropped', 0)} | "
+                     f"{c.get('rejected', 0)} |")
     return lines
 
 
@@ -227,7 +231,8 @@ def _what_if(sim: WhatIf | None) -> list[str]:
             "| max length | algorithm | packs | lower bound | fill | dropped | mean / max samples per pack |",
             "|---:|---|---:|---:|---:|---:|---|",
             *(f"| {r['max_len']} | {r['algorithm']} | {r['packs']} | {r['lower_bound']} | {r['efficiency']:.2%} | "
-              f"{r['dropped']} | {r['mean_samples_per_pack']:.1f} / {r['max_samples_per_pack']} |" for r in sim.results),
+              f"{r['dropped']} | {r['mean_samples_per_pack']:.1f} / {r['max_samples_per_pack']} |"
+              for r in sim.results),
             "", f"Recommended max length: **{sim.recommended_max_len}** (the smallest with ≥ 98 % fill and "
             "≤ 0.1 % dropped).", "", "![lengths](plots/length_distribution.png)", "",
             "![fill vs max length](plots/fill_vs_max_len.png)"]
@@ -277,7 +282,7 @@ def _length_distribution(groups: dict[str, np.ndarray], max_lens: list[int]) -> 
 
 def _fill_vs_max_len(sim: dict) -> dict:
     """What `draw_fill_vs_max_len` shows of a sweep."""
-    return {"fill": {alg: sorted(((r["max_len"], r["efficiency"]) for r in sim["results"] if r["algorithm"] == alg))
+    return {"fill": {alg: sorted((r["max_len"], r["efficiency"]) for r in sim["results"] if r["algorithm"] == alg)
                      for alg in sorted({r["algorithm"] for r in sim["results"]})},
             "recommended": sim["recommended_max_len"]}
 
@@ -351,7 +356,8 @@ class WhatIf:
 class WhatIfBeside:
     """The what-if sweep beside a plan (what the pack_plan asset shows with it): `start` is `plan.run_plan`'s
     ``on_lengths``, so the sweep starts from the lengths the plan reads while the plan goes on; `finish` waits
-    for it and records it for the plan's fingerprint. ``pool``: where the sweep and its figures run (`start_what_if`)."""
+    for it and records it for the plan's fingerprint. ``pool``: where the sweep and its figures run
+    (`start_what_if`)."""
 
     def __init__(self, work: Path, config: PlanConfig, pool: Executor | None = None) -> None:
         self.work, self.config, self.pool = work, config, pool
@@ -421,9 +427,9 @@ def read_what_if(work: Path, plan_fingerprint: str) -> WhatIf | None:
 
 def blend_report(recipe: Recipe, results: list[AuditResult]) -> str:
     lines = ["# pack_assets blend audit", "",
-             f"Recipe `{recipe.path}`: {len(recipe.datasets)} dataset(s), {recipe.epochs} epoch(s), seed {recipe.seed}. "
-             f"Verdicts: {', '.join(f'epoch {k} {r.verdict}' for k, r in enumerate(results))}; each epoch's full report "
-             f"is `{epoch_name(0)}/audit_report.md` and so on.", ""]
+             f"Recipe `{recipe.path}`: {len(recipe.datasets)} dataset(s), {recipe.epochs} epoch(s), "
+             f"seed {recipe.seed}. Verdicts: {', '.join(f'epoch {k} {r.verdict}' for k, r in enumerate(results))}; "
+             f"each epoch's full report is `{epoch_name(0)}/audit_report.md` and so on.", ""]
     for k, r in enumerate(results):
         lines += [f"## Epoch {k}", "", *blend_lines(r.stats), ""]
     return "\n".join(lines) + "\n"
@@ -437,11 +443,13 @@ def blend_lines(stats: dict) -> list[str]:
     for name, c in stats.get("per_dataset", {}).items():
         p = b.get("datasets", {}).get(name, {})
         lines.append(f"| {name} | {c['read']} | {c['rejected']} | {c['ok']} | {c['repeat']} | {c['expected']} | "
-                     f"{c['packed']} | {c['dropped']} | {p.get('share', 0):.2%} | {p.get('window_share_error', 0):.2%} |")
+                     f"{c['packed']} | {c['dropped']} | {p.get('share', 0):.2%} | "
+                     f"{p.get('window_share_error', 0):.2%} |")
     if b:
         lines += ["", f"Windows of {b['window']} packs in output order: worst token share error "
-                  f"{b['worst_window_share_error']:.2%} (target ≤ {SHARE_TOLERANCE:.0%}: {'ok' if b['share_ok'] else 'MISSED'}); "
-                  f"samples-per-pack drift {b['drift']:.3f} (target ≤ {DRIFT_LIMIT}: {'ok' if b['drift_ok'] else 'MISSED'}); "
+                  f"{b['worst_window_share_error']:.2%} (target ≤ {SHARE_TOLERANCE:.0%}: "
+                  f"{'ok' if b['share_ok'] else 'MISSED'}); samples-per-pack drift {b['drift']:.3f} "
+                  f"(target ≤ {DRIFT_LIMIT}: {'ok' if b['drift_ok'] else 'MISSED'}); "
                   f"packs over the lower bound {b['packs_over_bound_fraction']:.3%} (target ≤ 0.1 %: "
                   f"{'ok' if b['bound_ok'] else 'MISSED'})."]
     return lines

@@ -310,7 +310,8 @@ def _emit(shard, key, entries, reader, options, seen, info) -> Iterator[Sample |
         info.n_rejected += 1
         sid = f"{shard}/{key}#dup{info.n_samples}"
         yield Sample(sid, shard, key, status="rejected", reason="duplicate_key")
-        yield Rejection(shard, key, "duplicate_key", f"key {key!r} seen earlier in this shard (members {[e.name for e in entries][:4]})")
+        yield Rejection(shard, key, "duplicate_key",
+                        f"key {key!r} seen earlier in this shard (members {[e.name for e in entries][:4]})")
         broken = next((e for e in entries if e.kind == "break"), None)
         if broken is not None:  # the archive also breaks here: say so, not only that the key repeats
             yield Rejection(shard, None, broken.reason, broken.detail)

@@ -197,7 +197,8 @@ def _duck_type(t: pa.DataType) -> str:
 
 
 @contextlib.contextmanager
-def columns_relation(con: duckdb.DuckDBPyConnection, name: str, columns: list[list], schema: pa.Schema) -> Iterator[str]:
+def columns_relation(con: duckdb.DuckDBPyConnection, name: str, columns: list[list], schema: pa.Schema
+                     ) -> Iterator[str]:
     """``columns`` of Python values registered as ``name`` while the block runs; yields a SELECT of them with
     ``schema``'s columns and types. Handed to DuckDB as NumPy object columns, because building Arrow arrays
     from Python objects makes pyarrow import pandas: ~0.35 s, a tenth of a one-shard run, which the command's
@@ -253,7 +254,8 @@ def read_shard_info(work: Path, shard: str) -> dict | None:
     return read_parquet(p).to_pylist()[0]
 
 
-def write_token_lengths(work: Path, profile: str, shard: str, rows: Iterable[dict], rejections: Iterable[Rejection]) -> int:
+def write_token_lengths(work: Path, profile: str, shard: str, rows: Iterable[dict],
+                        rejections: Iterable[Rejection]) -> int:
     with atomic_dir(token_dir(work, profile, shard)) as d:
         out = BatchedParquet(d / "token_lengths.parquet", TOKEN_LENGTHS_SCHEMA)
         for row in rows:
@@ -337,12 +339,11 @@ def build_catalog(con: duckdb.DuckDBPyConnection, work: Path, shards: list[str],
     """(Re)create the views over the per-shard Parquet files of the given shards."""
     m = [manifest_dir(work, s) for s in shards]
     t = [token_dir(work, profile, s) for s in shards]
-    con.execute(f"CREATE OR REPLACE VIEW manifest_samples AS {_view_source([d / 'samples.parquet' for d in m], SAMPLES_SCHEMA)}")
-    con.execute(f"CREATE OR REPLACE VIEW members AS {_view_source([d / 'members.parquet' for d in m], MEMBERS_SCHEMA)}")
-    con.execute(f"CREATE OR REPLACE VIEW shards AS {_view_source([d / 'shard.parquet' for d in m], SHARDS_SCHEMA)}")
-    con.execute(
-        f"CREATE OR REPLACE VIEW token_lengths AS {_view_source([d / 'token_lengths.parquet' for d in t], TOKEN_LENGTHS_SCHEMA)}"
-    )
+    for view, folders, file, schema in (("manifest_samples", m, "samples.parquet", SAMPLES_SCHEMA),
+                                        ("members", m, "members.parquet", MEMBERS_SCHEMA),
+                                        ("shards", m, "shard.parquet", SHARDS_SCHEMA),
+                                        ("token_lengths", t, "token_lengths.parquet", TOKEN_LENGTHS_SCHEMA)):
+        con.execute(f"CREATE OR REPLACE VIEW {view} AS {_view_source([d / file for d in folders], schema)}")
     # which folders hold each shard's rows (a blend's epoch catalog reads the dataset work folder's), so a
     # reader can tell from their files' stamps whether a shard's rows changed (write.shard_digests)
     con.execute("CREATE OR REPLACE TABLE catalog_shards AS SELECT unnest(?::VARCHAR[]) AS shard, "
@@ -456,7 +457,8 @@ def staged(work: Path, queries: Mapping[str, str], shards: list[str],
 
 def has_plan(con: duckdb.DuckDBPyConnection) -> bool:
     # fetchall, not fetchone: a result left unfinished makes DuckDB refuse a later register()
-    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'plan_info'").fetchall()[0][0])
+    found = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'plan_info'").fetchall()
+    return bool(found[0][0])
 
 
 def read_plan_info(con: duckdb.DuckDBPyConnection) -> dict:

@@ -203,7 +203,8 @@ def _read_extended(fd, typeflag: bytes, data_at: int, size: int, file_size: int,
     gives for the next member (None when it gives none)."""
     data = os.pread(fd, size, data_at) if data_at + size <= file_size else b""
     if len(data) < size:
-        return Entry("", data_at, size, "break", f"extended header at offset {data_at - BLOCK} is cut short"), None, None
+        cut = Entry("", data_at, size, "break", f"extended header at offset {data_at - BLOCK} is cut short")
+        return cut, None, None
     if typeflag == b"x":
         try:
             return None, _pax(data), None
@@ -368,7 +369,8 @@ _USTAR_TEMPLATE = _ustar_template()
 
 
 _TEMPLATE_SUM = sum(_USTAR_TEMPLATE)  # name and size fields are zero in the template: they add their own bytes
-_T_MODE_TO_SIZE, _T_MTIME_TO_CHK, _T_AFTER_CHK = _USTAR_TEMPLATE[100:124], _USTAR_TEMPLATE[136:148], _USTAR_TEMPLATE[156:]
+_T_MODE_TO_SIZE, _T_MTIME_TO_CHK = _USTAR_TEMPLATE[100:124], _USTAR_TEMPLATE[136:148]
+_T_AFTER_CHK = _USTAR_TEMPLATE[156:]
 
 
 def member_header(name: str, size: int) -> bytes:

@@ -13,9 +13,9 @@ import pyarrow as pa
 
 from .. import events
 from ..core import audit, blend, epochs, plan, report, scan, write
+from ..core.counting.token_lengths import run_token_counts
 from ..core.results import FilePath, Markdown
 from ..core.settings import Settings
-from ..core.counting.token_lengths import run_token_counts
 from ..events import Progress
 from .partitions import source_shards
 from .resources import PackSettings
@@ -39,8 +39,8 @@ warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy` of funct
 
 # what the assets share: every value is the stage's typed summary; the two shard stages run per partition,
 # in backfill batches, under the shard_scan pool; the three pack stages run once over every shard
-SHARD_STAGE = {"partitions_def": source_shards, "group_name": INGEST, "kinds": {"python", "parquet"}, "code_version": "1",
-               "dagster_type": SUMMARY, "pool": "shard_scan",
+SHARD_STAGE = {"partitions_def": source_shards, "group_name": INGEST, "kinds": {"python", "parquet"},
+               "code_version": "1", "dagster_type": SUMMARY, "pool": "shard_scan",
                "backfill_policy": dg.BackfillPolicy.multi_run(max_partitions_per_run=BACKFILL_BATCH)}
 PACK_STAGE = {"group_name": PACK, "code_version": "1", "dagster_type": SUMMARY}
 
@@ -83,7 +83,8 @@ def metadata(values: dict) -> dict:
 @dg.asset(
     **SHARD_STAGE,
     check_specs=[dg.AssetCheckSpec("every_sample_accounted", asset="manifest",
-                                   description="Samples read = ok + rejected, and every rejected sample has a reason row.")],
+                                   description="Samples read = ok + rejected, and every rejected sample has a "
+                                               "reason row.")],
 )
 def manifest(context: dg.AssetExecutionContext, settings: PackSettings) -> dg.MaterializeResult:
     """Scan source shards in place: every member's payload offset, size and sha256; every sample's
@@ -114,8 +115,8 @@ def token_lengths(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     keys = context.partition_keys
     summary = run_token_counts(s.work, keys, profile, log=context.log.info, by_helpers=_by_helpers(context),
                                       on_shard=_each_shard(events.COUNT, len(keys)))
-    return dg.MaterializeResult(metadata=metadata(summary.as_metadata()), data_version=dg.DataVersion(profile.fingerprint),
-                                value=summary)
+    return dg.MaterializeResult(metadata=metadata(summary.as_metadata()),
+                                data_version=dg.DataVersion(profile.fingerprint), value=summary)
 
 
 def _planned(s: Settings, shards: list[str], pool: Executor | None):

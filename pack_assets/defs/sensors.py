@@ -64,7 +64,8 @@ def new_shard_sensor(context: dg.SensorEvaluationContext, settings: PackSettings
         except duckdb.Error as e:  # a shard run swapping its manifest directory in right now
             return dg.SkipReason(f"manifests changing while read, trying again next tick: {e}")
         requested = {k: v for k, v in requested.items() if recorded.get(k) != found[k]}
-        pending = [k for k in found if k in known and recorded.get(k) != found[k] and requested.get(k) != _stamp(found, k)]
+        pending = [k for k in found
+                   if k in known and recorded.get(k) != found[k] and requested.get(k) != _stamp(found, k)]
     add, rerun = new[:BATCH], pending[:max(0, BATCH - len(new))]
     complete = len(add) == len(new) and len(rerun) == len(pending)
     if not (add or rerun or removed):

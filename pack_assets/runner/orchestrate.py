@@ -168,17 +168,7 @@ def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progre
         if work is not None and work.running and todo:
             batches = _batches(todo, order, BATCH_MAX)
             for i, keys in enumerate(batches):
-                by_helpers = []
-
-                def done(key: str, samples: int | None, err: BaseException | None) -> None:
-                    if err is None:
-                        by_helpers.append(key)
-                        progress.update(key, samples)
-                    else:
-                        (progress_log or _stderr)(f"{key}: its helper process failed ({err}); its Dagster "
-                                                  "step scans and counts it")
-
-                work.wait(keys, done)
+                by_helpers = _helpers_done(work, keys, progress, progress_log)
                 last = i == len(batches) - 1
                 if last:
                     drawing.warm(pool, work.jobs)  # the shards are done: the helpers' cores are free for matplotlib
@@ -208,6 +198,22 @@ def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progre
                 for key, samples in fut.result().items():
                     progress.update(key, samples)
         return None
+
+
+def _helpers_done(work: ShardWork, keys: list[str], progress: ShardProgress, progress_log) -> list[str]:
+    """Wait until the helpers are done with `keys`; the shards they did, each told to `progress` as it ends. A
+    shard a helper failed on is said so, and left to its Dagster step."""
+    by_helpers: list[str] = []
+
+    def done(key: str, samples: int | None, err: BaseException | None) -> None:
+        if err is None:
+            by_helpers.append(key)
+            progress.update(key, samples)
+        else:
+            (progress_log or _stderr)(f"{key}: its helper process failed ({err}); its Dagster step scans and counts it")
+
+    work.wait(keys, done)
+    return by_helpers
 
 
 def _stderr(msg: str) -> None:
@@ -271,7 +277,8 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
     # the rest: Dagster's run set-up and event log around the steps
     stage_seconds["other"] = round(seconds - sum(stage_seconds.values()), 2)
     plan, written, audit = (result.asset_value(a) for a in ("pack_plan", "packed_shards", "audit_report"))
-    return {"input_dir": settings.recipe or str(root), "shards": len(shards), "shard_runs": len(todo), "shards_removed": removed,
+    return {"input_dir": settings.recipe or str(root), "shards": len(shards), "shard_runs": len(todo),
+            "shards_removed": removed,
             "jobs": jobs, **_stage_figures(settings, profile.name, plan, written, audit),
             **({"epochs": len(plan.epochs), "output_folders": [str(e.output_dir) for e in written.epochs]}
                if settings.recipe else {}),

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
 
-from ..core.preflight import listing
 from ..core.counting.profiles import ModelProfile
+from ..core.counting.token_lengths import run_token_lengths, token_lengths_are_current
+from ..core.preflight import listing
 from ..core.scan import manifest_is_current, run_manifest
 from ..core.settings import Settings
-from ..core.counting.token_lengths import run_token_lengths, token_lengths_are_current
 from .procs import Helpers
 
 

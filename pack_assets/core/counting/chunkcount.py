@@ -73,7 +73,8 @@ _last = itemgetter(-1)
 # LLaVA-OneVision; Llama 3's, numbers in runs of up to three)
 BYTE_LEVEL_PATTERNS = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 )
 # W: Python's str.isspace set (a superset of Unicode White_Space, Oniguruma's \s) + U+180E, U+200B (White_Space
 # in old Unicode versions): more characters here only means fewer cuts

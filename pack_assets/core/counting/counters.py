@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
+from ..reasons import ReasonError
 from . import procount
 from .profiles import ModelProfile
-from ..reasons import ReasonError
 from .tokens import TokenCounter
 
 

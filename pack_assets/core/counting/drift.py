@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..jsonrecords import RecordItem, record_items
-from .profiles import ModelProfile, ProfileError, processor_profile
 from ..reasons import ReasonError
 from .procount import ProcessorCounter
+from .profiles import ModelProfile, ProfileError, processor_profile
 
 
 @dataclass(frozen=True)

@@ -210,7 +210,8 @@ def load_processor(model_dir: str, trust_remote_code: bool = False):
     except ImportError as e:
         raise ProfileError(f"the processor rule needs transformers: {EXTRA_HINT} ({e})") from None
     try:
-        # a copy: the build is shared with the profile's fingerprint (core/counting/environment.py), the wrappers are ours
+        # a copy: the build is shared with the profile's fingerprint (core/counting/environment.py); the wrappers
+        # are ours
         proc = copy.copy(environment.build_processor(model_dir, trust_remote_code))
     except ImportError as e:  # e.g. a video processor that needs torchvision: count images without it
         try:

@@ -21,7 +21,8 @@ processor costs speed, never exactness.
 Videos the same way: a video's replacement string depends on its metadata alone (frame count, fps, width,
 height, duration; the manifest stores them, nothing is decoded). The processor's own ``_process_videos`` runs
 once per distinct metadata on blank stride-0 frames ``(frames, 3, H, W)`` uint8 (torch, as torchcodec hands
-a decoded file over) with a transformers ``VideoMetadata`` of those values, so its own frame sampling (``do_sample_frames``, ``num_frames``, ``fps``)
+a decoded file over) with a transformers ``VideoMetadata`` of those values, so its own frame sampling
+(``do_sample_frames``, ``num_frames``, ``fps``)
 decides the frames, and Qwen3-VL's timestamps come from the same fps and sampled indices (all in the key).
 The whole call (``processor(..., videos=..., video_metadata=...)``) stays the reference: a sample whose set
 of video keys is new is counted by it and compared. Missing or implausible metadata is ``bad_video`` (as for
@@ -38,10 +39,9 @@ import os
 import re
 from collections.abc import Iterable
 
-
-from .profiles import ModelProfile, ProfileError
 from ..reasons import ReasonError
 from .processors import NoVideo, load_processor
+from .profiles import ModelProfile, ProfileError
 from .tokens import batched
 from .vision import video_meta
 
@@ -539,7 +539,8 @@ def _chunk_counts(tok, text_kwargs: dict, media_ids: tuple[int, ...]):
     cls = type(tok)
     if (not isinstance(tok, TokenizersBackend) or cls.__call__ is not PreTrainedTokenizerBase.__call__
             or cls._encode_plus is not TokenizersBackend._encode_plus
-            or text_kwargs.get("add_special_tokens") is not False or set(text_kwargs) - {"add_special_tokens", *_OUTPUT_PICKS}
+            or text_kwargs.get("add_special_tokens") is not False
+            or set(text_kwargs) - {"add_special_tokens", *_OUTPUT_PICKS}
             or getattr(tok, "split_special_tokens", True)):
         return None
     pattern, glue = tokenizer_rule(tok.backend_tokenizer)

@@ -19,9 +19,9 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import environment
 from ..chatkw import as_dict, canonical
 from ..safety import file_sha256
+from . import environment
 
 PROFILE_DIR = Path(__file__).resolve().parent / "bundled"  # the built-in profiles' files, one folder each
 DEFAULT_PROFILE = "qwen3-vl"
@@ -248,7 +248,8 @@ cached_sha256 = functools.lru_cache(maxsize=64)(file_sha256)  # per path: a prof
 def _tokenizer_source_sha256(source: str) -> str:
     if not Path(source).is_dir():
         return cached_sha256(source)
-    return hashlib.sha256("".join(cached_sha256(str(Path(source) / f)) for f in _QWEN2_TOKENIZER_FILES).encode()).hexdigest()
+    digests = "".join(cached_sha256(str(Path(source) / f)) for f in _QWEN2_TOKENIZER_FILES)
+    return hashlib.sha256(digests.encode()).hexdigest()
 
 
 def _folder_fingerprint(folder: str, trust_remote_code: bool) -> str:
@@ -279,7 +280,8 @@ def _read_template(folder: Path) -> str:
             tpl = json.loads(p.read_text(encoding="utf-8")).get("chat_template")
             if isinstance(tpl, str):
                 return tpl
-    raise ProfileError(f"no chat template in {folder} (chat_template.jinja, chat_template.json or tokenizer_config.json)")
+    raise ProfileError(f"no chat template in {folder} "
+                       "(chat_template.jinja, chat_template.json or tokenizer_config.json)")
 
 
 def _pixels(cfg: dict, default_min: int, default_max: int) -> tuple[int, int]:
@@ -334,7 +336,8 @@ def load_profile(name: str = DEFAULT_PROFILE) -> ModelProfile:
     if name not in _LAST_ADDED_ID:
         raise ProfileError(f"unknown profile {name!r}; built-in profiles: {', '.join(BUILTIN_PROFILES)}")
     folder = PROFILE_DIR / name
-    image, video = _rules(name, read_json(folder / "preprocessor_config.json"), read_json(folder / "video_preprocessor_config.json"))
+    image, video = _rules(name, read_json(folder / "preprocessor_config.json"),
+                          read_json(folder / "video_preprocessor_config.json"))
     return ModelProfile(
         name=name,
         family=name,
@@ -487,7 +490,8 @@ def _media_profile(folder: Path, family: str, config: dict) -> ModelProfile | No
                           # the count is of repeated video tokens: exact only while that is one added token
                           video=video if _is_added_token(folder, video) else "",
                           frame_tokens=math.ceil(int(math.sqrt(tokens)) / 2) ** 2)
-    template_vars = tuple(sorted((k, v) for k, v in tok.items() if k in ("bos_token", "eos_token", "pad_token", "unk_token")))
+    named = ("bos_token", "eos_token", "pad_token", "unk_token")
+    template_vars = tuple(sorted((k, v) for k, v in tok.items() if k in named))
     return ModelProfile(name=f"{family}@{folder.name}", family=family, chat_template=_read_template(folder),
                         tokenizer_file=source, last_added_id=10**9, image=ImageRule(0, 0, 0, 0),
                         video=video_rule, model_dir=str(folder.resolve()), media=media, template_vars=template_vars)
@@ -586,6 +590,9 @@ def resolve_profile(profile: str | None = None, model_dir: str | None = None,
                     trust_remote_code: bool = False, chat_template_kwargs: str | dict = "") -> ModelProfile:
     """The profile a run counts with: a --model-dir's, else a built-in one; ``chat_template_kwargs`` (a mapping
     or its JSON text) rendered into every template call."""
-    base = profile_from_model_dir(model_dir, trust_remote_code) if model_dir else load_profile(profile or DEFAULT_PROFILE)
+    if model_dir:
+        base = profile_from_model_dir(model_dir, trust_remote_code)
+    else:
+        base = load_profile(profile or DEFAULT_PROFILE)
     kwargs = canonical(chat_template_kwargs)
     return replace(base, chat_template_kwargs=kwargs) if kwargs else base

@@ -1,5 +1,6 @@
 """token_lengths stage: every ok sample of a shard counted for the target model, by its profile's rule (the
-fast rule, core/counting/tokens.py, or the processor rule, core/counting/procount.py: `counters.counter_for` picks). Each row's
+fast rule, core/counting/tokens.py, or the processor rule, core/counting/procount.py: `counters.counter_for` picks).
+Each row's
 ``counted_by`` says which. A shard's counts are kept while its manifest and the profile are unchanged."""
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import store
-from .counters import Counter, counter_for
-from .profiles import ModelProfile
 from ..reasons import ReasonError
 from ..records import TOKEN_LENGTHS_SCHEMA, Rejection
 from ..results import KEPT, FilePath
+from .counters import Counter, counter_for
+from .profiles import ModelProfile
 
 
-def count_shard_rows(counter: Counter, samples: Iterable[dict], media_bytes: dict[str, int]) -> tuple[list[dict], list[Rejection]]:
+def count_shard_rows(counter: Counter, samples: Iterable[dict], media_bytes: dict[str, int]
+                     ) -> tuple[list[dict], list[Rejection]]:
     """token_lengths rows for a shard's manifest rows (ok ones are counted; rejected ones are skipped)."""
     ok = [s for s in samples if s["status"] == "ok"]
     items = (
@@ -139,4 +141,5 @@ def run_token_counts(work: Path, shards: list[str], profile: ModelProfile, log: 
         counts.append(c)
         if on_shard:
             on_shard(c)
-    return TokenLengthsSummary(counts, profile.name, profile.fingerprint, store.token_dir(work, profile.name, shards[0]))
+    folder = store.token_dir(work, profile.name, shards[0])
+    return TokenLengthsSummary(counts, profile.name, profile.fingerprint, folder)

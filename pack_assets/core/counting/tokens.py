@@ -1,5 +1,6 @@
 """The fast rule: exact token counts for the target model, from headers and text only (proven equal to the
-model's processor; a family without it is counted by its processor: core/counting/procount.py, and core/counting/counters.py
+model's processor; a family without it is counted by its processor: core/counting/procount.py, and
+core/counting/counters.py
 picks the rule).
 
 total = len(tokenize(render(chat_template, messages))) + Σ(N_image − 1) + Σ(N_video − 1): the
@@ -24,9 +25,9 @@ import jinja2.ext
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ..reasons import ReasonError
 from .chunkcount import ChunkCounts, tokenizer_rule
 from .profiles import ModelProfile
-from ..reasons import ReasonError
 from .tokenizers import fast_counter_for, load_tokenizer, tokenizer_for
 from .vision import VideoCount, image_tokens, media_crops, media_image_tokens, sampled_frames, video_count
 
@@ -59,7 +60,8 @@ class _Generation(jinja2.ext.Extension):
         return caller()
 
 
-@functools.lru_cache(maxsize=8)  # compiled once per process, not per shard (~20 ms each): a Template renders reentrantly
+# compiled once per process, not per shard: a Template renders reentrantly
+@functools.lru_cache(maxsize=8)
 def _template(source: str) -> jinja2.Template:
     return _environment().from_string(source)
 
@@ -104,8 +106,8 @@ class TokenCounter:
 
     def __init__(self, profile: ModelProfile, backend: str = "auto", chunk_cache: bool = True):
         if profile.rule == "processor":
-            raise ValueError(f"{profile.name} is counted by its own processor (core/counting/procount.py), not the fast rule: "
-                             "count with counters.counter_for(profile)")
+            raise ValueError(f"{profile.name} is counted by its own processor (core/counting/procount.py), not the "
+                             "fast rule: count with counters.counter_for(profile)")
         self.profile = profile
         self._use_chunks = chunk_cache  # False: every text through the tokenizer (benchmarks' "before")
         self.template = _template(profile.chat_template)
@@ -127,7 +129,8 @@ class TokenCounter:
 
     @functools.cached_property
     def chunks(self) -> ChunkCounts | None:
-        """The chunk -> count cache (core/counting/chunkcount.py) where its proof holds for this tokenizer, else None."""
+        """The chunk -> count cache (core/counting/chunkcount.py) where its proof holds for this tokenizer, else
+        None."""
         if self.fast is not None or not self._use_chunks:
             return None
         return _chunk_counts(self.profile.tokenizer_file, self.profile.last_added_id)

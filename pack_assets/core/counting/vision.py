@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .profiles import ImageRule, MediaRule, VideoRule
 from ..reasons import ReasonError
+from .profiles import ImageRule, MediaRule, VideoRule
 
 
 def _round(x: float, f: int) -> int:
@@ -124,7 +124,9 @@ def media_image_tokens(width: int, height: int, n_images: int, rule: MediaRule) 
     if rule.kind == "fixed":
         return rule.tokens * (1 + media_crops(width, height, rule))
     if rule.kind == "tiles":
-        cols, rows = _tile_grid(height, width, rule.tile, rule.min_tiles, rule.max_tiles) if rule.max_tiles > 1 else (1, 1)
+        cols, rows = (1, 1)
+        if rule.max_tiles > 1:
+            cols, rows = _tile_grid(height, width, rule.tile, rule.min_tiles, rule.max_tiles)
         n = cols * rows
         return rule.tokens * (n + 1 if n > 1 else 1)
     n = rule.tokens + 1 if n_images != 1 else _anyres_features(height, width, rule)
@@ -241,7 +243,8 @@ def sampled_frames(meta: dict, rule: VideoRule) -> int:
     if num is None:
         if rule.sampler == "uniform":
             return total
-        raise ReasonError("video_sampling", "do_sample_frames with neither num_frames nor fps: InternVL's sampler fails")
+        raise ReasonError("video_sampling",
+                          "do_sample_frames with neither num_frames nor fps: InternVL's sampler fails")
     if num <= 0:
         raise ReasonError("video_sampling", f"{total} frames at {src_fps:.3f} fps sample {num} frames")
     if num > total:

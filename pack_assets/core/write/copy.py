@@ -20,8 +20,17 @@ from .fingerprints import current_shards
 from .jobs import WRITE_ROWS, ShardJob, ShardResult, load_shard_job
 from .record import last_index, load_record, record_written, shard_digests, vouched_shards, written_key
 from .shard import write_shard
-from .shared import (OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards,
-                     used_sources, write_context)
+from .shared import (
+    OutputFolder,
+    Progress,
+    WriteSummary,
+    check_roots,
+    check_sources,
+    planned_shards,
+    used_sources,
+    write_context,
+)
+
 
 def _write_shard_star(args) -> ShardResult:
     return write_shard(*args)

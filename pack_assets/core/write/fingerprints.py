@@ -84,10 +84,12 @@ _FINGERPRINT_ROWS = f"""WITH packed AS (SELECT DISTINCT pm.sample_id, s.media_me
                   s.conv_sha, CASE WHEN m.name IS NOT NULL THEN {_MEMBER} END, md.media, ex.extra,
                   sh.size || ':' || sh.mtime_ns
            FROM pack_plan p JOIN pack_members pm USING (pack_id)
-           -- hashed before the joins: carried through them, the conversations were most of the memory (~2.6 KB a sample)
-           JOIN (SELECT sample_id, shard, json_member, sha256(conversation) AS conv_sha FROM samples) s USING (sample_id)
+           -- hashed before the joins: carried through them, the conversations were most of the memory
+           JOIN (SELECT sample_id, shard, json_member, sha256(conversation) AS conv_sha FROM samples) s
+             USING (sample_id)
            JOIN token_lengths t USING (sample_id) LEFT JOIN media md USING (sample_id)
-           LEFT JOIN extra ex USING (sample_id) LEFT JOIN members m ON m.sample_id = s.sample_id AND m.name = s.json_member
+           LEFT JOIN extra ex USING (sample_id)
+           LEFT JOIN members m ON m.sample_id = s.sample_id AND m.name = s.json_member
            LEFT JOIN shards sh ON sh.shard = s.shard /*only*/
            ORDER BY p.output_shard, p.pack_id, pm.position"""
 ONLY = "output_shard IN (SELECT unnest(?::VARCHAR[]))"  # a query's output shards: those of a list parameter

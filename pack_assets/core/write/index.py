@@ -30,8 +30,16 @@ from ..safety import mkstemp
 from ..tario import BLOCK, RECORD, first_pack_meta, member_header, padding
 from .fingerprints import ShardFingerprint, current_shards, shard_fingerprint
 from .jobs import PackJob, ShardJob, ShardResult, pack_document, shard_job
-from .shared import (OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards,
-                     used_sources, write_context)
+from .shared import (
+    OutputFolder,
+    Progress,
+    WriteSummary,
+    check_roots,
+    check_sources,
+    planned_shards,
+    used_sources,
+    write_context,
+)
 from .syscalls import Sources, read_record
 
 
@@ -68,7 +76,8 @@ def index_document(job: PackJob, context: dict, sources: Sources, root: Root) ->
     for out_name, sub, m in media:
         rel = f"{sub.shard}.tar"
         stamps[rel] = _stamp(sub)
-        parts[out_name.split(".", 1)[1]] = {"source": rel, "offset": m["offset"], "size": m["size"], "sha256": m["sha256"]}
+        parts[out_name.split(".", 1)[1]] = {"source": rel, "offset": m["offset"], "size": m["size"],
+                                            "sha256": m["sha256"]}
     where = {"roots": dict(root)} if isinstance(root, Mapping) else {"root": root}
     return doc, {"format": FORMAT, **where, "sources": dict(sorted(stamps.items())), "parts": parts}
 

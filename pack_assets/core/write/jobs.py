@@ -78,7 +78,8 @@ WRITE_ROWS = {
                FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
                JOIN token_lengths t USING (sample_id) LEFT JOIN shards sh ON sh.shard = s.shard WHERE {shards}""",
     "members": """SELECT p.output_shard, m.sample_id, m.name, m."offset", m.size, m.sha256
-                  FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN members m USING (sample_id) WHERE {shards}""",
+                  FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN members m USING (sample_id)
+                  WHERE {shards}""",
 }
 # the conversations, most of the bytes, are read per shard (gathered too, they added ~0.8 GB at 1M)
 WRITE_CONVERSATIONS = {
@@ -107,8 +108,8 @@ def shard_job(con, input_root: Path, name: str, rows: store.Staged | None = None
             media=[members[(sid, n)] for n in media_members or []],
             extra=[members[(sid, n)] for n in extra_members or []], conversation_sha256=conv_sha, source_stamp=stamp,
         ))
-    packs = con.execute("SELECT pack_id, media_type, total_token_len FROM pack_plan WHERE output_shard = ? ORDER BY pack_id",
-                        [name]).fetchall()
+    packs = con.execute("SELECT pack_id, media_type, total_token_len FROM pack_plan WHERE output_shard = ? "
+                        "ORDER BY pack_id", [name]).fetchall()
     return ShardJob(name, [PackJob(pack_id, mt, total, subs[pack_id]) for pack_id, mt, total in packs])
 
 
@@ -153,7 +154,8 @@ def pack_document(job: PackJob, context: dict, records: list) -> tuple[bytes, li
     return body.encode("utf-8"), media_out
 
 
-def _members_out(pack_id: str, i: int, sub: SubSample, members: list[dict], naming, media_out: list) -> tuple[list, list]:
+def _members_out(pack_id: str, i: int, sub: SubSample, members: list[dict], naming,
+                 media_out: list) -> tuple[list, list]:
     """Sub-sample ``i``'s media (or extra) members under their output names: the names the sample lists, and
     each member as ``_meta`` lists it; each (output name, sub-sample, member) is appended to ``media_out``."""
     names, listed = [], []

@@ -42,14 +42,14 @@ def written_key(con, info: PlanInfo, context: dict) -> str:
 
 
 # A planned output shard's content as DuckDB hashes it: per sample a line with every value ShardFingerprint
-# takes (pack, position, tokens, conversation, record/media/extra member names in order, every member's
-# place and sha256, the source's size and mtime where a member is unhashed), the context left out (the record
-# keeps it apart); the lines' 128-bit md5 XORed per shard. Not equal to the fingerprint, but equal exactly when
-# its inputs are (each line holds its pack id and position, so no two lines of a shard are alike): so a
-# recorded digest that differs refutes a shard as surely as its fingerprint would. Aggregates that stream (an
-# ordered string_agg ran out of DuckDB's memory at 1M samples, and the fingerprint query hands every sample to
-# Python: docs/benchmarks.md). Conversations are hashed before the joins, as in the fingerprint query. DIGEST_FORMAT: bumped when the lines change (a record of another format vouches for
-# nothing and refutes nothing).
+# takes (pack, position, tokens, conversation, record/media/extra member names in order, every member's place
+# and sha256, the source's size and mtime where a member is unhashed), the context left out (the record keeps
+# it apart); the lines' 128-bit md5 XORed per shard. Not equal to the fingerprint, but equal exactly when its
+# inputs are (each line holds its pack id and position, so no two lines of a shard are alike): so a recorded
+# digest that differs refutes a shard as surely as its fingerprint would. Aggregates that stream (an ordered
+# string_agg ran out of DuckDB's memory at 1M samples, and the fingerprint query hands every sample to Python:
+# docs/benchmarks.md). Conversations are hashed before the joins, as in the fingerprint query. DIGEST_FORMAT:
+# bumped when the lines change (a record of another format vouches for nothing and refutes nothing).
 DIGEST_FORMAT = 2
 _DIGEST_ROWS = """
 WITH mem AS (SELECT sample_id, bit_xor(md5_number_lower(m)) AS lo, bit_xor(md5_number_upper(m)) AS hi,
@@ -99,16 +99,18 @@ def digest_keys(con) -> dict[str, tuple[str, int, int]]:
     """Per planned output shard: (the key of its digest's inputs, packs, samples); {} for a catalog built
     before it listed its shards' folders."""
     try:
-        folders = {r[0]: r[1:] for r in con.execute("SELECT shard, manifest_dir, token_dir FROM catalog_shards").fetchall()}
+        rows = con.execute("SELECT shard, manifest_dir, token_dir FROM catalog_shards").fetchall()
     except duckdb.CatalogException:
         return {}
+    folders = {r[0]: r[1:] for r in rows}
     stamps: dict[str, list] = {}
     keys = {}
     for name, plan_hash, packs, samples, sources in con.execute(_DIGEST_INPUTS).fetchall():
         for src in sources:
             if src not in stamps:
                 dirs = folders.get(src)
-                stamps[src] = dirs and [_stamp(f"{d}/{f}") for d, (_, files) in zip(dirs, _CATALOG_FILES) for f in files]
+                stamps[src] = dirs and [_stamp(f"{d}/{f}") for d, (_, files) in zip(dirs, _CATALOG_FILES)
+                                        for f in files]
         key = json.dumps([DIGEST_FORMAT, plan_hash, [[src, stamps[src]] for src in sources]])
         keys[name] = (hashlib.sha256(key.encode()).hexdigest(), packs, samples)
     return keys

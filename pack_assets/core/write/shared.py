@@ -11,14 +11,13 @@ from pathlib import Path
 
 from ... import __version__
 from .. import labels, owned, store
+from ..indexmode import SourceChanged
 from ..plan import PlanInfo, config_fingerprint
 from ..results import FilePath
 from ..safety import check_paths
-from ..indexmode import SourceChanged
 from ..tario import first_pack_meta
 from .energon import EnergonMeta, Index, LastIndex, write_energon_meta, write_wids_index
 from .jobs import ShardResult
-
 
 # progress(result, shards done, shards in all), after each output shard written or found current
 Progress = Callable[[ShardResult, int, int], None]
@@ -52,7 +51,8 @@ def used_sources(con) -> list[str]:
 
 def check_sources(con, input_root: Path, shards: list[str]) -> None:
     """Refuse to copy byte ranges out of a shard that is not the one the manifest scanned."""
-    recorded = {r[0]: (r[1], r[2], r[3]) for r in con.execute("SELECT shard, size, mtime_ns, status FROM shards").fetchall()}
+    rows = con.execute("SELECT shard, size, mtime_ns, status FROM shards").fetchall()
+    recorded = {r[0]: (r[1], r[2], r[3]) for r in rows}
     problems = []
     for shard in shards:
         path = store.source_tar(input_root, shard)
