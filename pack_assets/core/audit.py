@@ -303,14 +303,14 @@ def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, wo
     workers = min(workers or os.cpu_count() or 1, len(shards))
     if workers <= 1:
         # shard by shard here: with a core to spare, a second thread hashes each pack while this one checks
-        # the pack before (at most ~0.1 s of a one-shard run; workers below already keep every core busy)
+        # the pack before (a small gain on a one-shard run; the workers below already keep every core busy)
         with (ThreadPoolExecutor(1, thread_name_prefix="audit-sha256") if (os.cpu_count() or 1) > 1
               else contextlib.nullcontext()) as hasher:
             yield from (_audit_shard(con, out_dir, n, config, rows, hasher) for n in shards)
         return
     if work is None or total < min_bytes:
         # threads, each with its own DuckDB cursor: most of a shard's time is pread and sha256, which release
-        # the GIL, and threads cost no spawn and no imports (a process: ~1 s of CPU before its first byte)
+        # the GIL, and threads cost no spawn and no imports (a process pays both before its first byte)
         cursors = queue.SimpleQueue()  # made here, in this thread: one per worker, lent per shard
         for _ in range(workers):
             cur = con.cursor()

@@ -307,7 +307,7 @@ def _next_fit_plain(lengths: np.ndarray, capacity: int) -> np.ndarray:
     """``_next_fit`` with one item of look-ahead and no caps, in O(n log n) numpy plus one Python step per
     pack: a pack that starts at kept item j ends before the first item whose prefix sum passes
     ``sum(before j) + capacity``, so every start's end comes from one ``searchsorted``; the starts are then
-    the chain from item 0 (at 1M lengths: 0.1 s instead of 1.7 s)."""
+    the chain from item 0 (docs/benchmarks.md has its time at 1M lengths)."""
     pack = np.full(len(lengths), -1, dtype=np.int64)
     kept = np.flatnonzero(lengths <= capacity)
     if not len(kept):

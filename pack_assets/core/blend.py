@@ -45,7 +45,7 @@ from .plan import (
     plannable,
 )
 from .recipe import Recipe, blend_seed, copies, dataset_of, expected_copies
-from .results import FilePath, Markdown
+from .results import FilePath, Markdown, summed
 
 SHARE_TOLERANCE = 0.10  # each dataset's token share per window within ±10 % (relative) of its global share
 DRIFT_LIMIT = 1.25
@@ -309,18 +309,9 @@ class BlendPlanSummary:
 
     epochs: list[PlanSummary]
     work: Path
-
-    @property
-    def packs(self) -> int:
-        return sum(e.packs for e in self.epochs)
-
-    @property
-    def lower_bound(self) -> int:
-        return sum(e.lower_bound for e in self.epochs)
-
-    @property
-    def packs_over_bound(self) -> int:
-        return sum(e.packs_over_bound for e in self.epochs)
+    packs = summed("packs")
+    lower_bound = summed("lower_bound")
+    packs_over_bound = summed("packs_over_bound")
 
     @property
     def fill(self) -> float:

@@ -15,7 +15,7 @@ from .audit import run_audit
 from .blend import epoch_name, epoch_work
 from .recipe import Recipe
 from .report import blend_report
-from .results import AuditResult, FilePath
+from .results import AuditResult, FilePath, summed
 from .write import writer
 
 
@@ -24,18 +24,9 @@ class BlendWriteSummary:
     epochs: list  # WriteSummary per epoch
     output_dir: Path
     retired: list = dataclasses.field(default_factory=list)  # epoch folders past the recipe's epochs, emptied
-
-    @property
-    def shards(self) -> int:
-        return sum(e.shards for e in self.epochs)
-
-    @property
-    def written(self) -> int:
-        return sum(e.written for e in self.epochs)
-
-    @property
-    def bytes(self) -> int:
-        return sum(e.bytes for e in self.epochs)
+    shards = summed("shards")
+    written = summed("written")
+    bytes = summed("bytes")
 
     @property
     def foreign_files(self) -> list[str]:

@@ -18,8 +18,8 @@ VIDEO_EXTS = frozenset({"mp4", "avi", "mov", "mkv", "webm", "m4v"})
 _PIL_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "gif": "GIF", "bmp": "BMP",
                 "tif": "TIFF", "tiff": "TIFF"}
 
-# formats whose size imagesize reads exactly as Pillow does (tests/test_manifest.py compares them); it is
-# 2-8x faster than Pillow's lazy open, which parses every marker table before the frame header
+# formats whose size imagesize reads exactly as Pillow does (tests/test_manifest.py compares them); it reads
+# less than Pillow's lazy open, which parses every marker table before the frame header
 _FAST_FORMATS = {"JPEG", "PNG", "WEBP", "GIF"}
 _MAX_PIXELS = 2 * (Image.MAX_IMAGE_PIXELS or 0) or None  # Pillow refuses more (DecompressionBombError)
 

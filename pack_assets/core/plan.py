@@ -515,7 +515,7 @@ def _incremental(rows: dict[str, np.ndarray], previous, config: PlanConfig, prof
 
 def ok_lengths(con) -> dict[str, np.ndarray]:
     """make_plan's inputs, one entry per ok sample in sample id order, from the catalog."""
-    # fetchnumpy, not Arrow's to_numpy: that imports pandas (~0.35 s, a tenth of a one-shard run)
+    # fetchnumpy, not Arrow's to_numpy: that imports pandas, a good part of a short run
     t = con.sql("SELECT sample_id AS sample_ids, media_type AS media_types, total_tokens AS lengths, media_bytes, "
                 "n_images + n_videos AS n_media, vision_tokens FROM token_lengths WHERE status = 'ok' "
                 "ORDER BY sample_id").fetchnumpy()

@@ -124,78 +124,22 @@ class ShardInfo:
     manifest_format: int = MANIFEST_FORMAT
 
 
-SAMPLES_SCHEMA = pa.schema(
-    [
-        ("sample_id", pa.string()),
-        ("shard", pa.string()),
-        ("key", pa.string()),
-        ("media_type", pa.string()),
-        ("status", pa.string()),
-        ("reason", pa.string()),
-        ("n_images", pa.int32()),
-        ("n_videos", pa.int32()),
-        ("json_member", pa.string()),
-        ("media_members", pa.list_(pa.string())),
-        ("conversation", pa.string()),
-        ("image_sizes", pa.list_(pa.list_(pa.int64()))),
-        ("videos", pa.string()),
-        ("extra_members", pa.list_(pa.string())),
-    ]
-)
-
-MEMBERS_SCHEMA = pa.schema(
-    [
-        ("sample_id", pa.string()),
-        ("name", pa.string()),
-        ("offset", pa.int64()),
-        ("size", pa.int64()),
-        ("sha256", pa.string()),
-    ]
-)
-
-REJECTED_SCHEMA = pa.schema(
-    [
-        ("shard", pa.string()),
-        ("key", pa.string()),
-        ("reason", pa.string()),
-        ("detail", pa.string()),
-        ("stage", pa.string()),
-    ]
-)
-
-SHARDS_SCHEMA = pa.schema(
-    [
-        ("shard", pa.string()),
-        ("path", pa.string()),
-        ("size", pa.int64()),
-        ("mtime_ns", pa.int64()),
-        ("status", pa.string()),
-        ("n_samples", pa.int64()),
-        ("n_ok", pa.int64()),
-        ("n_rejected", pa.int64()),
-        ("n_members", pa.int64()),
-        ("n_meta_members", pa.int64()),
-        ("seconds", pa.float64()),
-        ("manifest_format", pa.int32()),
-    ]
-)
-
-TOKEN_LENGTHS_SCHEMA = pa.schema(
-    [
-        ("sample_id", pa.string()),
-        ("shard", pa.string()),
-        ("media_type", pa.string()),
-        ("text_tokens", pa.int64()),
-        ("image_tokens", pa.int64()),
-        ("video_tokens", pa.int64()),
-        ("total_tokens", pa.int64()),
-        ("n_images", pa.int32()),
-        ("n_videos", pa.int32()),
-        ("vision_tokens", pa.int64()),
-        ("media_bytes", pa.int64()),
-        ("profile", pa.string()),
-        ("status", pa.string()),
-        ("reason", pa.string()),
-        ("counted_by", pa.string()),  # "fast" (a header-only rule) or "processor" (the model's own processor)
-    ]
-)
+# the Parquet files' columns, in order (a reader of a file finds them so; Arrow types as written)
+_STR, _I32, _I64 = pa.string(), pa.int32(), pa.int64()
+SAMPLES_SCHEMA = pa.schema([
+    ("sample_id", _STR), ("shard", _STR), ("key", _STR), ("media_type", _STR), ("status", _STR), ("reason", _STR),
+    ("n_images", _I32), ("n_videos", _I32), ("json_member", _STR), ("media_members", pa.list_(_STR)),
+    ("conversation", _STR), ("image_sizes", pa.list_(pa.list_(_I64))), ("videos", _STR),
+    ("extra_members", pa.list_(_STR))])
+MEMBERS_SCHEMA = pa.schema([("sample_id", _STR), ("name", _STR), ("offset", _I64), ("size", _I64), ("sha256", _STR)])
+REJECTED_SCHEMA = pa.schema([("shard", _STR), ("key", _STR), ("reason", _STR), ("detail", _STR), ("stage", _STR)])
+SHARDS_SCHEMA = pa.schema([
+    ("shard", _STR), ("path", _STR), ("size", _I64), ("mtime_ns", _I64), ("status", _STR), ("n_samples", _I64),
+    ("n_ok", _I64), ("n_rejected", _I64), ("n_members", _I64), ("n_meta_members", _I64), ("seconds", pa.float64()),
+    ("manifest_format", _I32)])
+TOKEN_LENGTHS_SCHEMA = pa.schema([
+    ("sample_id", _STR), ("shard", _STR), ("media_type", _STR), ("text_tokens", _I64), ("image_tokens", _I64),
+    ("video_tokens", _I64), ("total_tokens", _I64), ("n_images", _I32), ("n_videos", _I32), ("vision_tokens", _I64),
+    ("media_bytes", _I64), ("profile", _STR), ("status", _STR), ("reason", _STR),
+    ("counted_by", _STR),  # "fast" (a header-only rule) or "processor" (the model's own processor)
+])

@@ -25,13 +25,13 @@ WHAT_IF = "what_if.json"
 
 
 # Fixed margins in inches instead of tight_layout, which lays every text out once more before the PNG is
-# drawn (~0.15 s a plot here); sized for these plots' tick labels, axis labels and titles.
+# drawn; sized for these plots' tick labels, axis labels and titles.
 MARGIN_IN = {"left": 0.85, "right": 0.3, "bottom": 0.5, "top": 0.3}
 
 
 class _Figures:
     """The two pyplot calls the plots use, on bare `matplotlib.figure.Figure`s (PNG through Agg): pyplot's
-    import (~0.5 s: backends, widgets, colorbar) and its figure manager buy nothing for files."""
+    import (backends, widgets, colorbar) and its figure manager buy nothing for files."""
 
     @staticmethod
     def subplots(nrows: int = 1, ncols: int = 1, figsize=(6.4, 4.8), left_in: float | None = None):
@@ -62,7 +62,7 @@ def _plt():
 
 def _plain_log(axis, base: int = 10) -> None:
     """Plain numbers (100, 2048) on a log axis: matplotlib's default 10^k labels go through mathtext, whose
-    parser costs ~0.25 s to build in each process that plots."""
+    parser is built anew in each process that plots."""
     from matplotlib.ticker import LogFormatter
 
     axis.set_major_formatter(LogFormatter(base=base))

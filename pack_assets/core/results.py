@@ -14,6 +14,11 @@ from pathlib import Path
 KEPT = {False: " (unchanged, kept)", True: " (by the command's helper processes)"}
 
 
+def summed(name: str, of: str = "epochs") -> property:
+    """A summary's property: the sum of ``name`` over the summaries in its ``of`` list (a blend's epochs)."""
+    return property(lambda self: sum(getattr(part, name) for part in getattr(self, of)))
+
+
 class Markdown(str):
     """A markdown table or text (with inline plots)."""
 

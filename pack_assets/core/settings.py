@@ -9,18 +9,14 @@ Environment variables exist only for what a Dagster deployment cannot pass as ru
 
 | variable | read by | meaning |
 |---|---|---|
-| `PACK_ASSETS_INPUT`, `PACK_ASSETS_WORK`, `PACK_ASSETS_OUTPUT` | `definitions.py` | the resource's folders under
-`dagster dev` |
-| `PACK_ASSETS_MAX_LEN`, `PACK_ASSETS_PROFILE`, `PACK_ASSETS_MODEL_DIR` | `definitions.py` | the resource's packing
-defaults under `dagster dev` |
+| `PACK_ASSETS_INPUT`, `_WORK`, `_OUTPUT` | `definitions.py` | the resource's folders under `dagster dev` |
+| `PACK_ASSETS_MAX_LEN`, `_PROFILE`, `_MODEL_DIR` | `definitions.py` | its packing defaults under `dagster dev` |
 | `PACK_ASSETS_SENSOR_INTERVAL` | `defs/sensors.py` | seconds between new-shard checks (default 30; replanning 2×) |
-| `PACK_ASSETS_LOCK_WAIT` | `core/safety.py` | seconds a single-writer step waits for the work folder's lock (default
-600) |
-| `PACK_ASSETS_DUCKDB_MEMORY` | `core/store.py` | DuckDB's memory limit for the catalog, shared by a process's
-connections to it (default `1GB`; it spills past it) |
-| `DAGSTER_HOME` | `runenv.py` | the Dagster instance (`--dagster-home` overrides it) |
-| `PACK_ASSETS_CACHE` | `core/counting/tokenizers.py` | where tokenizer rank tables are kept between processes (default
-`$XDG_CACHE_HOME/pack_assets`, else `~/.cache/pack_assets`) |
+| `PACK_ASSETS_LOCK_WAIT` | `core/safety.py` | seconds a single-writer step waits for the work lock (default 600) |
+| `PACK_ASSETS_DUCKDB_MEMORY` | `core/store.py` | DuckDB's memory limit, shared by a process's connections (`1GB`) |
+| `DAGSTER_HOME` | `runner/runenv.py` | the Dagster instance (`--dagster-home` overrides it) |
+| `PACK_ASSETS_CACHE` | `core/counting/tokenizers.py` | tokenizer rank tables (else `$XDG_CACHE_HOME/pack_assets`) |
+| `PACK_ASSETS_VIDEO_BUDGET_GB` | `core/counting/procount.py` | processor rule: GiB a sample's videos may take (8) |
 """
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ class BatchedParquet:
 
     def flush(self) -> None:
         if self.pending:
-            # pa.array (pyarrow then imports pandas, ~0.35 s), not `columns_relation`: a forked helper writes these, and
+            # pa.array (pyarrow then imports pandas), not `columns_relation`: a forked helper writes these, and
             # DuckDB's state is not fork-safe (a helper's first connect hung when its parent had used DuckDB)
             arrays = [pa.array(col, type=f.type) for col, f in zip(self.columns, self.schema)]
             self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
@@ -201,8 +201,8 @@ def columns_relation(con: duckdb.DuckDBPyConnection, name: str, columns: list[li
                      ) -> Iterator[str]:
     """``columns`` of Python values registered as ``name`` while the block runs; yields a SELECT of them with
     ``schema``'s columns and types. Handed to DuckDB as NumPy object columns, because building Arrow arrays
-    from Python objects makes pyarrow import pandas: ~0.35 s, a tenth of a one-shard run, which the command's
-    own process no longer pays (its helpers do, in `BatchedParquet`)."""
+    from Python objects makes pyarrow import pandas, which the command's own process no longer pays (its helpers
+    do, in `BatchedParquet`)."""
     con.register(name, {f.name: np.fromiter(col, dtype=object, count=len(col)) for f, col in zip(schema, columns)})
     try:
         yield "SELECT " + ", ".join(f'CAST("{f.name}" AS {_duck_type(f.type)}) AS "{f.name}"' for f in schema) \
@@ -241,8 +241,8 @@ def write_manifest(work: Path, shard: str, records: Iterable[Sample | Rejection]
 
 
 def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
-    """One Parquet file as a table. (`pq.read_table` goes through pyarrow.dataset, whose import costs ~0.4 s
-    in every process that reads a file: the CLI and each worker.)"""
+    """One Parquet file as a table. (`pq.read_table` goes through pyarrow.dataset, whose import every process
+    that reads a file would pay: the CLI and each worker.)"""
     with pq.ParquetFile(path) as f:
         return f.read(columns=columns)
 
@@ -515,7 +515,7 @@ def samples_snapshot(con: duckdb.DuckDBPyConnection, name: str = "plan_check_sam
 def mark_audit_seen(con: duckdb.DuckDBPyConnection, pack_ids) -> None:
     """The packs an audit found in the outputs, as a temporary table its SQL checks join against."""
     con.execute("CREATE OR REPLACE TEMP TABLE audit_seen (pack_id VARCHAR)")  # (also ends a result left open)
-    # one registered column, not executemany: a row per INSERT took 6 s for the 27,441 packs of 1M samples
+    # one registered column, not executemany: a row per INSERT took seconds for the packs of 1M samples
     with columns_relation(con, "audit_seen_rows", [list(pack_ids)], pa.schema([("pack_id", pa.string())])) as rel:
         con.execute(f"INSERT INTO audit_seen {rel}")
 

@@ -103,7 +103,7 @@ def _shards_run(keys: list[str], flat: dict, instance: dg.DagsterInstance | None
     materialization per shard in the instance, under DAGSTER_HOME), followed in the same run by the
     unpartitioned assets `then` (the pack assets) when given.
     (Settings travel flat: resource objects do not pickle across processes; a worker loads its instance,
-    the parent passes its own: loading another costs ~0.5 s.)"""
+    the parent passes its own: loading another is not free.)"""
     instance = instance or dg.DagsterInstance.get()
     tags = {**(tags or {}), **({} if len(keys) == 1 else {RANGE_START: keys[0], RANGE_END: keys[-1]})}
     job = dg.Definitions(jobs=[dg.define_asset_job(EPHEMERAL_JOB)], assets=SHARD_ASSETS + (then or []),

@@ -1,7 +1,7 @@
 """The shard stages' work (scan, then count) for the shards that need it, handed to the command's helper
 processes (runner/procs.py) before Dagster is imported.
 
-`pack-assets run` spends its first 1–2 s importing Dagster and loading the instance, on one core. The
+`pack-assets run` spends its first seconds importing Dagster and loading the instance, on one core. The
 helpers (no Dagster in them; forked from a process that has not imported it either) scan and count
 meanwhile, writing exactly the files the `manifest` and `token_lengths` assets write, under the same shard
 lock. The Dagster shard runs that follow find each shard current and record its materialization and checks

@@ -4,14 +4,12 @@ and the training reader count with. The modules, each on the ones before it:
 | module | owns |
 |---|---|
 | `environment.py` | what decides a count besides a profile's files (package versions, the processor's build) |
-| `profiles.py` | model profiles (`ModelProfile`, `FAMILIES`, image/video/media rules) from the `bundled/` files or a
-`--model-dir` |
+| `profiles.py` | model profiles (`ModelProfile`, `FAMILIES`, the media rules) from `bundled/` or a `--model-dir` |
 | `tokenizers.py` | a profile's tokenizer, built offline, and its tiktoken twin (rank tables cached between processes) |
 | `chunkcount.py` | the chunk -> count cache, where its proof holds for the tokenizer |
 | `vision.py` | image and video tokens from sizes and metadata alone |
 | `tokens.py` | the fast rule (`TokenCounter`) |
-| `processors.py`, `procount.py` | the processor rule: the folder's own processor, and counting with it
-(`ProcessorCounter`) |
+| `processors.py`, `procount.py` | the processor rule: the folder's processor; counting with it (`ProcessorCounter`) |
 | `counters.py` | the one place that picks a profile's counter (`counter_for`) |
 | `token_lengths.py`, `count.py`, `drift.py` | the token_lengths stage; `pack-assets count`; the drift guard |
 

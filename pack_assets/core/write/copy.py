@@ -20,16 +20,7 @@ from .fingerprints import current_shards
 from .jobs import WRITE_ROWS, ShardJob, ShardResult, load_shard_job
 from .record import last_index, load_record, record_written, shard_digests, vouched_shards, written_key
 from .shard import write_shard
-from .shared import (
-    OutputFolder,
-    Progress,
-    WriteSummary,
-    check_roots,
-    check_sources,
-    planned_shards,
-    used_sources,
-    write_context,
-)
+from .shared import OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards, write_context
 
 
 def _write_shard_star(args) -> ShardResult:
@@ -81,7 +72,7 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
     check_roots(input_root, work, out_dir)
     with store.connect(work, read_only=True) as con:
         info = PlanInfo.load(con)
-        check_sources(con, input_root, used_sources(con))
+        check_sources(con, input_root)
         names = planned_shards(con)
         context = write_context(info)
         key = written_key(con, info, context)

@@ -30,16 +30,7 @@ from ..safety import mkstemp
 from ..tario import BLOCK, RECORD, first_pack_meta, member_header, padding
 from .fingerprints import ShardFingerprint, current_shards, shard_fingerprint
 from .jobs import PackJob, ShardJob, ShardResult, pack_document, shard_job
-from .shared import (
-    OutputFolder,
-    Progress,
-    WriteSummary,
-    check_roots,
-    check_sources,
-    planned_shards,
-    used_sources,
-    write_context,
-)
+from .shared import OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards, write_context
 from .syscalls import Sources, read_record
 
 
@@ -133,9 +124,7 @@ def run_write_index(work: Path, input_root: Path | Mapping, out_dir: Path, worke
     root = recorded_roots(input_root)
     with store.connect(work, read_only=True) as con:
         info = PlanInfo.load(con)
-        used = used_sources(con)
-        check_sources(con, input_root, used)
-        in_use = set(used)
+        in_use = set(check_sources(con, input_root))
         stamps = {f"{r[0]}.tar": {"size": r[1], "mtime_ns": r[2]} for r in con.execute(
             "SELECT shard, size, mtime_ns FROM shards ORDER BY 1").fetchall() if r[0] in in_use}
         names = planned_shards(con)

@@ -43,14 +43,11 @@ def planned_shards(con) -> list[str]:
     return [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
 
 
-def used_sources(con) -> list[str]:
-    """The source shards the plan's packs take samples from."""
-    return [r[0] for r in con.execute(
+def check_sources(con, input_root: Path) -> list[str]:
+    """The source shards the plan's packs take samples from, each checked: refuse to copy byte ranges out of
+    a shard that is not the one the manifest scanned."""
+    shards = [r[0] for r in con.execute(
         "SELECT DISTINCT shard FROM pack_members JOIN manifest_samples USING (sample_id) ORDER BY 1").fetchall()]
-
-
-def check_sources(con, input_root: Path, shards: list[str]) -> None:
-    """Refuse to copy byte ranges out of a shard that is not the one the manifest scanned."""
     rows = con.execute("SELECT shard, size, mtime_ns, status FROM shards").fetchall()
     recorded = {r[0]: (r[1], r[2], r[3]) for r in rows}
     problems = []
@@ -67,6 +64,7 @@ def check_sources(con, input_root: Path, shards: list[str]) -> None:
     if problems:
         raise SourceChanged("source shards differ from the manifest; rerun manifest/token_lengths/pack_plan for them "
                             "before writing: " + "; ".join(problems[:10]))
+    return shards
 
 
 class OutputFolder:
