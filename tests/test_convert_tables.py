@@ -21,6 +21,7 @@ from pack_assets.cli import main
 from pack_assets.core import store
 from pack_assets.core.convert import convert
 from pack_assets.core.hfshapes import detect, parse_columns
+from pack_assets.core.reasons import ReasonError
 from pack_assets.core.ingest import count_records
 from pack_assets.core.profiles import load_profile
 from pack_assets.core.scan import run_manifest
@@ -129,7 +130,15 @@ def test_detect_reads_the_shape_from_the_columns_and_a_mapping():
     assert detect(SCHEMAS["llava"]).images == "image" and detect(SCHEMAS["llava"]).single_image
     other = pa.schema([("dialog", pa.list_(pa.struct([("q", pa.string()), ("a", pa.string())]))),
                        ("photos", pa.list_(pa.binary()))])
-    assert detect(other) is None
+    with pytest.raises(ReasonError, match="match no known shape"):
+        detect(other)
+    with pytest.raises(ReasonError, match="photos hold images the cauldron shape does not read.*--columns images=photos"):
+        detect(other, parse_columns(["texts=dialog,user=q", "assistant=a"]))  # the images would be lost
+    with pytest.raises(ReasonError, match="images=pics: no such column"):
+        detect(other, parse_columns(["texts=dialog,user=q", "assistant=a", "images=pics"]))
+    typed = pa.schema([("prompt", pa.int64()), ("completion", pa.string())])  # not turns: no shape, never a crash
+    with pytest.raises(ReasonError, match="match no known shape"):
+        detect(typed)
     mapped = detect(other, parse_columns(["texts=dialog,user=q", "assistant=a", "images=photos"]))
     assert (mapped.name, mapped.turns, mapped.images, mapped.user, mapped.assistant) == ("cauldron", "dialog", "photos", "q", "a")
     with pytest.raises(ValueError, match="NAME=COLUMN"):
@@ -179,6 +188,51 @@ def test_bad_rows_and_files_get_reasons_never_a_crash(tmp_path, capsys):
     assert main(["convert", "--input", str(tmp_path / "t" / "b_unknown.parquet"), "--output", str(tmp_path / "o2"),
                  "--columns", "prompt=question,completion=answer"]) == 0
     assert "prompt_completion 1" in capsys.readouterr().out
+
+
+def test_truncated_images_lost_image_columns_odd_types_and_nan_are_reasons_or_strict_json(tmp_path, capsys):
+    """What a Hub download really holds: an image cut short (the header reads, the data stops), images in a
+    column no shape reads, a column of another type than the shape's, a float column with NaN. Each is a
+    reason (the file or the row), the other rows and files convert, and the records are strict JSON."""
+    noisy = io.BytesIO()
+    Image.frombytes("RGB", (96, 64), bytes(range(256)) * 72).save(noisy, format="JPEG")
+    jpg, webp = noisy.getvalue(), image(2)[0]
+    assert jpg[:3] == b"\xff\xd8\xff" and webp[8:12] == b"WEBP"
+    texts = [{"user": "q", "assistant": "a"}]
+    good = [{"bytes": jpg, "path": None}]
+    t = tmp_path / "t"
+    write = lambda name, table: (t.mkdir(exist_ok=True), pq.write_table(table, t / name))  # noqa: E731
+    write("a.parquet", pa.Table.from_pylist(
+        [{"images": [{"bytes": jpg[: len(jpg) * 2 // 3], "path": None}], "texts": texts, "score": 1.0},
+         {"images": [{"bytes": webp[:-10], "path": None}], "texts": texts, "score": 2.0},
+         {"images": good, "texts": texts, "score": float("nan")}],
+        schema=pa.schema([("images", SCHEMAS["cauldron"].field("images").type), ("texts", SCHEMAS["cauldron"].field("texts").type),
+                          ("score", pa.float64())])))
+    write("b_image_data.parquet", pa.Table.from_pylist(
+        [{"image_data": good, "texts": texts}],
+        schema=pa.schema([("image_data", SCHEMAS["cauldron"].field("images").type), ("texts", SCHEMAS["cauldron"].field("texts").type)])))
+    write("c_typed.parquet", pa.table({"prompt": [1, 2], "completion": ["x", "y"]}))
+    assert main(["convert", "--input", str(t), "--output", str(tmp_path / "out"), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert (res["records"], res["converted"], res["reasons"]) == (3, 1, {"bad_image": 2, "unknown_shape": 2})
+    refused = {f["file"]: f["refused"] for f in res["files"]}
+    assert refused == {"a.parquet": "", "b_image_data.parquet": "unknown_shape", "c_typed.parquet": "unknown_shape"}
+    details = [json.loads(x)["detail"] for x in Path(res["rejected_file"]).read_text().splitlines()]
+    assert any("jpg has no end marker" in d for d in details) and any("webp is truncated" in d for d in details)
+    assert any("--columns images=image_data" in d for d in details)
+
+    def strict(c):
+        raise ValueError(f"not standard JSON: {c}")
+    with tarfile.open(res["shards"][0]) as tf:
+        rec = json.loads(tf.extractfile("000000002.json").read(), parse_constant=strict)
+    assert rec["score"] is None
+    # named, the images convert; a mapping to a column the table lacks is refused, naming it
+    assert main(["convert", "--input", str(t / "b_image_data.parquet"), "--output", str(tmp_path / "o2"), "--json",
+                 "--columns", "images=image_data"]) == 0
+    assert json.loads(capsys.readouterr().out)["converted"] == 1
+    assert main(["convert", "--input", str(t / "b_image_data.parquet"), "--output", str(tmp_path / "o3"), "--json",
+                 "--columns", "images=imagedata"]) == 1
+    assert "images=imagedata: no such column" in Path(tmp_path / "o3" / "convert_rejected.jsonl").read_text()
 
 
 def test_inputs_that_are_not_tables_or_records_get_a_clear_error(tmp_path, capsys):
