@@ -8,7 +8,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from pack_assets.core import store
+from pack_assets.core import blend, store
+from pack_assets.core import recipe as rc
 from pack_assets.core.plan import PlanConfig, run_plan
 from pack_assets.core.profiles import load_profile
 from pack_assets.core.scan import run_manifest
@@ -30,6 +31,29 @@ def pack_shards(shards: Path, tmp: Path, profile: str, max_len: int, out: Path |
     run_plan(work, keys, PlanConfig(max_len=max_len), prof)
     run_write(work, shards, out, workers=1)
     return list(iter_packs(sorted(out.glob("*.tar"))))
+
+
+def packed_outputs(shards: Path, tmp: Path, profile: str, max_len: int, per_shard: int = 2) -> dict[str, Path]:
+    """The shards packed three ways, at most ``per_shard`` packs per output shard: ``copy`` and ``index`` (one
+    plan, in ``work``) and a two-epoch recipe ``blend`` (the dataset ``a`` at repeat 1.5, index mode, in
+    ``blend_work``)."""
+    prof, paths = load_profile(profile), {k: tmp / k for k in ("work", "copy", "index", "blend_work", "blend")}
+    keys = list(store.find_shards(shards))
+    for k in keys:
+        run_manifest(shards, paths["work"], k)
+        run_token_lengths(paths["work"], k, prof)
+    run_plan(paths["work"], keys, PlanConfig(max_len=max_len, max_packs_per_shard=per_shard), prof)
+    for mode in ("copy", "index"):
+        run_write(paths["work"], shards, paths[mode], workers=1, mode=mode)
+    recipe = rc.Recipe((rc.Dataset("a", str(shards), 1.5),), epochs=2, seed=3)
+    keys = list(store.find_sources(recipe.roots))
+    for k in keys:
+        run_manifest(recipe.roots, paths["blend_work"], k)
+        run_token_lengths(paths["blend_work"], k, prof)
+    cfg = PlanConfig(max_len=max_len, max_packs_per_shard=per_shard, seed=recipe.seed)
+    blend.run_blend_plan(paths["blend_work"], keys, cfg, prof, recipe)
+    blend.run_blend_write(paths["blend_work"], recipe, paths["blend"], workers=1, mode="index")
+    return paths
 
 
 def rotated_jpeg(w: int, h: int, orientation: int, color=(10, 200, 90)) -> bytes:

@@ -1,6 +1,7 @@
 """Tiny randomly initialised Qwen2.5-VL and Qwen3-VL models built from the real config files (shrunken: two
 text layers, hidden size 64, one vision block; nothing downloaded), and the vocabulary renumbered to the ids
-a test uses so that the output layer stays small (the model is random: which row an id gets is immaterial)."""
+a test uses so that the output layer stays small (the model is random: which row an id gets is immaterial), or
+kept whole where the model must take the ids as a trainer feeds them."""
 
 from __future__ import annotations
 
@@ -30,15 +31,17 @@ class Vocab:
         return torch.tensor([self.table[int(t)] for t in np.asarray(ids).ravel()]).reshape(np.shape(ids))
 
 
-def tiny_model(profile: str, vocab_ids: np.ndarray, seed: int = 0):
-    """(model in float32 eval mode, Vocab) for ``profile``."""
+def tiny_model(profile: str, vocab_ids: np.ndarray | None, seed: int = 0):
+    """(model in float32 eval mode, Vocab) for ``profile``; ``vocab_ids=None``: the real vocabulary, no Vocab."""
     cfg = AutoConfig.from_pretrained(MODELS / CHECKPOINTS[profile])
-    vocab = Vocab(vocab_ids, [getattr(cfg, k) for k in _TOKEN_KEYS])
-    for k in _TOKEN_KEYS:
-        setattr(cfg, k, vocab.table[getattr(cfg, k)])
+    vocab = None if vocab_ids is None else Vocab(vocab_ids, [getattr(cfg, k) for k in _TOKEN_KEYS])
+    if vocab is not None:
+        for k in _TOKEN_KEYS:
+            setattr(cfg, k, vocab.table[getattr(cfg, k)])
+        cfg.text_config.vocab_size = vocab.size
     t = cfg.text_config
     t.num_hidden_layers, t.hidden_size, t.intermediate_size = 2, 64, 128
-    t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.vocab_size = 4, 2, 16, vocab.size
+    t.num_attention_heads, t.num_key_value_heads, t.head_dim = 4, 2, 16
     t.layer_types = ["full_attention"] * 2
     t.initializer_range = v_range = 0.3  # logits of order 1, not 0.01: a tolerance of 1e-4 then means something
     t.rope_parameters = {**t.rope_parameters, "mrope_section": [2, 3, 3]}  # sums to head_dim / 2, as 16+24+24 does to 64
