@@ -20,16 +20,20 @@ def load_image(data: bytes) -> Image.Image:
 
 
 def decode_video(data: bytes):
-    """(every frame [T, H, W, 3] uint8, ``VideoMetadata``) as transformers' PyAV loader reads them (the header's
-    frame count and average rate: what the profile sampled by); the video processor samples from these."""
-    from transformers.video_utils import read_video_pyav
+    """(every frame [T, H, W, 3] uint8, ``VideoMetadata``) read with PyAV as transformers' PyAV loader reads
+    them: T and the rate from the container header (the average rate: what the profile sampled by; a header
+    without a frame count, as some webm / mkv have, counts the decoded frames, as the manifest's probe counts
+    packets); the video processor samples from these."""
+    import av
+    from transformers.video_utils import VideoMetadata
 
-    def every_frame(metadata, **_):
-        if metadata.total_num_frames < 1:
-            raise ValueError("the video's header gives no frame count: cannot sample its frames as the processor does")
-        return np.arange(metadata.total_num_frames)
-
-    return read_video_pyav(io.BytesIO(data), sample_indices_fn=every_frame)
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        total, fps = int(stream.frames) or len(frames), float(stream.average_rate or 0)
+        meta = VideoMetadata(total_num_frames=total, fps=fps, duration=total / fps if fps else 0.0, video_backend="pyav",
+                             height=stream.height, width=stream.width, frames_indices=np.arange(total))
+    return np.stack(frames[:total]), meta
 
 
 def qwen_images(image_processor, packs: list[dict]) -> dict:
