@@ -37,12 +37,15 @@ def mask_mod(seq_idx, blocks=None, sliding_window: int | None = None):
 
 
 def _dense(mod, batch: int, length: int, device):
+    """``mod`` on every (q, kv) of every row, one row at a time (a row's temporaries, not the batch's)."""
     import torch
 
-    b = torch.arange(batch, device=device)[:, None, None]
-    q = torch.arange(length, device=device)[None, :, None]
-    kv = torch.arange(length, device=device)[None, None, :]
-    return mod(b, 0, q, kv)[:, None]
+    out = torch.empty((batch, 1, length, length), dtype=torch.bool, device=device)
+    q = torch.arange(length, device=device)[:, None]
+    kv = torch.arange(length, device=device)[None, :]
+    for b in range(batch):
+        out[b, 0] = mod(torch.tensor(b, device=device), 0, q, kv)
+    return out
 
 
 def _mods(batch: dict, sliding_window: int | None) -> dict:
