@@ -130,3 +130,32 @@ def test_a_processor_rule_folder_has_no_encoder(dirs, tmp_path):
     (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "glm4v"}))
     with pytest.raises(ValueError, match="counted by its processor"):
         PackEncoder(model_dir=str(folder))
+
+
+def test_gemma3_pan_and_scan_crops_are_encoded_and_collated_as_the_processor_makes_them(dirs, tmp_path):
+    """A Gemma 3 folder with pan-and-scan on: the encoder writes the processor's "Here is the original image"
+    text and a block per crop; the collator's pixels come from the processor called with the same settings
+    (``processor_kwargs``), and without them its placeholder count differs from the pack's: refused."""
+    import json
+    import shutil
+
+    from pack_assets.reader import PackCollator, PackEncoder
+
+    folder = tmp_path / "gemma-pas"
+    shutil.copytree(dirs["gemma3"], folder)
+    pre = json.loads((folder / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text(json.dumps({**pre, "do_pan_and_scan": True}))
+    media = [("wide.jpg", rotated_jpeg(900, 300, 1))]
+    enc = PackEncoder(model_dir=str(folder))
+    out = enc.encode_sample(_messages(["image"]), media)
+    conv, _ = processor_conversation(_messages(["image"]), media)
+    want = _processor(folder).apply_chat_template(conv, tokenize=True, return_dict=True, processor_kwargs={"do_pan_and_scan": True})
+    assert out["input_ids"] == want["input_ids"][0] and out["image_tokens"] == [256 * 4]  # the image and 3 crops
+    ids = np.asarray(out["input_ids"])
+    pack = {**out, "family": "gemma3", "input_ids": ids, "labels": np.asarray(out["labels"]), "cu_seqlens": np.array([0, len(ids)], np.int32),
+            "position_ids": np.arange(len(ids)), "loss_weights": np.ones(len(ids), np.float32),
+            **{k: [out[k]] for k in ("images", "videos", "visual_order")}}
+    batch = PackCollator(_processor(folder), pad_id=0, processor_kwargs={"do_pan_and_scan": True})([pack])
+    assert tuple(batch["pixel_values"].shape) == (4, 3, 896, 896)
+    with pytest.raises(ValueError, match="placeholder tokens"):
+        PackCollator(_processor(folder), pad_id=0)([pack])

@@ -41,10 +41,6 @@ class PackEncoder:
         self.weighting = loss_weighting
         self.samples = (MediaSamples if self.profile.media is not None else QwenSamples)(self.profile, self.tok)
 
-    @property
-    def family(self) -> str:
-        return self.profile.family
-
     def _counter(self, kwargs: str) -> TokenCounter:
         """The renderer for one set of template variables (canonical JSON text)."""
         if kwargs not in self._counters:
