@@ -1,6 +1,6 @@
-"""docs/training.md's examples run as they are written: the PyTorch DataLoader with PackCollator, and the
-Megatron-Energon task encoder, on a small packed output (Qwen3-VL; the image processor from the copied
-config in tests/fixtures)."""
+"""docs/training.md's examples run as they are written: the PyTorch DataLoader with PackCollator and the
+Megatron-Energon task encoder on a small packed output (Qwen3-VL; the image processor from the copied
+config in tests/fixtures), and the InternVL / LLaVA-OneVision / Gemma 3 one on an InternVL output."""
 
 from __future__ import annotations
 
