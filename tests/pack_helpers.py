@@ -11,7 +11,7 @@ from PIL import Image
 from pack_assets.core import blend, store
 from pack_assets.core import recipe as rc
 from pack_assets.core.plan import PlanConfig, run_plan
-from pack_assets.core.profiles import load_profile
+from pack_assets.core.profiles import ModelProfile, load_profile
 from pack_assets.core.scan import run_manifest
 from pack_assets.core.tokens import run_token_lengths
 from pack_assets.core.write import run_write
@@ -20,10 +20,11 @@ from pack_assets.reader import iter_packs
 MODELS = Path(__file__).resolve().parent / "fixtures" / "models"  # config files only (see SOURCE.md there)
 
 
-def pack_shards(shards: Path, tmp: Path, profile: str, max_len: int, out: Path | None = None) -> list[dict]:
-    """All packs of the shards in ``shards``, packed for ``profile`` with ``max_len`` (into ``out``)."""
-    work, out = tmp / f"work-{profile}", out or tmp / f"out-{profile}"
-    prof = load_profile(profile)
+def pack_shards(shards: Path, tmp: Path, profile: str | ModelProfile, max_len: int, out: Path | None = None) -> list[dict]:
+    """All packs of the shards in ``shards``, packed for ``profile`` (a built-in name, or a profile such as a
+    --model-dir's) with ``max_len`` (into ``out``)."""
+    prof = profile if isinstance(profile, ModelProfile) else load_profile(profile)
+    work, out = tmp / f"work-{prof.family}", out or tmp / f"out-{prof.family}"
     keys = list(store.find_shards(shards))
     for k in keys:
         run_manifest(shards, work, k)
@@ -112,3 +113,56 @@ def tiny_media_samples(n: int = 72, seed: int = 3) -> list[tuple[str, bytes | st
             members.append((f"{key}.mp4", clips[i % len(clips)]))
         members.insert(len(members) - len(rec.get("images", [])) - (kind == "video"), (f"{key}.json", json.dumps(rec)))
     return members
+
+
+def family_samples(videos: bool = True) -> list[tuple[str, bytes | str]]:
+    """Few, short samples for the InternVL / LLaVA-OneVision / Gemma 3 models: text (one to three turns), one
+    image (EXIF-turned ones among them), two images (one 2:1, which InternVL tiles), a 4-frame video."""
+    from pack_assets.core.demo import video_bytes
+
+    clip = video_bytes(4, 32, 32, 2, seed=0)
+    plan = ["text", "image", "text", "images", "image", "video", "text", "image", "text", "video", "images", "text"]
+    members: list[tuple[str, bytes | str]] = []
+    for i, kind in enumerate(plan):
+        if kind == "video" and not videos:
+            kind = "image"
+        sizes = {"image": [(40 + 4 * i, 40)], "images": [(36, 36), (80, 40)]}.get(kind, [])
+        first = [{"type": "video"}] if kind == "video" else [{"type": "image"} for _ in sizes]
+        msgs = []
+        for t in range(1 + i % 3):
+            msgs += [{"role": "user", "content": (first if t == 0 else []) + [{"type": "text", "text": f"Question {i} {t}?"}]},
+                     {"role": "assistant", "content": f"Answer {i}, turn {t}."}]
+        rec, key = {"messages": msgs}, f"f{i:03d}"
+        if sizes:
+            rec["images"] = [f"img{m}.jpg" for m in range(len(sizes))]
+        if kind == "video":
+            rec["video"] = "mp4"
+        members.append((f"{key}.json", json.dumps(rec)))
+        members += [(f"{key}.img{m}.jpg", rotated_jpeg(w, h, 1 + (i + m) % 8)) for m, (w, h) in enumerate(sizes)]
+        if kind == "video":
+            members.append((f"{key}.mp4", clip))
+    return members
+
+
+def processor_conversation(messages: list[dict], media: list[tuple[str, bytes]]) -> tuple[list[dict], list]:
+    """A sub-sample's messages with its media attached the way ``processor.apply_chat_template`` takes them
+    (images loaded as transformers loads them, videos decoded with PyAV), and the videos' metadata."""
+    from pack_assets.reader.vision import decode_video, load_image
+
+    it, metas, out = iter(media), [], []
+    for m in messages:
+        if not isinstance(m.get("content"), list):
+            out.append(m)
+            continue
+        parts = []
+        for p in m["content"]:
+            if p.get("type") == "image":
+                parts.append({**p, "image": load_image(next(it)[1])})
+            elif p.get("type") == "video":
+                frames, meta = decode_video(next(it)[1])
+                metas.append(meta)
+                parts.append({**p, "video": frames})
+            else:
+                parts.append(p)
+        out.append({**m, "content": parts})
+    return out, metas

@@ -55,3 +55,32 @@ def tiny_model(profile: str, vocab_ids: np.ndarray | None, seed: int = 0):
     torch.manual_seed(seed)
     model = _CLASSES[profile]._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
     return model.eval(), vocab
+
+
+# the config keys naming a token the forward looks for (InternVL, LLaVA-OneVision, Gemma 3)
+_FAMILY_TOKEN_KEYS = ("image_token_id", "video_token_id", "image_token_index", "video_token_index",
+                      "boi_token_index", "eoi_token_index")
+
+
+def tiny_family_model(folder, vocab_ids: np.ndarray, seed: int = 0, sliding_window: int = 48):
+    """(model, Vocab) of an InternVL / LLaVA-OneVision / Gemma 3 checkpoint folder's config, shrunken the same
+    way (two text layers of hidden size 64, one vision layer of 32). Gemma 3: one sliding and one full layer,
+    the window ``sliding_window`` tokens so that it cuts through a pack's images."""
+    from transformers import AutoModelForImageTextToText
+
+    cfg = AutoConfig.from_pretrained(folder, local_files_only=True)
+    ids = {k: getattr(cfg, k) for k in _FAMILY_TOKEN_KEYS if isinstance(getattr(cfg, k, None), int)}  # read all first:
+    vocab = Vocab(vocab_ids, list(ids.values()))  # some keys are aliases of others (attribute_map)
+    for k, real in ids.items():
+        setattr(cfg, k, vocab.table[real])
+    t, v = cfg.text_config, cfg.vision_config
+    t.num_hidden_layers, t.hidden_size, t.intermediate_size = 2, 64, 128
+    t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.vocab_size = 4, 2, 16, vocab.size
+    t.layer_types = ["sliding_attention", "full_attention"] if cfg.model_type == "gemma3" else ["full_attention"] * 2
+    if cfg.model_type == "gemma3":
+        t.sliding_window = sliding_window
+    v.num_hidden_layers, v.hidden_size, v.intermediate_size, v.num_attention_heads = 1, 32, 64, 2
+    t.initializer_range = v.initializer_range = cfg.initializer_range = 0.3
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
+    return model.eval(), vocab
