@@ -252,8 +252,10 @@ def cmd_convert(args) -> int:
         f"{res['rejected']} rejected" + (f", {len(refused)} file(s) refused" if refused else "")
         + (f"; reasons {res['reasons']}" if res["reasons"] else "") + f" (see {res['rejected_file']})",
         *([f"shapes: {shapes} (rows read as each)"] if shapes else []),
+        *[f"dropped columns of {f['file']}: {', '.join(f['columns_dropped'])} (not in the records)"
+          for f in res["files"] if f.get("columns_dropped")][:20],
         *(f"refused: {f['file']}: {f['refused']}" + (f" after {f['rows']} rows" if f["rows"] else "")
-          for f in refused[:20]),
+          + f": {f['refused_detail'][:300]}" for f in refused[:20]),
         *([f"... and {len(refused) - 20} more refused file(s)"] if len(refused) > 20 else [])])
     _emit(args, res, text)
     return 0 if res["converted"] else 1

@@ -2,8 +2,9 @@
 # Create .venv (if needed) and install pack_assets with its extras (default: dev). Used by demo.sh and test.sh.
 # PACK_ASSETS_EXTRAS=dev,energon adds the Megatron-Energon output test (pulls torch 2.14.1 + torchvision 0.29.1);
 # `celery` adds dagster-celery + redis for the scale-out in deploy/celery/ (redis-server comes from apt);
-# `train` adds torch (same pair) for PackCollator and the packed-equals-unpacked proof; `processor` adds the
-# same pair + sentencepiece for the processor rule (videos included). All three pin one pair: they mix.
+# `train` adds torch (same pair), accelerate, trl, datasets and wids for PackCollator, the packed-equals-unpacked
+# proof, pack_assets.torch_data and the Trainer / SFTTrainer recipes; `processor` adds the same pair +
+# sentencepiece for the processor rule (videos included). All three pin one pair: they mix.
 # `hf` adds the `datasets` package (the tests of `convert` on save_to_disk folders use it as their oracle).
 # Outside CI a failed install of the extras falls back to [dev] (their tests skip, saying why). Under
 # PACK_ASSETS_CI=1 every extra asked for is required: a failed install stops here, naming the extras that fail.

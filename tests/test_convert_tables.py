@@ -24,6 +24,7 @@ from pack_assets.core.counting.count import count_records
 from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.hfshapes import detect, parse_columns
+from pack_assets.core.reasons import ReasonError
 from pack_assets.core.scan import run_manifest
 from pack_assets.core.shardsink import ShardSink
 from pack_assets.core.tables import TableReader, find_sources
@@ -131,10 +132,23 @@ def test_detect_reads_the_shape_from_the_columns_and_a_mapping():
     assert detect(SCHEMAS["llava"]).images == "image" and detect(SCHEMAS["llava"]).single_image
     other = pa.schema([("dialog", pa.list_(pa.struct([("q", pa.string()), ("a", pa.string())]))),
                        ("photos", pa.list_(pa.binary()))])
-    assert detect(other) is None
+    with pytest.raises(ReasonError, match="match no known shape"):
+        detect(other)
+    with pytest.raises(ReasonError, match="photos hold images the cauldron shape does not read.*images=photos"):
+        detect(other, parse_columns(["texts=dialog,user=q", "assistant=a"]))  # the images would be lost
+    with pytest.raises(ReasonError, match="images=pics: no such column"):
+        detect(other, parse_columns(["texts=dialog,user=q", "assistant=a", "images=pics"]))
+    typed = pa.schema([("prompt", pa.int64()), ("completion", pa.string())])  # not turns: no shape, never a crash
+    with pytest.raises(ReasonError, match="match no known shape"):
+        detect(typed)
     mapped = detect(other, parse_columns(["texts=dialog,user=q", "assistant=a", "images=photos"]))
     assert (mapped.name, mapped.turns, mapped.images, mapped.user, mapped.assistant) == (
-        "cauldron", "dialog", "photos", "q", "a")
+        "cauldron",
+        "dialog",
+        "photos",
+        "q",
+        "a",
+    )
     with pytest.raises(ValueError, match="NAME=COLUMN"):
         parse_columns(["pictures=photos"])
 
@@ -145,46 +159,167 @@ def _bad_rows(tmp: Path) -> list[dict]:
     (tmp / "t" / "on_disk.png").parent.mkdir(parents=True, exist_ok=True)
     (tmp / "t" / "on_disk.png").write_bytes(image(1)[0])
     good = {"bytes": image(0)[0], "path": None}
-    return [{"images": [{"bytes": b"\xff\xd8\xff\xe0 not a jpeg at all", "path": "x.jpg"}],
-             "texts": [{"user": "a", "assistant": "b"}]},
-            {"images": [{"bytes": b"", "path": None}], "texts": [{"user": "a", "assistant": "b"}]},
-            {"images": [{"bytes": b"definitely not an image", "path": None}],
-             "texts": [{"user": "a", "assistant": "b"}]},
-            {"images": [{"bytes": ico.getvalue(), "path": "i.ico"}], "texts": [{"user": "a", "assistant": "b"}]},
-            {"images": [{"bytes": None, "path": "missing.png"}], "texts": [{"user": "a", "assistant": "b"}]},
-            {"images": [{"bytes": None, "path": "https://example.org/a.png"}],
-             "texts": [{"user": "a", "assistant": "b"}]},
-            {"images": [good, None], "texts": [{"user": "a", "assistant": "b"}]},
-            {"images": [good], "texts": []},
-            {"images": [{"bytes": None, "path": "on_disk.png"}], "texts": [{"user": "a", "assistant": "b"}]},
-            {"images": [good], "texts": [{"user": "ok", "assistant": "fine"}]}]
+    return [
+        {
+            "images": [{"bytes": b"\xff\xd8\xff\xe0 not a jpeg at all", "path": "x.jpg"}],
+            "texts": [{"user": "a", "assistant": "b"}],
+        },
+        {"images": [{"bytes": b"", "path": None}], "texts": [{"user": "a", "assistant": "b"}]},
+        {"images": [{"bytes": b"definitely not an image", "path": None}], "texts": [{"user": "a", "assistant": "b"}]},
+        {"images": [{"bytes": ico.getvalue(), "path": "i.ico"}], "texts": [{"user": "a", "assistant": "b"}]},
+        {"images": [{"bytes": None, "path": "missing.png"}], "texts": [{"user": "a", "assistant": "b"}]},
+        {"images": [{"bytes": None, "path": "https://example.org/a.png"}], "texts": [{"user": "a", "assistant": "b"}]},
+        {"images": [good, None], "texts": [{"user": "a", "assistant": "b"}]},
+        {"images": [good], "texts": []},
+        {"images": [{"bytes": None, "path": "on_disk.png"}], "texts": [{"user": "a", "assistant": "b"}]},
+        {"images": [good], "texts": [{"user": "ok", "assistant": "fine"}]},
+    ]
 
 
 def test_bad_rows_and_files_get_reasons_never_a_crash(tmp_path, capsys):
-    schema = pa.schema([("images", pa.list_(SCHEMAS["cauldron"].field("images").type.value_type)),
-                        ("texts", pa.list_(pa.struct([("user", pa.string()), ("assistant", pa.string())])))])
+    schema = pa.schema(
+        [
+            ("images", pa.list_(SCHEMAS["cauldron"].field("images").type.value_type)),
+            ("texts", pa.list_(pa.struct([("user", pa.string()), ("assistant", pa.string())]))),
+        ]
+    )
     pq.write_table(pa.Table.from_pylist(_bad_rows(tmp_path), schema=schema), tmp_path / "t" / "a.parquet")
     pq.write_table(pa.table({"question": ["q"], "answer": ["a"]}), tmp_path / "t" / "b_unknown.parquet")
     whole = write_parquet(tmp_path / "c.parquet", "cauldron", rows("cauldron", 30), row_group_size=5).read_bytes()
-    (tmp_path / "t" / "c_damaged.parquet").write_bytes(whole[:len(whole) // 2])  # no footer: not readable
+    (tmp_path / "t" / "c_damaged.parquet").write_bytes(whole[: len(whole) // 2])  # no footer: not readable
     (tmp_path / "t" / "d_text.parquet").write_bytes(b"PAR1 this is not parquet PAR1")
     inline = [{"role": "user", "content": [{"type": "image", "image": image(0)[0], "text": None}]}]
     pq.write_table(pa.table({"messages": [inline]}), tmp_path / "t" / "e_inline.parquet")  # images inside the parts
     assert main(["convert", "--input", str(tmp_path / "t"), "--output", str(tmp_path / "out"), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert (res["records"], res["converted"], res["rejected"], res["files_refused"]) == (10, 2, 8, 4)
-    assert res["reasons"] == {"bad_image": 3, "unsupported_media": 1, "missing_media": 2, "remote_media": 1,
-                              "no_conversation": 1, "unknown_shape": 2, "unreadable_file": 2}
+    assert res["reasons"] == {
+        "bad_image": 3,
+        "unsupported_media": 1,
+        "missing_media": 2,
+        "remote_media": 1,
+        "no_conversation": 1,
+        "unknown_shape": 2,
+        "unreadable_file": 2,
+    }
     rejected = [json.loads(x) for x in Path(res["rejected_file"]).read_text().splitlines()]
     assert [r["index"] for r in rejected if r["file"] == "a.parquet"] == list(range(8))
     assert all(r["detail"] for r in rejected)
     assert {f["file"]: f["refused"] for f in res["files"]} == {
-        "a.parquet": "", "b_unknown.parquet": "unknown_shape", "c_damaged.parquet": "unreadable_file",
-        "d_text.parquet": "unreadable_file", "e_inline.parquet": "unknown_shape"}
+        "a.parquet": "",
+        "b_unknown.parquet": "unknown_shape",
+        "c_damaged.parquet": "unreadable_file",
+        "d_text.parquet": "unreadable_file",
+        "e_inline.parquet": "unknown_shape",
+    }
     # the unknown shape converts once its columns are named
-    assert main(["convert", "--input", str(tmp_path / "t" / "b_unknown.parquet"), "--output", str(tmp_path / "o2"),
-                 "--columns", "prompt=question,completion=answer"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                "--input",
+                str(tmp_path / "t" / "b_unknown.parquet"),
+                "--output",
+                str(tmp_path / "o2"),
+                "--columns",
+                "prompt=question,completion=answer",
+            ]
+        )
+        == 0
+    )
     assert "prompt_completion 1" in capsys.readouterr().out
+
+
+def test_truncated_images_lost_image_columns_odd_types_and_nan_are_reasons_or_strict_json(tmp_path, capsys):
+    """What a Hub download really holds: an image cut short (the header reads, the data stops), images in a
+    column no shape reads, a column of another type than the shape's, a float column with NaN. Each is a
+    reason (the file or the row), the other rows and files convert, and the records are strict JSON."""
+    noisy = io.BytesIO()
+    Image.frombytes("RGB", (96, 64), bytes(range(256)) * 72).save(noisy, format="JPEG")
+    jpg, webp = noisy.getvalue(), image(2)[0]
+    assert jpg[:3] == b"\xff\xd8\xff" and webp[8:12] == b"WEBP"
+    texts = [{"user": "q", "assistant": "a"}]
+    good = [{"bytes": jpg, "path": None}]
+    t = tmp_path / "t"
+    write = lambda name, table: (t.mkdir(exist_ok=True), pq.write_table(table, t / name))  # noqa: E731
+    write(
+        "a.parquet",
+        pa.Table.from_pylist(
+            [
+                {"images": [{"bytes": jpg[: len(jpg) * 2 // 3], "path": None}], "texts": texts, "score": 1.0},
+                {"images": [{"bytes": webp[:-10], "path": None}], "texts": texts, "score": 2.0},
+                {"images": good, "texts": texts, "score": float("nan")},
+            ],
+            schema=pa.schema(
+                [
+                    ("images", SCHEMAS["cauldron"].field("images").type),
+                    ("texts", SCHEMAS["cauldron"].field("texts").type),
+                    ("score", pa.float64()),
+                ]
+            ),
+        ),
+    )
+    write(
+        "b_image_data.parquet",
+        pa.Table.from_pylist(
+            [{"image_data": good, "texts": texts}],
+            schema=pa.schema(
+                [
+                    ("image_data", SCHEMAS["cauldron"].field("images").type),
+                    ("texts", SCHEMAS["cauldron"].field("texts").type),
+                ]
+            ),
+        ),
+    )
+    write("c_typed.parquet", pa.table({"prompt": [1, 2], "completion": ["x", "y"]}))
+    assert main(["convert", "--input", str(t), "--output", str(tmp_path / "out"), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert (res["records"], res["converted"], res["reasons"]) == (3, 1, {"bad_image": 2, "unknown_shape": 2})
+    refused = {f["file"]: f["refused"] for f in res["files"]}
+    assert refused == {"a.parquet": "", "b_image_data.parquet": "unknown_shape", "c_typed.parquet": "unknown_shape"}
+    details = [json.loads(x)["detail"] for x in Path(res["rejected_file"]).read_text().splitlines()]
+    assert any("jpg has no end marker" in d for d in details) and any("webp is truncated" in d for d in details)
+    assert any("--columns images=image_data" in d for d in details)
+
+    def strict(c):
+        raise ValueError(f"not standard JSON: {c}")
+
+    with tarfile.open(res["shards"][0]) as tf:
+        rec = json.loads(tf.extractfile("000000002.json").read(), parse_constant=strict)
+    assert rec["score"] is None
+    # named, the images convert; a mapping to a column the table lacks is refused, naming it
+    assert (
+        main(
+            [
+                "convert",
+                "--input",
+                str(t / "b_image_data.parquet"),
+                "--output",
+                str(tmp_path / "o2"),
+                "--json",
+                "--columns",
+                "images=image_data",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["converted"] == 1
+    assert (
+        main(
+            [
+                "convert",
+                "--input",
+                str(t / "b_image_data.parquet"),
+                "--output",
+                str(tmp_path / "o3"),
+                "--json",
+                "--columns",
+                "images=imagedata",
+            ]
+        )
+        == 1
+    )
+    assert "images=imagedata: no such column" in Path(tmp_path / "o3" / "convert_rejected.jsonl").read_text()
 
 
 def test_inputs_that_are_not_tables_or_records_get_a_clear_error(tmp_path, capsys):
@@ -194,8 +329,10 @@ def test_inputs_that_are_not_tables_or_records_get_a_clear_error(tmp_path, capsy
     err = capsys.readouterr().err
     assert "no .parquet or .arrow file" in err and "Traceback" not in err
     assert main(["convert", "--input", str(tmp_path / "nope.parquet"), "--output", str(tmp_path / "o")]) == 2
-    assert main(["convert", "--input", str(tmp_path / "empty"), "--output", str(tmp_path / "o"),
-                 "--columns", "pix=img"]) == 2
+    assert (
+        main(["convert", "--input", str(tmp_path / "empty"), "--output", str(tmp_path / "o"), "--columns", "pix=img"])
+        == 2
+    )
     assert "NAME=COLUMN" in capsys.readouterr().err
 
 
@@ -223,8 +360,18 @@ def test_a_write_error_in_the_writer_thread_reaches_the_caller_and_leaves_no_par
 def test_save_to_disk_folders_and_datasets_parquet_give_the_same_samples(tmp_path):
     import datasets
 
-    features = datasets.Features({"images": datasets.Sequence(datasets.Image()), "texts": [
-        {"user": datasets.Value("string"), "assistant": datasets.Value("string"), "source": datasets.Value("string")}]})
+    features = datasets.Features(
+        {
+            "images": datasets.Sequence(datasets.Image()),
+            "texts": [
+                {
+                    "user": datasets.Value("string"),
+                    "assistant": datasets.Value("string"),
+                    "source": datasets.Value("string"),
+                }
+            ],
+        }
+    )
     table = rows("cauldron", 12)
     ds = datasets.Dataset.from_list(table, features=features)
     ds.save_to_disk(str(tmp_path / "one"))
@@ -233,10 +380,19 @@ def test_save_to_disk_folders_and_datasets_parquet_give_the_same_samples(tmp_pat
     ds.to_parquet(str(tmp_path / "pq" / "train-00000-of-00001.parquet"))
     out = {k: convert([tmp_path / k], tmp_path / f"out_{k}") for k in ("one", "dict", "pq")}
     assert out["one"]["shapes"] == out["pq"]["shapes"] == {"cauldron": 12} and out["dict"]["shapes"] == {"cauldron": 15}
-    assert [f["file"] for f in out["dict"]["files"]] == ["test/data-00000-of-00001.arrow",
-                                                         "train/data-00000-of-00001.arrow"]
-    media = {k: [(n, tf.extractfile(n).read()) for tf in [tarfile.open(v["shards"][0])] for n in tf.getnames()
-                 if not n.endswith(".json")] for k, v in out.items()}
+    assert [f["file"] for f in out["dict"]["files"]] == [
+        "test/data-00000-of-00001.arrow",
+        "train/data-00000-of-00001.arrow",
+    ]
+    media = {
+        k: [
+            (n, tf.extractfile(n).read())
+            for tf in [tarfile.open(v["shards"][0])]
+            for n in tf.getnames()
+            if not n.endswith(".json")
+        ]
+        for k, v in out.items()
+    }
     assert media["one"] == media["pq"] and len(media["one"]) == sum(len(r["images"]) for r in table)
 
 
@@ -244,7 +400,7 @@ def test_a_damaged_page_keeps_the_rows_read_before_it(tmp_path):
     p = write_parquet(tmp_path / "d" / "train.parquet", "cauldron", rows("cauldron", 30), row_group_size=5)
     at = pq.ParquetFile(p).metadata.row_group(3).column(0).data_page_offset
     data = bytearray(p.read_bytes())
-    data[at:at + 32] = b"\xff" * 32  # row group 3's first page header no longer parses
+    data[at : at + 32] = b"\xff" * 32  # row group 3's first page header no longer parses
     p.write_bytes(bytes(data))
     res = convert([p.parent], tmp_path / "out", batch_rows=5)
     assert (res["records"], res["converted"], res["reasons"]) == (15, 15, {"unreadable_file": 1})

@@ -1,6 +1,6 @@
-"""docs/training.md's examples run as they are written: the PyTorch DataLoader with PackCollator, and the
-Megatron-Energon task encoder, on a small packed output (Qwen3-VL; the image processor from the copied
-config in tests/fixtures)."""
+"""docs/training.md's examples run as they are written: the PyTorch DataLoader with PackCollator and the
+Megatron-Energon task encoder on a small packed output (Qwen3-VL; the image processor from the copied
+config in tests/fixtures), and the InternVL / LLaVA-OneVision / Gemma 3 one on an InternVL output."""
 
 from __future__ import annotations
 
@@ -66,3 +66,43 @@ def test_the_energon_example_runs(packed_here, monkeypatch):
     exec(compile(_example("With Megatron-Energon"), "training.md", "exec"), ns)
     assert ns["step"] == 2
     _check(ns["batch"], packs)
+
+
+class _RealIds:
+    """The user's model as the example calls it (real token ids) around a tiny one with a renumbered vocabulary."""
+
+    def __init__(self, model, vocab):
+        self.model, self.vocab, self.config = model, vocab, model.config
+
+    def __call__(self, input_ids, **kw):
+        import torch
+
+        with torch.no_grad():
+            return self.model(input_ids=self.vocab(input_ids), use_cache=False, **kw)
+
+
+@needs_torch
+def test_the_family_example_runs(tmp_path, monkeypatch):
+    """The InternVL / LLaVA-OneVision / Gemma 3 example on an InternVL packed folder (the fixture's config
+    folder as the checkpoint, a tiny random model standing in for the user's)."""
+    from conftest import write_tar
+    from family_fixtures import materialize
+    from pack_helpers import family_samples
+    from tiny_models import tiny_family_model
+
+    from pack_assets.core.counting.profiles import profile_from_model_dir
+
+    folder = materialize(tmp_path, ("internvl",))["internvl"]
+    write_tar(tmp_path / "in" / "f.tar", family_samples())
+    packs = pack_shards(
+        tmp_path / "in", tmp_path, profile_from_model_dir(folder), max_len=1600, out=tmp_path / "packed"
+    )
+    (tmp_path / "InternVL3-2B-hf").symlink_to(folder)
+    first = [PackEncoder(model_dir=str(folder)).encode(p)["input_ids"] for p in packs[:2]]
+    ids = np.concatenate(first + [np.array([151643])])
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {"model": _RealIds(*tiny_family_model(folder, ids))}
+    exec(compile(_example("InternVL, LLaVA-OneVision, Gemma 3"), "training.md", "exec"), ns)
+    B, L = ns["batch"]["input_ids"].shape
+    assert ns["logits"].shape[:2] == (B, L) == (2, max(len(e) for e in first)) and ns["mask"] is None
+    assert ns["vision"]["pixel_values"].shape[1:] == (3, 448, 448) and bool(ns["logits"].isfinite().all())

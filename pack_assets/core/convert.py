@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -159,6 +160,7 @@ class FileReport:
     rejected: int = 0
     columns_dropped: list[str] = field(default_factory=list)
     refused: str = ""  # a reason code when the file (or its rest) could not be read
+    refused_detail: str = ""  # ... and what was found
 
 
 class _Run:
@@ -176,7 +178,7 @@ class _Run:
         self.rejected_out.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
 
     def refuse(self, rep: FileReport, reason: str, detail: str) -> None:
-        rep.refused = reason
+        rep.refused, rep.refused_detail = reason, detail
         self.reject(rep, None, None, ReasonError(reason, detail))
 
     def add(self, rep: FileReport, rec, make: Callable) -> None:
@@ -186,15 +188,35 @@ class _Run:
         rep.rows += 1
         try:
             record, media = make(rec)
-        except ReasonError as e:
+        except (ReasonError, TypeError, AttributeError, KeyError) as e:  # a value of a type the shape did not expect
             rep.rejected += 1
-            self.reject(rep, rep.rows - 1, rec.get("id") if isinstance(rec, dict) else None, e)
+            why = e if isinstance(e, ReasonError) else ReasonError("bad_row", f"{type(e).__name__}: {e}")
+            self.reject(rep, rep.rows - 1, rec.get("id") if isinstance(rec, dict) else None, why)
             return
         record["origin"] = {"file": rep.file, "index": rep.rows - 1}
-        members = [(f"{key}.json", json.dumps(record, ensure_ascii=False, default=str).encode("utf-8"))]
+        members = [(f"{key}.json", _record_json(record))]
         members += [(f"{key}.{name}", data) for name, data in media]
         self.sink.add(members)
         rep.converted += 1
+
+
+def _record_json(record: dict) -> bytes:
+    """Standard JSON: a NaN or infinity (a float column's missing value) becomes null, as strict readers need."""
+    try:
+        text = json.dumps(record, ensure_ascii=False, default=str, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(record), ensure_ascii=False, default=str, allow_nan=False)
+    return text.encode("utf-8")
+
+
+def _finite(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _convert_json(run: _Run, path: Path, roots: list[Path]) -> None:
@@ -227,11 +249,11 @@ def _convert_table(run: _Run, src: tables.TableSource, roots: list[Path], column
         run.refuse(rep, "unreadable_file", f"{type(e).__name__}: {e}")
         return
     with reader:
-        shape = hfshapes.detect(reader.schema, columns)
-        if shape is None:
-            run.refuse(rep, "unknown_shape", f"{reader.rows if reader.rows is not None else 'its'} rows not read: "
-                       f"columns {reader.schema.names} match no known shape (map them with --columns NAME=COLUMN; "
-                       "images inside the turns' parts are not read)")
+        try:
+            shape = hfshapes.detect(reader.schema, columns)
+        except ReasonError as e:
+            rows = reader.rows if reader.rows is not None else "its"
+            run.refuse(rep, e.reason, f"{rows} rows not read: {e.detail}")
             return
         rep.shape, rep.columns_dropped = shape.name, list(shape.dropped)
         read = _path_reader([src.path.parent, *roots])

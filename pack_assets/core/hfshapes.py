@@ -33,6 +33,7 @@ from .reasons import ReasonError
 
 # names `--columns` can map (NAME=COLUMN): the columns each shape reads and the fields of a `texts` item
 CANONICAL = ("messages", "prompt", "completion", "texts", "user", "assistant", "conversations", "images", "image")
+_ITEM_FIELDS = ("user", "assistant")  # names of fields inside a `texts` item, not of columns
 _UNSUPPORTED = ("audio", "audios", "video", "videos")  # media kinds a table row may hold that are not converted
 # the record's conversation and media keys: a column of that name the shape does not read is dropped
 _RECORD_KEYS = ("messages", "conversations", "conversation", "images", "image")
@@ -109,10 +110,40 @@ def _image_column(schema: pa.Schema, col) -> tuple[str | None, bool]:
     return None, False
 
 
-def detect(schema: pa.Schema, mapping: dict[str, str] | None = None) -> Shape | None:
-    """The shape of a table from its columns (after ``mapping``: canonical name -> column), or None (also
-    for a conversation column that holds bytes: images inline in the turns are a shape we do not read)."""
+def _is_text_or_list(t: pa.DataType) -> bool:
+    return _is_list(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _images_elsewhere(schema: pa.Schema, columns: list[str]) -> list[str]:
+    """Columns among ``columns`` that hold images (one or a list of ``{bytes, path}`` structs or raw bytes)."""
+    out = []
+    for name in columns:
+        t = schema.field(name).type
+        if (_is_one_image(t) and not pa.types.is_string(t) and not pa.types.is_large_string(t)) or \
+                (_is_list(t) and _is_one_image(t.value_type) and _has_binary(t.value_type)):
+            out.append(name)
+    return out
+
+
+def detect(schema: pa.Schema, mapping: dict[str, str] | None = None) -> Shape:
+    """The shape of a table from its columns (after ``mapping``: canonical name -> column). Refused
+    (``unknown_shape``, the detail says why): columns that match no shape, a ``--columns`` mapping to a column
+    the table lacks, a conversation column that holds bytes (images inline in the turns' parts are not read),
+    and images in a column the shape does not read (they would be lost: map it with ``--columns images=``)."""
     mapping = mapping or {}
+    missing = sorted(f"{name}={column}" for name, column in mapping.items()
+                     if name not in _ITEM_FIELDS and column not in schema.names)
+    if missing:
+        raise ReasonError("unknown_shape", f"--columns {', '.join(missing)}: no such column (columns: "
+                          f"{', '.join(schema.names)})")
+    shape = _detect(schema, mapping)
+    if shape.images is None and (lost := _images_elsewhere(schema, list(shape.dropped))):
+        raise ReasonError("unknown_shape", f"column(s) {', '.join(lost)} hold images the {shape.name} shape does "
+                          f"not read; map the one to pack with --columns images={lost[0]}")
+    return shape
+
+
+def _detect(schema: pa.Schema, mapping: dict[str, str]) -> Shape:
 
     def col(name: str) -> str:
         return mapping.get(name, name)
@@ -121,14 +152,18 @@ def detect(schema: pa.Schema, mapping: dict[str, str] | None = None) -> Shape | 
     shape = turns = completion = None
     if col("messages") in names and _is_list(types[col("messages")]):
         shape, turns = "messages", col("messages")
-    elif col("prompt") in names and col("completion") in names:
+    elif col("prompt") in names and col("completion") in names and \
+            _is_text_or_list(types[col("prompt")]) and _is_text_or_list(types[col("completion")]):
         shape, turns, completion = "prompt_completion", col("prompt"), col("completion")
     elif col("texts") in names and {col("user"), col("assistant")} <= _struct_fields(types[col("texts")]):
         shape, turns = "cauldron", col("texts")
     elif col("conversations") in names and _is_list(types[col("conversations")]):
         shape, turns = "llava", col("conversations")
-    if shape is None or any(_has_binary(types[c]) for c in (turns, completion) if c):
-        return None  # images inside the turns' parts (bytes in the conversation column) are not read
+    if shape is None:
+        raise ReasonError("unknown_shape", f"columns {', '.join(schema.names)} match no known shape (map them with "
+                          "--columns NAME=COLUMN)")
+    if any(_has_binary(types[c]) for c in (turns, completion) if c):
+        raise ReasonError("unknown_shape", f"{turns!r} holds bytes: images inside the turns' parts are not read")
     images, single = _image_column(schema, col)
     used = {turns, completion, images}
     unsupported = tuple(n for n in schema.names if n in _UNSUPPORTED and n not in used)
@@ -217,7 +252,28 @@ def image_ext(data) -> str:
             probe_image(bytes(data), ext)
         except Exception as e:
             raise ReasonError("bad_image", f"{ext} header does not read: {type(e).__name__}: {e}") from None
+    _check_end(data, ext)
     return ext
+
+
+_END = {"jpg": b"\xff\xd9", "png": b"IEND"}  # the marker a complete file has near its end
+_TAIL = 1 << 16
+
+
+def _check_end(data, ext: str) -> None:
+    """A truncated download (the bytes stop inside the image data) has a header that reads but no end marker:
+    refused here, as the trainer's decoder would refuse it. Decoding every image to be sure costs far more
+    than reading it; a file whose data is damaged but complete is not caught (docs/formats.md)."""
+    if ext == "webp":
+        declared = int.from_bytes(bytes(data[4:8]), "little") + 8
+        if len(data) < declared:
+            raise ReasonError("bad_image", f"webp is truncated: {len(data)} of {declared} bytes")
+        return
+    marker = _END.get(ext)
+    if marker is None:
+        return
+    if bytes(data[-_TAIL:]).rfind(marker) < 0 and (len(data) <= _TAIL or bytes(data).rfind(marker) < 0):
+        raise ReasonError("bad_image", f"{ext} has no end marker ({marker!r}): the file is truncated")
 
 
 def _image_bytes(value, i: int, read_path: Callable[[str], bytes]) -> bytes:

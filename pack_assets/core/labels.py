@@ -71,9 +71,10 @@ def _minus(spans: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[t
     return out
 
 
-def trainable_spans(text: str, policy: str = DEFAULT) -> list[tuple[int, int]]:
-    """Character ranges of a rendered chat whose tokens train under ``policy``."""
-    spans = [m.span(1) for m in ASSISTANT.finditer(text)]
+def trainable_spans(text: str, policy: str = DEFAULT, assistant: re.Pattern = ASSISTANT) -> list[tuple[int, int]]:
+    """Character ranges of a rendered chat whose tokens train under ``policy``; ``assistant``: the template's
+    assistant turn, its group 1 what trains (default: the Qwen/ChatML turn; Gemma's is the reader's)."""
+    spans = [m.span(1) for m in assistant.finditer(text)]
     if policy == "last_turn":
         return spans[-1:]
     if policy == "no_tool_results":

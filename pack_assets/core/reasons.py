@@ -60,6 +60,7 @@ REASONS: dict[str, str] = {  # in the order of the table in docs/formats.md
     "unknown_shape": "a table's columns match no shape convert knows (map them with --columns NAME=COLUMN)",
     "unreadable_file": "a Parquet or Arrow file cannot be read (pyarrow's error in the detail); rows before the "
                        "damage are kept",
+    "bad_row": "a table row holds a value of an unexpected type (the detail names it); the other rows go on",
 }
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # how a shard step's log line ends when it found the shard's files current: kept from an earlier run, or
-# written just before by this command's helper processes (core/shardwork.py)
+# written just before by this command's helper processes (runner/shardwork.py)
 KEPT = {False: " (unchanged, kept)", True: " (by the command's helper processes)"}
 
 

@@ -411,7 +411,7 @@ def run_manifests(input_root: Path, work: Path, shards: list[str], options: Scan
                   log: Callable[[str], None] | None = None, by_helpers: Collection[str] = (),
                   on_shard: Callable[[ShardManifest], None] | None = None) -> ManifestSummary:
     """Scan the shards one by one, a log line and an `on_shard` call each. `by_helpers`: the shards this
-    command's helper processes scanned just before (core/shardwork.py): a current scan of one of them is
+    command's helper processes scanned just before (runner/shardwork.py): a current scan of one of them is
     theirs, not an earlier run's."""
     out = []
     for shard in shards:
