@@ -8,13 +8,13 @@ from pathlib import Path
 
 from PIL import Image
 
-from pack_assets.core import blend, store
+from pack_assets.core import blend, epochs, store
 from pack_assets.core import recipe as rc
 from pack_assets.core.counting.profiles import ModelProfile, load_profile
 from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.plan import PlanConfig, run_plan
 from pack_assets.core.scan import run_manifest
-from pack_assets.core.write import run_write
+from pack_assets.core.write import WRITERS, run_write
 from pack_assets.reader import iter_packs
 
 MODELS = Path(__file__).resolve().parent / "fixtures" / "models"  # config files only (see SOURCE.md there)
@@ -47,7 +47,7 @@ def packed_outputs(shards: Path, tmp: Path, profile: str, max_len: int, per_shar
         run_token_lengths(paths["work"], k, prof)
     run_plan(paths["work"], keys, PlanConfig(max_len=max_len, max_packs_per_shard=per_shard), prof)
     for mode in ("copy", "index"):
-        run_write(paths["work"], shards, paths[mode], workers=1, mode=mode)
+        WRITERS[mode](paths["work"], shards, paths[mode], workers=1)
     recipe = rc.Recipe((rc.Dataset("a", str(shards), 1.5),), epochs=2, seed=3)
     keys = list(store.find_sources(recipe.roots))
     for k in keys:
@@ -55,7 +55,7 @@ def packed_outputs(shards: Path, tmp: Path, profile: str, max_len: int, per_shar
         run_token_lengths(paths["blend_work"], k, prof)
     cfg = PlanConfig(max_len=max_len, max_packs_per_shard=per_shard, seed=recipe.seed)
     blend.run_blend_plan(paths["blend_work"], keys, cfg, prof, recipe)
-    blend.run_blend_write(paths["blend_work"], recipe, paths["blend"], workers=1, mode="index")
+    epochs.run_blend_write(paths["blend_work"], recipe, paths["blend"], workers=1, mode="index")
     return paths
 
 
