@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=1_000_000)
     ap.add_argument("--per-shard", type=int, default=5000)
     ap.add_argument("--image-kb", type=int, default=15)
+    ap.add_argument("--images", type=int, default=1, help="images per sample (0: text-only samples)")
+    ap.add_argument("--max-words", type=int, default=60, help="bound on each turn's length, in 6-word phrases")
     ap.add_argument("--max-len", type=int, default=16384)
     ap.add_argument("--out", default="bench/out/e2e")
     ap.add_argument("--reruns", type=int, default=3, help="how many of the three one-new-shard reruns to run")
@@ -56,9 +58,10 @@ def main() -> None:
     for d in ("work", "packed", "dagster_home"):  # an earlier run's: the space it holds is counted free
         shutil.rmtree(out / d, ignore_errors=True)
     have = sum(p.stat().st_size for p in inp.glob("part-*.tar")) if inp.is_dir() else 0  # a set made before
-    require_free(out, 2.2 * args.samples * (args.image_kb * 1024 + 600) - have)
+    require_free(out, 2.2 * args.samples * (args.images * args.image_kb * 1024 + 600 + 2 * 36 * args.max_words) - have)
     t0 = time.perf_counter()
-    paths = make_shards(inp, n_shards, args.per_shard, args.image_kb, seed=7)
+    paths = make_shards(inp, n_shards, args.per_shard, args.image_kb, seed=7, images=args.images,
+                        max_words=args.max_words)
     emit = Results(out, args.results)
     emit({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "generate_s": round(time.perf_counter() - t0, 1),
           "bytes": sum(p.stat().st_size for p in paths), "shards": len(paths)})
@@ -79,7 +82,8 @@ def main() -> None:
               ("incremental, audit changed only", ["--incremental", "--audit-scope", "changed"]),
               ("full replan", [])]
     for i, (label, flags) in enumerate(reruns[:args.reruns]):
-        extra = make_shards(out / f"extra{i}", 1, args.per_shard, args.image_kb, seed=99 - i)[0]
+        extra = make_shards(out / f"extra{i}", 1, args.per_shard, args.image_kb, seed=99 - i, images=args.images,
+                            max_words=args.max_words)[0]
         new = inp / f"part-{n_shards + i:05d}.tar"
         if new.exists():  # a set left by an earlier run: copying over it would add no data
             raise SystemExit(f"{new} exists: remove the reruns' shards (part-{n_shards:05d}.tar on) first")

@@ -69,8 +69,9 @@ def drop_caches() -> bool:
 
 
 def make_shards(root: Path, n_shards: int, per_shard: int, image_kb: int = 16, seed: int = 0,
-                images: int = 1) -> list[Path]:
-    """Image-text samples with unique small JPEGs (plus padding bytes to reach the size), fast to make."""
+                images: int = 1, max_words: int = 60) -> list[Path]:
+    """Image-text samples with unique small JPEGs (plus padding bytes to reach the size), fast to make.
+    ``images=0``: text-only samples; ``max_words`` bounds each turn's length (in repeats of a 6-word phrase)."""
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     base = []
@@ -89,7 +90,7 @@ def make_shards(root: Path, n_shards: int, per_shard: int, image_kb: int = 16, s
         with tarfile.open(tmp, "w") as tf:
             for j in range(per_shard):
                 key = f"{s:05d}{j:06d}"
-                words = " ".join(["describe the image in detail please"] * int(rng.integers(2, 60)))
+                words = " ".join(["describe the image in detail please"] * int(rng.integers(2, max_words)))
                 parts = ["jpg"] if images == 1 else [f"{m}.jpg" for m in range(images)]
                 rec = {"conversations": [{"from": "human", "value": "<image>\n" * images + words},
                                          {"from": "gpt", "value": words}], "images": parts}
