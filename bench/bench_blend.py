@@ -2,9 +2,9 @@
 1M samples in all, each epoch planned on its own.
 
     python bench/bench_blend.py --n 1000000 --epochs 2 --repeats 3     # writes a new bench/results/blend_<UTC>.json
-    python bench/bench_blend.py --n 1000000 --epochs 1 --repeats 1 --algorithm bfd --out bench/results/blend_bfd.json
-    python bench/bench_blend.py --n 1000000 --epochs 2 --repeats 3 --algorithm mix --out bench/results/blend_mix.json
-    python bench/bench_blend.py --n 1000000 --epochs 1 --repeats 3 --against mix --out bench/results/blend_vs_mix.json
+    python bench/bench_blend.py --n 1000000 --epochs 1 --repeats 1 --algorithm bfd
+    python bench/bench_blend.py --n 1000000 --epochs 2 --repeats 3 --algorithm mix
+    python bench/bench_blend.py --n 1000000 --epochs 1 --repeats 3 --against mix
 
 Per epoch, in the same process and alternating (the ratio taken pair by pair): `make_blend_plan` (draw the
 copies, bin-pack them together, deal the packs) vs numpy loading nothing and stable-argsorting the epoch's

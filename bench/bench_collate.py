@@ -4,10 +4,9 @@ nothing grows with L², a dense mask (block_mask=True) does.
 Each measurement runs in a fresh subprocess: B encoded text packs of L tokens (sub-samples of 300-3,000
 tokens), collated once; reported: the peak of Python/numpy allocations during the call (tracemalloc; the
 collator builds its arrays in numpy and hands them to torch without a copy) and the growth of the process's
-peak RSS (ru_maxrss, which also sees torch's own allocations, i.e. the dense mask). Results to a new file (default:
-a new bench/results/collate_masks_<UTC>.json):
+peak RSS (ru_maxrss, which also sees torch's own allocations, i.e. the dense mask). Results to a new file:
 
-    .venv/bin/python bench/bench_collate.py bench/results/collate_masks_i39.json
+    .venv/bin/python bench/bench_collate.py [FILE or FOLDER]   # default: a new bench/results/collate_masks_<UTC>.json
 """
 
 from __future__ import annotations

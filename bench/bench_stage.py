@@ -2,8 +2,7 @@
 one pass filed by shard for all but the conversations (`store.staged`), and DuckDB's own
 `COPY ... PARTITION_BY` of every query, conversations included (tried, not used).
 
-    python bench/bench_stage.py --work /tmp/e2e1m/work --input /tmp/e2e1m/shards \
-        --results bench/results/stage_session29.json
+    python bench/bench_stage.py --work /tmp/e2e1m/work --input /tmp/e2e1m/shards  # a new bench/results/stage_<UTC>.json
 
 Needs a planned work folder (e.g. the one bench_e2e.py leaves). Each variant runs in a fresh process, so its
 peak RSS (ru_maxrss) is its own; per-shard figures are the median over --sample shards, totals multiply it
