@@ -3,8 +3,9 @@
     python bench/bench_e2e.py --samples 1000000 --per-shard 5000 --image-kb 15 --out bench/out/e2e
 
 Checks free disk first (input + output ≈ 2.1 × samples × image size). Prints JSON lines and writes them to
-<out>/results.json. ``--again N`` then repeats the quick rerun N times: the last new shard removed, rerun;
-put back, rerun (its manifest is current then, so only the plan, write and audit are repeated).
+<out>/results.json and to a new results file (--results; default bench/results/e2e_<UTC>.json). ``--again N``
+then repeats the quick rerun N times: the last new shard removed, rerun; put back, rerun (its manifest is
+current then, so only the plan, write and audit are repeated).
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ def main() -> None:
     ap.add_argument("--again", type=int, default=0,
                     help="then, this many times: remove the last new shard and rerun incrementally with the quick "
                          "audit, put it back and rerun the same way (both timed: repeats of the quick rerun)")
-    ap.add_argument("--results", help="also write the records here (a file under bench/results)")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/e2e_<UTC>.json)")
     args = ap.parse_args()
     out = Path(args.out)
+    emit = Results(out, args.results, "e2e")
     n_shards = args.samples // args.per_shard
     inp = out / "shards"
     for d in ("work", "packed", "dagster_home"):  # an earlier run's: the space it holds is counted free
@@ -62,7 +64,6 @@ def main() -> None:
     t0 = time.perf_counter()
     paths = make_shards(inp, n_shards, args.per_shard, args.image_kb, seed=7, images=args.images,
                         max_words=args.max_words)
-    emit = Results(out, args.results)
     emit({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "generate_s": round(time.perf_counter() - t0, 1),
           "bytes": sum(p.stat().st_size for p in paths), "shards": len(paths)})
     files = [str(p) for p in paths]

@@ -13,7 +13,7 @@ the fsync (each floor as many processes as the writer), `cp` of the source shard
 This code and the baseline alternate which goes first in a round. Wall and CPU seconds of the writer are
 measured inside its process around `run_write` (the DuckDB reads, Energon index and every fsync included;
 imports not; its pool's CPU too); `cp` from outside. Ratios are taken round by round (MB/s of the writer over
-MB/s of `cp`), so drift on a shared machine does not favour one side. Writes bench/results/write.json
+MB/s of `cp`), so drift on a shared machine does not favour one side. Writes a new file under bench/results
 (--results).
 """
 
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, make_shards  # noqa: E402
+from common import ResultsFile, machine, make_shards  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -183,8 +183,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--workers", type=int, default=1, help="writer processes (pack-assets run: one per core)")
     ap.add_argument("--out", default="bench/out/write")
-    ap.add_argument("--results", default="bench/results/write.json")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/write_<UTC>.json)")
     args = ap.parse_args()
+    dest = ResultsFile(args.results, "write")
     out = Path(args.out).resolve()
     inp = out / f"set-{args.shards}x{args.per_shard}-{args.image_kb}k-{args.images}i"
     paths = make_shards(inp, args.shards, args.per_shard, args.image_kb, images=args.images)
@@ -228,11 +229,7 @@ def main() -> None:
                                                        "repeats", "baseline_src", "workers")},
               "source_bytes": src_bytes, "members": args.shards * args.per_shard * (1 + args.images),
               "medians": med, "rounds": rounds}
-    path = Path(args.results)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(path)
+    dest.write(result)
     print(json.dumps(med), flush=True)
 
 
