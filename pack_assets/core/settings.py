@@ -33,6 +33,7 @@ from .counting.profiles import DEFAULT_PROFILE, ModelProfile, resolve_profile
 from .safety import check_paths
 
 AUDIT_SCOPES = ("all", "changed")
+OVERLONG = ("drop", "split")  # what becomes of a sample longer than max_len (core/split.py)
 OUTPUT_MODES = ("copy", "index")
 
 # PACK_ASSETS_* variable -> flat setting, for the resource under `dagster dev`
@@ -77,6 +78,10 @@ class PlanConfig:
     incremental: bool = False  # keep the previous plan's packs; new samples go into new packs and shards
     # which tokens train (core/labels.py): a policy name, or JSON of dataset -> name; recorded in _meta
     label_policy: str = "all"
+    # an over-long multi-turn sample: "drop" (a dropped row with its length) or "split" into pieces cut at
+    # assistant-turn boundaries (core/split.py), each carrying at most split_context tokens of earlier turns
+    overlong: str = "drop"
+    split_context: int = 2048
 
     def packing_key(self) -> dict:
         """The settings a kept pack depends on: an incremental plan needs them unchanged."""
@@ -94,6 +99,12 @@ class PlanConfig:
             raise ValueError(f"pad_multiple must be in [1, max_len], got {self.pad_multiple}")
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if self.overlong not in OVERLONG:
+            raise ValueError(f"overlong {self.overlong!r}: expected one of {', '.join(OVERLONG)}")
+        if self.overlong == "split" and self.keep_overlong:
+            raise ValueError("overlong 'split' and keep_overlong exclude each other: choose one")
+        if self.split_context < 0:
+            raise ValueError(f"split_context must be >= 0, got {self.split_context}")
 
     @property
     def capacity(self) -> int:
