@@ -182,3 +182,26 @@ def test_the_split_is_deterministic_and_part_of_the_plan_fingerprint(packed):
     assert dropping.fingerprint != again.fingerprint and dropping.stats["dropped"] == 2
     assert _pieces(packed["work"]) == []
     run_plan(packed["work"], ["s"], cfg, prof)  # leave the module's plan as it was
+
+
+def test_the_setting_from_flags_config_resource_and_its_refusals(tmp_path):
+    """`--overlong split --split-context N`, a --config file and the Dagster resource give the same settings; the
+    setting is in the plan's fingerprint (asserted above); a recipe, and split with keep_overlong, are refused."""
+    from pack_assets.cli import _settings, build_parser
+    from pack_assets.core.settings import Settings
+    from pack_assets.defs.resources import PackSettings
+
+    base = ["run", "--input", str(tmp_path), "--max-len", "512"]
+    flags = _settings(build_parser().parse_args([*base, "--overlong", "split", "--split-context", "64"]))
+    (tmp_path / "c.json").write_text(json.dumps({"overlong": "split", "split_context": 64}))
+    config = _settings(build_parser().parse_args([*base, "--config", str(tmp_path / "c.json")]))
+    assert (flags.plan.overlong, flags.plan.split_context) == ("split", 64) and flags == config
+    assert PackSettings.of(flags).to_settings() == flags and PackSettings().overlong == "drop"
+    with pytest.raises(ValueError, match="overlong 'cut'"):
+        Settings.from_flat({"overlong": "cut"})
+    with pytest.raises(ValueError, match="exclude each other"):
+        Settings.from_flat({"overlong": "split", "keep_overlong": True})
+    (tmp_path / "a").mkdir()
+    (tmp_path / "r.yaml").write_text("datasets:\n  - {name: a, input: a}\noverlong: split\n")
+    with pytest.raises(ValueError, match="not supported with a recipe"):
+        Settings.from_flat({"recipe": str(tmp_path / "r.yaml")})

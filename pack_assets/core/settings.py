@@ -34,6 +34,8 @@ from .safety import check_paths
 
 AUDIT_SCOPES = ("all", "changed")
 OVERLONG = ("drop", "split")  # what becomes of a sample longer than max_len (core/split.py)
+SPLIT_IN_BLEND = ("overlong 'split' is not supported with a recipe (a blend draws copies of whole samples): "
+                  "split the over-long samples of a single input, or drop them")
 OUTPUT_MODES = ("copy", "index")
 
 # PACK_ASSETS_* variable -> flat setting, for the resource under `dagster dev`
@@ -141,6 +143,8 @@ class Settings:
             raise ValueError(f"audit scope {self.audit_scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
         if self.output_mode not in OUTPUT_MODES:
             raise ValueError(f"output mode {self.output_mode!r}: expected one of {', '.join(OUTPUT_MODES)}")
+        if self.recipe and self.plan.overlong == "split":
+            raise ValueError(SPLIT_IN_BLEND)
 
     @property
     def input_root(self) -> Path:

@@ -73,9 +73,10 @@ class PackEncoder:
         kwargs = self.template_kwargs
         self.counter = self._counter(canonical(meta.context.get("chat_template_kwargs")) if kwargs is None else kwargs)
         recorded = meta.context.get("label_policy") if self.label_policy is None else self.label_policy
+        split = {src.sample_id: src.split for src in meta.sources}  # a piece of a split sample: its carried turns
         subs = [
-            self.encode_sample(s["messages"], s["media"], labels.policy_for(recorded, sid), src.split)
-            for s, sid, src in zip(pack["samples"], meta.sample_ids, meta.sources)
+            self.encode_sample(s["messages"], s["media"], labels.policy_for(recorded, sid), split.get(sid))
+            for s, sid in zip(pack["samples"], meta.sample_ids)
         ]
         lens = [len(s["input_ids"]) for s in subs]
         if lens != meta.sample_token_lens or sum(lens) != meta.total_token_len:
