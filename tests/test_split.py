@@ -205,3 +205,25 @@ def test_the_setting_from_flags_config_resource_and_its_refusals(tmp_path):
     (tmp_path / "r.yaml").write_text("datasets:\n  - {name: a, input: a}\noverlong: split\n")
     with pytest.raises(ValueError, match="not supported with a recipe"):
         Settings.from_flat({"recipe": str(tmp_path / "r.yaml")})
+
+
+def test_a_rerun_rewrites_nothing_and_index_mode_and_an_incremental_plan_stay_whole(packed):
+    """Pieces through the writer's reruns (its record's digests do not cover pieces: their shards are decided
+    by fingerprint), index mode, and an incremental plan (which plans the pieces again, into new packs): the
+    audit passes each time and still counts the split."""
+    from dataclasses import replace
+
+    from pack_assets.core.write import WRITERS
+
+    work, inp, out = packed["work"], packed["root"] / "in", packed["out"]
+    run_plan(work, ["s"], packed["config"], packed["profile"])
+    assert run_write(work, inp, out, workers=1).written == 0
+    WRITERS["index"](work, inp, packed["root"] / "index", workers=1)
+    assert run_audit(work, packed["root"] / "index", workers=1).ok
+    inc = run_plan(work, ["s"], replace(packed["config"], incremental=True), packed["profile"])
+    assert not inc.violations and inc.stats["split"] == 1
+    run_write(work, inp, out, workers=1)
+    audit = run_audit(work, out, workers=1)
+    assert audit.ok, audit.violations
+    assert (audit.stats["split"], audit.stats["split_pieces"], audit.stats["dropped"]) == (
+        1, packed["audit"].stats["split_pieces"], 1)
