@@ -44,7 +44,8 @@ def _summary_text(s: dict) -> str:
         f"samples   {s['samples']} read from {s['shards']} shard(s) ({s['shard_runs']} scanned this run)",
         f"packed    {s['packed']} into {s['packs']} packs of {s['max_len']} tokens ({s['profile']})",
         f"fill      {fill}; lower bound {s['lower_bound']} packs ({s['packs_over_bound']} over)",
-        f"dropped   {s['dropped']} (over max length)   rejected {s['rejected']} (with reasons)",
+        f"dropped   {s['dropped']} (over max length)   rejected {s['rejected']} (with reasons)"
+        + (f"   split {s['split']} (into {s['split_pieces']} pieces)" if s.get("split") else ""),
         *([f"blend     {s['epochs']} epoch(s), one output folder each: {', '.join(s['output_folders'])}"]
           if s.get("epochs") else []),
         f"audit     {verdict}" + (f" ({s['output_shards_trusted']} unchanged output shard(s) not re-read)"

@@ -642,7 +642,7 @@ def _dict_document(job, context, records) -> bytes:
         if sub.extra:
             entry["extra"] = [m["output_name"].split(".", 1)[1] for m in extra]
         samples.append(entry)
-        refs.append(SourceRef(sub.sample_id, sub.shard, sub.key, sub.json_member, media, extra))
+        refs.append(SourceRef(sub.sample_id, sub.shard, sub.key, sub.json_member, media, extra, sub.split))
     meta = PackMeta(job.pack_id, job.media_type, [s.sample_id for s in job.subs], [s.token_len for s in job.subs],
                     job.total_token_len, refs, context)
     doc = {"pack_id": job.pack_id, "media_type": job.media_type, "samples": samples, "_meta": meta.as_dict()}
@@ -661,7 +661,8 @@ def test_spliced_pack_document_is_byte_identical_to_dumping_the_dict():
                   extra=[member('k.ü"x', 1024, "cd")], conversation_sha256="c",
                   messages_json=json.dumps(messages, ensure_ascii=False)),
         SubSample("b", "s", "b", "/x", 3, messages, member("b.txt", 2048, "ef"), [], messages_json=None),
-        SubSample("c", "s", "c", "/x", 0, [], None, [member("c.png", 4096, "01")]),
+        SubSample("c", "s", "c", "/x", 0, [], None, [member("c.png", 4096, "01")],
+                  split={"source": "c0", "piece": 1, "pieces": 2, "turns": [3, 5], "context": [1, 3]}),  # a piece
         # members not shaped as the catalog gives them: dumped as dicts, same bytes
         SubSample("d", "s", "d", "/x", 1, [], {"size": 3, "name": "d.json", "offset": 0, "sha256": None},
                   [{**member("d.png", 8192, "02"), "frames": [1, 2.5]}, {"name": "d.jpg", "offset": 1.0, "size": 2,

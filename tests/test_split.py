@@ -96,6 +96,15 @@ def test_the_audit_accounts_for_every_sample_as_packed_dropped_rejected_or_split
     with store.connect(packed["work"], read_only=True) as con:  # the one-turn sample: dropped with its length
         assert con.execute("SELECT sample_id, reason, total_tokens > ? FROM dropped", [MAX_LEN]).fetchall() == [
             ("s/c", "overlong", True)]
+    from pack_assets.core.lookup import lookup
+
+    with store.connect(packed["work"], read_only=True) as con:  # `pack-assets lookup`: the source and its pieces
+        found = lookup(con, "s/b")
+        assert found["outcome"] == "split" and [p["piece_id"] for p in found["pieces"]] == [
+            p["piece_id"] for p in sorted(pieces, key=lambda p: p["piece"])]
+        in_pack = lookup(con, found["pieces"][1]["pack_id"])["sources"]
+        assert any(s.get("split", {}).get("source") == "s/b" and s["key"] == "b" for s in in_pack)
+        assert lookup(con, "s/b#0")["kind"] == "piece"
     report = (packed["work"] / "audit_report.md").read_text()
     assert "| 3 | 1 | 1 | 0 | 1 (" in report and "Samples read = packed + dropped + rejected + split" in report
 

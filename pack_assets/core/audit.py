@@ -552,6 +552,7 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
     versions = _versions_aside(pool)
     with store.connect(work, read_only=True) as con:
         info = PlanInfo.load(con)
+        store.check_plan_tables(con)
         figures = audit_figures(con, work, info.config.max_len, pool)  # drawn while the outputs are read back
         stamps = current_stamps(con, work, out_dir, info)
         before, recounted = _audited(work) if scope == "changed" else ({}, 0.0)

@@ -469,6 +469,14 @@ def has_plan(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(found[0][0])
 
 
+def check_plan_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """Refuse, in one clear line, a plan saved by a version before split_pieces (its readers join it)."""
+    found = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'split_pieces'").fetchall()
+    if not found[0][0] and has_plan(con):
+        raise FileNotFoundError("the plan in this work folder was made by an older pack_assets (no split_pieces "
+                                "table): plan again (`pack-assets run`) before auditing or looking up")
+
+
 def read_plan_info(con: duckdb.DuckDBPyConnection) -> dict:
     return json.loads(con.execute("SELECT info FROM plan_info").fetchall()[0][0])
 
