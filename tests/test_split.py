@@ -84,6 +84,33 @@ def test_turns_cut_only_before_a_user_turn_after_an_assistant_turn():
     assert turns(msgs + [{"role": "user", "content": "trailing"}])[1][-1] == (7, 10)  # no turn without an answer
 
 
+def _fake_count(items):
+    """A counter on plain data: 10 tokens a message, 100 for one whose content is "long"."""
+    for messages, _, _ in items:
+        yield {"total_tokens": sum(100 if m["content"] == "long" else 10 for m in messages), "image_tokens": 0,
+               "video_tokens": 0}
+
+
+def test_the_cut_keeps_the_system_carries_turns_within_the_budget_and_drops_a_turn_too_long():
+    from pack_assets.core.split import split_sample
+
+    def chat(*answers):
+        return json.dumps([{"role": "system", "content": "s"}] + [
+            m for a in answers for m in ({"role": "user", "content": "q"}, {"role": "assistant", "content": a})])
+
+    cfg = PlanConfig(max_len=70, overlong="split", split_context=30)
+    pieces = split_sample("x", chat(*"abcdefgh"), [], [], [], [], {}, _fake_count, cfg)
+    # a turn is 20 tokens: system (10) + one carried turn = 30, the budget; then two own turns fit in 70
+    assert [(p.context_start, p.first_message, p.end_message, p.total_tokens) for p in pieces] == [
+        (1, 1, 7, 70), (5, 7, 11, 70), (9, 11, 15, 70), (13, 15, 17, 50)]
+    assert all(p.context_messages == 1 + p.first_message - p.context_start for p in pieces)
+    assert split_sample("x", chat("a", "long"), [], [], [], [], {}, _fake_count, cfg) is None  # one turn > max_len
+    assert split_sample("x", chat("a"), [], [], [], [], {}, _fake_count, cfg) is None  # a single turn
+    no_context = PlanConfig(max_len=70, overlong="split", split_context=0)
+    assert {p.context_messages for p in split_sample("x", chat(*"abcdefgh"), [], [], [], [], {}, _fake_count,
+                                                     no_context)} == {1}  # the system message only
+
+
 def test_the_audit_accounts_for_every_sample_as_packed_dropped_rejected_or_split(packed):
     stats, plan = packed["audit"].stats, packed["plan"]
     assert packed["audit"].ok, packed["audit"].violations

@@ -147,11 +147,11 @@ def cut(src: _Source, capacity: int, budget: int) -> list[tuple[int, int, int]] 
         c = u
         while c > 0 and src.tokens(spans[c - 1][0], first) <= budget:
             c -= 1
-        while src.tokens(spans[c][0] if c < u else first, spans[u][1]) > capacity:
+        while src.tokens(spans[c][0], spans[u][1]) > capacity:  # (c == u: no carried turn)
             if c == u:
                 return None
             c += 1
-        start = spans[c][0] if c < u else first
+        start = spans[c][0]
         v = u + 1
         while v < len(spans) and src.tokens(start, spans[v][1]) <= capacity:
             v += 1
