@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from .core.labels import POLICIES
-from .core.settings import AUDIT_SCOPES, DEFAULTS, OUTPUT_MODES, Settings
+from .core.settings import AUDIT_SCOPES, DEFAULTS, OUTPUT_MODES, OVERLONG, Settings
 from .runner.runenv import exit_without_teardown, process_start, relax_gc, resolve_dagster_home
 
 DEMO_INPUT = Path("demo_data/shards")
@@ -44,7 +44,8 @@ def _summary_text(s: dict) -> str:
         f"samples   {s['samples']} read from {s['shards']} shard(s) ({s['shard_runs']} scanned this run)",
         f"packed    {s['packed']} into {s['packs']} packs of {s['max_len']} tokens ({s['profile']})",
         f"fill      {fill}; lower bound {s['lower_bound']} packs ({s['packs_over_bound']} over)",
-        f"dropped   {s['dropped']} (over max length)   rejected {s['rejected']} (with reasons)",
+        f"dropped   {s['dropped']} (over max length)   rejected {s['rejected']} (with reasons)"
+        + (f"   split {s['split']} (into {s['split_pieces']} pieces)" if s.get("split") else ""),
         *([f"blend     {s['epochs']} epoch(s), one output folder each: {', '.join(s['output_folders'])}"]
           if s.get("epochs") else []),
         f"audit     {verdict}" + (f" ({s['output_shards_trusted']} unchanged output shard(s) not re-read)"
@@ -69,7 +70,8 @@ def _settings(args, **extra) -> Settings:
               "trust_remote_code": args.trust_remote_code, "chat_template_kwargs": args.chat_template_kwargs,
               "algorithm": args.algorithm, "seed": args.seed, "max_packs_per_shard": args.max_packs_per_shard,
               "incremental": args.incremental, "audit_scope": args.audit_scope, "output_mode": args.mode,
-              "label_policy": args.label_policy, "check_samples": args.check_samples}
+              "label_policy": args.label_policy, "check_samples": args.check_samples,
+              "overlong": args.overlong, "split_context": args.split_context}
     if getattr(args, "recipe", None):
         fields = {k: v for k, v in fields.items() if k != "input_dir" and v is not None}
         fields["recipe"] = str(Path(args.recipe).resolve())
@@ -86,7 +88,8 @@ def _settings(args, **extra) -> Settings:
 # flags whose argparse default is None, so that a flag given with the default's value can be told apart
 _RECIPE_FLAGS = {"max_len": "--max-len", "profile": "--profile", "algorithm": "--algorithm", "seed": "--seed",
                  "max_packs_per_shard": "--max-packs-per-shard", "audit_scope": "--audit-scope",
-                 "output_mode": "--mode", "label_policy": "--label-policy"}
+                 "output_mode": "--mode", "label_policy": "--label-policy", "overlong": "--overlong",
+                 "split_context": "--split-context"}
 
 
 def _refuse_default_over_recipe(args, fields: dict) -> None:
@@ -354,6 +357,12 @@ def _common_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label-policy", choices=POLICIES,
                    help="which tokens train, recorded in _meta for the reader: all assistant turns (all, the "
                         "default), last_turn, no_tool_results, no_earlier_reasoning (docs/training.md)")
+    p.add_argument("--overlong", choices=OVERLONG,
+                   help="a sample longer than --max-len: drop it (the default; a dropped row with its length) or "
+                        "split a multi-turn one at assistant turns into pieces that fit (docs/usage.md)")
+    p.add_argument("--split-context", type=int, metavar="TOKENS",
+                   help="with --overlong split: tokens of earlier turns a piece may carry as context "
+                        f"(default {d['split_context']})")
     p.add_argument("--jobs", type=int, default=0, metavar="N",
                    help=f"worker processes that scan and count shards side by side (default: one per core, "
                         f"{os.cpu_count()} here, at most one per shard that needs it)")

@@ -311,9 +311,9 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     monkeypatch.setattr(store.Staged, "rows", lambda self, *a, **k: used.append(a[1]) or real(self, *a, **k))
     shutil.rmtree(out)
     run_write(work, inp, out, workers=1)
-    assert set(used) == {"subs", "members"}
+    assert set(used) == set(jobs.WRITE_ROWS)  # (with the pieces of split samples: none here)
     used.clear()
-    assert run_audit(work, out, workers=1).ok and set(used) == {"samples", "members"}
+    assert run_audit(work, out, workers=1).ok and set(used) == set(audit_stage.AUDIT_ROWS)
 
     def broken(*a, **kw):
         raise OSError("disk full")
@@ -642,7 +642,7 @@ def _dict_document(job, context, records) -> bytes:
         if sub.extra:
             entry["extra"] = [m["output_name"].split(".", 1)[1] for m in extra]
         samples.append(entry)
-        refs.append(SourceRef(sub.sample_id, sub.shard, sub.key, sub.json_member, media, extra))
+        refs.append(SourceRef(sub.sample_id, sub.shard, sub.key, sub.json_member, media, extra, sub.split))
     meta = PackMeta(job.pack_id, job.media_type, [s.sample_id for s in job.subs], [s.token_len for s in job.subs],
                     job.total_token_len, refs, context)
     doc = {"pack_id": job.pack_id, "media_type": job.media_type, "samples": samples, "_meta": meta.as_dict()}
@@ -661,7 +661,8 @@ def test_spliced_pack_document_is_byte_identical_to_dumping_the_dict():
                   extra=[member('k.ü"x', 1024, "cd")], conversation_sha256="c",
                   messages_json=json.dumps(messages, ensure_ascii=False)),
         SubSample("b", "s", "b", "/x", 3, messages, member("b.txt", 2048, "ef"), [], messages_json=None),
-        SubSample("c", "s", "c", "/x", 0, [], None, [member("c.png", 4096, "01")]),
+        SubSample("c", "s", "c", "/x", 0, [], None, [member("c.png", 4096, "01")],
+                  split={"source": "c0", "piece": 1, "pieces": 2, "turns": [3, 5], "context": [1, 3]}),  # a piece
         # members not shaped as the catalog gives them: dumped as dicts, same bytes
         SubSample("d", "s", "d", "/x", 1, [], {"size": 3, "name": "d.json", "offset": 0, "sha256": None},
                   [{**member("d.png", 8192, "02"), "frames": [1, 2.5]}, {"name": "d.jpg", "offset": 1.0, "size": 2,

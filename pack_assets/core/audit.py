@@ -34,6 +34,7 @@ from .counting.counters import counter_for
 from .counting.profiles import ModelProfile, ProfileError
 from .coverage import not_counted
 from .indexmode import INDEX_PART, SourceFiles, is_index_folder
+from .outcomes import AUDIT_PIECE_ROWS, per_shard, piece_expectations
 from .plan import PlanConfig, PlanInfo, check_plan
 from .reasons import ReasonError
 from .recipe import expected_copies
@@ -57,6 +58,7 @@ AUDIT_ROWS = {
                   LEFT JOIN token_lengths t USING (sample_id) WHERE {shards}""",
     "members": """SELECT p.output_shard, m.sample_id, m.name, m.sha256, m.size FROM pack_plan p
                   JOIN pack_members pm USING (pack_id) JOIN members m USING (sample_id) WHERE {shards}""",
+    **AUDIT_PIECE_ROWS,
 }
 AUDIT_CONVERSATIONS = {
     "conversations": """SELECT p.output_shard, s.sample_id, s.conversation FROM pack_plan p
@@ -77,7 +79,8 @@ def _shard_expectations(con, name: str, rows: store.Staged | None = None):
     samples = {r[0]: (*r[1:6], conversations.get(r[0]), *r[6:]) for r in
                store.shard_rows(con, AUDIT_ROWS, "samples", name, rows)}
     members = {(r[0], r[1]): (r[2], r[3]) for r in store.shard_rows(con, AUDIT_ROWS, "members", name, rows)}
-    return plan, samples, members
+    pieces, piece_members = piece_expectations(con, name, rows)  # split samples' pieces (core/split.py)
+    return plan, {**samples, **pieces}, {**members, **piece_members}
 
 
 def _check_current(res: AuditResult, name: str, key: str, doc: dict, meta: dict, samples: dict,
@@ -338,17 +341,6 @@ def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, wo
                             [rows] * len(shards))
 
 
-def _per_shard(con: duckdb.DuckDBPyConnection) -> dict[str, dict]:
-    """Per source shard, from what was read back (audit_seen): samples read, packed, dropped, rejected."""
-    return {r[0]: {"read": r[1], "packed": r[2], "dropped": r[3], "rejected": r[4]} for r in con.execute(
-        """SELECT s.shard, count(*),
-                  count(*) FILTER (WHERE pm.sample_id IS NOT NULL AND pm.pack_id IN (SELECT pack_id FROM audit_seen)),
-                  count(*) FILTER (WHERE d.sample_id IS NOT NULL),
-                  count(*) FILTER (WHERE s.status = 'rejected')
-           FROM samples s LEFT JOIN pack_members pm USING (sample_id) LEFT JOIN dropped d USING (sample_id)
-           GROUP BY 1 ORDER BY 1""").fetchall()}
-
-
 def _per_dataset(con: duckdb.DuckDBPyConnection, repeats: dict[str, float]) -> dict[str, dict]:
     """A blend's counts per dataset (core/blend.py): source samples read, rejected, ok; the copies its draw
     gives (⌊r⌋·ok + the seeded share); copies read back in packs and copies dropped."""
@@ -386,9 +378,9 @@ def _check_seen(con: duckdb.DuckDBPyConnection, res: AuditResult, seen: Counter)
 def _check_counts(res: AuditResult, per_shard: dict[str, dict], per_dataset: dict[str, dict]) -> None:
     """Every source sample in exactly one outcome, per shard (a blend: per dataset, copies included)."""
     for shard, c in per_shard.items():
-        if c["read"] != c["packed"] + c["dropped"] + c["rejected"]:
+        if c["read"] != c["packed"] + c["dropped"] + c["rejected"] + c["split"]:
             res.add("count_mismatch", f"{shard}: read {c['read']} != packed {c['packed']} + dropped {c['dropped']} "
-                    f"+ rejected {c['rejected']}", shard=shard)
+                    f"+ rejected {c['rejected']} + split {c['split']} (into {c['pieces']})", shard=shard)
     for name, c in per_dataset.items():
         if c["read"] != c["ok"] + c["rejected"] or c["expected"] != c["packed"] + c["dropped"]:
             res.add("count_mismatch", f"dataset {name}: read {c['read']} = ok {c['ok']} + rejected {c['rejected']}; "
@@ -426,15 +418,17 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
     _check_seen(con, res, seen)
     per_dataset = _per_dataset(con, repeats) if repeats is not None else {}
     # a blend holds copies, so its samples add up per dataset (read = ok + rejected, copies = packed + dropped)
-    per_shard = _per_shard(con) if repeats is None else {}
-    _check_counts(res, per_shard, per_dataset)
-    counted = (per_dataset or per_shard).values()
-    total = {k: sum(c[k] for c in counted) for k in ("read", "packed", "dropped", "rejected")}
+    shard_counts = per_shard(con) if repeats is None else {}
+    _check_counts(res, shard_counts, per_dataset)
+    counted = (per_dataset or shard_counts).values()
+    total = {k: sum(c.get(k, 0) for c in counted) for k in ("read", "packed", "dropped", "rejected", "split", "pieces")}
     res.stats = {
         "samples_read": total["read"],
         "packed": total["packed"],
         "dropped": total["dropped"],
         "rejected": total["rejected"],
+        "split": total["split"],  # source samples split into pieces (core/split.py), every piece read back
+        "split_pieces": total["pieces"],
         "packs_in_plan": con.execute("SELECT count(*) FROM pack_plan").fetchone()[0],
         "packs_read": sum(seen.values()),
         "output_shards": len(shards),
@@ -445,7 +439,7 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
         "extra_bytes_checked": counts["extra_bytes"],
         "violations": len(res.violations),
         "output_mode": "index" if is_index_folder(out_dir) else "copy",
-        "per_shard": per_shard,
+        "per_shard": shard_counts,
         **({"per_dataset": per_dataset} if repeats is not None else {}),
     }
     return res
@@ -558,6 +552,7 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
     versions = _versions_aside(pool)
     with store.connect(work, read_only=True) as con:
         info = PlanInfo.load(con)
+        store.check_plan_tables(con)
         figures = audit_figures(con, work, info.config.max_len, pool)  # drawn while the outputs are read back
         stamps = current_stamps(con, work, out_dir, info)
         before, recounted = _audited(work) if scope == "changed" else ({}, 0.0)

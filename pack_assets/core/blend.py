@@ -46,6 +46,7 @@ from .plan import (
 )
 from .recipe import Recipe, blend_seed, copies, dataset_of, expected_copies
 from .results import FilePath, Markdown, summed
+from .settings import SPLIT_IN_BLEND
 
 SHARE_TOLERANCE = 0.10  # each dataset's token share per window within ±10 % (relative) of its global share
 DRIFT_LIMIT = 1.25
@@ -388,6 +389,8 @@ def run_blend_plan(work: Path, shards: list[str], config: PlanConfig, profile: M
                    epochs: list[int] | None = None, allow_missing: bool = False,
                    recursive: bool = True) -> BlendPlanSummary:
     """Plan the given epochs (default: all) of the recipe over its counted shards (keys ``<dataset>/<shard>``)."""
+    if config.overlong == "split":
+        raise ValueError(SPLIT_IN_BLEND)
     shards, missing, removed = plannable(work, shards, profile, recipe.roots, allow_missing)
     work.mkdir(parents=True, exist_ok=True)
     todo = list(range(recipe.epochs)) if epochs is None else epochs

@@ -9,6 +9,9 @@ recorded in each pack's ``_meta``. On a rendered Qwen-style chat (``<|im_start|>
   that writes tool outputs into assistant turns; the templates put tool turns outside them anyway);
 - ``no_earlier_reasoning``: as ``all``, but the ``<think>...</think>`` block (and the blank lines after it) of
   every assistant turn except the last does not train (with ``preserve_thinking`` templates, which keep it).
+
+A piece of a split sample (core/split.py) carries earlier turns as context: whatever the policy, they do not
+train (``carried_turns``; ``trainable_spans(..., carried=)``).
 """
 
 from __future__ import annotations
@@ -57,6 +60,13 @@ def policy_for(recorded, sample_id: str) -> str:
     return recorded or DEFAULT
 
 
+def carried_turns(messages: list[dict], split: dict | None) -> int:
+    """How many assistant turns of a sub-sample's messages are carried context: those among the leading
+    ``context_messages`` of a piece (its ``_meta`` source's ``split``); 0 for a whole sample."""
+    n = (split or {}).get("context_messages", 0)
+    return sum(m.get("role") == "assistant" for m in messages[:n])
+
+
 def _minus(spans: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
     out = []
     for a, b in spans:
@@ -71,10 +81,13 @@ def _minus(spans: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[t
     return out
 
 
-def trainable_spans(text: str, policy: str = DEFAULT, assistant: re.Pattern = ASSISTANT) -> list[tuple[int, int]]:
+def trainable_spans(text: str, policy: str = DEFAULT, assistant: re.Pattern = ASSISTANT,
+                    carried: int = 0) -> list[tuple[int, int]]:
     """Character ranges of a rendered chat whose tokens train under ``policy``; ``assistant``: the template's
-    assistant turn, its group 1 what trains (default: the Qwen/ChatML turn; Gemma's is the reader's)."""
-    spans = [m.span(1) for m in assistant.finditer(text)]
+    assistant turn, its group 1 what trains (default: the Qwen/ChatML turn; Gemma's is the reader's).
+    ``carried``: the first assistant turns are context a piece of a split sample carries (core/split.py): they
+    never train, and the policy applies to the turns after them."""
+    spans = [m.span(1) for m in assistant.finditer(text)][carried:]
     if policy == "last_turn":
         return spans[-1:]
     if policy == "no_tool_results":

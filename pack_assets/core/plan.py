@@ -26,6 +26,8 @@ from .coverage import input_stats, left_since, tar_exists
 from .results import FilePath, Markdown
 from .scan import manifest_is_current
 from .settings import PlanConfig
+from .split import plan_checks, split_overlong, split_stats
+from .split import row as split_row
 
 __all__ = ["ALGORITHMS", "Pack", "PlanConfig", "PlanResult", "assign", "lower_bounds", "make_plan"]
 
@@ -379,6 +381,7 @@ class PlanSummary:
                 for mt, v in sorted(self.stats["per_media_type"].items())]
         return {"dagster/row_count": self.packs, "packs": self.packs, "lower_bound": self.lower_bound,
                 "packs_over_bound": self.packs_over_bound, "fill": float(self.fill), "dropped": self.dropped,
+                "split": self.stats.get("split", 0),
                 "mean_samples_per_pack": float(self.mean_samples_per_pack), "drift": float(self.drift),
                 "shards": self.shards_planned, "shards_waiting": self.shards_waiting,
                 "shards_removed": self.shards_removed, "planning": self.planning, "fingerprint": self.fingerprint,
@@ -402,11 +405,12 @@ def check_plan(con, config: PlanConfig) -> list[dict]:
                  (SELECT count(*) FROM (SELECT sample_id FROM pack_members INTERSECT SELECT sample_id FROM dropped)),
                  (SELECT count(*) FROM {samples} WHERE status = 'ok'
                     AND sample_id NOT IN (SELECT sample_id FROM pack_members)
-                    AND sample_id NOT IN (SELECT sample_id FROM dropped))""").fetchone()
+                    AND sample_id NOT IN (SELECT sample_id FROM dropped)
+                    AND sample_id NOT IN (SELECT sample_id FROM split_pieces))""").fetchone()
         found = [("duplicate_sample", members != distinct, f"{members - distinct} sample(s) in more than one pack"),
                  ("packed_and_dropped", both, f"{both} sample(s) both packed and dropped"),
-                 ("lost_sample", lost, f"{lost} ok sample(s) neither packed nor dropped")]
-        found += pack_checks(con, config, samples=samples)
+                 ("lost_sample", lost, f"{lost} ok sample(s) neither packed nor dropped nor split")]
+        found += pack_checks(con, config, samples=samples) + plan_checks(con)
     return [{"check": check, "detail": detail} for check, bad, detail in found if bad]
 
 
@@ -541,15 +545,17 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         rows = ok_lengths(con)
         if on_lengths is not None:
             on_lengths(rows)
+        rows, pieces = split_overlong(con, rows, config, profile)
         previous, why = _previous_plan(con, config, profile) if config.incremental else (None, "full plan")
         plan = make_plan(**rows, config=config, profile=profile.name) if previous is None \
             else _incremental(rows, previous, config, profile.name)
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed,
-                          **input_stats(input_root, recursive))
+                          **input_stats(input_root, recursive), **split_stats(pieces))
         store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl(plan))
         info = PlanInfo.of(plan.fingerprint, profile, shards, config, plan.stats)
         # vars, not asdict, which deep-copies every list (seconds at 1M samples)
-        store.save_plan(con, [vars(p) for p in plan.packs], plan.dropped, info.as_dict())
+        store.save_plan(con, [vars(p) for p in plan.packs], plan.dropped, info.as_dict(),
+                        pieces=[split_row(p) for p in pieces])
         violations = check_plan(con, config)
     return PlanSummary(plan.fingerprint, work / "pack_plan.jsonl", why, plan.stats, len(shards), missing, removed,
                        violations)

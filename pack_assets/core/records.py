@@ -63,17 +63,22 @@ class SourceRef:
     json_member: dict | None
     media: list[dict]
     extra: list[dict] = field(default_factory=list)
+    # a piece of a split sample (core/split.py, `piece_meta`): its source sample and turn ranges
+    split: dict | None = None
 
     def as_dict(self) -> dict:
         d = {"sample_id": self.sample_id, "shard": self.shard, "key": self.key, "json_member": self.json_member,
              "media": self.media}
         if self.extra:  # only when present, so packs without extras keep their bytes
             d["extra"] = self.extra
+        if self.split:
+            d["split"] = self.split
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> SourceRef:
-        return cls(d["sample_id"], d["shard"], d["key"], d["json_member"], d["media"], d.get("extra", []))
+        return cls(d["sample_id"], d["shard"], d["key"], d["json_member"], d["media"], d.get("extra", []),
+                   d.get("split"))
 
 
 @dataclass(slots=True)

@@ -175,10 +175,15 @@ def _totals(stats: dict) -> list[str]:
     return [
         "## Totals (read back from the output shards)",
         "",
-        "| samples read | packed | dropped | rejected | packs | output shards | media members re-hashed |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| samples read | packed | dropped | rejected | split (into pieces) | packs | output shards | "
+        "media members re-hashed |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| {stats['samples_read']} | {stats['packed']} | {stats['dropped']} | {stats['rejected']} | "
+        f"{stats.get('split', 0)} ({stats.get('split_pieces', 0)}) | "
         f"{stats['packs_read']} | {stats['output_shards']} | {stats['media_members_checked']} |",
+        "",
+        "Samples read = packed + dropped + rejected + split; a split sample's pieces (cut at assistant turns, "
+        "`overlong: split`) are each packed like a sample and all read back.",
         "",
         *([f"{stats['output_shards_trusted']} output shard(s) unchanged since the last clean audit were not read "
            "again (audit scope `changed`); their planned packs are counted as read.", ""]
@@ -216,11 +221,11 @@ def _blend(stats: dict) -> list[str]:
 
 
 def _per_shard(stats: dict) -> list[str]:
-    lines = ["", "## Per source shard", "", "| shard | read | packed | dropped | rejected |",
-             "|---|---:|---:|---:|---:|"]
+    lines = ["", "## Per source shard", "", "| shard | read | packed | dropped | rejected | split (into pieces) |",
+             "|---|---:|---:|---:|---:|---:|"]
     for shard, c in stats["per_shard"].items():
         lines.append(f"| {shard} | {c.get('read', 0)} | {c.get('packed', 0)} | {c.get('dropped', 0)} | "
-                     f"{c.get('rejected', 0)} |")
+                     f"{c.get('rejected', 0)} | {c.get('split', 0)} ({c.get('pieces', 0)}) |")
     return lines
 
 

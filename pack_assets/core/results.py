@@ -73,7 +73,7 @@ class AuditResult:
         st = self.stats
         plots = "\n\n".join(f"![{k}]({png_data_uri(Path(v))})" for k, v in self.plots.items() if k != "reasons")
         return {**{k: st[k] for k in ("samples_read", "packed", "dropped", "rejected", "media_members_checked",
-                                      "output_shards_trusted")},
+                                      "output_shards_trusted")}, "split": st.get("split", 0),
                 "violations": len(self.violations), "verdict": self.verdict, "shards_waiting": self.waiting,
                 "report": FilePath(self.report),
                 "report_markdown": inline_images(self.report.read_text(), self.report.parent),

@@ -33,6 +33,9 @@ from .counting.profiles import DEFAULT_PROFILE, ModelProfile, resolve_profile
 from .safety import check_paths
 
 AUDIT_SCOPES = ("all", "changed")
+OVERLONG = ("drop", "split")  # what becomes of a sample longer than max_len (core/split.py)
+SPLIT_IN_BLEND = ("overlong 'split' is not supported with a recipe (a blend draws copies of whole samples): "
+                  "split the over-long samples of a single input, or drop them")
 OUTPUT_MODES = ("copy", "index")
 
 # PACK_ASSETS_* variable -> flat setting, for the resource under `dagster dev`
@@ -77,6 +80,10 @@ class PlanConfig:
     incremental: bool = False  # keep the previous plan's packs; new samples go into new packs and shards
     # which tokens train (core/labels.py): a policy name, or JSON of dataset -> name; recorded in _meta
     label_policy: str = "all"
+    # an over-long multi-turn sample: "drop" (a dropped row with its length) or "split" into pieces cut at
+    # assistant-turn boundaries (core/split.py), each carrying at most split_context tokens of earlier turns
+    overlong: str = "drop"
+    split_context: int = 2048
 
     def packing_key(self) -> dict:
         """The settings a kept pack depends on: an incremental plan needs them unchanged."""
@@ -94,6 +101,12 @@ class PlanConfig:
             raise ValueError(f"pad_multiple must be in [1, max_len], got {self.pad_multiple}")
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if self.overlong not in OVERLONG:
+            raise ValueError(f"overlong {self.overlong!r}: expected one of {', '.join(OVERLONG)}")
+        if self.overlong == "split" and self.keep_overlong:
+            raise ValueError("overlong 'split' and keep_overlong exclude each other: choose one")
+        if self.split_context < 0:
+            raise ValueError(f"split_context must be >= 0, got {self.split_context}")
 
     @property
     def capacity(self) -> int:
@@ -130,6 +143,8 @@ class Settings:
             raise ValueError(f"audit scope {self.audit_scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
         if self.output_mode not in OUTPUT_MODES:
             raise ValueError(f"output mode {self.output_mode!r}: expected one of {', '.join(OUTPUT_MODES)}")
+        if self.recipe and self.plan.overlong == "split":
+            raise ValueError(SPLIT_IN_BLEND)
 
     @property
     def input_root(self) -> Path:

@@ -11,8 +11,9 @@ gather them into ``<work>/pack_assets.duckdb`` as views, next to the tables the 
 
 Views over the Parquet files: manifest_samples, members, shards, token_lengths, rejected, samples (status
 and reason after both scan and count). Tables the plan writes in one transaction: pack_plan, pack_members,
-dropped, plan_info (one JSON row), and the view lineage. Temporary tables: the plan check's snapshot of
-samples (`samples_snapshot`) and the audit's audit_seen. Beside the catalog, the one other schema the tool
+dropped, split_pieces (over-long samples split, core/split.py), plan_info (one JSON row), and the view
+lineage. Temporary tables: the plan check's snapshot of samples (`samples_snapshot`) and the audit's
+audit_seen. Beside the catalog, the one other schema the tool
 writes: Megatron-Energon's ``index.sqlite`` in an output folder (`ENERGON_INDEX_TABLES`, SQLite).
 """
 
@@ -292,6 +293,13 @@ PACK_PLAN_SCHEMA = pa.schema([
     ("sample_token_lens", pa.list_(pa.int64())), ("total_token_len", pa.int64()), ("output_shard", pa.string()),
     ("overlong", pa.bool_())])
 DROPPED_SCHEMA = pa.schema([("sample_id", pa.string()), ("total_tokens", pa.int64()), ("reason", pa.string())])
+# an over-long sample split into pieces (core/split.py): each piece packed like a sample under its own id
+SPLIT_PIECES_SCHEMA = pa.schema([
+    ("piece_id", pa.string()), ("sample_id", pa.string()), ("piece", pa.int32()), ("pieces", pa.int32()),
+    ("system", pa.int32()), ("context_start", pa.int32()), ("first_message", pa.int32()), ("end_message", pa.int32()),
+    ("context_messages", pa.int32()), ("total_tokens", pa.int64()), ("n_media", pa.int64()),
+    ("vision_tokens", pa.int64()), ("media_members", pa.list_(pa.string())), ("extra_members", pa.list_(pa.string())),
+    ("conversation", pa.string())])
 # a blend's plan (core/blend.py) also names, per member, its dataset and which copy of the sample it is, and the
 # epoch of the whole plan; a single-input plan keeps the columns above only (its rows are all epoch 0, copy 0)
 BLEND_PACK_PLAN_SCHEMA = PACK_PLAN_SCHEMA.append(pa.field("datasets", pa.list_(pa.string()))) \
@@ -461,6 +469,14 @@ def has_plan(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(found[0][0])
 
 
+def check_plan_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """Refuse, in one clear line, a plan saved by a version before split_pieces (its readers join it)."""
+    found = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'split_pieces'").fetchall()
+    if not found[0][0] and has_plan(con):
+        raise FileNotFoundError("the plan in this work folder was made by an older pack_assets (no split_pieces "
+                                "table): plan again (`pack-assets run`) before auditing or looking up")
+
+
 def read_plan_info(con: duckdb.DuckDBPyConnection) -> dict:
     return json.loads(con.execute("SELECT info FROM plan_info").fetchall()[0][0])
 
@@ -474,16 +490,18 @@ def read_plan(con: duckdb.DuckDBPyConnection) -> tuple[list[tuple], list[dict]]:
 
 
 def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict], dropped: list[dict], info: dict,
-              blend: bool = False) -> None:
-    """Replace pack_plan, pack_members, dropped and plan_info in one transaction (a reader sees the old
-    plan or the new one), and the lineage view over them. ``blend``: the rows carry datasets, copies and
-    epoch (BLEND_* schemas), and pack_members gains ``dataset``, ``epoch`` and ``copy``."""
+              blend: bool = False, pieces: list[tuple] = ()) -> None:
+    """Replace pack_plan, pack_members, dropped, split_pieces (``pieces``: rows in SPLIT_PIECES_SCHEMA order)
+    and plan_info in one transaction (a reader sees the old plan or the new one), and the lineage view over
+    them. ``blend``: the rows carry datasets, copies and epoch (BLEND_* schemas), and pack_members gains
+    ``dataset``, ``epoch`` and ``copy``."""
     plan_schema, dropped_schema = (BLEND_PACK_PLAN_SCHEMA, BLEND_DROPPED_SCHEMA) if blend else (PACK_PLAN_SCHEMA,
                                                                                               DROPPED_SCHEMA)
     extra = ", datasets[i] AS dataset, epoch, copies[i] AS copy" if blend else ""
     # registered under names no table uses (connect() turns Python replacement scans off)
     with rows_relation(con, "_new_pack_plan", packs, plan_schema) as new_packs, \
-            rows_relation(con, "_new_dropped", dropped, dropped_schema) as new_dropped:
+            rows_relation(con, "_new_dropped", dropped, dropped_schema) as new_dropped, \
+            rows_relation(con, "_new_split_pieces", list(pieces), SPLIT_PIECES_SCHEMA) as new_pieces:
         con.execute("BEGIN")
         try:
             con.execute(f"CREATE OR REPLACE TABLE pack_plan AS {new_packs}")
@@ -492,6 +510,7 @@ def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict], dropped: list[d
                 f"sample_ids[i] AS sample_id{extra} FROM pack_plan, range(1, len(sample_ids) + 1) AS r(i)"
             )
             con.execute(f"CREATE OR REPLACE TABLE dropped AS {new_dropped}")
+            con.execute(f"CREATE OR REPLACE TABLE split_pieces AS {new_pieces}")
             con.execute("CREATE OR REPLACE TABLE plan_info AS SELECT ? AS info", [json.dumps(info)])
             con.execute(LINEAGE_VIEW)
             con.execute("COMMIT")

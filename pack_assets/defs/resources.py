@@ -44,6 +44,8 @@ class PackSettings(dg.ConfigurableResource):
     max_packs_per_shard: int = _D["max_packs_per_shard"]
     incremental: bool = _D["incremental"]
     label_policy: str = _D["label_policy"]
+    overlong: str = _D["overlong"]
+    split_context: int = _D["split_context"]
 
     @classmethod
     def of(cls, settings: Settings) -> "PackSettings":

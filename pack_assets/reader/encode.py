@@ -57,11 +57,13 @@ class PackEncoder:
             )
         return self._counters[kwargs]
 
-    def encode_sample(self, messages: list[dict], media: list[tuple[str, bytes]], label_policy: str = "all") -> dict:
+    def encode_sample(self, messages: list[dict], media: list[tuple[str, bytes]], label_policy: str = "all",
+                      split: dict | None = None) -> dict:
         """One sub-sample alone: ``input_ids`` as the model's processor makes them for it, ``labels`` (-100 on
         its first token: nothing before it in the sub-sample predicts it), ``mm_token_type_ids`` and the
-        family's keys."""
-        out = self.samples.encode(self.counter, messages, media, label_policy)
+        family's keys. ``split``: a piece's record in ``_meta`` (core/split.py): its carried turns never train."""
+        carried = labels.carried_turns(messages, split)
+        out = self.samples.encode(self.counter, messages, media, label_policy, carried)
         if out["labels"]:
             out["labels"][0] = -100
         return out
@@ -71,8 +73,9 @@ class PackEncoder:
         kwargs = self.template_kwargs
         self.counter = self._counter(canonical(meta.context.get("chat_template_kwargs")) if kwargs is None else kwargs)
         recorded = meta.context.get("label_policy") if self.label_policy is None else self.label_policy
+        split = {src.sample_id: src.split for src in meta.sources}  # a piece of a split sample: its carried turns
         subs = [
-            self.encode_sample(s["messages"], s["media"], labels.policy_for(recorded, sid))
+            self.encode_sample(s["messages"], s["media"], labels.policy_for(recorded, sid), split.get(sid))
             for s, sid in zip(pack["samples"], meta.sample_ids)
         ]
         lens = [len(s["input_ids"]) for s in subs]

@@ -43,7 +43,8 @@ class MediaSamples:
         kinds = [re.escape(self.rule.placeholder)] + ([re.escape(self.rule.video)] if self.rule.video else [])
         self._visuals = re.compile("|".join(f"({k})" for k in kinds))
 
-    def encode(self, counter: TokenCounter, messages: list[dict], media: list[tuple[str, bytes]], policy: str) -> dict:
+    def encode(self, counter: TokenCounter, messages: list[dict], media: list[tuple[str, bytes]], policy: str,
+               carried: int = 0) -> dict:
         text = counter.render(messages)
         images, videos = split_media(media)
         order = ["image" if m.group(1) else "video" for m in self._visuals.finditer(text)]
@@ -56,7 +57,7 @@ class MediaSamples:
         frames = [sampled_frames(probe_video(io.BytesIO(data)), self.profile.video) for data in videos]
         text = self._expand(text, order, tokens, crops, frames)
         kw = {} if self.assistant is None else {"assistant": self.assistant}
-        ids, trainable = tokens_and_trainable(self.tok, text, policy, **kw)
+        ids, trainable = tokens_and_trainable(self.tok, text, policy, carried=carried, **kw)
         types = self._types(np.asarray(ids, dtype=np.int64), order, frames)
         out = {
             "input_ids": ids,

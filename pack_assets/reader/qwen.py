@@ -26,9 +26,10 @@ class QwenSamples:
         self.tokens_per_second = np.float32(_tokens_per_second(profile))  # Qwen2.5-VL's video time scale
         self.image_pad, self.video_pad, self.vision_start, self.vision_end = (tok.token_to_id(t) for t in _PAD_NAMES)
 
-    def encode(self, counter: TokenCounter, messages: list[dict], media: list[tuple[str, bytes]], policy: str) -> dict:
+    def encode(self, counter: TokenCounter, messages: list[dict], media: list[tuple[str, bytes]], policy: str,
+               carried: int = 0) -> dict:
         text = counter.render(messages)
-        text_ids, trainable = tokens_and_trainable(self.tok, text, policy)
+        text_ids, trainable = tokens_and_trainable(self.tok, text, policy, carried=carried)
         images, videos = split_media(media)
         image_grids = [image_grid(*probe_image(data), self.profile.image) for data in images]
         metas = [probe_video(io.BytesIO(data)) for data in videos]

@@ -20,12 +20,13 @@ def split_media(media: list[tuple[str, bytes]]) -> tuple[list[bytes], list[bytes
 
 
 def tokens_and_trainable(
-    tok, text: str, policy: str, assistant: re.Pattern = labels.ASSISTANT
+    tok, text: str, policy: str, assistant: re.Pattern = labels.ASSISTANT, carried: int = 0
 ) -> tuple[list[int], list[bool]]:
     """The ids of ``text`` (no special tokens added: the template writes them) and, per id, whether its first
-    character lies in a span ``policy`` trains (``assistant``: the family's assistant-turn pattern)."""
+    character lies in a span ``policy`` trains (``assistant``: the family's assistant-turn pattern; ``carried``:
+    leading assistant turns that are a piece's context, never trained)."""
     enc = tok.encode(text, add_special_tokens=False)
-    spans = labels.trainable_spans(text, policy, assistant)
+    spans = labels.trainable_spans(text, policy, assistant, carried)
     starts, ends = [a for a, _ in spans], [b for _, b in spans]
     trainable = []
     for start, _ in enc.offsets:

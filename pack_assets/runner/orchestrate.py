@@ -292,6 +292,8 @@ def _stage_figures(settings: Settings, profile: str, plan: PlanSummary, written:
         "packed": audit.stats["packed"],
         "dropped": audit.stats["dropped"],
         "rejected": audit.stats["rejected"],
+        "split": audit.stats.get("split", 0),
+        "split_pieces": audit.stats.get("split_pieces", 0),
         "packs": plan.packs,
         "lower_bound": plan.lower_bound,
         "packs_over_bound": plan.packs_over_bound,

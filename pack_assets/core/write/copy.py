@@ -17,7 +17,7 @@ from .. import owned, store
 from ..plan import PlanInfo
 from .energon import LastIndex
 from .fingerprints import current_shards
-from .jobs import WRITE_ROWS, ShardJob, ShardResult, load_shard_job
+from .jobs import WRITE_ROWS, ShardJob, ShardResult, load_shard_job, piece_shards
 from .record import last_index, load_record, record_written, shard_digests, vouched_shards, written_key
 from .shard import write_shard
 from .shared import OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards, write_context
@@ -78,6 +78,11 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
         key = written_key(con, info, context)
         digests, keys = shard_digests(con, load_record(work))
         done, refuted = vouched_shards(work, out_dir, context, digests)
+        # the catalog digest does not cover the pieces of split samples: a shard that holds one is neither
+        # vouched for now nor recorded for the next write (its fingerprint decides, which covers them)
+        pieces = piece_shards(con)
+        done = [r for r in done if r.shard not in pieces]
+        digests = {n: d for n, d in digests.items() if n not in pieces}
         # the rest of what is on disk (not as the writer left it, or no record of it) by its fingerprint
         done += current_shards(con, out_dir, context, only=set(names) - {r.shard for r in done} - refuted)
     skip = {r.shard for r in done}

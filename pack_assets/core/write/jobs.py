@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import store
+from ..split import piece_meta
 from ..tario import extra_name, media_name
 from .energon import Index
 
@@ -33,6 +34,7 @@ class SubSample:
     # the manifest's conversation text (json.dumps(messages, ensure_ascii=False), as the scan stored it): spliced
     # into the pack document as is, the same bytes as dumping ``messages`` again, without parsing it first
     messages_json: str | None = None
+    split: dict | None = None  # a piece of a split sample (core/split.py): its source and turns, as _meta has it
 
     def messages_text(self) -> str:
         return self.messages_json if self.messages_json is not None else dumps(self.messages)
@@ -80,6 +82,19 @@ WRITE_ROWS = {
     "members": """SELECT p.output_shard, m.sample_id, m.name, m."offset", m.size, m.sha256
                   FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN members m USING (sample_id)
                   WHERE {shards}""",
+    # pieces of split samples (core/split.py): their own conversation and media, their source's record
+    "pieces": """SELECT p.output_shard, pm.pack_id, pm.position, sp.piece_id, s.shard, s.key, s.json_member,
+                        sp.media_members, sp.total_tokens, sp.extra_members, sh.size || ':' || sh.mtime_ns,
+                        sp.conversation, sha256(sp.conversation), sp.sample_id, sp.piece, sp.pieces, sp.system,
+                        sp.context_start, sp.first_message, sp.end_message
+                 FROM pack_plan p JOIN pack_members pm USING (pack_id)
+                 JOIN split_pieces sp ON sp.piece_id = pm.sample_id
+                 JOIN manifest_samples s ON s.sample_id = sp.sample_id LEFT JOIN shards sh ON sh.shard = s.shard
+                 WHERE {shards}""",
+    "piece_members": """SELECT p.output_shard, sp.piece_id, m.name, m."offset", m.size, m.sha256
+                        FROM pack_plan p JOIN pack_members pm USING (pack_id)
+                        JOIN split_pieces sp ON sp.piece_id = pm.sample_id JOIN members m ON m.sample_id = sp.sample_id
+                        WHERE {shards}""",
 }
 # the conversations, most of the bytes, are read per shard (gathered too, they added ~0.8 GB at 1M)
 WRITE_CONVERSATIONS = {
@@ -93,7 +108,7 @@ def shard_job(con, input_root: Path, name: str, rows: store.Staged | None = None
     """Everything the writer needs for one output shard, from the plan and the manifest (one shard at a time, so
     memory follows the output shard size, not the dataset); ``rows``: WRITE_ROWS gathered for every shard."""
     members = {(r[0], r[1]): {"name": r[1], "offset": r[2], "size": r[3], "sha256": r[4]}
-               for r in store.shard_rows(con, WRITE_ROWS, "members", name, rows)}
+               for q in ("members", "piece_members") for r in store.shard_rows(con, WRITE_ROWS, q, name, rows)}
     conversations = {r[0]: r[1:] for r in store.shard_rows(con, WRITE_CONVERSATIONS, "conversations", name)}
     subs: dict[str, list[SubSample]] = {}
     paths: dict[str, str] = {}  # per source shard, not per sample
@@ -108,9 +123,31 @@ def shard_job(con, input_root: Path, name: str, rows: store.Staged | None = None
             media=[members[(sid, n)] for n in media_members or []],
             extra=[members[(sid, n)] for n in extra_members or []], conversation_sha256=conv_sha, source_stamp=stamp,
         ))
+    _add_pieces(subs, store.shard_rows(con, WRITE_ROWS, "pieces", name, rows, order_by="pack_id, position"), members,
+                lambda shard: paths.get(shard) or paths.setdefault(shard, str(store.source_tar(input_root, shard))))
     packs = con.execute("SELECT pack_id, media_type, total_token_len FROM pack_plan WHERE output_shard = ? "
                         "ORDER BY pack_id", [name]).fetchall()
     return ShardJob(name, [PackJob(pack_id, mt, total, subs[pack_id]) for pack_id, mt, total in packs])
+
+
+def _add_pieces(subs: dict[str, list[SubSample]], pieces: list[tuple], members: dict, path_of) -> None:
+    """The pieces of split samples among a shard's packs, each at its place in its pack."""
+    for (pack_id, position, pid, shard, key, json_member, media_members, tokens, extra_members, stamp, conv, conv_sha,
+         source, piece, n, system, context_start, first, end) in pieces:
+        split = piece_meta(source, piece, n, system, context_start, first, end)
+        subs.setdefault(pack_id, []).insert(position, SubSample(
+            sample_id=pid, shard=shard, key=key, source_path=path_of(shard), token_len=tokens, messages=None,
+            messages_json=conv, json_member=members.get((pid, json_member)) if json_member else None,
+            media=[members[(pid, m)] for m in media_members or []],
+            extra=[members[(pid, m)] for m in extra_members or []], conversation_sha256=conv_sha, source_stamp=stamp,
+            split=split))
+
+
+def piece_shards(con) -> set[str]:
+    """The output shards holding a piece of a split sample. The writer's record does not vouch for these (its
+    catalog digest covers whole samples only): they are checked by their fingerprint, which covers each piece."""
+    return {r[0] for r in con.execute("SELECT DISTINCT p.output_shard FROM pack_plan p JOIN pack_members pm "
+                                      "USING (pack_id) JOIN split_pieces sp ON sp.piece_id = pm.sample_id").fetchall()}
 
 
 def load_shard_job(work: str, input_root, rows: store.Staged | None, name: str) -> ShardJob:
@@ -148,7 +185,8 @@ def pack_document(job: PackJob, context: dict, records: list) -> tuple[bytes, li
         # SourceRef.as_dict, key for key
         sources.append(f'{{"sample_id": {sid}, "shard": {dumps(sub.shard)}, "key": {dumps(sub.key)}, '
                        f'"json_member": {_member_json(sub.json_member)}, "media": [{", ".join(src_media)}]'
-                       + (f', "extra": [{", ".join(src_extra)}]}}' if sub.extra else "}"))
+                       + (f', "extra": [{", ".join(src_extra)}]' if sub.extra else "")
+                       + (f', "split": {dumps(sub.split)}}}' if sub.split else "}"))
     body = (f'{{"pack_id": {dumps(pack_id)}, "media_type": {dumps(job.media_type)}, '
             f'"samples": [{", ".join(samples)}], "_meta": {_meta(job, sources, context)}}}')
     return body.encode("utf-8"), media_out
