@@ -10,9 +10,10 @@ text ("text" when it has none): a per-media-type plan's key is its media type; i
 "image+text" packs are one key (both run the vision tower on images).
 
 The planner makes each key's pack count a multiple of the group size (`split_to_groups`: packs split, never a
-sample dropped), cuts each key's packs into groups by attention cost (`make_groups`), and orders whole groups;
-`check_groups` verifies the stored order. A key whose packs all hold one sample cannot be split: its last group
-is short, placed at the end of the order, and reported.
+sample dropped; in a mixed plan a pack of another key may give up a pack of the key), cuts each key's packs
+into groups by attention cost (`make_groups`), and orders whole groups; `check_groups` verifies the stored
+order. A key whose packs cannot be split (each one sample) keeps a short last group, placed at the end of
+the order: the plan's check reports it.
 """
 
 from __future__ import annotations
@@ -43,24 +44,49 @@ def _halves(items: np.ndarray, lengths: np.ndarray, kinds) -> tuple[np.ndarray, 
     return np.asarray(a, dtype=items.dtype), np.asarray(b, dtype=items.dtype)
 
 
+def _donated(items: np.ndarray, lengths: np.ndarray, kinds, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """A pack of another key in two: the shortest item of each media type of ``key`` as a pack of that key,
+    the rest keeping the pack's own key; None when it cannot be split so."""
+    order = items[np.argsort(lengths[items], kind="stable")]
+    taken = []
+    for want in key.split("+"):
+        taken += [i for i in order.tolist() if kinds[i] == want][:1]
+    rest = np.asarray([i for i in order.tolist() if i not in taken], dtype=items.dtype)
+    if len(taken) != len(key.split("+")) or not len(rest) or pack_key(kinds[i] for i in rest.tolist()) != \
+            pack_key(kinds[i] for i in items.tolist()):
+        return None
+    return np.asarray(taken, dtype=items.dtype), rest
+
+
+def _split_for(groups: list[np.ndarray], keys: list[str], k: str, lengths: np.ndarray, kinds):
+    """(pack index, its two halves) adding one pack of key ``k``: a pack of the key split in two of it (most
+    samples first), else (a mixed plan) a pack of another key giving up a pack of ``k``; None if none can."""
+    mine = sorted((j for j in range(len(groups)) if keys[j] == k), key=lambda j: (-len(groups[j]), j))
+    for j in mine:
+        if (split := _halves(groups[j], lengths, kinds)) is not None:
+            return j, split
+    if kinds is not None:
+        for j in sorted((j for j in range(len(groups)) if keys[j] != k), key=lambda j: (-len(groups[j]), j)):
+            if (split := _donated(groups[j], lengths, kinds, k)) is not None:
+                return j, split
+    return None
+
+
 def split_to_groups(groups: list[np.ndarray], lengths: np.ndarray, g: int, kinds=None) -> list[np.ndarray]:
-    """Split packs until each key's pack count is a multiple of ``g``: per key, the pack with the most samples
-    that splits keeping its key. ``kinds``: each item's media type (None: all one type)."""
+    """Split packs until each key's pack count is a multiple of ``g`` (`_split_for`; nothing is dropped).
+    ``kinds``: each item's media type (None: all one type)."""
     def key(items):
         return "" if kinds is None else pack_key(kinds[i] for i in items.tolist())
 
-    for k in sorted({key(p) for p in groups}):
-        while sum(key(p) == k for p in groups) % g:
-            split = None
-            for j in sorted((j for j in range(len(groups)) if key(groups[j]) == k),
-                            key=lambda j: (-len(groups[j]), j)):
-                split = _halves(groups[j], lengths, kinds)
-                if split is not None:
-                    groups[j:j + 1] = list(split)
-                    break
-            if split is None:
-                break  # every pack of the key is one sample (or one per media type): its last group stays short
-    return groups
+    keys = [key(p) for p in groups]
+    while True:
+        short = [k for k in sorted(set(keys)) if keys.count(k) % g]
+        found = next((f for f in (_split_for(groups, keys, k, lengths, kinds) for k in short) if f), None)
+        if found is None:
+            return groups  # every key a multiple of g, or a key whose packs cannot split: its last group stays short
+        j, halves = found
+        groups[j:j + 1] = list(halves)
+        keys[j:j + 1] = [key(h) for h in halves]
 
 
 def make_groups(units: list, lengths: np.ndarray, g: int, kinds=None) -> tuple[list[list], list[list]]:
@@ -93,5 +119,8 @@ def check_groups(con, g: int, samples: str = "samples") -> list[tuple[str, int, 
                 o AS (SELECT (row_number() OVER (ORDER BY pack_id) - 1) // ? AS grp, key
                       FROM pack_plan JOIN k USING (pack_id))
             SELECT count(*) FROM (SELECT grp FROM o GROUP BY grp HAVING count(DISTINCT key) > 1)""", [g]).fetchone()[0]
+    packs = con.execute("SELECT count(*) FROM pack_plan").fetchone()[0]
     return [("mixed_group", bad, f"{bad} group(s) of {g} consecutive packs (world_size x micro_batch_size) mix "
-                                 "media types: the ranks of one step would run the vision tower differently")]
+                                 "media types: the ranks of one step would run the vision tower differently"),
+            ("mixed_group", packs % g, f"{packs} packs are not a multiple of {g}: the last step's ranks would "
+                                       "differ (a sampler pads it with packs from the start)")]

@@ -480,6 +480,8 @@ def _previous_plan(con, config: PlanConfig, profile: ModelProfile):
     current = _current_lengths(con, [sid for p in packs if p.pack_id in changed for sid in p.sample_ids]
                                + [d["sample_id"] for d in dropped])
     packs, dropped, pruned = prune_plan(packs, dropped, current, changed)
+    if config.group_size > 1 and pruned["packs_changed"]:  # a changed pack may leave its group (core/groups.py)
+        return None, "full plan: packs changed, and a world size's groups of packs of one media type must hold"
     fp = info.fingerprint
     why = f"incremental: kept {len(packs)} packs"
     if pruned["packs_changed"] or pruned["samples_gone"] or pruned["samples_recounted"]:
