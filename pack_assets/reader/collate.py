@@ -62,7 +62,7 @@ class PackCollator:
 
         thd = any(needs_padding(p) for p in packs) if self.cp_layout is None else self.cp_layout
         if thd:
-            packs = [thd_padded(p, self.pad_id) for p in packs]
+            packs = [thd_padded(p, self.pad_id, _TOKEN_FIELDS) for p in packs]
         rows = [packs] if self.flatten else [[p] for p in packs]
         lens = [[n for p in row for n in np.diff(p["cu_seqlens"]).tolist()] for row in rows]
         width = max(sum(r) for r in lens)

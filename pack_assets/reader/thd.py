@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-# per-token keys and the fill of a sub-sample's padding (input_ids: the collator's pad id)
-_FILL = {"input_ids": None, "labels": -100, "loss_weights": 0, "mm_token_type_ids": 0, "token_type_ids": 0}
-
 
 def needs_padding(pack: dict) -> bool:
     """Whether the pack was planned with each sub-sample padded (``sample_multiple`` > 1 in its ``_meta``)."""
@@ -18,16 +15,17 @@ def needs_padding(pack: dict) -> bool:
     return padded is not None and not np.array_equal(padded, pack["cu_seqlens"])
 
 
-def thd_padded(pack: dict, pad_id: int) -> dict:
-    """The encoded pack with its per-token arrays laid out at ``cu_seqlens_padded`` (``cu_seqlens`` then names
-    the padded offsets, ``real_cu_seqlens`` the sub-samples' own lengths, ``real`` marks real tokens)."""
+def thd_padded(pack: dict, pad_id: int, fields) -> dict:
+    """The encoded pack with its per-token arrays (``fields``: (key, fill, dtype), fill None: ``pad_id``) laid out
+    at ``cu_seqlens_padded`` (``cu_seqlens`` then names the padded offsets, ``real_cu_seqlens`` the sub-samples'
+    own lengths, ``real`` marks real tokens)."""
     real = np.asarray(pack["cu_seqlens"])
     offs = np.asarray(pack.get("cu_seqlens_padded", real))
     total = int(offs[-1])
     at = np.concatenate([np.arange(offs[i], offs[i] + (real[i + 1] - real[i])) for i in range(len(real) - 1)]
                         + [np.zeros(0, np.int64)]).astype(np.int64)
     out = dict(pack, cu_seqlens=offs, real_cu_seqlens=real)
-    for key, fill in _FILL.items():
+    for key, fill, _ in fields:
         if key in pack:
             arr = np.asarray(pack[key])
             laid = np.full(total, pad_id if fill is None else fill, dtype=arr.dtype)
