@@ -224,6 +224,8 @@ def test_a_cp_run_writes_padded_packs_the_reader_lays_out_and_the_audit_passes(t
     assert summary.violations == []
     run_write(work, shards, out, workers=1)
     assert run_audit(work, out, recount_fraction=0.0).verdict == "PASS"
+    assert "each sub-sample padded to a multiple of 4" in (work / "audit_report.md").read_text()
+    assert summary.as_metadata()["fill_padded"] >= summary.fill
     packs = list(iter_encoded(out, "qwen2-vl"))
     for p in packs:
         cu_p = p["cu_seqlens_padded"]

@@ -376,6 +376,7 @@ class PlanSummary:
                 for mt, v in sorted(self.stats["per_media_type"].items())]
         return {"dagster/row_count": self.packs, "packs": self.packs, "lower_bound": self.lower_bound,
                 "packs_over_bound": self.packs_over_bound, "fill": float(self.fill), "dropped": self.dropped,
+                "fill_padded": float(self.stats.get("fill_padded", self.fill)),
                 "mean_samples_per_pack": float(self.mean_samples_per_pack), "drift": float(self.drift),
                 "shards": self.shards_planned, "shards_waiting": self.shards_waiting,
                 "shards_removed": self.shards_removed, "planning": self.planning, "fingerprint": self.fingerprint,
