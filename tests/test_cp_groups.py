@@ -163,6 +163,13 @@ def test_cp_settings_reach_the_cli_config_and_resource(tmp_path):
                                "micro_batch_size": 3}).plan.group_size == 6
     with pytest.raises(ValueError, match="sequence parallelism"):
         _settings(build_parser().parse_args(["run", "--input", str(tmp_path), "--max-len", "64", "--tp-size", "2"]))
+    (tmp_path / "a").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("datasets: [{name: a, input: a}]\ncp_size: 4\nworld_size: 2\nmicro_batch_size: 2\n")
+    from_recipe = _settings(build_parser().parse_args(["run", "--recipe", str(recipe)]))
+    assert (from_recipe.plan.multiple, from_recipe.plan.group_size) == (8, 4)
+    over = _settings(build_parser().parse_args(["run", "--recipe", str(recipe), "--cp-size", "2"]))
+    assert over.plan.multiple == 4  # a flag given wins over the recipe
 
 
 def _blocks_share_a_key(packs, g: int, kind_of: dict) -> bool:
