@@ -225,9 +225,9 @@ def test_a_cp_run_writes_padded_packs_the_reader_lays_out_and_the_audit_passes(t
     shards, work, out = tmp_path / "in", tmp_path / "work", tmp_path / "out"
     write_tar(shards / "tiny.tar", tiny_media_samples(n=40))
     prof = load_profile("qwen2-vl")
-    run_manifest(shards, work, "tiny.tar")
-    run_token_lengths(work, "tiny.tar", prof)
-    summary = run_plan(work, ["tiny.tar"], PlanConfig(max_len=1024, cp_size=2, world_size=2), prof)
+    run_manifest(shards, work, "tiny")
+    run_token_lengths(work, "tiny", prof)
+    summary = run_plan(work, ["tiny"], PlanConfig(max_len=1024, cp_size=2, world_size=2), prof)
     assert summary.violations == []
     run_write(work, shards, out, workers=1)
     assert run_audit(work, out, recount_fraction=0.0).verdict == "PASS"
@@ -238,3 +238,27 @@ def test_a_cp_run_writes_padded_packs_the_reader_lays_out_and_the_audit_passes(t
         cu_p = p["cu_seqlens_padded"]
         assert (np.diff(cu_p) % 4 == 0).all() and cu_p[-1] <= 1024
         assert (np.diff(cu_p) - np.diff(p["cu_seqlens"]) < 4).all()
+
+
+def test_an_incremental_plan_with_a_world_size_replans_in_full_when_a_kept_pack_changes(tmp_path):
+    from pack_assets.core.counting.profiles import load_profile
+    from pack_assets.core.counting.token_lengths import run_token_lengths
+    from pack_assets.core.plan import run_plan
+    from pack_assets.core.scan import run_manifest
+
+    shards, work, prof = tmp_path / "in", tmp_path / "work", load_profile("qwen2-vl")
+    members = tiny_media_samples(n=40)
+    cfg = PlanConfig(max_len=1024, world_size=2, incremental=True)
+
+    def plan(samples):
+        write_tar(shards / "tiny.tar", samples)
+        run_manifest(shards, work, "tiny")
+        run_token_lengths(work, "tiny", prof)
+        return run_plan(work, ["tiny"], cfg, prof, input_root=shards)
+
+    assert plan(members).violations == []
+    again = plan(members + [("t9999.json", members[0][1])])  # one new sample: one new pack, no whole group
+    assert again.planning.startswith("full plan: the new samples") and again.violations == []
+    changed = [(n, d.replace("a red", "a longer red") if n == "t0000.json" else d) for n, d in members]
+    replanned = plan(changed)  # a kept pack loses its recounted sample: its group could break
+    assert replanned.planning.startswith("full plan: packs changed") and replanned.violations == []

@@ -545,6 +545,9 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         previous, why = _previous_plan(con, config, profile) if config.incremental else (None, "full plan")
         plan = make_plan(**rows, config=config, profile=profile.name) if previous is None \
             else _incremental(rows, previous, config, profile.name)
+        if previous is not None and plan.stats.get("balance", {}).get("incomplete_groups"):
+            why = "full plan: the new samples' packs do not fill whole groups of a world size (core/groups.py)"
+            plan = make_plan(**rows, config=config, profile=profile.name)
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed,
                           **input_stats(input_root, recursive))
         store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl(plan))
