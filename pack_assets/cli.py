@@ -71,7 +71,9 @@ def _settings(args, **extra) -> Settings:
               "algorithm": args.algorithm, "seed": args.seed, "max_packs_per_shard": args.max_packs_per_shard,
               "incremental": args.incremental, "audit_scope": args.audit_scope, "output_mode": args.mode,
               "label_policy": args.label_policy, "check_samples": args.check_samples,
-              "overlong": args.overlong, "split_context": args.split_context}
+              "overlong": args.overlong, "split_context": args.split_context, "cp_size": args.cp_size,
+              "tp_size": args.tp_size, "sequence_parallel": args.sequence_parallel,
+              "sample_multiple": args.sample_multiple}
     if getattr(args, "recipe", None):
         fields = {k: v for k, v in fields.items() if k != "input_dir" and v is not None}
         fields["recipe"] = str(Path(args.recipe).resolve())
@@ -89,7 +91,8 @@ def _settings(args, **extra) -> Settings:
 _RECIPE_FLAGS = {"max_len": "--max-len", "profile": "--profile", "algorithm": "--algorithm", "seed": "--seed",
                  "max_packs_per_shard": "--max-packs-per-shard", "audit_scope": "--audit-scope",
                  "output_mode": "--mode", "label_policy": "--label-policy", "overlong": "--overlong",
-                 "split_context": "--split-context"}
+                 "split_context": "--split-context", "cp_size": "--cp-size", "tp_size": "--tp-size",
+                 "sample_multiple": "--sample-multiple"}
 
 
 def _refuse_default_over_recipe(args, fields: dict) -> None:
@@ -363,10 +366,24 @@ def _common_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split-context", type=int, metavar="TOKENS",
                    help="with --overlong split: tokens of earlier turns a piece may carry as context "
                         f"(default {d['split_context']})")
+    _parallelism(p)
     p.add_argument("--jobs", type=int, default=0, metavar="N",
                    help=f"worker processes that scan and count shards side by side (default: one per core, "
                         f"{os.cpu_count()} here, at most one per shard that needs it)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+
+
+def _parallelism(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("context parallelism (THD): each sub-sample padded as the trainer pads it, packs "
+                             "planned on the padded lengths (docs/usage.md)")
+    g.add_argument("--cp-size", type=int, metavar="N", help="context-parallel size: sub-samples padded to a "
+                   "multiple of 2N (default: 1, none)")
+    g.add_argument("--tp-size", type=int, metavar="N", help="tensor-parallel size, with --sequence-parallel: "
+                   "the multiple times N (default: 1)")
+    g.add_argument("--sequence-parallel", action="store_true", default=None,
+                   help="the trainer uses sequence parallelism (Megatron: tp x 2cp, or tp without CP)")
+    g.add_argument("--sample-multiple", type=int, metavar="M", help="pad each sub-sample to a multiple of M "
+                   "instead (a multiple of what the sizes need, e.g. lcm(16, 2cp) for FP8; default: from the sizes)")
 
 
 def _template_kwargs(p: argparse.ArgumentParser) -> None:

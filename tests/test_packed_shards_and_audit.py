@@ -594,7 +594,8 @@ def test_plan_check_catches_a_lost_and_a_duplicated_sample(packed):
         cfg = PlanInfo.load(con).config
         first = con.execute("SELECT pack_id, sample_id FROM pack_members ORDER BY pack_id, position LIMIT 1").fetchone()
         con.execute("DELETE FROM pack_members WHERE pack_id = ? AND sample_id = ?", list(first))
-        con.execute("INSERT INTO pack_members SELECT pack_id, 99, sample_id FROM pack_members LIMIT 1")
+        con.execute("INSERT INTO pack_members (pack_id, position, sample_id) "
+                    "SELECT pack_id, 99, sample_id FROM pack_members LIMIT 1")
         checks = {v["check"] for v in check_plan(con, cfg)}
     assert {"lost_sample", "duplicate_sample"} <= checks
 

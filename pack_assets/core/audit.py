@@ -33,6 +33,7 @@ from .counting import drift
 from .counting.counters import counter_for
 from .counting.profiles import ModelProfile, ProfileError
 from .coverage import not_counted
+from .cpad import pack_padded_len
 from .indexmode import INDEX_PART, SourceFiles, is_index_folder
 from .outcomes import AUDIT_PIECE_ROWS, per_shard, piece_expectations
 from .plan import PlanConfig, PlanInfo, check_plan
@@ -132,7 +133,7 @@ def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict
         res.add("meta_mismatch", f"pack {key}: _meta differs from pack_plan", shard=name, pack_id=key)
     if sum(expect["lens"]) != expect["total"]:
         res.add("meta_mismatch", f"pack {key}: lengths do not add up to {expect['total']}", pack_id=key)
-    padded = -(-expect["total"] // pad) * pad
+    padded = -(-pack_padded_len(expect["lens"], config.multiple) // pad) * pad  # sub-samples padded, then the pack
     if padded > max_len and not (expect["overlong"] and len(expect["sample_ids"]) == 1):
         res.add("over_capacity", f"pack {key}: {padded} tokens (padded) > {max_len}", pack_id=key)
     rows = [samples.get(sid, (None, None, 0, 0)) for sid in expect["sample_ids"]]

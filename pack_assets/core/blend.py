@@ -28,6 +28,8 @@ import numpy as np
 from . import store
 from .counting.profiles import ModelProfile
 from .coverage import input_stats, left_since
+from .cpad import padded
+from .groups import make_groups
 from .plan import (
     DRIFT_WINDOW,
     Pack,
@@ -186,34 +188,44 @@ def _pack_copies(c: _Copies, config: PlanConfig, epoch: int) -> tuple[list, list
     raw: list = []
     dropped: list[dict] = []
     per_type: dict[str, dict] = {}
+    plen = padded(c.lengths, config.multiple)  # packed on padded lengths (context parallelism, core/cpad.py)
+    kinds = None if config.pack_per_media_type else c.mtypes
     for mt in (sorted(set(c.mtypes.tolist())) if config.pack_per_media_type else ["mixed"]):
         idx = np.flatnonzero(c.mtypes == mt) if config.pack_per_media_type else np.arange(len(c.item))
-        groups, per_type[mt] = pack_group(idx, None, c.lengths, c.n_media, c.vision, config, dropped, raw, mt,
-                                          drop_row)
+        groups, per_type[mt] = pack_group(idx, None, plen, c.n_media, c.vision, config, dropped, raw, mt,
+                                          drop_row, kinds)
         raw += [(mt, g, False) for g in groups]
     return raw, dropped, per_type
 
 
-def _ordered_packs(c: _Copies, raw: list, rng: np.random.Generator, epoch: int) -> tuple[list[Pack], np.ndarray]:
-    """The packs in output order (`_deal_blend`) and their tokens per dataset in that order."""
+def _ordered_packs(c: _Copies, raw: list, rng: np.random.Generator, epoch: int,
+                   config: PlanConfig) -> tuple[list[Pack], np.ndarray]:
+    """The packs in output order (`_deal_blend`; with a world size, whole groups of W·B packs of one media key,
+    core/groups.py, short groups last) and their tokens per dataset in that order."""
     d = len(c.names)
-    unit_tokens = np.zeros((len(raw), d))
-    for u, (_, items, _) in enumerate(raw):
-        unit_tokens[u] = np.bincount(c.ds_idx[c.item[items]], weights=c.lengths[items], minlength=d)
-    spp = np.asarray([len(u[1]) for u in raw], dtype=np.float64)
-    mt_names = sorted({u[0] for u in raw})
-    media = np.asarray([mt_names.index(u[0]) for u in raw], dtype=np.int64)
-    order = _deal_blend(unit_tokens, spp, media, rng)
+
+    def tokens_of(items: np.ndarray) -> np.ndarray:
+        return np.bincount(c.ds_idx[c.item[items]], weights=c.lengths[items], minlength=d)
+
+    full, short = ([[u] for u in raw], []) if config.group_size == 1 else make_groups(
+        raw, padded(c.lengths, config.multiple), config.group_size, None if config.pack_per_media_type else c.mtypes)
+    unit_tokens = np.zeros((len(full), d))
+    for k, grp in enumerate(full):
+        unit_tokens[k] = sum(tokens_of(u[1]) for u in grp)
+    spp = np.asarray([np.mean([len(u[1]) for u in grp]) for grp in full], dtype=np.float64)
+    mt_names = sorted({grp[0][0] for grp in full})
+    media = np.asarray([mt_names.index(grp[0][0]) for grp in full], dtype=np.int64)
+    ordered = [u for k in _deal_blend(unit_tokens, spp, media, rng).tolist() for u in full[k]]
+    ordered += [u for grp in short for u in grp]
     packs: list[Pack] = []
-    for k, u in enumerate(order.tolist()):
-        mt, items, over = raw[u]
+    for k, (mt, items, over) in enumerate(ordered):
         lens = c.lengths[items].tolist()
         src = c.item[items]
         packs.append(Pack(f"p{k:08d}", mt, c.ids[src].tolist(), lens, int(sum(lens)),
                           media_bytes=int(c.media_bytes[items].sum()), overlong=bool(over),
                           datasets=[c.names[j] for j in c.ds_idx[src].tolist()], copies=c.copy[items].tolist(),
                           epoch=epoch))
-    return packs, unit_tokens[order]
+    return packs, np.asarray([tokens_of(u[1]) for u in ordered]).reshape(len(ordered), d)
 
 
 def make_blend_plan(rows: dict[str, np.ndarray], repeats: dict[str, float], config: PlanConfig, epoch: int,
@@ -221,15 +233,12 @@ def make_blend_plan(rows: dict[str, np.ndarray], repeats: dict[str, float], conf
     """Epoch ``epoch`` of the blend: ``rows`` as `plan.ok_lengths` gives them (sample ids ``<dataset>/...``),
     ``repeats`` per dataset in recipe order, ``config.seed`` the recipe's seed. Every drawn copy ends in
     exactly one pack or in ``dropped`` (with dataset, epoch and copy)."""
-    if config.world_size > 1:
-        raise ValueError("world_size > 1 is not supported with a recipe yet: its balanced groups of W packs and the "
-                         "blend's per-window dataset shares are two orders; plan with world_size 1")
     t0 = time.perf_counter()
     seed = blend_seed(config.seed, "epoch", epoch)
     rng = np.random.default_rng(seed)
     c = _draw(rows, repeats, config.seed, epoch, rng)
     raw, dropped, per_type = _pack_copies(c, dataclasses.replace(config, seed=seed % (2**31)), epoch)
-    packs, tokens = _ordered_packs(c, raw, rng, epoch)
+    packs, tokens = _ordered_packs(c, raw, rng, epoch, config)
     assign_shards(packs, config)
     stats = plan_stats(packs, dropped, per_type, {}, len(c.item), config)
     stats["blend"] = blend_stats(tokens, c.names, repeats, c.ds_idx, c.n_copies, dropped, stats, epoch, config.seed)
@@ -373,7 +382,8 @@ def plan_epoch(work: Path, shards: list[str], config: PlanConfig, profile: Model
                           shards_removed=removed, **input_stats(recipe.roots, recursive))
         store.atomic_write_text(edir / "pack_plan.jsonl", blend_jsonl(plan))
         info = PlanInfo.of(plan.fingerprint, profile, shards, cfg, plan.stats)
-        store.save_plan(con, [vars(p) for p in plan.packs], plan.dropped, info.as_dict(), blend=True)
+        store.save_plan(con, [vars(p) for p in plan.packs], plan.dropped, info.as_dict(), blend=True,
+                        multiple=cfg.multiple)
         violations = check_blend(con, cfg, recipe.repeats)
     return PlanSummary(plan.fingerprint, edir / "pack_plan.jsonl", why, plan.stats, len(shards), list(waiting),
                        list(removed), violations)

@@ -23,6 +23,8 @@ from .binpack import ALGORITHMS, assign, lower_bounds
 from .counting.profiles import ModelProfile, resolve_profile
 from .counting.token_lengths import token_lengths_are_current
 from .coverage import input_stats, left_since, tar_exists
+from .cpad import check_padded, padded, padded_stats
+from .groups import check_groups, make_groups, split_to_groups
 from .results import FilePath, Markdown
 from .scan import manifest_is_current
 from .settings import PlanConfig
@@ -82,17 +84,6 @@ def config_fingerprint(config: PlanConfig, profile_fingerprint: str) -> str:
     return hashlib.sha256(json.dumps([settings, profile_fingerprint], sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _split_to_multiple(groups: list[np.ndarray], lengths: np.ndarray, w: int) -> list[np.ndarray]:
-    """Split the packs with the most samples until the count is a multiple of w (nothing is dropped)."""
-    while len(groups) % w:
-        j = max(range(len(groups)), key=lambda g: (len(groups[g]), -g))
-        if len(groups[j]) < 2:
-            break  # every pack holds one sample: cannot split further
-        items = groups[j][np.argsort(-lengths[groups[j]], kind="stable")]
-        groups[j:j + 1] = [items[0::2], items[1::2]]
-    return groups
-
-
 DRIFT_WINDOW = 256
 
 
@@ -113,29 +104,26 @@ def _deal(units: list, key: np.ndarray, rng: np.random.Generator, per_window: in
     return out
 
 
-def _order(raw: list[tuple[str, np.ndarray, bool]], lengths: np.ndarray, config: PlanConfig) -> tuple[list, dict]:
-    """Training order: packs dealt evenly over the run, or with a world size, balanced groups of W packs."""
+def _order(raw: list[tuple[str, np.ndarray, bool]], lengths: np.ndarray, config: PlanConfig,
+           kinds=None) -> tuple[list, dict]:
+    """Training order: packs dealt evenly over the run, or with a world size, groups of W·B packs of one media
+    key (core/groups.py) balanced in Σℓ² and dealt whole, short groups last."""
     rng = np.random.default_rng(config.seed)
-    w = config.world_size
+    w = config.group_size
     if w == 1:
         return _deal(raw, np.asarray([len(p[1]) for p in raw], dtype=np.float64), rng, DRIFT_WINDOW), {}
-    groups: list[list] = []
-    for mt in sorted({p[0] for p in raw}):
-        packs = [p for p in raw if p[0] == mt]
-        cost = np.asarray([int((lengths[p[1]] ** 2).sum()) for p in packs])
-        order = np.argsort(-cost, kind="stable")  # similar costs side by side, then cut into groups of W
-        groups += [[packs[j] for j in order[k:k + w].tolist()] for k in range(0, len(order), w)]
+    groups, short = make_groups(raw, lengths, w, kinds)
     ratios = []
     for g in groups:
         c = np.asarray([(lengths[p[1]] ** 2).sum() for p in g], dtype=np.float64)
-        if len(c) == w and c.mean() > 0:
+        if c.mean() > 0:
             ratios.append(c.max() / c.mean())
     spp = np.asarray([np.mean([len(p[1]) for p in g]) for g in groups], dtype=np.float64)
-    out = [p for g in _deal(groups, spp, rng, max(1, DRIFT_WINDOW // w)) for p in g]
-    return out, {"world_size": w, "groups": len(groups),
+    out = [p for g in _deal(groups, spp, rng, max(1, DRIFT_WINDOW // w)) + short for p in g]
+    return out, {"world_size": config.world_size, "group_size": w, "groups": len(groups) + len(short),
                  "cost_imbalance_mean": float(np.mean(ratios)) if ratios else 1.0,
                  "cost_imbalance_max": float(np.max(ratios)) if ratios else 1.0,
-                 "incomplete_groups": sum(len(g) != w for g in groups)}
+                 "incomplete_groups": len(short)}
 
 
 def make_plan(
@@ -156,14 +144,21 @@ def make_plan(
     n_media = np.zeros(n, np.int64) if n_media is None else np.asarray(n_media, np.int64)
     vision_tokens = np.zeros(n, np.int64) if vision_tokens is None else np.asarray(vision_tokens, np.int64)
     mtypes = np.asarray(media_types, dtype=object)
+    plen = padded(lengths, config.multiple)  # what the packs hold once each sub-sample is padded (core/cpad.py)
+    kinds = None if config.pack_per_media_type else mtypes
+
+    def drop_row(i: int, reason: str) -> dict:
+        return {"sample_id": sample_ids[i], "total_tokens": int(lengths[i]), "reason": reason}
+
     raw: list[tuple[str, np.ndarray, bool]] = []  # (media type, item indices, kept alone though overlong)
     dropped: list[dict] = []
     per_type: dict[str, dict] = {}
     for mt in (sorted(set(media_types)) if config.pack_per_media_type else ["mixed"]):
         idx = np.flatnonzero(mtypes == mt) if config.pack_per_media_type else np.arange(n)
-        groups, per_type[mt] = pack_group(idx, sample_ids, lengths, n_media, vision_tokens, config, dropped, raw, mt)
+        groups, per_type[mt] = pack_group(idx, sample_ids, plen, n_media, vision_tokens, config, dropped, raw, mt,
+                                          drop_row, kinds)
         raw += [(mt, g, False) for g in groups]
-    ordered, balance = _order(raw, lengths, config)
+    ordered, balance = _order(raw, plen, config, kinds)
     packs: list[Pack] = []
     for k, (mt, items, over) in enumerate(ordered):
         lens = lengths[items].tolist()
@@ -176,11 +171,12 @@ def make_plan(
 
 
 def pack_group(idx: np.ndarray, sample_ids, lengths: np.ndarray, n_media: np.ndarray, vision_tokens: np.ndarray,
-               config: PlanConfig, dropped: list[dict], raw: list, mt: str, drop_row=None
+               config: PlanConfig, dropped: list[dict], raw: list, mt: str, drop_row=None, kinds=None
                ) -> tuple[list[np.ndarray], dict]:
     """Bin-pack one media type's items: their packs (item index arrays) and figures; what does not fit
     goes to ``dropped`` (``drop_row(i, reason)`` makes its row), or alone to ``raw`` when overlong samples
-    are kept."""
+    are kept. ``lengths``: what each item takes in a pack (padded, with context parallelism); ``kinds``: each
+    item's media type when they differ (a mixed plan), for the groups of a world size."""
     cap, caps = config.capacity, config.caps
     lens = lengths[idx]
     packs = assign(lens, cap, config.algorithm, caps, n_media[idx], vision_tokens[idx], config.seed)
@@ -196,8 +192,8 @@ def pack_group(idx: np.ndarray, sample_ids, lengths: np.ndarray, n_media: np.nda
     members = idx[kept][order]
     bounds = np.flatnonzero(np.diff(packs[kept][order])) + 1
     groups = list(np.split(members, bounds)) if len(members) else []
-    if config.world_size > 1:
-        groups = _split_to_multiple(groups, lengths, config.world_size)
+    if config.group_size > 1:
+        groups = split_to_groups(groups, lengths, config.group_size, kinds)
     l1, l2 = lower_bounds(lens[kept], cap)
     bound = max([l2] + [-(-int(tot) // c) for tot, c in (
         (kept.sum(), caps.max_samples), (n_media[idx][kept].sum(), caps.max_media),
@@ -223,6 +219,7 @@ def plan_stats(packs: list[Pack], dropped: list[dict], per_type: dict, balance: 
         "fill": packed_tokens / (n_packs * config.max_len) if n_packs else 0.0,
         "packed_tokens": packed_tokens,
         "padding_tokens": int(sum(-p.total_token_len % config.pad_multiple for p in packs)),
+        **padded_stats([p.sample_token_lens for p in packs], config),
         "mean_samples_per_pack": float(spp.mean()) if n_packs else 0.0,
         "max_samples_per_pack": int(spp.max()) if n_packs else 0,
         "drift": drift(spp),
@@ -382,6 +379,7 @@ class PlanSummary:
         return {"dagster/row_count": self.packs, "packs": self.packs, "lower_bound": self.lower_bound,
                 "packs_over_bound": self.packs_over_bound, "fill": float(self.fill), "dropped": self.dropped,
                 "split": self.stats.get("split", 0),
+                "fill_padded": float(self.stats.get("fill_padded", self.fill)),
                 "mean_samples_per_pack": float(self.mean_samples_per_pack), "drift": float(self.drift),
                 "shards": self.shards_planned, "shards_waiting": self.shards_waiting,
                 "shards_removed": self.shards_removed, "planning": self.planning, "fingerprint": self.fingerprint,
@@ -428,6 +426,7 @@ def pack_checks(con, config: PlanConfig, samples: str = "samples") -> list[tuple
     ).fetchone()
     found = [("over_capacity", over, f"{over} pack(s) over {config.max_len} tokens"),
              ("mixed_media", mixed, f"{mixed} pack(s) mix media types")]
+    found += check_padded(con, config) + check_groups(con, config.group_size, samples)
     cap = config.max_samples_per_pack
     if cap:
         over_cap = con.execute("SELECT count(*) FROM pack_plan WHERE len(sample_ids) > ?", [cap]).fetchone()[0]
@@ -486,6 +485,8 @@ def _previous_plan(con, config: PlanConfig, profile: ModelProfile):
     current = _current_lengths(con, [sid for p in packs if p.pack_id in changed for sid in p.sample_ids]
                                + [d["sample_id"] for d in dropped])
     packs, dropped, pruned = prune_plan(packs, dropped, current, changed)
+    if config.group_size > 1 and pruned["packs_changed"]:  # a changed pack may leave its group (core/groups.py)
+        return None, "full plan: packs changed, and a world size's groups of packs of one media type must hold"
     fp = info.fingerprint
     why = f"incremental: kept {len(packs)} packs"
     if pruned["packs_changed"] or pruned["samples_gone"] or pruned["samples_recounted"]:
@@ -511,7 +512,7 @@ def _incremental(rows: dict[str, np.ndarray], previous, config: PlanConfig, prof
     plan.stats.update(pruned)
     gone = {d["sample_id"] for d in plan.dropped}
     kept = np.asarray([sid not in gone for sid in rows["sample_ids"]], dtype=bool)
-    mts, lengths = rows["media_types"], rows["lengths"]
+    mts, lengths = rows["media_types"], padded(rows["lengths"], config.multiple)
     bound = sum(lower_bounds(lengths[kept & (mts == mt)], config.capacity)[1] for mt in set(mts.tolist()))
     plan.stats.update(lower_bound=bound, packs_over_bound=plan.stats["packs"] - bound)
     return plan
@@ -549,13 +550,16 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         previous, why = _previous_plan(con, config, profile) if config.incremental else (None, "full plan")
         plan = make_plan(**rows, config=config, profile=profile.name) if previous is None \
             else _incremental(rows, previous, config, profile.name)
+        if previous is not None and plan.stats.get("balance", {}).get("incomplete_groups"):
+            why = "full plan: the new samples' packs do not fill whole groups of a world size (core/groups.py)"
+            plan = make_plan(**rows, config=config, profile=profile.name)
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed,
                           **input_stats(input_root, recursive), **split_stats(pieces))
         store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl(plan))
         info = PlanInfo.of(plan.fingerprint, profile, shards, config, plan.stats)
         # vars, not asdict, which deep-copies every list (seconds at 1M samples)
         store.save_plan(con, [vars(p) for p in plan.packs], plan.dropped, info.as_dict(),
-                        pieces=[split_row(p) for p in pieces])
+                        pieces=[split_row(p) for p in pieces], multiple=config.multiple)
         violations = check_plan(con, config)
     return PlanSummary(plan.fingerprint, work / "pack_plan.jsonl", why, plan.stats, len(shards), missing, removed,
                        violations)

@@ -206,7 +206,10 @@ def _fill(plan_stats: dict) -> list[str]:
         f"Samples per pack: mean {plan_stats['mean_samples_per_pack']:.2f}, max {plan_stats['max_samples_per_pack']}; "
         f"drift (max/min of windowed means) {plan_stats['drift']:.3f}."
         + (f" World size {balance['world_size']}: Σℓ² max/mean per group {balance['cost_imbalance_mean']:.3f} "
-           f"(worst {balance['cost_imbalance_max']:.3f})." if balance else ""),
+           f"(worst {balance['cost_imbalance_max']:.3f})." if balance else "")
+        + (f" Context parallelism: each sub-sample padded to a multiple of {plan_stats['sample_multiple']}; the "
+           f"bounds are on padded lengths, fill with that padding {plan_stats['fill_padded']:.2%}."
+           if plan_stats.get("sample_multiple", 1) > 1 else ""),
         "",
         "![lengths](plots/lengths.png)",
         "",

@@ -30,6 +30,7 @@ from . import labels
 from .binpack import Caps, check_algorithm
 from .chatkw import canonical
 from .counting.profiles import DEFAULT_PROFILE, ModelProfile, resolve_profile
+from .cpad import sample_multiple
 from .safety import check_paths
 
 AUDIT_SCOPES = ("all", "changed")
@@ -73,8 +74,16 @@ class PlanConfig:
     max_media_per_pack: int = 0
     max_vision_tokens_per_pack: int = 0
     pad_multiple: int = 1
+    # context parallelism (core/cpad.py): each sub-sample padded to a multiple of 2*cp (x tp with sequence
+    # parallelism), or of an explicit sample_multiple; packs are planned on the padded lengths
+    cp_size: int = 1
+    tp_size: int = 1
+    sequence_parallel: bool = False
+    sample_multiple: int = 0  # 0: from cp_size, tp_size and sequence_parallel
     keep_overlong: bool = False
+    # groups of world_size * micro_batch_size consecutive packs share one media type (core/groups.py)
     world_size: int = 1
+    micro_batch_size: int = 1
     target_shard_bytes: int = 256 << 20
     max_packs_per_shard: int = 1000
     incremental: bool = False  # keep the previous plan's packs; new samples go into new packs and shards
@@ -99,19 +108,34 @@ class PlanConfig:
         check_algorithm(self.algorithm)
         if not 1 <= self.pad_multiple <= self.max_len:
             raise ValueError(f"pad_multiple must be in [1, max_len], got {self.pad_multiple}")
-        if self.world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if self.world_size < 1 or self.micro_batch_size < 1:
+            raise ValueError(f"world_size and micro_batch_size must be >= 1, got {self.world_size}, "
+                             f"{self.micro_batch_size}")
         if self.overlong not in OVERLONG:
             raise ValueError(f"overlong {self.overlong!r}: expected one of {', '.join(OVERLONG)}")
         if self.overlong == "split" and self.keep_overlong:
             raise ValueError("overlong 'split' and keep_overlong exclude each other: choose one")
         if self.split_context < 0:
             raise ValueError(f"split_context must be >= 0, got {self.split_context}")
+        if not 1 <= self.multiple <= self.max_len:
+            raise ValueError(f"the sub-sample multiple {self.multiple} (cp_size, tp_size, sample_multiple) must be "
+                             f"in [1, max_len]")
+
+    @property
+    def multiple(self) -> int:
+        """What each sub-sample's length is padded to a multiple of (1: no padding)."""
+        return sample_multiple(self.cp_size, self.tp_size, self.sequence_parallel, self.sample_multiple)
+
+    @property
+    def group_size(self) -> int:
+        """Consecutive packs that share one media type: the packs of one optimizer micro-step on all ranks."""
+        return self.world_size * self.micro_batch_size
 
     @property
     def capacity(self) -> int:
         """Tokens a pack may hold so that, padded to ``pad_multiple``, it still fits ``max_len``."""
-        return self.max_len // self.pad_multiple * self.pad_multiple
+        cap = self.max_len // self.pad_multiple * self.pad_multiple
+        return cap // self.multiple * self.multiple  # a sum of padded sub-samples is a multiple of it
 
     @property
     def caps(self) -> Caps:

@@ -490,11 +490,12 @@ def read_plan(con: duckdb.DuckDBPyConnection) -> tuple[list[tuple], list[dict]]:
 
 
 def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict], dropped: list[dict], info: dict,
-              blend: bool = False, pieces: list[tuple] = ()) -> None:
+              blend: bool = False, pieces: list[tuple] = (), multiple: int = 1) -> None:
     """Replace pack_plan, pack_members, dropped, split_pieces (``pieces``: rows in SPLIT_PIECES_SCHEMA order)
     and plan_info in one transaction (a reader sees the old plan or the new one), and the lineage view over
     them. ``blend``: the rows carry datasets, copies and epoch (BLEND_* schemas), and pack_members gains
-    ``dataset``, ``epoch`` and ``copy``."""
+    ``dataset``, ``epoch`` and ``copy``. pack_members' ``padded_len``: the sub-sample's length padded to
+    ``multiple`` (context parallelism, core/cpad.py)."""
     plan_schema, dropped_schema = (BLEND_PACK_PLAN_SCHEMA, BLEND_DROPPED_SCHEMA) if blend else (PACK_PLAN_SCHEMA,
                                                                                               DROPPED_SCHEMA)
     extra = ", datasets[i] AS dataset, epoch, copies[i] AS copy" if blend else ""
@@ -507,7 +508,8 @@ def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict], dropped: list[d
             con.execute(f"CREATE OR REPLACE TABLE pack_plan AS {new_packs}")
             con.execute(
                 "CREATE OR REPLACE TABLE pack_members AS SELECT pack_id, CAST(i AS INTEGER) - 1 AS position, "
-                f"sample_ids[i] AS sample_id{extra} FROM pack_plan, range(1, len(sample_ids) + 1) AS r(i)"
+                f"sample_ids[i] AS sample_id{extra}, CAST(ceil(sample_token_lens[i] / {int(multiple)}) * "
+                f"{int(multiple)} AS BIGINT) AS padded_len FROM pack_plan, range(1, len(sample_ids) + 1) AS r(i)"
             )
             con.execute(f"CREATE OR REPLACE TABLE dropped AS {new_dropped}")
             con.execute(f"CREATE OR REPLACE TABLE split_pieces AS {new_pieces}")

@@ -13,7 +13,9 @@ family with a fast rule, each sub-sample encoded as the model's processor encode
   and crop, media_families.py);
 - ``labels``: what the label policy trains (core/labels.py), -100 elsewhere and on each sub-sample's first
   token; ``loss_weights``: 1 per trainable token (``token``), 1/n_i (``sample``) or 1/sqrt(n_i) (``sqrt``);
-- ``cu_seqlens`` (int32 ``[0, l1, l1+l2, ...]``) and ``position_ids`` restarting at 0 per sub-sample;
+- ``cu_seqlens`` (int32 ``[0, l1, l1+l2, ...]``), ``cu_seqlens_padded`` (the same with each length padded to
+  the plan's ``sample_multiple`` for context parallelism: thd.py lays packs out so) and ``position_ids``
+  restarting at 0 per sub-sample;
   Qwen-VL also ``rope_position_ids`` (int64 ``(3, T)``, per sub-sample ``get_rope_index`` of it alone);
 - ``mm_token_type_ids``: 0 text, 1 at each per-visual-token image placeholder, 2 at video ones; Gemma 3 also
   ``token_type_ids`` (what its forward reads for its bidirectional image blocks);

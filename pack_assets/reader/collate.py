@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .masks import attention_mask
+from .thd import needs_padding, thd_fields, thd_padded
 from .vision import processor_pixels, qwen_images, qwen_videos
 
 # per-token keys of an encoded pack: the fill of the padding and the dtype
@@ -33,6 +34,14 @@ class PackCollator:
     ``attention_mask`` (masks.py: dense ``[B, 1, L, L]`` bool; Gemma 3: the dict of its full and
     ``sliding_window`` layers' masks) — O(L²), only on request.
 
+    Context parallelism (THD): packs planned with each sub-sample padded (``--cp-size``; their ``_meta`` names
+    ``sample_multiple``) are laid out with each sub-sample at its padded offset and its padding after it
+    (``cp_layout``: None follows the packs, True / False forces it; thd.py), as Megatron-LM's
+    ``get_batch_on_this_cp_rank`` and Transformer Engine's ``thd_get_partitioned_indices`` take them:
+    ``cu_seqlens`` then holds the real lengths, ``cu_seqlens_padded`` the padded offsets (``cu_seq_lens_q/k``,
+    ``seq_idx`` and ``position_ids`` follow the padded segments; the padding is pad_id / -100 / weight 0 and
+    ``padding_mask`` False). Without padding ``cu_seqlens_padded`` equals ``cu_seqlens``.
+
     Pixels: Qwen-VL from ``processor`` (the model's processor or image processor; images loaded as
     transformers' ``load_image`` does) and ``video_pixels(data, grid)``; InternVL / LLaVA-OneVision / Gemma 3
     from ``processor`` (the model's ``AutoProcessor``; videos decoded with PyAV, sampled by its video processor;
@@ -41,7 +50,9 @@ class PackCollator:
     """
 
     def __init__(self, processor=None, pad_id: int = 151643, block_mask: bool = False, video_pixels=None,
-                 flatten: bool = False, sliding_window: int | None = None, processor_kwargs: dict | None = None):
+                 flatten: bool = False, sliding_window: int | None = None, processor_kwargs: dict | None = None,
+                 cp_layout: bool | None = None):
+        self.cp_layout = cp_layout
         self.processor, self.image_processor = processor, getattr(processor, "image_processor", processor)
         self.pad_id, self.block_mask, self.video_pixels = pad_id, block_mask, video_pixels
         self.flatten, self.sliding_window, self.processor_kwargs = flatten, sliding_window, processor_kwargs
@@ -49,6 +60,9 @@ class PackCollator:
     def __call__(self, packs: list[dict]) -> dict:
         import torch
 
+        thd = any(needs_padding(p) for p in packs) if self.cp_layout is None else self.cp_layout
+        if thd:
+            packs = [thd_padded(p, self.pad_id, _TOKEN_FIELDS) for p in packs]
         rows = [packs] if self.flatten else [[p] for p in packs]
         lens = [[n for p in row for n in np.diff(p["cu_seqlens"]).tolist()] for row in rows]
         width = max(sum(r) for r in lens)
@@ -59,6 +73,7 @@ class PackCollator:
                 out[key] = torch.from_numpy(_pad_rows(cat, width, self.pad_id if fill is None else fill, dtype))
         segments = [r + ([width - sum(r)] if sum(r) < width else []) for r in lens]  # the padding: one more
         out.update(_packing(segments, lens, width))
+        out.update(thd_fields(packs, rows, width) if thd else {"cu_seqlens_padded": out["cu_seqlens"].clone()})
         if "rope_position_ids" in packs[0]:
             rope = np.stack(
                 [

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._core import ModelProfile, PackMeta, TokenCounter, canonical, labels, resolve_profile, tokenizer_for
+from ._core import ModelProfile, PackMeta, TokenCounter, canonical, cu_seqlens, labels, resolve_profile, tokenizer_for
 from .media_families import MediaSamples
 from .packs import iter_packs
 from .qwen import QwenSamples
@@ -90,7 +90,9 @@ class PackEncoder:
             "family": self.profile.family,
             "input_ids": _cat([s["input_ids"] for s in subs]),
             "labels": _cat([s["labels"] for s in subs]),
-            "cu_seqlens": np.concatenate([[0], np.cumsum(lens)]).astype(np.int32),
+            "cu_seqlens": cu_seqlens(lens),
+            # context parallelism: where each sub-sample starts once each is padded to the plan's multiple
+            "cu_seqlens_padded": cu_seqlens(lens, int(meta.context.get("sample_multiple", 1))),
             "position_ids": _cat([np.arange(n) for n in lens]),
             "loss_weights": loss_weights([s["labels"] for s in subs], self.weighting),
             "media": [[data for _, data in s["media"]] for s in pack["samples"]],

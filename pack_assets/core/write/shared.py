@@ -29,7 +29,9 @@ def write_context(info: PlanInfo) -> dict:
             "chat_template_kwargs": json.loads(info.chat_template_kwargs or "{}"),
             "label_policy": labels.meta_value(info.config.label_policy),
             "config_fingerprint": config_fingerprint(info.config, info.profile_fingerprint),
-            "max_len": info.config.max_len, "tool": "pack_assets", "tool_version": __version__}
+            "max_len": info.config.max_len, "tool": "pack_assets", "tool_version": __version__,
+            # context parallelism: what each sub-sample is padded to (the reader's cu_seqlens_padded); absent: 1
+            **({"sample_multiple": info.config.multiple} if info.config.multiple > 1 else {})}
 
 
 def check_roots(input_root: Path | Mapping, work: Path, out_dir: Path) -> None:
