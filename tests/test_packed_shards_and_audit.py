@@ -984,3 +984,15 @@ def test_a_touched_source_is_rescanned_and_its_output_shards_are_kept_a_new_plan
     run_write(work, inp, fresh, workers=1)
     assert {n: sha(out / n) for n in new_names} == {n: sha(fresh / n) for n in new_names}
     assert run_audit(work, out).ok
+
+
+def test_a_plan_that_mixes_media_types_by_setting_passes_its_checks_and_audit(dataset, tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    summary = run_all(dataset, work, out, max_len=4000, pack_per_media_type=False)
+    with store.connect(work, read_only=True) as con:
+        mixed = con.execute("""SELECT count(*) FROM (SELECT pm.pack_id FROM pack_members pm JOIN samples s
+                               USING (sample_id) GROUP BY pm.pack_id HAVING count(DISTINCT s.media_type) > 1)""")
+        assert mixed.fetchone()[0] > 0  # the setting did mix them
+    assert summary.violations == []
+    result = run_audit(work, out)
+    assert result.ok, result.verdict

@@ -413,7 +413,8 @@ def check_plan(con, config: PlanConfig) -> list[dict]:
 
 
 def pack_checks(con, config: PlanConfig, samples: str = "samples") -> list[tuple[str, int, str]]:
-    """(check, how many bad, detail) of every pack's own limits: capacity after padding, one media type, caps.
+    """(check, how many bad, detail) of every pack's own limits: capacity after padding, one media type (with
+    pack_per_media_type), caps.
     ``samples``: a table or view with each sample's media type (the catalog's view by default)."""
     pad = config.pad_multiple
     over, mixed = con.execute(
@@ -424,8 +425,9 @@ def pack_checks(con, config: PlanConfig, samples: str = "samples") -> list[tuple
                 GROUP BY pm.pack_id HAVING count(DISTINCT s.media_type) > 1))""",
         [pad, pad, config.max_len],
     ).fetchone()
-    found = [("over_capacity", over, f"{over} pack(s) over {config.max_len} tokens"),
-             ("mixed_media", mixed, f"{mixed} pack(s) mix media types")]
+    found = [("over_capacity", over, f"{over} pack(s) over {config.max_len} tokens")]
+    if config.pack_per_media_type:  # mixing is what pack_per_media_type: false asks for
+        found.append(("mixed_media", mixed, f"{mixed} pack(s) mix media types"))
     found += check_padded(con, config) + check_groups(con, config.group_size, samples)
     cap = config.max_samples_per_pack
     if cap:
