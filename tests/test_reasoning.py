@@ -195,9 +195,11 @@ def test_run_through_shards_counts_packs_and_encodes_exactly(media, tmp_path, tm
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     code = main(["run", "--input", str(tmp_path / "in"), "--max-len", "4096", "--model-dir", str(folder),
                  "--chat-template-kwargs", json.dumps(kwargs), "--work", str(work), "--output", str(out),
-                 "--dagster-home", str(tmp_path / "dh"), "--json"])
+                 "--dagster-home", str(tmp_path / "dh"), "--check-samples", "3", "--json"])
     summary = json.loads(capsys.readouterr().out)
     assert code == 0 and summary["rejected"] == 0 and summary["dropped"] == 0, summary
+    # --check-samples reached the audit (flag -> resource -> asset): its processor agreed on the first 3
+    assert "3 sample(s) recounted with the model's real processor" in Path(summary["audit_report"]).read_text()
     with store.connect(work, read_only=True) as con:
         got = dict(con.execute("SELECT sample_id, total_tokens FROM token_lengths").fetchall())
     img = str(media / "a.png")

@@ -1,7 +1,8 @@
 """What a run refuses from its folders and settings alone, checked before it takes the work folder's lock,
 writes anything or scans a shard: overlapping folders (an output in or around the input, a work folder in
 the output or the input), a recipe's missing or overlapping inputs, a missing input or one without shards,
-a profile that does not resolve, and a file the tool did not write at a name its writer uses. Settings of
+a profile that does not resolve, ``check_samples`` without a processor to recount with, and a file the tool
+did not write at a name its writer uses. Settings of
 an unknown name or of the wrong type are refused earlier still, when they are built (`Settings.from_flat`).
 
 A refusal is one exception with one line of text; the CLI prints it and exits 2."""
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from . import owned, store
 from .blend import epoch_name
-from .counting import procount
+from .counting import drift, procount
 from .indexmode import INDEX_FILE
 from .settings import Settings
 
@@ -30,7 +31,9 @@ def preflight(settings: Settings) -> list[str]:
     extra = (INDEX_FILE,) if settings.output_mode == "index" else ()
     for folder in output_folders(settings):
         owned.refuse_foreign(folder, extra)
-    return listing(settings)
+    shards = listing(settings)
+    check_samples_processor(settings)
+    return shards
 
 
 def listing(settings: Settings) -> list[str]:
@@ -46,3 +49,10 @@ def listing(settings: Settings) -> list[str]:
     if profile.rule == "processor":
         procount.processor_counter(profile)  # here: built, the forked helpers and the audit's recount reuse it
     return shards
+
+
+def check_samples_processor(settings: Settings) -> None:
+    """``check_samples`` recounts with the ``--model-dir`` folder's real processor: refuse a run that cannot
+    build it (a built-in profile, a missing package) now, not as the audit's FAIL at the end of the run."""
+    if settings.check_samples > 0:
+        drift.reference_counter(settings.model_profile(), "--check-samples")  # built once: the audit reuses it
