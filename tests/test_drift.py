@@ -18,15 +18,24 @@ except ImportError:
 processor_needed = needs(NO_TORCHVISION, "torchvision is not installed (the processor extra): no Qwen3-VL processor")
 
 
-def test_the_fingerprint_follows_the_packages_versions(monkeypatch):
+def test_the_fingerprint_follows_the_versions_of_the_packages_that_count(monkeypatch):
+    """An upgrade of a package the fast rule runs (the template's jinja2, the tokenizers) is a new profile,
+    counted again; transformers, which the fast rule never runs, is not."""
+    from importlib import metadata
+
     from pack_assets.core.counting import environment
     from pack_assets.core.counting.profiles import load_profile
 
     profile = load_profile("qwen3-vl")
     before = profile.fingerprint
-    assert "transformers==" in environment.versions("fast") and "tiktoken==" in environment.versions("fast")
-    monkeypatch.setattr(environment, "versions", lambda rule: "transformers==9.9.9")
-    assert profile.fingerprint != before
+    installed = metadata.version
+    try:
+        for package, moves in (("jinja2", True), ("tokenizers", True), ("tiktoken", True), ("transformers", False)):
+            monkeypatch.setattr(metadata, "version", lambda name, p=package: "99.0" if name == p else installed(name))
+            environment.versions.cache_clear()  # a new process
+            assert (profile.fingerprint != before) is moves, package
+    finally:
+        environment.versions.cache_clear()
 
 
 def _fresh() -> None:
