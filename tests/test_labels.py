@@ -94,5 +94,13 @@ def test_the_setting_from_flags_config_and_recipe(tmp_path):
     s = Settings.from_flat({"recipe": str(tmp_path / "r.yaml")})
     assert json.loads(s.plan.label_policy) == {"a": "last_turn", "b": "no_earlier_reasoning"}
     assert load(tmp_path / "r.yaml").datasets[1].label_policy == "no_earlier_reasoning"
+    # a mapping is checked against what it maps: a misspelt dataset or policy is refused with the valid names,
+    # never trained under `all` unsaid; without a recipe there are no datasets to map
+    with pytest.raises(ValueError, match=r"'agnt', not a dataset of the recipe; its datasets: a, b"):
+        Settings.from_flat({"recipe": str(tmp_path / "r.yaml"), "label_policy": '{"a": "all", "agnt": "last_turn"}'})
+    with pytest.raises(ValueError, match=r"'lastturn' \(dataset 'b'\): expected one of all, last_turn"):
+        Settings.from_flat({"recipe": str(tmp_path / "r.yaml"), "label_policy": {"a": "all", "b": "lastturn"}})
+    with pytest.raises(ValueError, match="a policy per dataset needs a recipe"):
+        Settings.from_flat({"label_policy": {"a": "last_turn"}})
     info = PlanInfo("f", "qwen3-vl", "pf", None, [], PlanConfig(label_policy=s.plan.label_policy), {})
     assert write_context(info)["label_policy"] == {"a": "last_turn", "b": "no_earlier_reasoning"}
