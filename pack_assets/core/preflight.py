@@ -1,10 +1,11 @@
 """What a run refuses from its folders and settings alone, checked before it takes the work folder's lock,
 writes anything or scans a shard: overlapping folders (an output in or around the input, a work folder in
 the output or the input), a work or output folder that is a file or lies under one (`usable_folder`; the CLI
-checks the Dagster home with it too), a recipe's missing or overlapping inputs, a missing input or one without shards,
-a profile that does not resolve, ``check_samples`` without a processor to recount with, and a file the tool
-did not write at a name its writer uses. Settings of
-an unknown name or of the wrong type are refused earlier still, when they are built (`Settings.from_flat`).
+checks the Dagster home with it too), a recipe's missing or overlapping inputs, a missing input or one without
+shards, a profile that does not resolve, ``check_samples`` without a processor to recount with, and a file the
+tool did not write at a name its writer uses (a recorded output shard is read unless the writer's record shows
+it as written). Settings of an unknown name or of the wrong type are refused earlier still, when they are built
+(`Settings.from_flat`).
 
 A refusal is one exception with one line of text; the CLI prints it and exits 2."""
 
