@@ -109,12 +109,13 @@ def _refuse_default_over_recipe(args, fields: dict) -> None:
 
 
 def _run(args, **extra) -> int:
-    from .core.preflight import preflight
+    from .core.preflight import preflight, usable_folder
     from .runner.command import run
 
     settings = _settings(args, **extra)
-    shards = preflight(settings)  # every refusal of the folders and settings: before the lock, a write, a scan
     home, home_from = resolve_dagster_home(args.dagster_home)
+    usable_folder(home, f"the Dagster home ({home_from})")
+    shards = preflight(settings)  # every refusal of the folders and settings: before the lock, a write, a scan
     summary = run(settings, shards, home, command=args.command, force=args.force, jobs=args.jobs, started=args.started)
     summary.update(dagster_home=str(home), dagster_home_from=home_from)
     _emit(args, summary, _summary_text(summary))
@@ -527,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     args.started = started
     try:
         code = args.func(args)
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+    except (OSError, ValueError, RuntimeError) as e:  # OSError: a folder or file the system refuses, one line too
         print("error: " + " ".join(str(e).split()), file=sys.stderr)  # one line, whatever the message holds
         code = 2
     except OutputError as e:

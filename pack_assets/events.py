@@ -2,11 +2,13 @@
 the run in the same process: `pack-assets run` executes its Dagster runs in process and shows the events on
 a terminal (runner/progress.py). Under `dagster dev` nobody listens; the assets' log lines say the same in the UI.
 
-A listener is added for a scope (`listening`), like a logging handler; `emit` calls each in turn."""
+A listener is added for a scope (`listening`), like a logging handler; `emit` calls each in turn. A listener
+that raises is dropped and its error logged once: the display of a run never fails the run."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -33,7 +35,12 @@ _listeners: list[Listener] = []
 
 def emit(event: Progress) -> None:
     for listener in list(_listeners):
-        listener(event)
+        try:
+            listener(event)
+        except Exception:
+            _listeners.remove(listener)
+            logging.getLogger(__name__).warning("a progress listener failed; it gets no more events of this run",
+                                                exc_info=True)
 
 
 @contextlib.contextmanager
@@ -46,4 +53,5 @@ def listening(listener: Listener | None) -> Iterator[None]:
     try:
         yield
     finally:
-        _listeners.remove(listener)
+        with contextlib.suppress(ValueError):  # dropped already (it raised)
+            _listeners.remove(listener)

@@ -226,6 +226,24 @@ def test_progress_lines_for_a_caller_s_log_are_bounded_and_nothing_off_a_termina
     assert quiet.getvalue() == ""
 
 
+def test_a_failing_progress_listener_is_dropped_and_logged_once_while_the_run_goes_on(caplog):
+    from pack_assets import events
+
+    seen = []
+
+    def broken(event):
+        raise OSError("the terminal went away")
+
+    with events.listening(seen.append), events.listening(broken):
+        for i in range(3):
+            events.emit(Progress("scan", i, 3, "shards"))  # the stage that emits goes on
+    assert [e.done for e in seen] == [0, 1, 2]
+    failed = [r for r in caplog.records if r.name == "pack_assets.events"]
+    assert len(failed) == 1 and "the terminal went away" in caplog.text
+    events.emit(Progress("scan", 3, 3, "shards"))  # both scopes closed: nobody listens, nothing raises
+    assert len(seen) == 3
+
+
 def test_progress_bar_only_on_a_terminal():
     tty = _Stream(tty=True)
     with ShardProgress(50, stream=tty) as p:

@@ -102,6 +102,38 @@ def test_shards_registered_when_the_code_location_loaded_are_run_by_the_sensor(d
     assert [r.partition_key for r in later.run_requests] == ["part-001"]
 
 
+RECONSTRUCT = """
+import sys
+import dagster as dg
+from dagster._core.definitions.reconstruct import ReconstructableRepository
+# what a run's or a step's process does with the code location (`dagster api execute_run` / `execute_step`)
+ReconstructableRepository.for_module("pack_assets.definitions", "defs", None).get_definition()
+print(sorted(dg.DagsterInstance.get().get_dynamic_partitions("source_shards")))
+"""
+
+
+def test_the_code_location_registers_the_input_when_loaded_to_serve_not_when_a_run_rebuilds_it(tmp_path):
+    """`dagster definitions validate` (the CLI's load, as `dagster dev` and `asset materialize` load) registers
+    the input's shards in a fresh home; the same module rebuilt the way a run or step process rebuilds it
+    (Dagster's RECONSTRUCTION load, which defs/partitions.py reads from a private context) registers nothing:
+    where Dagster moved that context, every step process would scan the input again."""
+    inp = small_dataset(tmp_path / "in", n_shards=2, per_shard=1)
+    env = {**os.environ, "PACK_ASSETS_INPUT": str(inp), "PACK_ASSETS_WORK": str(tmp_path / "work"),
+           "PACK_ASSETS_OUTPUT": str(tmp_path / "out"), "NO_COLOR": "1"}
+    served, rebuilt = tmp_path / "served", tmp_path / "rebuilt"
+    served.mkdir(), rebuilt.mkdir()
+    procs = [subprocess.Popen([_tool("dagster"), "definitions", "validate", "-m", "pack_assets.definitions"],
+                              env={**env, "DAGSTER_HOME": str(served)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True),
+             subprocess.Popen([sys.executable, "-c", RECONSTRUCT], env={**env, "DAGSTER_HOME": str(rebuilt)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    (out, err), (listed, err2) = (p.communicate(timeout=300) for p in procs)
+    assert procs[0].returncode == 0 and procs[1].returncode == 0, (err[-2000:], err2[-2000:])
+    assert listed.strip().splitlines()[-1] == "[]"
+    instance = dg.DagsterInstance.from_config(str(served))
+    assert sorted(instance.get_dynamic_partitions(source_shards.name)) == ["part-000", "part-001"]
+
+
 def _tool(name: str) -> str | None:
     beside = Path(sys.executable).parent / name
     return str(beside) if beside.exists() else shutil.which(name)

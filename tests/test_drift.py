@@ -18,15 +18,24 @@ except ImportError:
 processor_needed = needs(NO_TORCHVISION, "torchvision is not installed (the processor extra): no Qwen3-VL processor")
 
 
-def test_the_fingerprint_follows_the_packages_versions(monkeypatch):
+def test_the_fingerprint_follows_the_versions_of_the_packages_that_count(monkeypatch):
+    """An upgrade of a package the fast rule runs (the template's jinja2, the tokenizers) is a new profile,
+    counted again; transformers, which the fast rule never runs, is not."""
+    from importlib import metadata
+
     from pack_assets.core.counting import environment
     from pack_assets.core.counting.profiles import load_profile
 
     profile = load_profile("qwen3-vl")
     before = profile.fingerprint
-    assert "transformers==" in environment.versions("fast") and "tiktoken==" in environment.versions("fast")
-    monkeypatch.setattr(environment, "versions", lambda rule: "transformers==9.9.9")
-    assert profile.fingerprint != before
+    installed = metadata.version
+    try:
+        for package, moves in (("jinja2", True), ("tokenizers", True), ("tiktoken", True), ("transformers", False)):
+            monkeypatch.setattr(metadata, "version", lambda name, p=package: "99.0" if name == p else installed(name))
+            environment.versions.cache_clear()  # a new process
+            assert (profile.fingerprint != before) is moves, package
+    finally:
+        environment.versions.cache_clear()
 
 
 def _fresh() -> None:
@@ -148,3 +157,30 @@ def test_the_audit_step_recounts_samples_per_shard_with_the_processor(folder, tm
     finally:
         _fresh()
     assert [v["sample_id"] for v in result.violations if v["check"] == "processor_mismatch"] == ["a/k1", "b/k1"]
+    gone = folder.with_name(folder.name + "-gone")
+    folder.rename(gone)  # the --model-dir folder moved away after the plan: a FAIL that says so, no traceback
+    try:
+        result = run_audit(work, out, check_samples=1)
+    finally:
+        gone.rename(folder)
+    unavailable = [v["detail"] for v in result.violations if v["check"] == "processor_check_unavailable"]
+    assert result.verdict == "FAIL" and unavailable and "is not a directory" in unavailable[0]
+
+
+def test_a_run_asking_check_samples_without_a_processor_is_refused_before_it_starts(records, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """--check-samples needs a checkpoint folder's processor: a built-in profile is refused in one line, exit 2,
+    before the work folder is locked or anything is scanned (not an audit FAIL after the whole run)."""
+    from conftest import write_tar
+
+    from pack_assets.cli import main
+    from pack_assets.runner import command
+
+    monkeypatch.setattr(command, "run", lambda *a, **k: pytest.fail("the run started"))
+    write_tar(tmp_path / "in" / "a.tar", [("k.json", json.dumps({"messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}))])
+    code = main(["run", "--input", str(tmp_path / "in"), "--max-len", "512", "--work", str(tmp_path / "w"), "--output",
+                 str(tmp_path / "o"), "--dagster-home", str(tmp_path / "dh"), "--check-samples", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--check-samples recounts with the model's processor" in err
+    assert not (tmp_path / "w").exists()

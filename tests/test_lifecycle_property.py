@@ -812,23 +812,41 @@ EXAMPLES = 12  # 12 x 20 = 240 steps
 SEED_VARIABLE = "PACK_ASSETS_LIFECYCLE_SEED"
 
 
-def lifecycle_seed() -> int:
+def lifecycle_seed(checkout: Path = HERE) -> int:
     """A new draw per commit, so every commit's CI explores other histories than the last one did: the seed is
     the checked-out commit's hash (``$PACK_ASSETS_LIFECYCLE_SEED`` replays any seed; outside git, a random one).
     The test prints it either way, so a failure in CI replays locally."""
     if os.environ.get(SEED_VARIABLE):
         return int(os.environ[SEED_VARIABLE])
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True)
     return int(head.stdout[:12], 16) if head.returncode == 0 else int.from_bytes(os.urandom(6), "big")
 
 
-def test_lifecycle_seed_follows_the_commit_and_the_variable(monkeypatch):
-    monkeypatch.setenv(SEED_VARIABLE, "1234")
-    assert lifecycle_seed() == 1234
+def test_lifecycle_seed_is_stable_per_commit_new_on_the_next_and_replayable(tmp_path, monkeypatch):
+    """What CI relies on: rerunning one commit explores the same histories, the next commit other ones, and
+    the printed seed replays a failure; outside a checkout each run draws anew."""
+    monkeypatch.delenv(SEED_VARIABLE, raising=False)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    git("commit", "-q", "--allow-empty", "-m", "one")
+    first = lifecycle_seed(repo)
+    assert lifecycle_seed(repo) == first
+    git("commit", "-q", "--allow-empty", "-m", "two")
+    second = lifecycle_seed(repo)
+    assert second != first and lifecycle_seed(repo) == second
+    monkeypatch.setenv(SEED_VARIABLE, str(first))
+    assert lifecycle_seed(repo) == first  # the failing commit's seed, replayed on any checkout
     monkeypatch.delenv(SEED_VARIABLE)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True)
-    if head.returncode == 0:
-        assert lifecycle_seed() == int(head.stdout[:12], 16)
+    outside = tmp_path / "not-a-checkout"
+    outside.mkdir()
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    assert lifecycle_seed(outside) != lifecycle_seed(outside)
 
 
 def test_day_two_lifecycle():

@@ -154,6 +154,50 @@ def test_cli_refuses_overlapping_folders_with_exit_2_before_any_write(tmp_path, 
     assert not work.exists() and not (tmp_path / "dh").exists()
 
 
+@pytest.mark.parametrize("case", ["dagster home under a file", "work is a file", "output under a file",
+                                  "recorded shard now the user's file", "recorded shard now a folder"])
+def test_cli_refuses_an_unusable_folder_in_one_line_before_the_lock(tmp_path, capsys, monkeypatch, case):
+    """Folders that cannot be used are refused by the preflight (exit 2, one line): no lock, no scan."""
+    from pack_assets.runner import command
+
+    inp, work, out, home = small_dataset(tmp_path / "in"), tmp_path / "work", tmp_path / "out", tmp_path / "dh"
+    (tmp_path / "afile").write_text("a user's file")
+    if case.startswith("recorded"):
+        pack(inp, work, out)
+        shard = out / "packed-000000.tar"
+        shard.unlink()
+        if case.endswith("folder"):
+            shard.mkdir()
+        else:
+            write_tar(shard, [("x.txt", "mine now")])
+    else:
+        home, work, out = {"dagster home under a file": (tmp_path / "afile" / "dh", work, out),
+                           "work is a file": (home, tmp_path / "afile", out),
+                           "output under a file": (home, work, tmp_path / "afile" / "out")}[case]
+    monkeypatch.setattr(command, "run", lambda *a, **k: pytest.fail("the run started"))
+    code = main(["run", "--input", str(inp), "--max-len", "1500", "--work", str(work), "--output", str(out),
+                 "--dagster-home", str(home)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert ("packed-000000.tar" if case.startswith("recorded") else "is a file, not a folder") in err
+
+
+def test_preflight_trusts_recorded_shards_as_the_writer_left_them_without_reading_them(tmp_path, monkeypatch):
+    from pack_assets.core.preflight import preflight
+    from pack_assets.core.settings import Settings
+
+    inp, work, out = small_dataset(tmp_path / "in"), tmp_path / "work", tmp_path / "out"
+    pack(inp, work, out)
+    reads = []
+    monkeypatch.setattr(owned, "first_pack_meta", lambda path: reads.append(path.name) or {})
+    settings = Settings(input_dir=str(inp), work_dir=str(work), output_dir=str(out))
+    assert preflight(settings) and reads == []  # a first pack read would have said "not ours"
+    os.utime(out / "packed-000000.tar")  # touched since: read, and no longer ours (the stand-in says so)
+    with pytest.raises(owned.ForeignFiles, match="packed-000000.tar"):
+        preflight(settings)
+    assert reads == ["packed-000000.tar"]
+
+
 # --- item 9: one run per work folder; concurrent runs of one shard take turns ------------------------------
 
 HOLDER = textwrap.dedent("""

@@ -167,6 +167,28 @@ def test_count_equals_transformers_on_reasoning_records(template, kwargs, media,
     assert {r["counted_by"] for r in rows} == {"fast"}
 
 
+@processor_needed
+def test_the_processor_rule_with_template_variables_equals_transformers(media, tmp_path_factory):
+    """The processor rule (any folder, core/counting/procount.py) renders with the same template variables:
+    with preserve_thinking the earlier turns' reasoning is counted, as transformers counts it."""
+    from dataclasses import replace
+
+    from pack_assets.core.chatkw import canonical
+    from pack_assets.core.counting.count import count_records
+    from pack_assets.core.counting.profiles import processor_profile
+
+    folder = thinking_folder(tmp_path_factory.getbasetemp(), "qwen3.6")
+    kwargs = {"preserve_thinking": True}
+    records = [(r, r["messages"]) for r in hf_records(str(media / "a.png"))]
+    path = media / "recs-processor.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r, _ in records))
+    profile = replace(processor_profile(folder), chat_template_kwargs=canonical(kwargs))
+    rows = count_records(path, None, profile)
+    assert {r["counted_by"] for r in rows} == {"processor"}
+    assert [r["total_tokens"] for r in rows] == [oracle(folder, m, r.get("tools"), kwargs) for r, m in records]
+    assert [r["total_tokens"] for r in rows] != [oracle(folder, m, r.get("tools"), {}) for r, m in records]
+
+
 def _shard_records(img_name: str) -> list[tuple[dict, list[dict]]]:
     """hf_records and sharegpt_records naming the image as a member of their sample."""
     return [(r, r["messages"]) for r in hf_records(img_name)] + sharegpt_records(img_name)
@@ -195,9 +217,11 @@ def test_run_through_shards_counts_packs_and_encodes_exactly(media, tmp_path, tm
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     code = main(["run", "--input", str(tmp_path / "in"), "--max-len", "4096", "--model-dir", str(folder),
                  "--chat-template-kwargs", json.dumps(kwargs), "--work", str(work), "--output", str(out),
-                 "--dagster-home", str(tmp_path / "dh"), "--json"])
+                 "--dagster-home", str(tmp_path / "dh"), "--check-samples", "3", "--json"])
     summary = json.loads(capsys.readouterr().out)
     assert code == 0 and summary["rejected"] == 0 and summary["dropped"] == 0, summary
+    # --check-samples reached the audit (flag -> resource -> asset): its processor agreed on the first 3
+    assert "3 sample(s) recounted with the model's real processor" in Path(summary["audit_report"]).read_text()
     with store.connect(work, read_only=True) as con:
         got = dict(con.execute("SELECT sample_id, total_tokens FROM token_lengths").fetchall())
     img = str(media / "a.png")

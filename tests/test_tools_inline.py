@@ -165,6 +165,29 @@ def test_a_literal_media_token_in_text_is_rejected(text):
     assert e.value.reason == "media_token_in_text"
 
 
+@pytest.mark.parametrize("where", ["reasoning_content", "tool_call arguments", "name", "record tools"])
+def test_a_literal_media_token_in_any_rendered_key_is_rejected(where):
+    """Every key of a turn but role reaches the template: a media token there would be expanded by the
+    processor (which refuses the sample) while the fast rule counted it as text."""
+    token = "the <|image_pad|> token"
+    answer = {"role": "assistant", "content": "A."}
+    if where == "reasoning_content":
+        answer["reasoning_content"] = token
+    elif where == "tool_call arguments":
+        answer["tool_calls"] = [{"type": "function", "function": {"name": "f", "arguments": {"q": token}}}]
+    elif where == "name":
+        answer["name"] = token
+    rec = {"messages": [{"role": "user", "content": "hi"}, answer]}
+    if where == "record tools":
+        rec["tools"] = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "description": token}}]
+    with pytest.raises(ReasonError) as e:
+        normalize(rec)
+    assert e.value.reason == "media_token_in_text" and "<|image_pad|>" in e.value.detail
+    answer.pop("reasoning_content", None), answer.pop("tool_calls", None), answer.pop("name", None)
+    rec.pop("tools", None)
+    normalize(rec)  # the same record without the token is fine
+
+
 def test_bad_tools_and_remote_inline_media_are_rejected(tmp_path):
     with pytest.raises(ReasonError) as e:
         normalize({**chat(), "tools": "{not json"})

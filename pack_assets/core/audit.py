@@ -561,7 +561,7 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
         blend = info.stats.get("blend")
         recounting = recount(con, info, recount_fraction, trusted if recounted >= recount_fraction else frozenset(),
                              pool)
-        checking = drift.audit_check(con, info.model_profile(), check_samples) if check_samples else None
+        checking = drift.audit_check(con, info.model_profile, check_samples) if check_samples else None
         result = audit(con, out_dir, info.config, work=work, workers=workers, min_bytes=parallel_min_bytes,
                        trusted=trusted, repeats=blend["repeats"] if blend else None, progress=progress)
         if blend:

@@ -230,13 +230,38 @@ def _texts(content) -> list[str]:
     return [p.get("text") or "" for p in content if p["type"] == "text"]
 
 
+def _strings(value):
+    """Every string inside a JSON value (keys of objects too: a template may render them)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k)
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _rendered(message: dict):
+    """(key, text) for every string of a message a template can render: its content's text, and every other
+    kept key's strings (reasoning_content, name, tool_calls' names and arguments, the record's tools...)."""
+    for text in _texts(message["content"]):
+        yield "content", text
+    for key, value in message.items():
+        if key not in ("role", "content"):
+            for text in _strings(value):
+                yield key, text
+
+
 def _check_media_tokens(messages: list[dict]) -> None:
     for m in messages:
-        for text in _texts(m["content"]):
+        for key, text in _rendered(m):
             found = _MEDIA_TOKEN.search(text)
             if found:
+                where = "text" if key == "content" else f"{key!r}"
                 raise ReasonError("media_token_in_text",
-                                  f"{m['role']} text holds the literal media token {found.group(0)!r}")
+                                  f"{m['role']} {where} holds the literal media token {found.group(0)!r}")
 
 
 def normalize(record: dict, caption: str | None = None) -> list[dict]:
@@ -269,10 +294,10 @@ def normalize(record: dict, caption: str | None = None) -> list[dict]:
         messages.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
     if not any(m["role"] in ("user", "assistant") for m in messages):
         raise ReasonError("no_conversation", "conversation has no user or assistant turn")
-    _check_media_tokens(messages)
     tools = record_tools(record)
     if tools:
         messages[0]["tools"] = tools
+    _check_media_tokens(messages)
     return messages
 
 

@@ -48,6 +48,21 @@ def _check(policy, where: str) -> str:
     return policy
 
 
+def check_datasets(setting: str, datasets: list[str] | None) -> None:
+    """Refuse a mapping (``canonical`` text) that names a dataset the run does not have, rather than train
+    that dataset under ``all`` unsaid: without a recipe there are no datasets (``datasets`` None), with one
+    every key must be one of its dataset names."""
+    if not setting.startswith("{"):
+        return
+    if datasets is None:
+        raise ValueError(f"label_policy {setting}: a policy per dataset needs a recipe's datasets (--recipe); "
+                         f"without one give a single policy: {', '.join(POLICIES)}")
+    unknown = sorted(set(json.loads(setting)) - set(datasets))
+    if unknown:
+        raise ValueError(f"label_policy names {', '.join(map(repr, unknown))}, not a dataset of the recipe; its "
+                         f"datasets: {', '.join(sorted(datasets))}")
+
+
 def meta_value(setting: str) -> str | dict:
     """What a pack's ``_meta`` records: the policy name, or the mapping dataset -> name."""
     return json.loads(setting) if setting.startswith("{") else setting

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from . import safety
@@ -105,9 +106,10 @@ def _still_ours(out: Path, name: str, sha: str | None) -> bool:
     return sha is None or safety.file_sha256(p) == sha
 
 
-def _foreign(out: Path, names, recorded: dict[str, str | None], trust_recorded_shards: bool = False) -> list[str]:
+def _foreign(out: Path, names, recorded: dict[str, str | None],
+             unchanged: Callable[[str], bool] = lambda name: False) -> list[str]:
     """The names among `names` taken by a file that is not ours (a folder or a link at a name counts as not
-    ours). `trust_recorded_shards`: a recorded shard counts as ours without reading its first pack."""
+    ours). `unchanged`: whether a recorded shard is as the writer left it, ours without reading its first pack."""
     foreign = []
     for name in sorted(names):
         p = out / name
@@ -115,7 +117,7 @@ def _foreign(out: Path, names, recorded: dict[str, str | None], trust_recorded_s
             if p.exists() or p.is_symlink():
                 foreign.append(name)
             continue
-        if name in recorded and trust_recorded_shards and name.endswith(".tar"):
+        if name in recorded and name.endswith(".tar") and unchanged(name):
             continue
         ours = _still_ours(out, name, recorded[name]) if name in recorded else _proves_ours(out, name)
         if not ours:
@@ -147,10 +149,12 @@ def writer_names(out: Path, extra: tuple[str, ...] = ()) -> set[str]:
             | {n for n in fixed if (out / n).exists() or (out / n).is_symlink()})
 
 
-def refuse_foreign(out: Path, extra: tuple[str, ...] = ()) -> None:
+def refuse_foreign(out: Path, extra: tuple[str, ...] = (),
+                   unchanged: Callable[[str], bool] = lambda name: False) -> None:
     """Before a run scans anything: refuse when a file at a name the writer may write is not ours (the
-    writer's `claim` checks the planned names again, reading recorded shards, which this trusts)."""
-    _refuse(out, _foreign(out, writer_names(out, extra), load(out) or {}, trust_recorded_shards=True))
+    writer's `claim` checks the planned names again). A recorded shard that ``unchanged`` vouches for (the
+    writer's record of its size and mtime) is not read; any other recorded shard's first pack is."""
+    _refuse(out, _foreign(out, writer_names(out, extra), load(out) or {}, unchanged))
 
 
 def claim(out: Path, planned: set[str]) -> dict[str, str | None]:

@@ -188,6 +188,9 @@ def _totals(stats: dict) -> list[str]:
         *([f"{stats['output_shards_trusted']} output shard(s) unchanged since the last clean audit were not read "
            "again (audit scope `changed`); their planned packs are counted as read.", ""]
           if stats.get("output_shards_trusted") else []),
+        *([f"{stats['processor_checked']} sample(s) recounted with the model's real processor "
+           f"({stats['processor']}, setting `check_samples`); each difference is a `processor_mismatch` violation.",
+           ""] if "processor_checked" in stats else []),
     ]
 
 

@@ -169,6 +169,9 @@ class Settings:
             raise ValueError(f"output mode {self.output_mode!r}: expected one of {', '.join(OUTPUT_MODES)}")
         if self.recipe and self.plan.overlong == "split":
             raise ValueError(SPLIT_IN_BLEND)
+        if self.plan.label_policy.startswith("{"):  # a policy per dataset: the recipe's datasets, read only then
+            labels.check_datasets(self.plan.label_policy,
+                                  [d.name for d in self.blend().datasets] if self.recipe else None)
 
     @property
     def input_root(self) -> Path:

@@ -12,7 +12,7 @@ sample.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -49,11 +49,12 @@ class CheckReport:
                 f"{len(self.differences) or 'none'} differ")
 
 
-def reference_counter(profile: ModelProfile):
+def reference_counter(profile: ModelProfile, flag: str = "--check"):
     """The real processor of the profile's checkpoint folder, rendering with the profile's template variables;
-    ProfileError where there is none to build (a built-in profile has no folder)."""
+    ProfileError where there is none to build (a built-in profile has no folder). ``flag``: what asked for
+    it, for the message."""
     if not profile.model_dir:
-        raise ProfileError(f"--check recounts with the model's processor, which needs a checkpoint folder: pass "
+        raise ProfileError(f"{flag} recounts with the model's processor, which needs a checkpoint folder: pass "
                            f"--model-dir (profile {profile.name} is built in)")
     ref = replace(processor_profile(profile.model_dir, profile.trust_remote_code),
                   chat_template_kwargs=profile.chat_template_kwargs)
@@ -97,18 +98,19 @@ def check_file(path: Path, media_root: Path | None, profile: ModelProfile, rows:
     return check_records(profile, pairs, n)
 
 
-def audit_check(con, profile: ModelProfile, n: int):
+def audit_check(con, profile: Callable[[], ModelProfile], n: int):
     """The audit's optional step (setting ``check_samples``): the first ``n`` counted samples of every shard
     (by sample id), recounted with the real processor from their manifest rows (images as blank stand-ins of
-    the recorded size, which is the size ``load_image`` gives; videos by their metadata). Returns what records
-    the outcome in the audit's result: a ``processor_mismatch`` violation per sample that differs, or
+    the recorded size, which is the size ``load_image`` gives; videos by their metadata). ``profile``: resolves
+    the plan's profile (its ``--model-dir`` folder may be gone since). Returns what records the outcome in the
+    audit's result: a ``processor_mismatch`` violation per sample that differs, or
     ``processor_check_unavailable`` when no processor can be built."""
     import json
 
     if n <= 0:
         return lambda result: None
     try:
-        counter = reference_counter(profile)
+        counter = reference_counter(profile(), "check_samples")
     except (ProfileError, ImportError) as e:
         unavailable = str(e)
         return lambda result: result.add("processor_check_unavailable", unavailable)

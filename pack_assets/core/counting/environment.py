@@ -9,10 +9,12 @@ import functools
 import hashlib
 import json
 
-# what each rule's counts can depend on: the fast rules tokenize with tokenizers / tiktoken and were proven
-# against transformers; the processor rule runs transformers' processor, whose image and video paths use torch
-_PACKAGES = {"fast": ("transformers", "tokenizers", "tiktoken"),
-             "processor": ("transformers", "tokenizers", "torch", "torchvision", "pillow")}
+# what each rule's counts can depend on: the fast rules render the template with jinja2 and tokenize with
+# tokenizers / tiktoken (they never run transformers: a transformers upgrade cannot change their counts, the
+# drift guard checks it still agrees); the processor rule runs transformers' processor (which renders with
+# jinja2), whose image and video paths use torch
+_PACKAGES = {"fast": ("jinja2", "tokenizers", "tiktoken"),
+             "processor": ("transformers", "jinja2", "tokenizers", "torch", "torchvision", "pillow")}
 
 
 @functools.lru_cache(maxsize=4)

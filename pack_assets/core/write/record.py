@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -224,3 +225,10 @@ def written_stamps(work: Path, key: str, out_dir: Path, names: list[str]) -> dic
         return None
     stamps = {name: record["shards"].get(name) for name in names}
     return stamps if all(_as_left(out_dir, n, stamp) for n, stamp in stamps.items()) else None
+
+
+def left_as_written(work: Path, out_dir: Path) -> Callable[[str], bool]:
+    """Whether an output shard (by name) is as this work folder's last write left it (size and mtime in the
+    writer's record): what the run's preflight trusts without reading the shard."""
+    shards = (load_record(work) or {}).get("shards", {})
+    return lambda name: _as_left(out_dir, name, shards.get(name))
