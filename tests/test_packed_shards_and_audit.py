@@ -26,11 +26,12 @@ from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
 from pack_assets.core.records import PackMeta, SourceRef
 from pack_assets.core.scan import manifest_is_current, run_manifest
 from pack_assets.core.write import copy as write_copy
-from pack_assets.core.write import energon, fingerprints, jobs, run_write, syscalls, write_context
+from pack_assets.core.write import energon, fingerprints, run_write, syscalls, write_context
 from pack_assets.core.write import record as write_record
 from pack_assets.core.write import shard as write_shard_mod
+from pack_assets.core.write.bulk import BULK_ROWS, catalog_columns, load_bulk_shard
 from pack_assets.core.write.fingerprints import current_shards
-from pack_assets.core.write.jobs import load_shard_job, shard_job
+from pack_assets.core.write.jobs import shard_job
 from pack_assets.runner.procs import Helpers
 
 PROFILE = load_profile("qwen3-vl")
@@ -269,8 +270,8 @@ def test_unchanged_output_shards_are_found_without_loading_each_shard(dataset, t
     before = {n: sha(out / n) for n in names}
     (out / names[1]).unlink()
     loaded = []
-    real = load_shard_job
-    monkeypatch.setattr(write_copy, "load_shard_job", lambda *a: loaded.append(a[-1]) or real(*a))
+    real = load_bulk_shard
+    monkeypatch.setattr(write_copy, "load_bulk_shard", lambda *a: loaded.append(a[-1]) or real(*a))
     res = run_write(work, dataset, out, workers=1)
     assert loaded == [names[1]] and (res.written, res.skipped) == (1, len(names) - 1)
     assert {n: sha(out / n) for n in names} == before
@@ -294,15 +295,15 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     with store.connect(work, read_only=True) as con:
         names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
         assert len(names) >= 2
-        with store.staged(work, jobs.WRITE_ROWS, names) as rows:
+        with store.staged(work, BULK_ROWS, names) as rows:
             assert not stale.exists() and live.exists() and elsewhere.exists()
             for n in names:
-                assert shard_job(con, inp, n, rows) == shard_job(con, inp, n)
+                assert catalog_columns(con, inp, n, rows) == catalog_columns(con, inp, n)
         with store.staged(work, audit_stage.AUDIT_ROWS, names[1:], con) as rows:
             gathered = audit_stage._shard_expectations(con, names[1], rows)
             assert gathered == audit_stage._shard_expectations(con, names[1])
         with pytest.raises(FileNotFoundError):  # gone from under a reader: an error, never "no rows"
-            shard_job(con, inp, names[0], rows)
+            catalog_columns(con, inp, names[0], rows)
     leftovers = sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*"))
     assert leftovers == sorted([live.name, elsewhere.name])
 
@@ -311,7 +312,7 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     monkeypatch.setattr(store.Staged, "rows", lambda self, *a, **k: used.append(a[1]) or real(self, *a, **k))
     shutil.rmtree(out)
     run_write(work, inp, out, workers=1)
-    assert set(used) == {"subs", "members"}
+    assert set(used) == {"samples", "members"}
     used.clear()
     assert run_audit(work, out, workers=1).ok and set(used) == {"samples", "members"}
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from .. import owned, store
 from ..plan import PlanInfo
+from .bulk import BULK_ROWS, load_bulk_shard
 from .energon import LastIndex
 from .fingerprints import current_shards
-from .jobs import WRITE_ROWS, ShardJob, ShardResult, load_shard_job
+from .jobs import ShardJob, ShardResult
 from .record import last_index, load_record, record_written, shard_digests, vouched_shards, written_key
 from .shard import write_shard
 from .shared import OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards, write_context
@@ -83,10 +84,10 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
     skip = {r.shard for r in done}
     last = last_index(work, out_dir, skip)
     todo = [n for n in names if n not in skip]
-    with store.staged(work, WRITE_ROWS, todo) if len(todo) > 1 else contextlib.nullcontext() as rows:
+    with store.staged(work, BULK_ROWS, todo) if len(todo) > 1 else contextlib.nullcontext() as rows:
         root = input_root if isinstance(input_root, dict) else str(input_root)
         results = write_all(out_dir, todo, context, workers=workers, progress=progress,
-                            loader=functools.partial(load_shard_job, str(work), root, rows), done=done,
+                            loader=functools.partial(load_bulk_shard, str(work), root, rows, context), done=done,
                             plan_fingerprint=info.fingerprint, last=last)
     record_written(work, key, out_dir, results, context, digests, keys)
     return WriteSummary.of(out_dir, owned.planned_files(names), names, results, time.perf_counter() - t0,
