@@ -50,6 +50,8 @@ def main() -> None:
                          "audit, put it back and rerun the same way (both timed: repeats of the quick rerun)")
     ap.add_argument("--results", help="also write the records here (a file under bench/results)")
     args = ap.parse_args()
+    if args.results and Path(args.results).exists():
+        raise SystemExit(f"{args.results} exists: results files are never overwritten, name a new one")
     out = Path(args.out)
     n_shards = args.samples // args.per_shard
     inp = out / "shards"
@@ -90,7 +92,8 @@ def main() -> None:
               "seconds": round(seconds2, 1),
               "shard_runs": summary2["shard_runs"], "samples": summary2["samples"], "packs": summary2["packs"],
               "fill": summary2["fill"], "output_shards_written": summary2["output_shards_written"],
-              "output_shards_trusted": summary2["output_shards_trusted"], "violations": summary2["violations"],
+              "output_shards_trusted": summary2["output_shards_trusted"],
+              "output_shards_hashed": summary2.get("output_shards_hashed"), "violations": summary2["violations"],
               "stage_seconds": summary2["stage_seconds"], "peak_rss_bytes": peak2,
               "ratio_to_full": round(seconds2 / seconds, 3)})
     if args.again and not args.reruns:

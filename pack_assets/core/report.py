@@ -180,7 +180,11 @@ def _totals(stats: dict) -> list[str]:
         f"| {stats['samples_read']} | {stats['packed']} | {stats['dropped']} | {stats['rejected']} | "
         f"{stats['packs_read']} | {stats['output_shards']} | {stats['media_members_checked']} |",
         "",
-        *([f"{stats['output_shards_trusted']} output shard(s) unchanged since the last clean audit were not read "
+        *([f"{stats['output_shards_trusted']} output shard(s) unchanged since the last clean audit were re-read "
+           "whole and hashed: their bytes are the ones it passed (the file digest it recorded), so they were not "
+           "checked member by member again; their planned packs are counted as read.", ""]
+          if stats.get("output_shards_hashed") else
+          [f"{stats['output_shards_trusted']} output shard(s) unchanged since the last clean audit were not read "
            "again (audit scope `changed`); their planned packs are counted as read.", ""]
           if stats.get("output_shards_trusted") else []),
     ]
