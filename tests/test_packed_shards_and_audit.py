@@ -689,6 +689,35 @@ def test_spliced_pack_document_is_byte_identical_to_dumping_the_dict():
         assert member_key(m) == json.dumps([m["name"], m["offset"], m["size"], m["sha256"]], ensure_ascii=False)
 
 
+def test_bulk_built_documents_and_fingerprint_equal_the_dict_and_the_job_path():
+    """The copy-mode writer builds a shard's documents column by column (write/bulk.py): with each record's
+    text spliced in, every pack's bytes are json.dumps of its dict, and the fingerprint is ShardFingerprint's."""
+    from pack_assets.core.write import bulk
+    from pack_assets.core.write.jobs import PackJob, ShardJob, SubSample, pack_document
+    from pack_assets.core.write.shard import _source
+
+    messages = [{"role": "user", "content": [{"type": "text", "text": 'quote " back\\slash \u2028 ü 😀 \x01'}]}]
+    member = lambda name, off, sha: {"name": name, "offset": off, "size": 7, "sha256": sha}  # noqa: E731
+    subs = [SubSample('a/"k"', "s", 'a/"k"', "/x", 12, None, member("k.json", 0, "ab"), [member("k.JPG", 512, None)],
+                      extra=[member('k.ü"x', 1024, "cd"), member("k", 1536, "ce")], conversation_sha256="c",
+                      source_stamp="9:9", messages_json=json.dumps(messages, ensure_ascii=False)),
+            SubSample("b", "t", "b", "/y", 3, messages, member("b.txt", 2048, "ef"), [], messages_json=None),
+            SubSample("c", "s", "c", "/x", 0, [], None, [member("c.png", 4096, "01"), member("c.jpg", 4608, "02")])]
+    records = [json.dumps({"conversations": [{"from": "human", "value": "é\n"}], "n": [1, 2.5]}).encode(),
+               "plain caption ü".encode(), None]
+    job = ShardJob("x.tar", [PackJob("p0001", "image", 16, subs[:2]), PackJob("p0002", "text", 5, subs[1:])])
+    for context in ({"profile": "qwen3-vl", "max_len": 100}, {"sources": "replaced in place"}):
+        built = bulk.build_shard(job.name, bulk.job_columns(job), context)
+        assert built.fingerprint == fingerprints.shard_fingerprint(job, context)
+        meta = {**context, "shard_fingerprint": built.fingerprint}
+        for pack, got, recs in zip(job.packs, built.packs, (records[:2], records[1:])):
+            texts = ["null" if r is None else _source(r, sub.json_member["name"].endswith(".json"))
+                     for r, sub in zip(recs, pack.subs)]
+            doc = "".join([x for pair in zip(got.heads, texts) for x in pair] + [got.tail]).encode()
+            assert doc == _dict_document(pack, meta, recs)
+            assert [m[0] for m in got.members] == [n for n, _, _ in pack_document(pack, meta, recs)[1]]
+
+
 @pytest.mark.parametrize("pack_ids", [["p00000001", "p00000002"], ["p.1", "dir/p2", "__p3__"]])
 def test_energon_index_kept_while_writing_equals_reading_the_shard_back(tmp_path, pack_ids):
     from pack_assets.core.write.energon import sample_index

@@ -110,6 +110,8 @@ def catalog_columns(con, input_root, name: str, rows: store.Staged | None = None
 def job_columns(job: ShardJob) -> Columns:
     """A ShardJob's samples as columns (callers and tests that hold jobs)."""
     def member(m: dict | None) -> tuple | None:
+        if m is not None and list(m) != ["name", "offset", "size", "sha256"]:
+            raise ValueError(f"a member as the catalog holds one (name, offset, size, sha256), not {sorted(m)}")
         return None if m is None else (m["name"], m["offset"], m["size"], m["sha256"])
 
     subs = [(p, s) for p in job.packs for s in p.subs]
