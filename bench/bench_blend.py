@@ -1,10 +1,10 @@
 """The blend planner (core/blend.py) on a large synthetic recipe: three datasets of very different lengths,
 1M samples in all, each epoch planned on its own.
 
-    python bench/bench_blend.py --n 1000000 --epochs 2 --repeats 3     # writes bench/results/blend.json
-    python bench/bench_blend.py --n 1000000 --epochs 1 --repeats 1 --algorithm bfd --out bench/results/blend_bfd.json
-    python bench/bench_blend.py --n 1000000 --epochs 2 --repeats 3 --algorithm mix --out bench/results/blend_mix.json
-    python bench/bench_blend.py --n 1000000 --epochs 1 --repeats 3 --against mix --out bench/results/blend_vs_mix.json
+    python bench/bench_blend.py --n 1000000 --epochs 2 --repeats 3     # writes a new bench/results/blend_<UTC>.json
+    python bench/bench_blend.py --n 1000000 --epochs 1 --repeats 1 --algorithm bfd
+    python bench/bench_blend.py --n 1000000 --epochs 2 --repeats 3 --algorithm mix
+    python bench/bench_blend.py --n 1000000 --epochs 1 --repeats 3 --against mix
 
 Per epoch, in the same process and alternating (the ratio taken pair by pair): `make_blend_plan` (draw the
 copies, bin-pack them together, deal the packs) vs numpy loading nothing and stable-argsorting the epoch's
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
+from common import ResultsFile, machine  # noqa: E402
 
 from pack_assets.core.blend import make_blend_plan, share_errors  # noqa: E402
 from pack_assets.core.plan import PlanConfig, _deal, drift  # noqa: E402
@@ -91,9 +91,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--algorithm", default=BLEND_ALGORITHM,
                     help="default: what a recipe packs with unless it names another")
-    ap.add_argument("--out", default="bench/results/blend.json")
+    ap.add_argument("--out", help="a new file or folder (default: a new bench/results/blend_<UTC>.json)")
     ap.add_argument("--against", default="", help="also time this algorithm, alternating: the ratio pair by pair")
     args = ap.parse_args()
+    dest = ResultsFile(args.out, "blend")
     r = rows(args.n)
     repeats = {name: rep for name, _, _, _, rep in MIX}
     names = list(repeats)
@@ -122,9 +123,7 @@ def main() -> None:
         print(json.dumps(epochs[-1]), flush=True)
     out = {"machine": machine(), "load_before": os.getloadavg(), "command": " ".join(["python"] + sys.argv),
            "n": args.n, "mix": MIX, "max_len": args.max_len, "algorithm": args.algorithm, "epochs": epochs}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {dest.write(out)}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 256 packs within ±10 % of each dataset's token share, drift ≤ 1.25, packs within +0.1 % of the L2 lower
 bound) where `mix` is 0.2-0.5 % over the bound.
 
-    python bench/bench_blend_small.py          # writes bench/results/blend_small.json
+    python bench/bench_blend_small.py          # writes a new bench/results/blend_small_<UTC>.json
 
 Data: "test", tests/test_blend.py's blend (6,000 `chat` of mean 300 tokens, repeat 1.0; 1,500 `ocr` of mean
 2,500, repeat 2.5; 3,000 `caption` of mean 600, repeat 0.5; max_len 4,096), epochs 0-3; "bench30k@4096" and
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_blend import MIX as bench_mix  # noqa: E402
 from bench_blend import quality  # noqa: E402
 from bench_blend import rows as bench_rows  # noqa: E402
-from common import machine  # noqa: E402
+from common import ResultsFile, machine  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_blend import synthetic_rows  # noqa: E402  the test's blend, one definition
@@ -51,8 +51,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per approach and epoch (median)")
-    ap.add_argument("--out", default="bench/results/blend_small.json")
+    ap.add_argument("--out", help="a new file or folder (default: a new bench/results/blend_small_<UTC>.json)")
     args = ap.parse_args()
+    dest = ResultsFile(args.out, "blend_small")
     cases = [("test", rows(), 4096, list(range(args.epochs))), ("bench30k@4096", bench_rows(30_000), 4096, [0]),
              ("bench30k@8192", bench_rows(30_000), 8192, [0])]
     names = list(REPEATS)
@@ -84,9 +85,7 @@ def main() -> None:
         binpack.MIXFILL_REPACK_BELOW = threshold
     out = {"machine": machine(), "load_before": os.getloadavg(), "command": " ".join(["python"] + sys.argv),
            "test_spec": SPEC, "bench_mix": bench_mix, "repeats": REPEATS, "results": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {dest.write(out)}")
 
 
 if __name__ == "__main__":

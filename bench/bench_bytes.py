@@ -5,7 +5,8 @@ would cost instead of reading headers.
     python bench/bench_bytes.py --gb 20 --out bench/out/bytes
 
 Checks free disk first (source + output + a transient `cp` copy ≈ 3 × the set; the copy is deleted before
-the run). Prints JSON lines and writes them to <out>/results.json.
+the run). Prints JSON lines and writes them to <out>/results.json and to a new results file (--results; default
+bench/results/bytes_<UTC>.json).
 """
 
 from __future__ import annotations
@@ -64,14 +65,15 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=16384)
     ap.add_argument("--sample-images", type=int, default=200)
     ap.add_argument("--out", default="bench/out/bytes")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/bytes_<UTC>.json)")
     args = ap.parse_args()
     out = Path(args.out)
+    emit = Results(out, args.results, "bytes")
     out.mkdir(parents=True, exist_ok=True)
     target = int(args.gb * 1e9)
     inp = out / "shards"
     have = sum(p.stat().st_size for p in inp.glob("*.tar")) if inp.exists() else 0
     require_free(out, 3 * target - have)
-    emit = Results(out)
     t0 = time.perf_counter()
     paths = make_heavy_shards(inp, target, args.shard_mb << 20)
     files = [str(p) for p in paths]

@@ -6,7 +6,7 @@ tokens), collated once; reported: the peak of Python/numpy allocations during th
 collator builds its arrays in numpy and hands them to torch without a copy) and the growth of the process's
 peak RSS (ru_maxrss, which also sees torch's own allocations, i.e. the dense mask). Results to a new file:
 
-    .venv/bin/python bench/bench_collate.py bench/results/collate_masks_i39.json
+    .venv/bin/python bench/bench_collate.py [FILE or FOLDER]   # default: a new bench/results/collate_masks_<UTC>.json
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
+from common import ResultsFile, machine  # noqa: E402
 
 _CHILD = r"""
 import json, resource, sys, tracemalloc
@@ -58,9 +58,7 @@ def run(B: int, L: int, mask: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main(out: Path) -> None:
-    if out.exists():
-        raise SystemExit(f"{out} exists: results go to a new file")
+def main(out: ResultsFile) -> None:
     rows = [run(4, L, "default") for L in (2048, 4096, 8192, 16384)]
     rows += [run(4, L, "dense") for L in (2048, 4096, 8192)]  # 4 x 16k dense would be 1 GiB of bool
     for r in rows:
@@ -78,9 +76,9 @@ def main(out: Path) -> None:
         "default_peak_ratio_16k_vs_8k": default[16384]["tracemalloc_peak_mib"] / default[8192]["tracemalloc_peak_mib"],
         "dense_rss_ratio_8k_vs_4k": dense[8192]["rss_peak_growth_mib"] / max(dense[4096]["rss_peak_growth_mib"], 1e-9),
     }
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    out.write(doc)
     print(json.dumps({k: v for k, v in doc.items() if k != "rows"}))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "bench/results/collate_masks_i39.json"))
+    main(ResultsFile(sys.argv[1] if len(sys.argv) > 1 else None, "collate_masks"))

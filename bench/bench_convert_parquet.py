@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, require_free  # noqa: E402
+from common import ResultsFile, machine, require_free  # noqa: E402
 
 STEPS = ("pyarrow", "pyarrow_read_table", "pyarrow_streamed", "pyarrow_to_python", "convert")
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
@@ -155,13 +155,14 @@ def main() -> None:
     ap.add_argument("--image-kb", type=int, default=150)
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--results", default="")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/convert_parquet_<UTC>.json)")
     ap.add_argument("--child", default="")
     args = ap.parse_args()
     data = Path(args.data)
     if args.child:
         print(json.dumps(_child(args.child, data)))
         return
+    dest = ResultsFile(args.results, "convert_parquet")
     if not (data / "snapshot").is_dir():
         require_free(data, 3.2 * args.gb * 1e9)  # the snapshot, its converted copy, headroom
         make_snapshot(data / "snapshot", args.gb, args.image_kb, args.files)
@@ -191,8 +192,7 @@ def main() -> None:
                "convert_speed_over_pyarrow_to_python": med["pyarrow_to_python"] / med["convert"],
                "rounds": rounds}
     print(json.dumps({k: v for k, v in summary.items() if k != "rounds"}, indent=1))
-    if args.results:
-        Path(args.results).write_text(json.dumps(summary, indent=1) + "\n")
+    dest.write(summary)
 
 
 if __name__ == "__main__":

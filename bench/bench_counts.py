@@ -19,11 +19,15 @@ import argparse
 import json
 import platform
 import random
+import sys
 import time
 from pathlib import Path
 
-from pack_assets.core.counting.profiles import resolve_profile
-from pack_assets.core.counting.tokens import TokenCounter
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ResultsFile  # noqa: E402
+
+from pack_assets.core.counting.profiles import resolve_profile  # noqa: E402
+from pack_assets.core.counting.tokens import TokenCounter  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a thing up.",
                                            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
@@ -126,8 +130,9 @@ def main() -> None:
                     help="tokenizers: a byte-level BPE off tiktoken, through the chunk -> count cache")
     ap.add_argument("-n", type=int, default=5000)
     ap.add_argument("--label", default="", help="what code this is (e.g. a commit), kept in the results file")
-    ap.add_argument("--results", help="append the figures to this JSON file (a list of runs)")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/counts_<UTC>.json)")
     a = ap.parse_args()
+    dest = ResultsFile(a.results, "counts")
     model_dir = family_dir(a.family) if a.family else a.model_dir
     if a.pan_and_scan:
         if not model_dir:
@@ -162,10 +167,7 @@ def main() -> None:
     run["mean_text_tokens"] = round(sum(r["text_tokens"] for r in ok) / max(1, len(ok)))
     run["mean_total_tokens"] = round(sum(r["total_tokens"] for r in ok) / max(1, len(ok)))
     print(f"mean per sample: {run['mean_text_tokens']} text tokens, {run['mean_total_tokens']} in all")
-    if a.results:
-        path = Path(a.results)
-        runs = json.loads(path.read_text()) if path.exists() else []
-        path.write_text(json.dumps(runs + [run], indent=1) + "\n")
+    dest.write([run])  # the shape of the older files, which held several runs
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
     python bench/bench_e2e.py --samples 1000000 --per-shard 5000 --image-kb 15 --out bench/out/e2e
 
 Checks free disk first (input + output ≈ 2.1 × samples × image size). Prints JSON lines and writes them to
-<out>/results.json. ``--again N`` then repeats the quick rerun N times: the last new shard removed, rerun;
-put back, rerun (its manifest is current then, so only the plan, write and audit are repeated).
+<out>/results.json and to a new results file (--results; default bench/results/e2e_<UTC>.json). ``--again N``
+then repeats the quick rerun N times: the last new shard removed, rerun; put back, rerun (its manifest is
+current then, so only the plan, write and audit are repeated).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=1_000_000)
     ap.add_argument("--per-shard", type=int, default=5000)
     ap.add_argument("--image-kb", type=int, default=15)
+    ap.add_argument("--images", type=int, default=1, help="images per sample (0: text-only samples)")
+    ap.add_argument("--max-words", type=int, default=60, help="bound on each turn's length, in 6-word phrases")
     ap.add_argument("--max-len", type=int, default=16384)
     ap.add_argument("--out", default="bench/out/e2e")
     ap.add_argument("--reruns", type=int, default=3, help="how many of the three one-new-shard reruns to run")
@@ -48,20 +51,19 @@ def main() -> None:
     ap.add_argument("--again", type=int, default=0,
                     help="then, this many times: remove the last new shard and rerun incrementally with the quick "
                          "audit, put it back and rerun the same way (both timed: repeats of the quick rerun)")
-    ap.add_argument("--results", help="also write the records here (a file under bench/results)")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/e2e_<UTC>.json)")
     args = ap.parse_args()
-    if args.results and Path(args.results).exists():
-        raise SystemExit(f"{args.results} exists: results files are never overwritten, name a new one")
     out = Path(args.out)
+    emit = Results(out, args.results, "e2e")
     n_shards = args.samples // args.per_shard
     inp = out / "shards"
     for d in ("work", "packed", "dagster_home"):  # an earlier run's: the space it holds is counted free
         shutil.rmtree(out / d, ignore_errors=True)
     have = sum(p.stat().st_size for p in inp.glob("part-*.tar")) if inp.is_dir() else 0  # a set made before
-    require_free(out, 2.2 * args.samples * (args.image_kb * 1024 + 600) - have)
+    require_free(out, 2.2 * args.samples * (args.images * args.image_kb * 1024 + 600 + 2 * 36 * args.max_words) - have)
     t0 = time.perf_counter()
-    paths = make_shards(inp, n_shards, args.per_shard, args.image_kb, seed=7)
-    emit = Results(out, args.results)
+    paths = make_shards(inp, n_shards, args.per_shard, args.image_kb, seed=7, images=args.images,
+                        max_words=args.max_words)
     emit({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "generate_s": round(time.perf_counter() - t0, 1),
           "bytes": sum(p.stat().st_size for p in paths), "shards": len(paths)})
     files = [str(p) for p in paths]
@@ -81,7 +83,8 @@ def main() -> None:
               ("incremental, audit changed only", ["--incremental", "--audit-scope", "changed"]),
               ("full replan", [])]
     for i, (label, flags) in enumerate(reruns[:args.reruns]):
-        extra = make_shards(out / f"extra{i}", 1, args.per_shard, args.image_kb, seed=99 - i)[0]
+        extra = make_shards(out / f"extra{i}", 1, args.per_shard, args.image_kb, seed=99 - i, images=args.images,
+                            max_words=args.max_words)[0]
         new = inp / f"part-{n_shards + i:05d}.tar"
         if new.exists():  # a set left by an earlier run: copying over it would add no data
             raise SystemExit(f"{new} exists: remove the reruns' shards (part-{n_shards:05d}.tar on) first")

@@ -5,7 +5,7 @@
 One plan (image-text samples, `common.make_shards`), written twice: copy mode and index mode. Then, in turn
 for --repeats rounds: every pack read with `reader.iter_packs` from the copy folder and from the index folder
 (each media member's bytes touched), and `cat` of the copy-mode shards to /dev/null (the floor: the same
-bytes, sequential, no parsing). Medians and per-round ratios go to bench/results/index.json (--results),
+bytes, sequential, no parsing). Medians and per-round ratios go to a new file under bench/results (--results),
 with the sizes, the write times, `uptime`'s load and the machine. Page cache warm (inputs and outputs fit
 in memory at the default size): this measures the reader's own cost, not a disk.
 """
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, make_shards  # noqa: E402
+from common import ResultsFile, machine, make_shards  # noqa: E402
 
 from pack_assets.core import store  # noqa: E402
 from pack_assets.core.counting.profiles import load_profile  # noqa: E402
@@ -59,8 +59,9 @@ def main() -> None:
     ap.add_argument("--image-kb", type=int, default=100)
     ap.add_argument("--max-len", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--results", default="bench/results/index.json")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/index_<UTC>.json)")
     args = ap.parse_args()
+    dest = ResultsFile(args.results, "index")
     out = Path(args.out)
     inp = out / f"in-{args.shards}x{args.per_shard}x{args.image_kb}kb"
     make_shards(inp, args.shards, args.per_shard, image_kb=args.image_kb)
@@ -108,9 +109,7 @@ def main() -> None:
     rec["median"] = {k: round(statistics.median(r[k] for r in rounds), 4) for k in rounds[0]}
     rec["load_after"] = load()
     print(json.dumps(rec, indent=1))
-    path = Path(args.results)
-    prev = json.loads(path.read_text()) if path.exists() else []
-    path.write_text(json.dumps([*[p for p in prev if p.get("command") != rec["command"]], rec], indent=1) + "\n")
+    dest.write([rec])  # the shape of index.json, which held one run per command
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 Each timed run is a fresh work and output directory (every shard needs a run) against a Dagster home made
 by one untimed warm-up run per shard count; the order of the --jobs values alternates between repeats so
 drift on the machine does not favour one. Wall seconds are the whole process, measured outside it.
-Writes medians and every run to bench/results/jobs.json (--results); run it on a quiet machine.
+Writes medians and every run to a new file under bench/results (--results); run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, make_shards  # noqa: E402
+from common import ResultsFile, machine, make_shards  # noqa: E402
 
 
 def run_once(exe: str, inp: Path, out: Path, jobs: int, max_len: int) -> dict:
@@ -59,8 +59,9 @@ def main() -> None:
     ap.add_argument("--image-kb", type=int, default=15)
     ap.add_argument("--max-len", type=int, default=16384)
     ap.add_argument("--out", default="bench/out/jobs", help="shards, work and output directories")
-    ap.add_argument("--results", default="bench/results/jobs.json")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/jobs_<UTC>.json)")
     args = ap.parse_args()
+    dest = ResultsFile(args.results, "jobs")
     if 1 not in args.jobs:
         raise SystemExit("--jobs must include 1, the baseline")
     out = Path(args.out)
@@ -90,11 +91,7 @@ def main() -> None:
         f"jobs_{parallel}_wins_from_shards": threshold(medians, parallel),
         "runs": runs,
     }
-    path = Path(args.results)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(path)
+    dest.write(result)
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
 
 

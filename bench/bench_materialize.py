@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, make_shards  # noqa: E402
+from common import ResultsFile, machine, make_shards  # noqa: E402
 
 # code location module per executor; `multiprocess` is written into the temporary folder on PYTHONPATH
 EXECUTORS = {"in_process": "pack_assets.definitions", "multiprocess": "bench_default_executor"}
@@ -52,10 +52,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--per-shard", type=int, default=200, help="samples in the shard")
-    ap.add_argument("--results", default=str(Path(__file__).parent / "results" / "materialize.json"))
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/materialize_<UTC>.json)")
     args = ap.parse_args()
-    if Path(args.results).exists():
-        raise SystemExit(f"{args.results} exists: results go to a new file (--results)")
+    dest = ResultsFile(args.results, "materialize")
     dagster = str(Path(sys.executable).parent / "dagster")
     with tempfile.TemporaryDirectory(prefix="bench_materialize-") as tmp:
         t = Path(tmp)
@@ -75,7 +74,7 @@ def main() -> None:
     out = {"machine": machine(), "load_average": os.getloadavg(), "per_shard": args.per_shard,
            "repeats": args.repeats, "median_s": medians,
            "in_process_over_multiprocess": round(medians["in_process"] / medians["multiprocess"], 3), "runs": runs}
-    Path(args.results).write_text(json.dumps(out, indent=1) + "\n")
+    dest.write(out)
     print(json.dumps(out, indent=1))
 
 

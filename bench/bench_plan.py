@@ -1,8 +1,9 @@
 """Planner speed and quality: lognormal lengths like the seed's LVIS table and a 10M run.
 
     python bench/bench_plan.py --n 10000000
-    python bench/bench_plan.py --caps 2048 8192 32768 65536 --n 10000000 --repeats 3   # writes
-    bench/results/plan_caps.json
+    python bench/bench_plan.py --caps 2048 8192 32768 65536 --n 10000000 --repeats 3
+
+Each run writes a new file under bench/results (--results).
 
 Compares the planner's wall time with numpy loading and stable-argsorting the same lengths (same run).
 --caps: whole processes, each fresh: `plan` loads the .npy and runs BFD at the cap, `numpy` loads the same
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
+from common import ResultsFile, machine  # noqa: E402
 
 from pack_assets.core.binpack import ALGORITHMS, assign, lower_bounds  # noqa: E402  (numpy only: a light process)
 
@@ -74,7 +75,7 @@ def whole(args: list[str]) -> tuple[float, dict]:
     return time.perf_counter() - t0, json.loads(proc.stdout.splitlines()[-1])
 
 
-def caps_run(caps: list[int], n: int, repeats: int, results: Path) -> None:
+def caps_run(caps: list[int], n: int, repeats: int, results: ResultsFile) -> None:
     big = lognormal(n, 864, 3668.6, 20_000, seed=2)
     rows = []
     with tempfile.TemporaryDirectory() as d:
@@ -92,9 +93,8 @@ def caps_run(caps: list[int], n: int, repeats: int, results: Path) -> None:
                    "median_numpy_s": statistics.median(p["numpy_s"] for p in pairs), "runs": pairs}
             print(json.dumps(row), flush=True)
             rows.append(row)
-    results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps({"machine": machine(), "date": time.strftime("%Y-%m-%d"),
-                                   "load_avg_at_end": os.getloadavg(), "rows": rows}, indent=1))
+    results.write({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "load_avg_at_end": os.getloadavg(),
+                   "rows": rows})
 
 
 def main() -> None:
@@ -102,22 +102,24 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=10_000_000)
     ap.add_argument("--caps", type=int, nargs="*", help="whole-process planner vs numpy at these capacities")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--results", default="bench/results/plan_caps.json")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/plan_<UTC>.json, "
+                                      "plan_caps_<UTC>.json with --caps)")
     ap.add_argument("--child", choices=["plan", "numpy"], help=argparse.SUPPRESS)
     ap.add_argument("--file", help=argparse.SUPPRESS)
     ap.add_argument("--cap", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args.child, args.file, args.cap)
+    dest = ResultsFile(args.results, "plan_caps" if args.caps else "plan")
     if args.caps:
-        return caps_run(args.caps, args.n, args.repeats, Path(args.results))
-    print(json.dumps({"machine": machine()}))
+        return caps_run(args.caps, args.n, args.repeats, dest)
+    records = [{"machine": machine(), "date": time.strftime("%Y-%m-%d"), "load_avg_at_start": os.getloadavg()}]
+    print(json.dumps(records[0]))
     seed = lognormal(99_388, 864, 3668.6, 20_000)
-    for r in run(seed, 20_000, ALGORITHMS):
-        print(json.dumps({"case": "LVIS-like 99,388 @ 20,000", **r}))
+    records += [{"case": "LVIS-like 99,388 @ 20,000", **r} for r in run(seed, 20_000, ALGORITHMS)]
     small = lognormal(1_000_000, 900, 1800, 2048, seed=1)
-    for r in run(small, 2048, ALGORITHMS):
-        print(json.dumps({"case": "1M median 900 @ 2,048", **r}))
+    records += [{"case": "1M median 900 @ 2,048", **r} for r in run(small, 2048, ALGORITHMS)]
+    print("\n".join(json.dumps(r) for r in records[1:]))
     big = lognormal(args.n, 864, 3668.6, 20_000, seed=2)
     with tempfile.TemporaryDirectory() as d:
         np.save(Path(d) / "l.npy", big)
@@ -128,9 +130,11 @@ def main() -> None:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     (r,) = run(big, 20_000, ["bfd"])
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"case": f"{args.n:,} @ 20,000", **r, "numpy_load_argsort_s": round(ref, 3),
-                      "ratio_to_numpy": round(r["seconds"] / ref, 2),
-                      "peak_rss_growth_bytes_per_sample": round((after - before) * 1024 / args.n, 1)}))
+    records.append({"case": f"{args.n:,} @ 20,000", **r, "numpy_load_argsort_s": round(ref, 3),
+                    "ratio_to_numpy": round(r["seconds"] / ref, 2),
+                    "peak_rss_growth_bytes_per_sample": round((after - before) * 1024 / args.n, 1)})
+    print(json.dumps(records[-1]))
+    dest.write(records)
 
 
 if __name__ == "__main__":

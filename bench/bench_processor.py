@@ -1,6 +1,6 @@
 """Samples/s per core of the processor rule (issue 18, item 3), warm and cold, beside the fast rule.
 
-    PYTHONPATH=. taskset -c 0 python bench/bench_processor.py [-n 2000] [--results bench/results/processor.json]
+    PYTHONPATH=. taskset -c 0 python bench/bench_processor.py [-n 2000] [--results bench/results/processor_<label>.json]
 
 Samples: one image and ~400 text tokens each (system, user with the image, assistant answer). "warm": the
 images take 8 sizes, counted after one pass over them (real data with repeated sizes); "cold": every sample
@@ -33,6 +33,9 @@ from pathlib import Path
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # per-core figures: the tokenizer's batch call on one thread
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ResultsFile  # noqa: E402
 
 ROUNDS = 3
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,8 +165,9 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=2000)
     ap.add_argument("--label", default="")
     ap.add_argument("--zipf", action="store_true", help="text from a 50k pseudo-word Zipf vocabulary")
-    ap.add_argument("--results", help="append the run to this JSON file (a list of runs)")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/processor_<UTC>.json)")
     a = ap.parse_args()
+    dest = ResultsFile(a.results, "processor")
     global ZIPF
     ZIPF = a.zipf
     load = os.getloadavg()
@@ -180,12 +184,7 @@ def main() -> None:
     run["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     run["uptime"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(json.dumps({k: v for k, v in run.items() if k != "models"}))
-    if a.results:
-        path = Path(a.results)
-        runs = json.loads(path.read_text()) if path.exists() else []
-        tmp_path = path.with_suffix(".json.tmp")
-        tmp_path.write_text(json.dumps(runs + [run], indent=1) + "\n")
-        tmp_path.replace(path)
+    dest.write([run])  # the shape of the older files, which held several runs
 
 
 if __name__ == "__main__":

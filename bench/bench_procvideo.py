@@ -2,7 +2,7 @@
 rule on the same samples.
 
     PYTHONPATH=. taskset -c 1 python bench/bench_procvideo.py [-n 2000] [--cold 60] \
-        [--results bench/results/procvideo.json]
+        [--results bench/results/procvideo_<label>.json]
 
 Samples: one video and ~100 words each (system, user with the video, assistant answer), counted from the
 manifest's video metadata (frames, fps, width, height, duration; nothing decoded). "warm": the videos take 8
@@ -35,6 +35,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+from common import ResultsFile  # noqa: E402
+
 ROUNDS = 3
 WORDS = ("the a cat dog sat on mat red blue video shows large small tree house car river city chart table "
          "figure left right top bottom person holding cup moves").split()
@@ -136,8 +139,9 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=2000)
     ap.add_argument("--cold", type=int, default=60)
     ap.add_argument("--label", default="")
-    ap.add_argument("--results")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/procvideo_<UTC>.json)")
     args = ap.parse_args()
+    dest = ResultsFile(args.results, "procvideo")
     import torch
     import transformers
 
@@ -155,8 +159,7 @@ def main() -> None:
                                            if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    if args.results:
-        Path(args.results).write_text(json.dumps(res, indent=1) + "\n")
+    dest.write(res)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ with each pack's members hashed by a second thread while the next pack is read (
 in-line audit reads one output shard at a time with a core to spare), and the whole
 audit in one process (`run_audit(workers=1)`: reader, hashes, every check, the report). Each round runs all
 of them once; the medians over --repeats rounds and each round's ratios to hashlib go to
-bench/results/reread.json (--results). Page cache warm.
+a new file under bench/results (--results). Page cache warm.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, timed  # noqa: E402
+from common import ResultsFile, machine, timed  # noqa: E402
 
 from pack_assets.core import audit, tario  # noqa: E402
 
@@ -79,8 +79,9 @@ def main() -> None:
     ap.add_argument("--packed", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--results", default="bench/results/reread.json")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/reread_<UTC>.json)")
     args = ap.parse_args()
+    dest = ResultsFile(args.results, "reread")
     packed, work = Path(args.packed), Path(args.work)
     files = sorted(packed.glob("*.tar"))
     size = sum(p.stat().st_size for p in files)
@@ -98,7 +99,7 @@ def main() -> None:
               "median_speed_vs_hashlib": {k: statistics.median(r["ratios_to_hashlib"][k] for r in rounds)
                                           for k in keys},
               "rounds": rounds}
-    Path(args.results).write_text(json.dumps(result, indent=1))
+    dest.write(result)
     print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=1))
 
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, make_shards  # noqa: E402
+from common import ResultsFile, machine, make_shards  # noqa: E402
 
 # run in the command's process: count alembic's script loads; ``off`` turns the change under test off
 ALEMBIC = """import sys, time
@@ -83,10 +83,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--per-shard", type=int, default=200)
-    ap.add_argument("--results", default=f"bench/results/runenv-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/runenv_<UTC>.json)")
     args = ap.parse_args()
-    if Path(args.results).exists():
-        sys.exit(f"{args.results} exists: results go to a new file")
+    dest = ResultsFile(args.results, "runenv")
     runs: dict[str, list] = {"alembic_on": [], "alembic_off": [], "teardown_on": [], "teardown_off": []}
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
@@ -104,7 +103,7 @@ def main() -> None:
            "alembic_seconds_median": {m: round(median[f"alembic_{m}"], 4) for m in ("on", "off")},
            "teardown_seconds_median": {m: round(median[f"teardown_{m}"], 4) for m in ("on", "off")},
            "runs": runs}
-    Path(args.results).write_text(json.dumps(doc, indent=1) + "\n")
+    dest.write(doc)
     print(json.dumps({k: v for k, v in doc.items() if k != "runs"}, indent=1))
 
 

@@ -9,7 +9,7 @@ against a Dagster home made by one untimed warm-up run per case and code (every 
 alternate, A B B A A B ..., and the ratio A/B is taken pair by pair, so neither drift on a shared machine
 nor going first in a pair (files the page cache dropped in between are read again) favours one. Wall seconds are
 measured outside the process (start-up and imports included). Writes every run,
-the medians and the paired ratios to bench/results/small.json (--results). The tokenizer's rank-table cache
+the medians and the paired ratios to a new file under bench/results (--results). The tokenizer's rank-table cache
 (PACK_ASSETS_CACHE) is the user's, filled by the warm-up run, unless --cold-cache gives every run an empty one.
 """
 
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, make_shards  # noqa: E402
+from common import ResultsFile, machine, make_shards  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CASES = {"4 shards x 1,500": (4, 1500), "1 shard x 1,500": (1, 1500)}
@@ -84,10 +84,11 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=8192)
     ap.add_argument("--profile", default="qwen2.5-vl")
     ap.add_argument("--out", default="bench/out/small")
-    ap.add_argument("--results", default="bench/results/small.json")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/small_<UTC>.json)")
     ap.add_argument("--cold-cache", action="store_true",
                     help="an empty PACK_ASSETS_CACHE for every run (default: the user's, filled by the warm-up)")
     args = ap.parse_args()
+    dest = ResultsFile(args.results, "small")
     out = Path(args.out).resolve()
     srcs = {"this": REPO, "baseline": Path(args.baseline_src).resolve()}
     cases = []
@@ -100,11 +101,7 @@ def main() -> None:
               "config": {k: getattr(args, k) for k in ("repeats", "image_kb", "max_len", "profile", "baseline_src",
                                                       "cold_cache")},
               "cases": cases}
-    path = Path(args.results)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(path)
+    dest.write(result)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,7 @@
 one pass filed by shard for all but the conversations (`store.staged`), and DuckDB's own
 `COPY ... PARTITION_BY` of every query, conversations included (tried, not used).
 
-    python bench/bench_stage.py --work /tmp/e2e1m/work --input /tmp/e2e1m/shards \
-        --results bench/results/stage_session29.json
+    python bench/bench_stage.py --work /tmp/e2e1m/work --input /tmp/e2e1m/shards  # a new bench/results/stage_<UTC>.json
 
 Needs a planned work folder (e.g. the one bench_e2e.py leaves). Each variant runs in a fresh process, so its
 peak RSS (ru_maxrss) is its own; per-shard figures are the median over --sample shards, totals multiply it
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
+from common import ResultsFile, machine  # noqa: E402
 
 VARIANTS = ("per_shard", "staged", "copy_partition_by")
 
@@ -85,13 +84,14 @@ def main() -> None:
     ap.add_argument("--work", required=True)
     ap.add_argument("--input", required=True)
     ap.add_argument("--sample", type=int, default=5, help="output shards timed per variant")
-    ap.add_argument("--results", default="bench/results/stage.json")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/stage_<UTC>.json)")
     ap.add_argument("--one", nargs=2, metavar=("VARIANT", "STAGE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     work, inp = Path(args.work).resolve(), Path(args.input).resolve()
     if args.one:
         print(json.dumps(measure(*args.one, work, inp, args.sample)))
         return
+    dest = ResultsFile(args.results, "stage")
     records = []
     for stage in ("write", "audit"):
         for variant in VARIANTS:
@@ -101,10 +101,7 @@ def main() -> None:
                 raise SystemExit(proc.stderr[-3000:])
             records.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(json.dumps(records[-1]), flush=True)
-    path = Path(args.results)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "work": str(work),
-                                "records": records}, indent=1))
+    dest.write({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "work": str(work), "records": records})
 
 
 if __name__ == "__main__":

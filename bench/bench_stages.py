@@ -2,7 +2,7 @@
 
     python bench/bench_stages.py --shards 4 --per-shard 5000 --image-kb 100 --out bench/out
 
-Prints the figures as JSON and writes them to bench/results/stages-<shards>x<per-shard>-<kb>k-<images>i.json
+Prints the figures as JSON and writes them to a new bench/results/stages-<shards>x<per-shard>-<kb>k-<images>i_<UTC>.json
 (--results); docs/benchmarks.md takes its numbers from there. Warm page cache throughout. The hashing
 baselines: `sha256sum` (coreutils; on some machines a build without SHA extensions, several times slower),
 Python's hashlib and `openssl dgst -sha256` on the same files.
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, make_shards, timed  # noqa: E402
+from common import ResultsFile, machine, make_shards, timed  # noqa: E402
 
 from pack_assets.core import store  # noqa: E402
 from pack_assets.core.audit import run_audit
@@ -46,10 +46,13 @@ def main() -> None:
     ap.add_argument("--out", default="bench/out")
     ap.add_argument("--max-len", type=int, default=16384)
     ap.add_argument("--images", type=int, default=1, help="images per sample")
-    ap.add_argument("--results", help="default: bench/results/stages-<shards>x<per-shard>-<kb>k-<images>i.json")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/stages-<shards>x"
+                                      "<per-shard>-<kb>k-<images>i_<UTC>.json)")
     args = ap.parse_args()
+    case = f"{args.shards}x{args.per_shard}-{args.image_kb}k-{args.images}i"
+    record = ResultsFile(args.results, f"stages-{case}")
     out = Path(args.out)
-    inp = out / f"shards-{args.shards}x{args.per_shard}-{args.image_kb}k-{args.images}i"
+    inp = out / f"shards-{case}"
     paths = make_shards(inp, args.shards, args.per_shard, args.image_kb, images=args.images)
     total_bytes = sum(p.stat().st_size for p in paths)
     members = (1 + args.images) * args.shards * args.per_shard
@@ -120,12 +123,9 @@ def main() -> None:
     res["audit_s"] = time.perf_counter() - t0
     res["audit_ok"] = result.ok
     res["date"], res["load_avg_at_end"] = time.strftime("%Y-%m-%d"), os.getloadavg()
-    text = json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}, indent=1)
-    print(text)
-    path = Path(args.results
-                or f"bench/results/stages-{args.shards}x{args.per_shard}-{args.image_kb}k-{args.images}i.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
+    res = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}
+    print(json.dumps(res, indent=1))
+    record.write(res)
 
 
 if __name__ == "__main__":

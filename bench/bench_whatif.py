@@ -6,7 +6,7 @@
 
 Each figure is a fresh process that loads the lengths (.npy) and times `simulate` alone (imports and the
 load not counted); this code and the baseline alternate and the ratio is taken pair by pair. Both must give
-the same packs per (max length, algorithm). Writes bench/results/whatif.json (--results).
+the same packs per (max length, algorithm). Writes a new file under bench/results (--results).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_plan import lognormal  # noqa: E402
-from common import machine  # noqa: E402
+from common import ResultsFile, machine  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,8 +54,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--max-len", type=int, default=16384)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--results", default="bench/results/whatif.json")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/whatif_<UTC>.json)")
     args = ap.parse_args()
+    dest = ResultsFile(args.results, "whatif")
     srcs = {"this": REPO, "baseline": Path(args.baseline_src).resolve()}
     runs, ratios = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -73,7 +74,7 @@ def main() -> None:
     secs = {v: round(statistics.median(x["seconds"] for x in runs if x["code"] == v), 3) for v in srcs}
     result = {"machine": machine(), "n": args.n, "max_len": args.max_len, "median_seconds": secs,
               "paired_ratio_this_to_baseline": ratios, "median_ratio": statistics.median(ratios), "runs": runs}
-    Path(args.results).write_text(json.dumps(result, indent=1))
+    dest.write(result)
     print(json.dumps({k: result[k] for k in ("median_seconds", "median_ratio")}))
 
 

@@ -14,8 +14,8 @@ This code and the baseline alternate which goes first in a round. Wall and CPU s
 measured inside its process around `run_write` (the DuckDB reads, Energon index and every fsync included;
 imports not; its pool's CPU too); `cp` from outside. Ratios are taken round by round (MB/s of the writer over
 MB/s of `cp`), so drift on a shared machine does not favour one side; `this_to_floor_kernel_wall` is the
-writer's wall time over the fsynced kernel-copy floor's in the same round. Writes a new results file
-(--results, default bench/results/write_<date>_<time>.json; never overwrites one).
+writer's wall time over the fsynced kernel-copy floor's in the same round (issue 41's figure). Writes a new
+file under bench/results (--results).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, make_shards  # noqa: E402
+from common import ResultsFile, machine, make_shards  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -184,11 +184,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--workers", type=int, default=1, help="writer processes (pack-assets run: one per core)")
     ap.add_argument("--out", default="bench/out/write")
-    ap.add_argument("--results", default=f"bench/results/write_{time.strftime('%Y%m%d_%H%M%S')}.json",
-                    help="a new file (default: write_<date>_<time>.json); an existing one is never overwritten")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/write_<UTC>.json)")
     args = ap.parse_args()
-    if Path(args.results).exists():
-        raise SystemExit(f"{args.results} exists: results files are never overwritten, name a new one")
+    dest = ResultsFile(args.results, "write")
     out = Path(args.out).resolve()
     inp = out / f"set-{args.shards}x{args.per_shard}-{args.image_kb}k-{args.images}i"
     paths = make_shards(inp, args.shards, args.per_shard, args.image_kb, images=args.images)
@@ -220,7 +218,6 @@ def main() -> None:
         rec["this_to_floor_kernel_wall"] = round(rec["this"]["wall_s"] / rec["floor_kernel"]["wall_s"], 3)
         if "baseline" in codes:
             rec["baseline_to_floor_kernel_wall"] = round(rec["baseline"]["wall_s"] / rec["floor_kernel"]["wall_s"], 3)
-        if "baseline" in codes:
             rec["this_to_baseline_wall"] = round(rec["this"]["wall_s"] / rec["baseline"]["wall_s"], 3)
             rec["this_to_baseline_cpu"] = round(rec["this"]["cpu_s"] / rec["baseline"]["cpu_s"], 3)
         rec["load_avg"] = os.getloadavg()
@@ -236,11 +233,7 @@ def main() -> None:
                                                        "repeats", "baseline_src", "workers")},
               "source_bytes": src_bytes, "members": args.shards * args.per_shard * (1 + args.images),
               "medians": med, "rounds": rounds}
-    path = Path(args.results)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(path)
+    dest.write(result)
     print(json.dumps(med), flush=True)
 
 

@@ -28,18 +28,56 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
-class Results:
-    """Records printed as JSON lines and kept in <out>/results.json after each one, so a long run that dies
-    keeps what it measured; bench/plots.py reads the file."""
+RESULTS = Path(__file__).resolve().parent / "results"
 
-    def __init__(self, out: Path, also: str | None = None) -> None:
-        self.paths, self.records = [out / "results.json", *([Path(also)] if also else [])], []
+
+class ResultsFile:
+    """The one way a bench script writes its results file: a results file is never overwritten, a new run adds
+    one. ``given`` names the file (refused if it exists, as the run starts, before anything is measured), or a
+    folder, or nothing: then a new ``<stem>_<UTC date-time>.json`` in it, or in bench/results. The run may
+    write its own file again as records come in; a file of that name that appears meanwhile stops it."""
+
+    def __init__(self, given: str | Path | None, stem: str) -> None:
+        path = Path(given) if given else RESULTS
+        if path.is_dir() or str(given).endswith("/"):
+            path = path / f"{stem}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+        if path.exists():
+            raise SystemExit(f"{path} exists: a results file is never overwritten; name a new file or a folder")
+        self.path, self.written = path, False
+
+    def write(self, doc: object) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        try:
+            if self.written:
+                tmp.replace(self.path)
+            else:
+                os.link(tmp, self.path)  # makes the name only where none exists: never an overwrite
+                self.written = True
+        except FileExistsError:
+            raise SystemExit(f"{self.path} appeared during the run: a results file is never overwritten") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        return self.path
+
+
+class Results:
+    """Records printed as JSON lines and kept after each one, so a long run that dies keeps what it measured:
+    in the scratch <out>/results.json (rewritten; bench/plots.py reads it) and in a new results file
+    (``ResultsFile``: ``results`` a file, a folder or nothing for a new name under bench/results)."""
+
+    def __init__(self, out: Path, results: str | None, stem: str) -> None:
+        self.scratch, self.file, self.records = out / "results.json", ResultsFile(results, stem), []
 
     def __call__(self, rec: dict) -> None:
         self.records.append(rec)
         print(json.dumps(rec), flush=True)
-        for path in self.paths:
-            path.write_text(json.dumps(self.records, indent=1))
+        self.save()
+
+    def save(self) -> None:
+        self.scratch.write_text(json.dumps(self.records, indent=1))
+        self.file.write(self.records)
 
 
 def require_free(path: Path, need_bytes: float) -> None:
@@ -69,8 +107,9 @@ def drop_caches() -> bool:
 
 
 def make_shards(root: Path, n_shards: int, per_shard: int, image_kb: int = 16, seed: int = 0,
-                images: int = 1) -> list[Path]:
-    """Image-text samples with unique small JPEGs (plus padding bytes to reach the size), fast to make."""
+                images: int = 1, max_words: int = 60) -> list[Path]:
+    """Image-text samples with unique small JPEGs (plus padding bytes to reach the size), fast to make.
+    ``images=0``: text-only samples; ``max_words`` bounds each turn's length (in repeats of a 6-word phrase)."""
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     base = []
@@ -89,7 +128,7 @@ def make_shards(root: Path, n_shards: int, per_shard: int, image_kb: int = 16, s
         with tarfile.open(tmp, "w") as tf:
             for j in range(per_shard):
                 key = f"{s:05d}{j:06d}"
-                words = " ".join(["describe the image in detail please"] * int(rng.integers(2, 60)))
+                words = " ".join(["describe the image in detail please"] * int(rng.integers(2, max_words)))
                 parts = ["jpg"] if images == 1 else [f"{m}.jpg" for m in range(images)]
                 rec = {"conversations": [{"from": "human", "value": "<image>\n" * images + words},
                                          {"from": "gpt", "value": words}], "images": parts}

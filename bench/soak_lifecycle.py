@@ -5,15 +5,15 @@ stopping at the first.
     PYTHONPATH=. python bench/soak_lifecycle.py --minimize audit_truthful   # hypothesis shrinks to a minimal sequence
     PYTHONPATH=. python bench/soak_lifecycle.py --known    # replay the short sequences of issue 16's items 1-8
 
-Prints steps, runs per mode and violations per invariant, and writes bench/results/soak_lifecycle.json (every
-violation with the step sequence that led to it). Not run by CI.
+Prints steps, runs per mode and violations per invariant, and writes a new bench/results/soak_lifecycle_<UTC>.json
+(--out; every violation with the step sequence that led to it; --known: soak_lifecycle_known_<UTC>.json). Not run
+by CI.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,7 +23,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
 import test_lifecycle_property as tl  # noqa: E402
-from common import machine  # noqa: E402
+from common import ResultsFile, machine  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
@@ -122,13 +122,13 @@ def main() -> int:
     ap.add_argument("--derandomize", action="store_true", help="the CI sequence, longer")
     ap.add_argument("--minimize", metavar="INVARIANT", help="stop at the first violation of INVARIANT and let "
                     "hypothesis shrink it to a minimal step sequence")
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "soak_lifecycle.json")
+    ap.add_argument("--out", help="a new file or folder (default: a new bench/results/soak_lifecycle_<UTC>.json)")
     ap.add_argument("--known", action="store_true", help="replay the known sequences of issue 16 and stop")
     args = ap.parse_args()
+    dest = ResultsFile(args.out, "soak_lifecycle_known" if args.known else "soak_lifecycle")
     if args.known:
         known = replay_known()
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_name("soak_lifecycle_known.json").write_text(json.dumps(known, indent=1))
+        dest.write(known)
         return 1 if any(k["violations"] for k in known) else 0
 
     m = tl.Lifecycle
@@ -164,14 +164,13 @@ def main() -> int:
               "runs_with_violations": len(m.log),
               "violations": dict(sorted(by_invariant.items())), "minimized": minimal,
               "examples": [{"trace": rec["trace"], "violations": rec["violations"]} for rec in m.log[:200]]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    dest.write(result)
     print(f"{m.steps} steps, {sum(n for n, _ in m.runs.values())} runs in {seconds:.0f} s: "
           + ", ".join(f"{k} {n} ({s} s)" for k, (n, s) in m.runs.items()))
     print(f"{len(m.log)} run(s) with violations: {dict(by_invariant) or 'none'}")
     if minimal:
         print("minimal failing sequence:\n" + minimal)
-    print(f"written {args.out}")
+    print(f"written {dest.path}")
     return 1 if m.log else 0
 
 

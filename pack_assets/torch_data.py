@@ -179,23 +179,10 @@ class PackDataset(torch.utils.data.IterableDataset):
     (webdataset's ``detshuffle``, the same on every rank), else the plan's. ``source_root``: where an
     index-mode output's sources are now (see ``iter_packs``)."""
 
-    def __init__(
-        self,
-        output: str | Path,
-        profile: str | None = None,
-        *,
-        model_dir: str | None = None,
-        epoch: int = 0,
-        start: int = 0,
-        batch_size: int = 1,
-        split: str = "pack",
-        by_rank: bool = True,
-        shuffle: bool = False,
-        seed: int = 0,
-        source_root: str | Path | Mapping | None = None,
-        encode: bool = True,
-        **encoder_options,
-    ):
+    def __init__(self, output: str | Path, profile: str | None = None, *, model_dir: str | None = None,
+                 epoch: int = 0, start: int = 0, batch_size: int = 1, split: str = "pack", by_rank: bool = True,
+                 shuffle: bool = False, seed: int = 0, source_root: str | Path | Mapping | None = None,
+                 encode: bool = True, **encoder_options):
         if split not in SPLITS:
             raise ValueError(f"split is one of {', '.join(SPLITS)}, not {split!r}")
         if epoch < 0 or start < 0 or batch_size < 1:
@@ -288,17 +275,9 @@ class PackIndex(torch.utils.data.Dataset):
     (each tar memory-mapped in place, never copied), encoded as ``PackDataset`` does. Any sampler works
     (``DistributedSampler``; the Trainer's); resume by index (``Subset(ds, range(start, len(ds)))``)."""
 
-    def __init__(
-        self,
-        output: str | Path,
-        profile: str | None = None,
-        *,
-        model_dir: str | None = None,
-        epoch: int = 0,
-        source_root: str | Path | Mapping | None = None,
-        encode: bool = True,
-        **encoder_options,
-    ):
+    def __init__(self, output: str | Path, profile: str | None = None, *, model_dir: str | None = None,
+                 epoch: int = 0, source_root: str | Path | Mapping | None = None, encode: bool = True,
+                 **encoder_options):
         folders = epoch_folders(output)
         self.folder = folders[epoch % len(folders)]
         self.size = sum(n for _, n in shard_list(self.folder))
