@@ -537,7 +537,8 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
     """Read the outputs back and check every invariant; recount a deterministic sample of token lengths;
     write audit_report.md. scope "changed" reads only the output shards that are new or changed since the
     last clean audit (same size, mtime and content fingerprint as then: trusted, like rsync's quick check);
-    "all" reads every one. ``check_samples``: also recount that many samples per shard with the model's real
+    "all" reads every one, an unchanged one only to hash it against the digest that audit recorded
+    (`filedigest`). ``check_samples``: also recount that many samples per shard with the model's real
     processor (core/counting/drift.py), each difference a violation. ``progress``: as `audit`'s. ``pool``: where the
     recount and the report's figures run while the outputs are read back (the command's helpers), else here.
     ``digests=False`` (`pack-assets verify`): scope "all" checks every shard in full, none by its file digest."""
@@ -548,10 +549,11 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
         info = PlanInfo.load(con)
         figures = audit_figures(con, work, info.config.max_len, pool)  # drawn while the outputs are read back
         stamps = current_stamps(con, work, out_dir, info)
-        before, recounted, recorded = filedigest.audited(work / AUDITED, _counting_versions(), __version__)
+        before, recounted, recorded = filedigest.audited(work / AUDITED, versions(), __version__)
         recorded = recorded if digests else {}
         unchanged = [n for n, stamp in stamps.items() if before.get(n) == stamp]
-        # "changed": the stamps alone (a quick check); "all": each unchanged one hashed, its bytes those it passed as
+        # "changed": the stamps alone (rsync's quick check); "all": each unchanged shard hashed, and vouched for
+        # only where its bytes are the very bytes the last clean audit passed
         hashed = ({n: recorded[n] for n in unchanged if n in recorded} if scope == "changed"
                   else filedigest.vouched(out_dir, unchanged, recorded, workers))
         trusted = frozenset(unchanged if scope == "changed" else hashed)
