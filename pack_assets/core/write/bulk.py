@@ -38,7 +38,6 @@ BULK_ROWS = {
 }
 
 
-
 @dataclass(slots=True)
 class Columns:
     """A shard's samples in pack order, column by column, and their members: each sample's media, then its
