@@ -95,7 +95,8 @@ def main() -> None:
               "seconds": round(seconds2, 1),
               "shard_runs": summary2["shard_runs"], "samples": summary2["samples"], "packs": summary2["packs"],
               "fill": summary2["fill"], "output_shards_written": summary2["output_shards_written"],
-              "output_shards_trusted": summary2["output_shards_trusted"], "violations": summary2["violations"],
+              "output_shards_trusted": summary2["output_shards_trusted"],
+              "output_shards_hashed": summary2.get("output_shards_hashed"), "violations": summary2["violations"],
               "stage_seconds": summary2["stage_seconds"], "peak_rss_bytes": peak2,
               "ratio_to_full": round(seconds2 / seconds, 3)})
     if args.again and not args.reruns:

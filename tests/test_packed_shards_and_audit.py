@@ -26,11 +26,12 @@ from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
 from pack_assets.core.records import PackMeta, SourceRef
 from pack_assets.core.scan import manifest_is_current, run_manifest
 from pack_assets.core.write import copy as write_copy
-from pack_assets.core.write import energon, fingerprints, jobs, run_write, syscalls, write_context
+from pack_assets.core.write import energon, fingerprints, run_write, syscalls, write_context
 from pack_assets.core.write import record as write_record
 from pack_assets.core.write import shard as write_shard_mod
+from pack_assets.core.write.bulk import BULK_ROWS, catalog_columns, load_bulk_shard
 from pack_assets.core.write.fingerprints import current_shards
-from pack_assets.core.write.jobs import load_shard_job, shard_job
+from pack_assets.core.write.jobs import shard_job
 from pack_assets.runner.procs import Helpers
 
 PROFILE = load_profile("qwen3-vl")
@@ -269,8 +270,8 @@ def test_unchanged_output_shards_are_found_without_loading_each_shard(dataset, t
     before = {n: sha(out / n) for n in names}
     (out / names[1]).unlink()
     loaded = []
-    real = load_shard_job
-    monkeypatch.setattr(write_copy, "load_shard_job", lambda *a: loaded.append(a[-1]) or real(*a))
+    real = load_bulk_shard
+    monkeypatch.setattr(write_copy, "load_bulk_shard", lambda *a: loaded.append(a[-1]) or real(*a))
     res = run_write(work, dataset, out, workers=1)
     assert loaded == [names[1]] and (res.written, res.skipped) == (1, len(names) - 1)
     assert {n: sha(out / n) for n in names} == before
@@ -294,15 +295,15 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     with store.connect(work, read_only=True) as con:
         names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
         assert len(names) >= 2
-        with store.staged(work, jobs.WRITE_ROWS, names) as rows:
+        with store.staged(work, BULK_ROWS, names) as rows:
             assert not stale.exists() and live.exists() and elsewhere.exists()
             for n in names:
-                assert shard_job(con, inp, n, rows) == shard_job(con, inp, n)
+                assert catalog_columns(con, inp, n, rows) == catalog_columns(con, inp, n)
         with store.staged(work, audit_stage.AUDIT_ROWS, names[1:], con) as rows:
             gathered = audit_stage._shard_expectations(con, names[1], rows)
             assert gathered == audit_stage._shard_expectations(con, names[1])
         with pytest.raises(FileNotFoundError):  # gone from under a reader: an error, never "no rows"
-            shard_job(con, inp, names[0], rows)
+            catalog_columns(con, inp, names[0], rows)
     leftovers = sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*"))
     assert leftovers == sorted([live.name, elsewhere.name])
 
@@ -311,7 +312,7 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     monkeypatch.setattr(store.Staged, "rows", lambda self, *a, **k: used.append(a[1]) or real(self, *a, **k))
     shutil.rmtree(out)
     run_write(work, inp, out, workers=1)
-    assert set(used) == set(jobs.WRITE_ROWS)  # (with the pieces of split samples: none here)
+    assert set(used) == set(BULK_ROWS)  # (no piece of a split sample here: the bulk path alone)
     used.clear()
     assert run_audit(work, out, workers=1).ok and set(used) == set(audit_stage.AUDIT_ROWS)
 
@@ -432,8 +433,12 @@ def test_audit_in_two_processes_or_threads_reports_what_one_process_reports(pack
 def test_audit_scope_changed_rereads_only_what_changed_since_a_clean_audit(packed):
     inp, work, out, _ = packed
     shards = sorted(out.glob("*.tar"))
-    full = run_audit(work, out)
+    full = run_audit(work, out, digests=False)
     assert full.ok and full.stats["output_shards_trusted"] == 0
+    # the default scope re-reads every shard, an unchanged one only to hash it against the digest recorded
+    hashed = run_audit(work, out)
+    assert hashed.ok and hashed.stats["output_shards_hashed"] == hashed.stats["output_shards_trusted"] == len(shards)
+    assert hashed.stats["media_members_checked"] == 0
     quick = run_audit(work, out, scope="changed")
     assert quick.ok and quick.stats["output_shards_trusted"] == len(shards)
     assert quick.stats["media_members_checked"] == 0
@@ -459,7 +464,10 @@ def test_audit_scope_changed_rereads_only_what_changed_since_a_clean_audit(packe
         f.write(bytes([byte[0] ^ 1]))
     os.utime(shards[1], ns=(st.st_atime_ns, st.st_mtime_ns))
     assert run_audit(work, out, scope="changed").ok
-    assert "media_hash_mismatch" in {v["check"] for v in run_audit(work, out).violations}
+    # the default audit hashes that untouched-looking shard, finds other bytes than it passed, and reads it in full
+    caught = run_audit(work, out)
+    assert caught.verdict == "FAIL" and "media_hash_mismatch" in {v["check"] for v in caught.violations}
+    assert caught.stats["output_shards_hashed"] == len(shards) - 1
     with pytest.raises(ValueError, match="audit scope"):
         run_audit(work, out, scope="some")
 
@@ -681,6 +689,36 @@ def test_spliced_pack_document_is_byte_identical_to_dumping_the_dict():
                                               "p0001.s003_00.png", "p0001.s003_01.jpg"]
     for m in [subs[0].json_member, *subs[0].media, *subs[0].extra, {"name": 5, "offset": 1.0, "size": 2, "sha256": 3}]:
         assert member_key(m) == json.dumps([m["name"], m["offset"], m["size"], m["sha256"]], ensure_ascii=False)
+
+
+def test_bulk_built_documents_and_fingerprint_equal_the_dict_and_the_job_path():
+    """The copy-mode writer builds a shard's documents column by column (write/bulk.py): with each record's
+    text spliced in, every pack's bytes are json.dumps of its dict, and the fingerprint is ShardFingerprint's."""
+    from pack_assets.core.write import bulk
+    from pack_assets.core.write.jobs import PackJob, ShardJob, SubSample, pack_document
+    from pack_assets.core.write.shard import _source
+
+    messages = [{"role": "user", "content": [{"type": "text", "text": 'quote " back\\slash \u2028 ü 😀 \x01'}]}]
+    member = lambda name, off, sha: {"name": name, "offset": off, "size": 7, "sha256": sha}  # noqa: E731
+    subs = [SubSample('a/"k"', "s", 'a/"k"', "/x", 12, None, member("k.json", 0, "ab"), [member("k.JPG", 512, None)],
+                      extra=[member('k.ü"x', 1024, "cd"), member("k", 1536, "ce")], conversation_sha256="c",
+                      source_stamp="9:9", messages_json=json.dumps(messages, ensure_ascii=False)),
+            SubSample("b", "t", "b", "/y", 3, messages, member("b.txt", 2048, "ef"), [], messages_json=None),
+            SubSample("c", "s", "c", "/x", 0, [], None, [member("c.png", 4096, "01"), member("c.jpg", 4608, "02")],
+                      split={"source": "c0", "piece": 1, "pieces": 2, "turns": [3, 5], "context": [1, 3]})]  # a piece
+    records = [json.dumps({"conversations": [{"from": "human", "value": "é\n"}], "n": [1, 2.5]}).encode(),
+               "plain caption ü".encode(), None]
+    job = ShardJob("x.tar", [PackJob("p0001", "image", 16, subs[:2]), PackJob("p0002", "text", 5, subs[1:])])
+    for context in ({"profile": "qwen3-vl", "max_len": 100}, {"sources": "replaced in place"}):
+        built = bulk.build_shard(job.name, bulk.job_columns(job), context)
+        assert built.fingerprint == fingerprints.shard_fingerprint(job, context)
+        meta = {**context, "shard_fingerprint": built.fingerprint}
+        for pack, got, recs in zip(job.packs, built.packs, (records[:2], records[1:])):
+            texts = ["null" if r is None else _source(r, sub.json_member["name"].endswith(".json"))
+                     for r, sub in zip(recs, pack.subs)]
+            doc = "".join([x for pair in zip(got.heads, texts) for x in pair] + [got.tail]).encode()
+            assert doc == _dict_document(pack, meta, recs)
+            assert [m[0] for m in got.members] == [n for n, _, _ in pack_document(pack, meta, recs)[1]]
 
 
 @pytest.mark.parametrize("pack_ids", [["p00000001", "p00000002"], ["p.1", "dir/p2", "__p3__"]])

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import duckdb
 
-from . import store
+from .. import __version__
+from . import filedigest, store
 from .aside import run_aside
 from .blend import check_blend
 from .counting import drift
@@ -233,14 +234,15 @@ def _hashed(packs, hasher: ThreadPoolExecutor):
 
 
 def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig, rows: store.Staged | None = None,
-                 hasher: ThreadPoolExecutor | None = None) -> tuple[list[dict], Counter, Counter]:
-    """One output shard read back: its violations, the pack keys seen, media/extra members and bytes checked.
+                 hasher: ThreadPoolExecutor | None = None) -> tuple[list[dict], Counter, Counter, str | None]:
+    """One output shard read back: its violations, the pack keys seen, media/extra members and bytes checked,
+    and when it passed, its file's digest (`filedigest`: the next audit may hash it instead of checking it).
     `hasher`: a thread that hashes each pack's members ahead (`_hashed`)."""
     res, seen, counts = AuditResult(), Counter(), Counter()
     path = out_dir / name
     if not path.exists():
         res.add("missing_shard", f"{name} is in the plan but not in {out_dir}", shard=name)
-        return res.violations, seen, counts
+        return res.violations, seen, counts, None
     plan, samples, members = _shard_expectations(con, name, rows)
     packs = _pack_parts(path)
     try:
@@ -252,7 +254,7 @@ def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig, rows: store.
                 counts.update(_check_pack(res, name, key, parts, plan.get(key), samples, members, config, digests))
     except (tarfile.TarError, OSError) as e:
         res.add("unreadable_shard", f"{name}: {e}", shard=name)
-    return res.violations, seen, counts
+    return res.violations, seen, counts, None if res.violations else filedigest.file_digest(path)
 
 
 def _resolve_index(res: AuditResult, name: str, key: str, parts: dict, sources: SourceFiles) -> dict:
@@ -391,14 +393,15 @@ def _check_counts(res: AuditResult, per_shard: dict[str, dict], per_dataset: dic
 
 def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, work: Path | None = None, workers: int = 0,
           min_bytes: int = PARALLEL_MIN_BYTES, trusted: frozenset[str] = frozenset(),
-          repeats: dict[str, float] | None = None, progress: Callable[[int, int, int], None] | None = None
-          ) -> AuditResult:
+          repeats: dict[str, float] | None = None, progress: Callable[[int, int, int], None] | None = None,
+          digests: dict[str, str] | None = None) -> AuditResult:
     """Read every output shard back, one at a time per process (memory follows the output shard, not the
     dataset), and check it against the plan and the manifest; the plan's own invariants are checked in SQL.
     Output shards are read by ``workers`` threads (0: one per core), or processes given the work directory
     once there are ``min_bytes`` of them. ``trusted`` shards (unchanged since a clean audit) are not read: their
     planned packs count as seen. ``repeats``: a blend's plan (dataset -> repeat), counted per dataset.
-    ``progress(shards read, shards to read, members re-hashed)`` after each output shard."""
+    ``progress(shards read, shards to read, members re-hashed)`` after each output shard. ``digests``: given
+    each shard's file digest that was read and passed."""
     res = AuditResult(violations=check_plan(con, config) if repeats is None else check_blend(con, config, repeats))
     shards = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
     seen: Counter = Counter()
@@ -409,8 +412,10 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
     counts: Counter = Counter()
     with (store.staged(work, AUDIT_ROWS, to_read, con) if work is not None and len(to_read) > 1
           else contextlib.nullcontext()) as rows:
-        for done, (violations, shard_seen, c) in enumerate(
-                _shard_results(con, out_dir, to_read, config, work, workers, min_bytes, rows), 1):
+        for done, (name, (violations, shard_seen, c, digest)) in enumerate(
+                zip(to_read, _shard_results(con, out_dir, to_read, config, work, workers, min_bytes, rows)), 1):
+            if digest is not None and digests is not None:
+                digests[name] = digest
             res.violations.extend(violations)
             seen.update(shard_seen)
             counts.update(c)
@@ -473,25 +478,6 @@ def _versions_aside(pool: Executor | None) -> Callable[[], dict[str, str | None]
     return run_aside(pool, _counting_versions).result
 
 
-def _audited(work: Path) -> tuple[dict, float]:
-    """The last clean audit's record: each output shard's [size, mtime_ns, fingerprint], and the fraction
-    of samples its recount covered: 0 for a record written before the fraction was kept, or under other
-    versions of the packages that count (an upgrade may count otherwise: recounted again)."""
-    try:
-        record = json.loads((work / AUDITED).read_text())
-    except (OSError, ValueError):
-        return {}, 0.0
-    if not isinstance(record, dict):
-        return {}, 0.0
-    if "shards" not in record:
-        return record, 0.0
-    shards, fraction = record["shards"], record.get("recount_fraction")
-    if not isinstance(shards, dict):
-        return {}, 0.0
-    same = isinstance(fraction, (int, float)) and record.get("versions") == _counting_versions()
-    return shards, float(fraction) if same else 0.0
-
-
 def _recounted(profile: ModelProfile, rows: list[tuple]) -> list[int | None]:
     """Each (conversation, image_sizes, videos) row's total tokens, None where it cannot be counted."""
     counts = counter_for(profile).count_many((json.loads(c), sizes or [], json.loads(v or "[]"))
@@ -541,13 +527,16 @@ def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = froz
 
 def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers: int = 0,
               parallel_min_bytes: int = PARALLEL_MIN_BYTES, scope: str = "all", check_samples: int = 0,
-              progress: Callable[[int, int, int], None] | None = None, pool: Executor | None = None) -> AuditResult:
+              progress: Callable[[int, int, int], None] | None = None, pool: Executor | None = None,
+              digests: bool = True) -> AuditResult:
     """Read the outputs back and check every invariant; recount a deterministic sample of token lengths;
     write audit_report.md. scope "changed" reads only the output shards that are new or changed since the
     last clean audit (same size, mtime and content fingerprint as then: trusted, like rsync's quick check);
-    "all" reads every one. ``check_samples``: also recount that many samples per shard with the model's real
+    "all" reads every one, an unchanged one only to hash it against the digest that audit recorded
+    (`filedigest`). ``check_samples``: also recount that many samples per shard with the model's real
     processor (core/counting/drift.py), each difference a violation. ``progress``: as `audit`'s. ``pool``: where the
-    recount and the report's figures run while the outputs are read back (the command's helpers), else here."""
+    recount and the report's figures run while the outputs are read back (the command's helpers), else here.
+    ``digests=False`` (`pack-assets verify`): scope "all" checks every shard in full, none by its file digest."""
     if scope not in AUDIT_SCOPES:
         raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
     versions = _versions_aside(pool)
@@ -556,14 +545,22 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
         store.check_plan_tables(con)
         figures = audit_figures(con, work, info.config.max_len, pool)  # drawn while the outputs are read back
         stamps = current_stamps(con, work, out_dir, info)
-        before, recounted = _audited(work) if scope == "changed" else ({}, 0.0)
-        trusted = frozenset(n for n, stamp in stamps.items() if before.get(n) == stamp)
+        before, recounted, recorded = filedigest.audited(work / AUDITED, versions(), __version__)
+        recorded = recorded if digests else {}
+        unchanged = [n for n, stamp in stamps.items() if before.get(n) == stamp]
+        # "changed": the stamps alone (rsync's quick check); "all": each unchanged shard hashed, and vouched for
+        # only where its bytes are the very bytes the last clean audit passed
+        hashed = ({n: recorded[n] for n in unchanged if n in recorded} if scope == "changed"
+                  else filedigest.vouched(out_dir, unchanged, recorded, workers))
+        trusted = frozenset(unchanged if scope == "changed" else hashed)
         blend = info.stats.get("blend")
         recounting = recount(con, info, recount_fraction, trusted if recounted >= recount_fraction else frozenset(),
                              pool)
         checking = drift.audit_check(con, info.model_profile, check_samples) if check_samples else None
         result = audit(con, out_dir, info.config, work=work, workers=workers, min_bytes=parallel_min_bytes,
-                       trusted=trusted, repeats=blend["repeats"] if blend else None, progress=progress)
+                       trusted=trusted, repeats=blend["repeats"] if blend else None, progress=progress,
+                       digests=hashed)
+        result.stats["output_shards_hashed"] = 0 if scope == "changed" else len(trusted)
         if blend:
             result.stats["blend"] = blend
         recounting(result)
@@ -576,6 +573,8 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
     result.plots = report["plots"]
     # a clean audit vouches for every current shard; one with violations vouches for none
     store.atomic_write_text(work / AUDITED, json.dumps(
-        {"shards": stamps, "recount_fraction": recount_fraction, "versions": versions()} if result.ok else {},
+        {"shards": stamps, "recount_fraction": recount_fraction, "versions": versions(),
+         "digests": {n: d for n, d in hashed.items() if n in stamps}, "tool_version": __version__}
+        if result.ok else {},
         sort_keys=True))
     return result

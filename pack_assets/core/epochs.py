@@ -81,7 +81,7 @@ def run_blend_audit(work: Path, recipe: Recipe, out_dir: Path, scope: str = "all
     for k, r in enumerate(results):
         total.violations += [{**v, "epoch": k} for v in r.violations]
     keys = ("samples_read", "packed", "dropped", "rejected", "packs_read", "output_shards", "output_shards_trusted",
-            "media_members_checked", "media_bytes_checked")
+            "output_shards_hashed", "media_members_checked", "media_bytes_checked")
     # the source samples are the same in every epoch: counted once; copies packed and dropped add up over epochs
     total.stats = {k: sum(r.stats.get(k, 0) for r in results) for k in keys}
     total.stats.update(samples_read=results[0].stats["samples_read"], rejected=results[0].stats["rejected"],

@@ -185,7 +185,11 @@ def _totals(stats: dict) -> list[str]:
         "Samples read = packed + dropped + rejected + split; a split sample's pieces (cut at assistant turns, "
         "`overlong: split`) are each packed like a sample and all read back.",
         "",
-        *([f"{stats['output_shards_trusted']} output shard(s) unchanged since the last clean audit were not read "
+        *([f"{stats['output_shards_trusted']} output shard(s) unchanged since the last clean audit were re-read "
+           "whole and hashed: their bytes are the ones it passed (the file digest it recorded), so they were not "
+           "checked member by member again; their planned packs are counted as read.", ""]
+          if stats.get("output_shards_hashed") else
+          [f"{stats['output_shards_trusted']} output shard(s) unchanged since the last clean audit were not read "
            "again (audit scope `changed`); their planned packs are counted as read.", ""]
           if stats.get("output_shards_trusted") else []),
         *([f"{stats['processor_checked']} sample(s) recounted with the model's real processor "

@@ -272,17 +272,30 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
     steps = _step_seconds(instance, result.run_id)
     # the shard stage: until the pack run (or the run the pack assets are in), and its shard steps
     shard_stage = shard_seconds[0] + sum(steps.pop(a.key.to_user_string(), 0) for a in SHARD_ASSETS)
-    stage_seconds = {"start-up": round(t_shards - t0, 2), "manifest+token_lengths": round(shard_stage, 2), **steps}
+    stage_seconds = {**_start_seconds(t0, t_shards, work), "manifest+token_lengths": round(shard_stage, 2), **steps}
     seconds = round(time.perf_counter() - t0, 2)
     # the rest: Dagster's run set-up and event log around the steps
     stage_seconds["other"] = round(seconds - sum(stage_seconds.values()), 2)
+    helpers = ({"helpers_scan_count_seconds": round(work.ended_at - work.started_at, 2)}
+               if work.running and work.ended_at is not None else {})
     plan, written, audit = (result.asset_value(a) for a in ("pack_plan", "packed_shards", "audit_report"))
     return {"input_dir": settings.recipe or str(root), "shards": len(shards), "shard_runs": len(todo),
             "shards_removed": removed,
             "jobs": jobs, **_stage_figures(settings, profile.name, plan, written, audit),
             **({"epochs": len(plan.epochs), "output_folders": [str(e.output_dir) for e in written.epochs]}
                if settings.recipe else {}),
-            "dagster_home": os.environ["DAGSTER_HOME"], "seconds": seconds, "stage_seconds": stage_seconds}
+            "dagster_home": os.environ["DAGSTER_HOME"], "seconds": seconds, "stage_seconds": stage_seconds, **helpers}
+
+
+def _start_seconds(t0: float, t_shards: float, work: ShardWork) -> dict[str, float]:
+    """The seconds before the shard stage, named for what they were: the command's own start (imports,
+    settings, finding the shards, the helpers forked), then Dagster's import and instance (``dagster-load``)
+    while the helpers scan and count. ``manifest+token_lengths`` counts from there to the plan: the rest of
+    the helpers' work and the shard runs that record it (their own span: ``helpers_scan_count_seconds``)."""
+    if not work.running or work.started_at is None:
+        return {"start-up": round(t_shards - t0, 2)}
+    forked = max(t0, work.started_at)
+    return {"start-up": round(forked - t0, 2), "dagster-load": round(t_shards - forked, 2)}
 
 
 def _stage_figures(settings: Settings, profile: str, plan: PlanSummary, written: WriteSummary,
@@ -309,6 +322,7 @@ def _stage_figures(settings: Settings, profile: str, plan: PlanSummary, written:
         "output_shards": written.shards,
         "output_shards_written": written.written,
         "output_shards_trusted": audit.stats["output_shards_trusted"],
+        "output_shards_hashed": audit.stats.get("output_shards_hashed", 0),
         "work_dir": str(settings.work),
         "plan_file": str(plan.plan_file),
         "audit_report": str(audit.report),

@@ -11,6 +11,7 @@ reports it where the UI shows it: the helpers only ever save time."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
@@ -50,7 +51,12 @@ class ShardWork:
     todo: list[str]
     jobs: int = 1
     running: bool = False  # helpers were given the shards: the Dagster runs record what they wrote
+    started_at: float | None = None  # time.perf_counter() when the helpers were given them
+    ended_at: float | None = None  # when the last of them was done (ended or failed)
     _futures: dict[str, Future] = field(default_factory=dict)
+
+    def _ended(self, _: Future) -> None:  # (in the pool's thread, as each ends)
+        self.ended_at = time.perf_counter()
 
     def wait(self, keys: list[str], on_done: Callable[[str, int | None, BaseException | None], None]) -> None:
         """Block until the helpers are done with `keys`, calling on_done(key, samples, error) as each ends."""
@@ -78,6 +84,9 @@ def start(work: ShardWork, settings: Settings, helpers: Helpers, force: bool = F
     """Hand the shards that need work to the helpers, in shard order."""
     if work.todo:
         flat = settings.flat()
+        work.started_at = time.perf_counter()
         work._futures = {k: helpers.pool.submit(work_shard, flat, k, force) for k in work.todo}
         work.jobs, work.running = helpers.n, True
+        for fut in work._futures.values():
+            fut.add_done_callback(work._ended)
     return work

@@ -9,6 +9,7 @@ The modules, each on the ones before it:
 | `jobs.py` | the job types (output shard -> packs -> sub-samples), gathered from the catalog; the pack document |
 | `syscalls.py` | moving bytes: `copy_file_range`, one `pread` per sample into a reused buffer, `writev`, advice |
 | `fingerprints.py` | which output shards already hold their planned content (`current_shards`) |
+| `bulk.py` | a copy-mode shard prepared in bulk from the catalog: documents, reads, members, fingerprint |
 | `record.py` | the writer's record of what it wrote: the next write and the audit trust it while it holds |
 | `shard.py` | one copy-mode output shard written atomically (`write_shard`) |
 | `shared.py` | what both modes share as a stage: `_meta`'s context, the source check, the folder, the summary |

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .. import owned, store
 from ..plan import PlanInfo
+from .bulk import BULK_ROWS, BulkShard, load_bulk_shard
 from .energon import LastIndex
 from .fingerprints import current_shards
 from .jobs import WRITE_ROWS, ShardJob, ShardResult, load_shard_job, piece_shards
@@ -34,6 +35,14 @@ def _each_written(args: list[tuple], workers: int) -> Iterator[ShardResult]:
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
         yield from pool.map(_write_shard_star, args)
+
+
+def _load(work: str, root, rows, piece_rows, context: dict, split: frozenset, name: str) -> BulkShard | ShardJob:
+    """Picklable loader: a shard of whole samples prepared in bulk; one holding a piece of a split sample as a
+    job (its pieces' conversations and `_meta` come from split_pieces, which the bulk queries do not read)."""
+    if name in split:
+        return load_shard_job(work, root, piece_rows, name)
+    return load_bulk_shard(work, root, rows, context, name)
 
 
 def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, workers: int = 0,
@@ -88,10 +97,12 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
     skip = {r.shard for r in done}
     last = last_index(work, out_dir, skip)
     todo = [n for n in names if n not in skip]
-    with store.staged(work, WRITE_ROWS, todo) if len(todo) > 1 else contextlib.nullcontext() as rows:
+    whole, split = [n for n in todo if n not in pieces], [n for n in todo if n in pieces]
+    with (store.staged(work, BULK_ROWS, whole) if len(whole) > 1 else contextlib.nullcontext() as rows,
+          store.staged(work, WRITE_ROWS, split) if len(split) > 1 else contextlib.nullcontext() as piece_rows):
         root = input_root if isinstance(input_root, dict) else str(input_root)
-        results = write_all(out_dir, todo, context, workers=workers, progress=progress,
-                            loader=functools.partial(load_shard_job, str(work), root, rows), done=done,
+        loader = functools.partial(_load, str(work), root, rows, piece_rows, context, frozenset(split))
+        results = write_all(out_dir, todo, context, workers=workers, progress=progress, loader=loader, done=done,
                             plan_fingerprint=info.fingerprint, last=last)
     record_written(work, key, out_dir, results, context, digests, keys)
     return WriteSummary.of(out_dir, owned.planned_files(names), names, results, time.perf_counter() - t0,

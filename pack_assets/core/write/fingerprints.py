@@ -49,6 +49,10 @@ class ShardFingerprint:
         stamp = source_stamp if unhashed else ""
         self._h.update(f"{sample_id}|{token_len}|{conversation_sha256}|{stamp}|{'|'.join(keys)}\n".encode())
 
+    def text(self, lines: str) -> None:
+        """Lines as `pack` and `sub` make them, built elsewhere in bulk (`bulk.build_shard`)."""
+        self._h.update(lines.encode())
+
     def hexdigest(self) -> str:
         return self._h.hexdigest()[:16]
 

@@ -215,6 +215,11 @@ def _meta(job: PackJob, sources: list[str], context: dict) -> str:
             f'"sample_ids": {dumps([s.sample_id for s in job.subs])}, '
             f'"sample_token_lens": {dumps([s.token_len for s in job.subs])}, '
             f'"total_token_len": {dumps(job.total_token_len)}, "sources": [{", ".join(sources)}]')
+    return meta_text(meta, context)
+
+
+def meta_text(meta: str, context: dict) -> str:
+    """`_meta` from the text of its fixed keys (``meta``, not closed) and the context's items after them."""
     if _META_FIXED & context.keys():  # a context key would replace a fixed one in place, as the dict merge does
         return dumps({**json.loads(meta + "}"), **context})
     rest = dumps(context)[1:-1]

@@ -13,7 +13,7 @@ import os
 import threading
 
 from ..tario import BLOCK
-from .jobs import ShardJob, SubSample
+from .jobs import SubSample
 
 # Media and extra members of this size or more are copied in kernel (copy_file_range: no user-space copy, no
 # user pages); smaller ones are read with their sample's record (one pread of the span) and written with the
@@ -56,14 +56,13 @@ class Sources:
         self.files.clear()
 
 
-def _prefetch(job: ShardJob) -> None:
-    """Ask the kernel to read this shard's source ranges in (file, offset) order: one sweep per source
-    instead of the random order packs visit them in. Its own descriptors: it runs beside the writer
+def _prefetch(ranges: list[tuple[str, int, int]]) -> None:
+    """Ask the kernel to read a shard's source ranges (path, offset, size) in (file, offset) order: one sweep
+    per source instead of the random order packs visit them in. Its own descriptors: it runs beside the writer
     (`prefetch_aside`), whose open sources come and go."""
     if not hasattr(os, "posix_fadvise"):
         return
-    ranges = sorted({(sub.source_path, m["offset"], m["size"]) for p in job.packs for sub in p.subs
-                     for m in ([sub.json_member] if sub.json_member else []) + sub.media + sub.extra})
+    ranges = sorted(set(ranges))
     merged: list[list] = []  # members that lie together (a sample's, consecutive samples') in one call
     for path, offset, size in ranges:
         last = merged[-1] if merged else None
@@ -86,10 +85,10 @@ def _prefetch(job: ShardJob) -> None:
             os.close(fd)
 
 
-def prefetch_aside(job: ShardJob) -> threading.Thread:
+def prefetch_aside(ranges: list[tuple[str, int, int]]) -> threading.Thread:
     """`_prefetch` in a thread, started, while the shard is written (its advice calls release the GIL; in
     line they held up the first pack)."""
-    t = threading.Thread(target=_prefetch, args=(job,), name="prefetch", daemon=True)
+    t = threading.Thread(target=_prefetch, args=(ranges,), name="prefetch", daemon=True)
     t.start()
     return t
 
@@ -176,33 +175,3 @@ def read_record(sub: SubSample, sources: Sources) -> bytes | None:
     if len(data) != m["size"]:
         raise OSError(f"{sub.source_path}: {m['name']} ends early ({len(data)} of {m['size']} bytes)")
     return data
-
-
-def read_sub(sub: SubSample, sources: Sources, arena: Arena) -> tuple[bytes | None, list]:
-    """The record's bytes and each media/extra member's bytes (None for a media or extra member of SMALL or
-    more, or `SMALL_READ` for a source in ``sources.no_kernel_copy``: copied when written), read into
-    `arena`: valid until its next reset. The small members of a sample usually follow each other in its
-    source tar, so they are sliced out of one pread of their span; members far apart are read one by one."""
-    fd = sources.get(sub.source_path).fileno()
-    members = sub.media + sub.extra
-    # the record is always read (its text goes into the pack's JSON), media of the cut or more are copied later
-    cut = SMALL_READ if sub.source_path in sources.no_kernel_copy else SMALL
-    small = ([sub.json_member] if sub.json_member else []) + [m for m in members if m["size"] < cut]
-    got: dict[int, bytes | memoryview] = {}
-    if len(small) > 1:
-        lo = min(m["offset"] for m in small)
-        hi = max(m["offset"] + m["size"] for m in small)
-        if hi - lo <= sum(m["size"] for m in small) + min(SPAN_GAP, cut - 1):
-            buf = arena.pread(fd, hi - lo, lo)
-            if len(buf) != hi - lo:
-                raise OSError(f"{sub.source_path}: sample {sub.key} ends early ({len(buf)} of {hi - lo} bytes "
-                              f"at offset {lo})")
-            view = memoryview(buf)
-            got = {id(m): view[m["offset"] - lo:m["offset"] - lo + m["size"]] for m in small}
-    for m in small:
-        if id(m) not in got:
-            data = arena.pread(fd, m["size"], m["offset"])
-            if len(data) != m["size"]:
-                raise OSError(f"{sub.source_path}: {m['name']} ends early ({len(data)} of {m['size']} bytes)")
-            got[id(m)] = data
-    return (got[id(sub.json_member)] if sub.json_member else None), [got.get(id(m)) for m in members]

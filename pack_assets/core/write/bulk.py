@@ -1,0 +1,241 @@
+"""A copy-mode output shard prepared in bulk: from two catalog queries (a row per sample, a row per media or
+extra member, both in pack order) straight to what the writer writes, without a job object per sample or a
+dict per member. Per pack: the document's text around each sample's source record (everything of
+``jobs.pack_document``'s bytes but the records, which only the source tar holds), the reads (one ``pread``
+per sample's span of small members) and the members in output order; the shard's content fingerprint from
+one hash over every line ``ShardFingerprint`` takes. The bytes are ``pack_document``'s and
+``shard_fingerprint``'s (tests compare them); index mode keeps the job objects (its cost is the records)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from itertools import accumulate
+from pathlib import Path
+
+from .. import store
+from ..tario import extra_name, media_name
+from . import syscalls
+from .fingerprints import ShardFingerprint
+from .jobs import WRITE_CONVERSATIONS, ShardJob, dumps, encode_str, meta_text
+
+# the rows one output shard is written from, gathered for every shard to write at once (store.staged)
+BULK_ROWS = {
+    "samples": """SELECT p.output_shard, p.pack_id, p.media_type, p.total_token_len, pm.position, s.sample_id, s.shard,
+                         s.key, t.total_tokens, sh.size || ':' || sh.mtime_ns AS stamp, j.name, j."offset", j.size,
+                         j.sha256, len(s.media_members) AS n_media, len(s.extra_members) AS n_extra
+                  FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
+                  JOIN token_lengths t USING (sample_id) LEFT JOIN shards sh ON sh.shard = s.shard
+                  LEFT JOIN members j ON j.sample_id = s.sample_id AND j.name = s.json_member WHERE {shards}""",
+    # media then extra members, each in the manifest's order
+    "members": """SELECT p.output_shard, pm.pack_id, pm.position, x.kind, x.i, m.name, m."offset", m.size, m.sha256
+                  FROM pack_plan p JOIN pack_members pm USING (pack_id)
+                  JOIN (SELECT sample_id, 0 AS kind, unnest(media_members) AS name,
+                               generate_subscripts(media_members, 1) AS i FROM manifest_samples
+                        UNION ALL SELECT sample_id, 1, unnest(extra_members), generate_subscripts(extra_members, 1)
+                        FROM manifest_samples) x USING (sample_id)
+                  JOIN members m USING (sample_id, name) WHERE {shards}""",
+}
+
+
+@dataclass(slots=True)
+class Columns:
+    """A shard's samples in pack order, column by column, and their members: each sample's media, then its
+    extra members, in the manifest's order; a member is (name, offset, size, sha256)."""
+    pack_id: list
+    media_type: list
+    total: list
+    sample_id: list
+    shard: list
+    key: list
+    tokens: list
+    stamp: list
+    conversation: list
+    conversation_sha256: list
+    path: list  # the source tar's
+    record: list  # the record member or None
+    n_media: list
+    n_extra: list
+    members: list = field(default_factory=list)
+    split: list = field(default_factory=list)  # per sample: a piece's `_meta` split (core/split.py) or None; [] none
+
+
+@dataclass(slots=True)
+class BulkPack:
+    pack_id: str
+    heads: list[str]  # the document's text before each sample's source record
+    tail: str  # after the last one: the last sample's end and `_meta`
+    reads: list[tuple]  # (source path, offset, size, what, is a sample's span): one pread each
+    records: list[tuple | None]  # per sample: (read, start, end, is .json) of its record, None without one
+    # in output order: (output name, size, read, start, end) of a member read, or (output name, size, -1, source
+    # path, offset, source name) of one copied in kernel
+    members: list[tuple]
+
+
+@dataclass(slots=True)
+class BulkShard:
+    name: str
+    packs: list[BulkPack]
+    samples: int
+    fingerprint: str
+
+
+def load_bulk_shard(work: str, input_root, rows: store.Staged | None, context: dict, name: str) -> BulkShard:
+    """Picklable loader: each writer process opens the catalog read-only and prepares its own shard.
+    ``input_root``: a folder (str) or a recipe's roots (dataset name -> folder)."""
+    root = input_root if isinstance(input_root, dict) else Path(input_root)
+    with store.connect(Path(work), read_only=True) as con:
+        return build_shard(name, catalog_columns(con, root, name, rows), context)
+
+
+def catalog_columns(con, input_root, name: str, rows: store.Staged | None = None) -> Columns:
+    """The shard's samples and members from BULK_ROWS (staged or queried) and its conversations."""
+    samples = store.shard_rows(con, BULK_ROWS, "samples", name, rows, order_by="pack_id, position")
+    members = store.shard_rows(con, BULK_ROWS, "members", name, rows, order_by="pack_id, position, kind, i")
+    conversations = {r[0]: r[1:] for r in store.shard_rows(con, WRITE_CONVERSATIONS, "conversations", name)}
+    (pack_id, media_type, total, position, sid, shard, key, tokens, stamp, rec_name, rec_offset, rec_size, rec_sha,
+     n_media, n_extra) = map(list, zip(*samples)) if samples else [[]] * 15
+    n_media, n_extra = [n or 0 for n in n_media], [n or 0 for n in n_extra]
+    owners = [(p, q) for p, q, a, b in zip(pack_id, position, n_media, n_extra) for _ in range(a + b)]
+    if owners != [m[:2] for m in members]:
+        raise KeyError(f"{name}: the catalog lacks a member some sample of this shard lists")
+    paths = {s: str(store.source_tar(input_root, s)) for s in set(shard)}  # per source shard, not per sample
+    conv = [conversations[s] for s in sid]
+    return Columns(pack_id, media_type, total, sid, shard, key, tokens, stamp, [c[0] for c in conv],
+                   [c[1] for c in conv], [paths[s] for s in shard],
+                   [None if n is None else (n, o, z, h) for n, o, z, h in zip(rec_name, rec_offset, rec_size, rec_sha)],
+                   n_media, n_extra, [m[4:] for m in members])
+
+
+def job_columns(job: ShardJob) -> Columns:
+    """A ShardJob's samples as columns (callers and tests that hold jobs)."""
+    def member(m: dict | None) -> tuple | None:
+        if m is not None and list(m) != ["name", "offset", "size", "sha256"]:
+            raise ValueError(f"a member as the catalog holds one (name, offset, size, sha256), not {sorted(m)}")
+        return None if m is None else (m["name"], m["offset"], m["size"], m["sha256"])
+
+    subs = [(p, s) for p in job.packs for s in p.subs]
+    return Columns([p.pack_id for p, _ in subs], [p.media_type for p, _ in subs], [p.total_token_len for p, _ in subs],
+                   [s.sample_id for _, s in subs], [s.shard for _, s in subs], [s.key for _, s in subs],
+                   [s.token_len for _, s in subs], [s.source_stamp for _, s in subs],
+                   [s.messages_text() for _, s in subs], [s.conversation_sha256 for _, s in subs],
+                   [s.source_path for _, s in subs], [member(s.json_member) for _, s in subs],
+                   [len(s.media) for _, s in subs], [len(s.extra) for _, s in subs],
+                   [member(m) for _, s in subs for m in s.media + s.extra], [s.split for _, s in subs])
+
+
+def build_shard(name: str, cols: Columns, context: dict) -> BulkShard:
+    """The shard's packs, column by column; ``context``: `_meta`'s without the shard fingerprint, which is
+    computed here (one hash over the lines ShardFingerprint takes) and carried by every pack's `_meta`."""
+    starts = list(accumulate((a + b for a, b in zip(cols.n_media, cols.n_extra)), initial=0))
+    packs = [i for i, p in enumerate(cols.pack_id) if i == 0 or p != cols.pack_id[i - 1]] + [len(cols.pack_id)]
+    where = [k - packs[g] for g in range(len(packs) - 1) for k in range(packs[g], packs[g + 1])]  # in its pack
+    out_names = _output_names(cols, starts, where)
+    heads, closes, sources, lines = _samples(cols, starts, out_names)
+    fp = ShardFingerprint(context)
+    fp.text("".join(f"{cols.pack_id[a]}|{cols.media_type[a]}|{cols.total[a]}\n" + "".join(lines[a:b])
+                    for a, b in zip(packs, packs[1:])))
+    context = {**context, "shard_fingerprint": fp.hexdigest()}
+    reads, first_read, records, places = _places(cols, starts, syscalls.SMALL)
+    sizes = [m[2] for m in cols.members]
+    members = [(o, z, *p) for o, z, p in zip(out_names, sizes, places)]
+    sample_ids = list(map(encode_str, cols.sample_id))
+    built = []
+    for a, b in zip(packs, packs[1:]):
+        pid, kind = encode_str(cols.pack_id[a]), _text(cols.media_type[a])
+        meta = (f'{{"pack_id": {pid}, "media_type": {kind}, "sample_ids": [{", ".join(sample_ids[a:b])}], '
+                f'"sample_token_lens": [{", ".join(map(_num, cols.tokens[a:b]))}], '
+                f'"total_token_len": {_num(cols.total[a])}, "sources": [{", ".join(sources[a:b])}]')
+        r0 = first_read[a]
+        built.append(BulkPack(
+            cols.pack_id[a],
+            [f'{{"pack_id": {pid}, "media_type": {kind}, "samples": [{heads[a]}',
+             *(f"{closes[k - 1]}, {heads[k]}" for k in range(a + 1, b))],
+            f'{closes[b - 1]}], "_meta": {meta_text(meta, context)}}}', reads[r0:first_read[b]],
+            [None if r is None else (r[0] - r0, *r[1:]) for r in records[a:b]],
+            [m if m[2] < 0 else (m[0], m[1], m[2] - r0, m[3], m[4]) for m in members[starts[a]:starts[b]]]))
+    return BulkShard(name, built, len(cols.pack_id), context["shard_fingerprint"])
+
+
+def _num(v) -> str:
+    return str(v) if type(v) is int else dumps(v)
+
+
+def _text(v) -> str:
+    return encode_str(v) if type(v) is str else dumps(v)
+
+
+def _output_names(cols: Columns, starts: list[int], where: list[int]) -> list[str]:
+    """Each member's output name (`tario.media_name`, `tario.extra_name`), sample by sample."""
+    names = []
+    for s, (pack_id, i, n_media) in enumerate(zip(cols.pack_id, where, cols.n_media)):
+        mine = cols.members[starts[s]:starts[s + 1]]
+        names += [media_name(pack_id, i, j, m[0]) for j, m in enumerate(mine[:n_media])]
+        names += [extra_name(pack_id, i, j, m[0]) for j, m in enumerate(mine[n_media:])]
+    return names
+
+
+def _samples(cols: Columns, starts: list[int], out_names: list[str]) -> tuple[list, list, list, list]:
+    """Per sample: its document text up to its source record, after it, its `_meta` source, its
+    fingerprint line (`ShardFingerprint.sub`'s)."""
+    members = cols.members
+    # (the catalog's types: names and digests str, offsets and sizes int, so f-strings write what json.dumps does)
+    names = [encode_str(m[0]) for m in members]
+    shas = ["null" if m[3] is None else encode_str(m[3]) for m in members]
+    keys = [f"[{n}, {m[1]}, {m[2]}, {h}]" for n, m, h in zip(names, members, shas)]
+    listed = [f'{{"name": {n}, "offset": {m[1]}, "size": {m[2]}, "sha256": {h}, "output_name": {encode_str(o)}}}'
+              for n, m, h, o in zip(names, members, shas, out_names)]
+    parts = [encode_str(o.split(".", 1)[1]) for o in out_names]
+    unhashed = {s for s, (a, b) in enumerate(zip(starts, starts[1:])) if any(m[3] is None for m in members[a:b])}
+    heads, closes, sources, lines = [], [], [], []
+    splits = cols.split or [None] * len(cols.sample_id)
+    for s, (sid, shard, key, tokens, stamp, conv, conv_sha, rec, n_media, split) in enumerate(zip(
+            cols.sample_id, cols.shard, cols.key, cols.tokens, cols.stamp, cols.conversation,
+            cols.conversation_sha256, cols.record, cols.n_media, splits)):
+        a, b, c = starts[s], starts[s] + n_media, starts[s + 1]
+        conv = "null" if conv is None else conv
+        sid_text = encode_str(sid)
+        if rec is None:
+            rec_listed, rec_key = "null", "-"
+        else:
+            name, sha = encode_str(rec[0]), "null" if rec[3] is None else encode_str(rec[3])
+            rec_listed = f'{{"name": {name}, "offset": {rec[1]}, "size": {rec[2]}, "sha256": {sha}}}'
+            rec_key = f"[{name}, {rec[1]}, {rec[2]}, {sha}]"
+        heads.append(f'{{"sample_id": {sid_text}, "token_len": {_num(tokens)}, "messages": {conv}, '
+                     f'"media": [{", ".join(parts[a:b])}], "source": ')
+        closes.append(f', "extra": [{", ".join(parts[b:c])}]}}' if c > b else "}")
+        sources.append(f'{{"sample_id": {sid_text}, "shard": {_text(shard)}, "key": {_text(key)}, '
+                       f'"json_member": {rec_listed}, "media": [{", ".join(listed[a:b])}]'
+                       + (f', "extra": [{", ".join(listed[b:c])}]' if c > b else "")
+                       + (f', "split": {dumps(split)}}}' if split else "}"))
+        stamp = stamp if s in unhashed or (rec is not None and rec[3] is None) else ""
+        lines.append(f"{sid}|{tokens}|{conv_sha or hashlib.sha256(conv.encode()).hexdigest()}|{stamp}|"
+                     f"{'|'.join([rec_key, *keys[a:b], '+', *keys[b:c]])}\n")
+    return heads, closes, sources, lines
+
+
+def _places(cols: Columns, starts: list[int], cut: int) -> tuple[list, list, list, list]:
+    """The reads (`syscalls.SMALL`, `SPAN_GAP`): a sample's record and members under the cut sliced out of
+    one pread of their span when they lie together, else read one by one; members of the cut or more copied
+    in kernel. Returns the reads, each sample's first, its record's place and each member's."""
+    reads, first, records, places = [], [], [], []
+    for s, (rec, path, key) in enumerate(zip(cols.record, cols.path, cols.key)):
+        first.append(len(reads))
+        mine = cols.members[starts[s]:starts[s + 1]]
+        small = ([rec] if rec is not None else []) + [m for m in mine if m[2] < cut]
+        got = []
+        if len(small) > 1:
+            lo = min(m[1] for m in small)
+            hi = max(m[1] + m[2] for m in small)
+            if hi - lo <= sum(m[2] for m in small) + min(syscalls.SPAN_GAP, cut - 1):
+                reads.append((path, lo, hi - lo, key, True))
+                got = [(len(reads) - 1, m[1] - lo, m[1] - lo + m[2]) for m in small]
+        if not got:
+            for m in small:
+                reads.append((path, m[1], m[2], m[0], False))
+                got.append((len(reads) - 1, 0, m[2]))
+        at = iter(got)
+        records.append((*next(at), rec[0].endswith(".json")) if rec is not None else None)
+        places += [next(at) if m[2] < cut else (-1, path, m[1], m[0]) for m in mine]
+    first.append(len(reads))
+    return reads, first, records, places
