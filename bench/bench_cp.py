@@ -1,7 +1,7 @@
 """Context parallelism in the plan (issue 39): packs planned on each sub-sample's padded length.
 
-    python bench/bench_cp.py                     # writes bench/results/cp_i39.json
-    python bench/bench_cp.py --n 1000000 --out bench/results/cp_i39_1m.json
+    python bench/bench_cp.py                     # writes a new bench/results/cp_<UTC>.json
+    python bench/bench_cp.py --n 1000000 --results bench/results/cp_1m.json
 
 Lengths: lognormal like the seed's LVIS table (median 864, p95 3,669 tokens; bench_plan.py), 40 % text,
 50 % image, 10 % video samples, packed per media type with the planner itself (`make_plan`, BFD). For each
@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_plan import lognormal  # noqa: E402
-from common import machine  # noqa: E402
+from common import ResultsFile, machine  # noqa: E402
 
 from pack_assets.core.cpad import padded  # noqa: E402
 from pack_assets.core.plan import PlanConfig, make_plan  # noqa: E402
@@ -60,8 +60,9 @@ def case(ids, kinds, lengths, max_len: int, cp: int, tp: int, plain_packs, world
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=99_388)
-    ap.add_argument("--out", default="bench/results/cp_i39.json")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/cp_<UTC>.json)")
     args = ap.parse_args()
+    dest = ResultsFile(args.results, "cp")
     lengths = lognormal(args.n, 864, 3668.6, 20_000)
     rng = np.random.default_rng(7)
     kinds = rng.choice(["text", "image", "video"], args.n, p=[0.4, 0.5, 0.1])
@@ -75,8 +76,8 @@ def main() -> None:
     for per_type in (True, False):  # groups of world_size x micro_batch_size packs of one media key, with CP
         rows.append(case(ids, kinds, lengths, 8192, 2, 1, [], world=8, per_type=per_type))
         print(json.dumps(rows[-1]), flush=True)
-    Path(args.out).write_text(json.dumps({"machine": machine(), "distribution": "lognormal median 864 p95 3669, "
-                                          "text/image/video 0.4/0.5/0.1", "rows": rows}, indent=1) + "\n")
+    dest.write({"machine": machine(), "distribution": "lognormal median 864 p95 3669, text/image/video 0.4/0.5/0.1",
+                "rows": rows})
 
 
 if __name__ == "__main__":
