@@ -1,5 +1,6 @@
 """What a run refuses from its folders and settings alone, checked before it takes the work folder's lock,
-writes anything or scans a shard: overlapping folders (an output in or around the input, a work folder in
+writes anything or scans a shard: an output or work folder this process cannot write (read-only, missing
+permissions), overlapping folders (an output in or around the input, a work folder in
 the output or the input), a recipe's missing or overlapping inputs, a missing input or one without shards,
 a profile that does not resolve, and a file the tool did not write at a name its writer uses. Settings of
 an unknown name or of the wrong type are refused earlier still, when they are built (`Settings.from_flat`).
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import owned, store
+from . import faults, owned, store
 from .blend import epoch_name
 from .counting import procount
 from .indexmode import INDEX_FILE
@@ -27,6 +28,9 @@ def output_folders(settings: Settings) -> list[Path]:
 def preflight(settings: Settings) -> list[str]:
     """Every refusal that needs no scan (module docstring), cheapest first; returns the input's shards."""
     settings.check_paths()
+    faults.check_writable(settings.work, "work", "--work", (store.DB_NAME,))
+    for folder in output_folders(settings):
+        faults.check_writable(folder, "output", "--output", (owned.RECORD,))
     extra = (INDEX_FILE,) if settings.output_mode == "index" else ()
     for folder in output_folders(settings):
         owned.refuse_foreign(folder, extra)

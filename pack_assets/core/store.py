@@ -137,13 +137,14 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         tmp = Path(safety.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
         try:
             yield tmp
+            safety.fsync_tree(tmp)  # its files on disk before the name points at them
             if final.exists():
                 old = final.with_name(f".{final.name}.old-{os.getpid()}")
                 os.replace(final, old)
-                os.replace(tmp, final)
+                safety.replace(tmp, final)
                 shutil.rmtree(old, ignore_errors=True)
             else:
-                os.replace(tmp, final)
+                safety.replace(tmp, final)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -13,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from .. import owned, store
+from .. import faults, owned, store
 from ..plan import PlanInfo
 from .energon import LastIndex
 from .fingerprints import current_shards
@@ -21,6 +21,7 @@ from .jobs import WRITE_ROWS, ShardJob, ShardResult, load_shard_job
 from .record import last_index, load_record, record_written, shard_digests, vouched_shards, written_key
 from .shard import write_shard
 from .shared import OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards, write_context
+from .space import OUTPUT, refuse_if_full, still_needed
 
 
 def _write_shard_star(args) -> ShardResult:
@@ -64,6 +65,7 @@ def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, wo
     return [replace(r, index=None) for r in results]  # the indexes are written: not kept past here
 
 
+@faults.names_full_disk({"out_dir": OUTPUT, **faults.WORK}, still_needed)
 def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
               progress: Progress | None = None) -> WriteSummary:
     """The stage in copy mode: every planned output shard written or found current. ``input_root``: the
@@ -83,6 +85,7 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
     skip = {r.shard for r in done}
     last = last_index(work, out_dir, skip)
     todo = [n for n in names if n not in skip]
+    refuse_if_full(work, out_dir, todo)  # before the first byte, when the plan's bytes clearly do not fit
     with store.staged(work, WRITE_ROWS, todo) if len(todo) > 1 else contextlib.nullcontext() as rows:
         root = input_root if isinstance(input_root, dict) else str(input_root)
         results = write_all(out_dir, todo, context, workers=workers, progress=progress,

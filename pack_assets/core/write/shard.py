@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from .. import safety
 from ..safety import mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
 from ..tario import BLOCK, RECORD, first_pack_meta, member_header, padding
 from .energon import Index, IndexBuilder
@@ -52,7 +53,7 @@ def _write_new(out_dir: str, job: ShardJob, context: dict, final: Path) -> tuple
         written = out.finish()
         os.close(fd)
         fd = -1
-        os.replace(tmp, final)
+        safety.replace(tmp, final)  # the folder fsynced too: the name survives a power cut
     except BaseException:
         if fd >= 0:
             os.close(fd)
