@@ -107,7 +107,8 @@ def names_full_disk(folders: dict[str, tuple[str, str]], needed: Callable[..., i
     """Decorate a stage so that a full disk met inside it is one ``NoSpace`` line naming the folder:
     ``folders`` maps a parameter of the stage to (what, flag), e.g. ``{"work": ("work", "--work")}``; of
     several, the one whose file system has the least room is named. ``needed(**arguments)``: the bytes the
-    stage still needs when it failed, where it can tell."""
+    stage still needs when it failed, where it can tell. Another I/O error of the device that names no file
+    (Arrow's, a bare ``os.read``'s) is a ``FileFault`` naming the stage's folders."""
     def wrap(stage):
         signature = inspect.signature(stage)
 
@@ -118,9 +119,12 @@ def names_full_disk(folders: dict[str, tuple[str, str]], needed: Callable[..., i
             except NoSpace:
                 raise
             except Exception as e:
+                bound = signature.bind(*args, **kwargs).arguments
+                if is_device_fault(e) and not is_no_space(e):
+                    places = " or ".join(f"the {what} folder {bound[p]}" for p, (what, _) in folders.items())
+                    raise file_fault(e, places, "in") from e
                 if not is_no_space(e):
                     raise
-                bound = signature.bind(*args, **kwargs).arguments
                 param = min(folders, key=lambda p: free_bytes(Path(bound[p])))
                 what, flag = folders[param]
                 need = needed(**bound) if needed is not None else None
@@ -137,7 +141,7 @@ def is_device_fault(exc: BaseException) -> bool:
 
 def file_fault(exc: OSError, path, doing: str) -> FileFault:
     """The one line for an I/O error on ``path`` (the error's own file name when it carries one)."""
-    return FileFault(f"I/O error {doing} {exc.filename or path}: {exc.strerror or exc}; nothing of it was recorded, "
+    return FileFault(f"I/O error {doing} {exc.filename or path}: {exc.strerror or exc}; nothing half-written is kept, "
                      "rerun once the device is fixed")
 
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .. import safety
+from .. import faults, safety
 from ..safety import mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
 from ..tario import BLOCK, RECORD, first_pack_meta, member_header, padding
 from .energon import Index, IndexBuilder
@@ -54,11 +54,12 @@ def _write_new(out_dir: str, job: ShardJob, context: dict, final: Path) -> tuple
         os.close(fd)
         fd = -1
         safety.replace(tmp, final)  # the folder fsynced too: the name survives a power cut
-    except BaseException:
+    except BaseException as e:
         if fd >= 0:
             os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        faults.raise_device_fault(e, f"{final} (from {', '.join(sorted(sources.files)) or 'its sources'})", "writing")
         raise
     finally:
         sources.close()

@@ -1,0 +1,218 @@
+"""I/O errors injected for real (Debian's libfiu, `fiu-run -x`) into one stage of the pipeline, and the
+verdict on what the run did. Used by test_faults.py (a few runs) and bench/soak_io_faults.py (the soak).
+
+    fiu-run -x python io_fault_harness.py INPUT WORK OUT SEED STAGE POINTS PROBABILITY ERRNO WORKERS
+
+runs `fault_harness.run_pipeline`'s stages, turning libfiu's failure points on (`fiu_enable_random`, through
+ctypes, seeded with `fiu_set_prng_seed`) at the start of STAGE and off at its end. Before that it runs the
+pipeline once on a tiny dataset of its own, so Python's lazy imports are done: the faults land on the data's
+files, not on the interpreter's. Exit 0: the audit passed; 3: it did not; 2: the run stopped with the CLI's
+one line (`cli.error_line`, the last line on stderr); anything else is a crash.
+
+libfiu's short-read/short-write points (`.../reduce`) are left out: libfiu 1.1 divides by zero in them on a
+zero-byte request (SIGFPE in the C library wrapper, not in the program). `copy_file_range` has no libfiu point.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import faulthandler
+import hashlib
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+POINTS = {
+    "read": ["posix/io/rw/read", "posix/io/rw/pread", "posix/io/rw/readv", "posix/io/rw/preadv"],
+    "write": ["posix/io/rw/write", "posix/io/rw/pwrite", "posix/io/rw/writev", "posix/io/rw/pwritev"],
+    "sync": ["posix/io/sync/fsync", "posix/io/sync/fdatasync"],
+}
+POINTS["all"] = POINTS["read"] + POINTS["write"] + POINTS["sync"]
+STAGES = ["scan", "count", "plan", "write", "audit"]
+ERRNOS = {"EIO": errno.EIO, "ENOSPC": errno.ENOSPC}
+
+
+def fiu_available() -> bool:
+    return shutil.which("fiu-run") is not None and Path("/usr/lib/fiu/fiu_posix_preload.so").exists()
+
+
+class Faults:
+    """libfiu's failure points, on for one stage."""
+
+    def __init__(self, seed: int, points: list[str], probability: float, err: int) -> None:
+        self.lib = ctypes.CDLL("libfiu.so.0")
+        self.lib.fiu_enable_random.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_float]
+        self.lib.fiu_set_prng_seed.argtypes = [ctypes.c_uint]
+        self.lib.fiu_set_prng_seed(seed)
+        self.points, self.probability, self.err = [p.encode() for p in points], probability, err
+
+    def on(self) -> None:
+        for p in self.points:  # failinfo: the errno libfiu's POSIX wrappers set
+            assert self.lib.fiu_enable_random(p, 1, ctypes.c_void_p(self.err), self.probability) == 0
+
+    def off(self) -> None:
+        for p in self.points:
+            self.lib.fiu_disable(p)
+
+
+def stages(inp: Path, work: Path, out: Path, workers: int, faults: Faults | None = None, at: str = "") -> int:
+    """fault_harness.run_pipeline's stages, the faults on during stage ``at``."""
+    from pack_assets.core import store
+    from pack_assets.core.audit import run_audit
+    from pack_assets.core.counting.profiles import load_profile
+    from pack_assets.core.counting.token_lengths import run_token_lengths
+    from pack_assets.core.plan import PlanConfig, run_plan
+    from pack_assets.core.report import WhatIfBeside
+    from pack_assets.core.scan import run_manifest
+    from pack_assets.core.write import run_write
+
+    profile = load_profile("qwen3-vl")
+    shards = list(store.find_shards(inp))
+    config = PlanConfig(max_len=1500, max_packs_per_shard=2)
+
+    def plan():
+        what_if = WhatIfBeside(work, config)
+        what_if.finish(run_plan(work, shards, config, profile, on_lengths=what_if.start).fingerprint)
+
+    steps = {"scan": lambda: [run_manifest(inp, work, s) for s in shards],
+             "count": lambda: [run_token_lengths(work, s, profile) for s in shards],
+             "plan": plan, "write": lambda: run_write(work, inp, out, workers=workers),
+             "audit": lambda: run_audit(work, out)}
+    result = None
+    for name in STAGES:
+        if faults is not None and name == at:
+            faults.on()
+        try:
+            result = steps[name]()
+        finally:
+            if faults is not None and name == at:
+                faults.off()
+    return 0 if result.ok else 3
+
+
+def snapshot(work: Path, out: Path) -> dict:
+    """The catalog's tables, every output file's hash (not Energon's SQLite container) and the plan file."""
+    from pack_assets.core import store
+
+    with store.connect(work, read_only=True) as con:
+        tables = {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
+                  for t in ("samples", "members", "rejected", "token_lengths", "pack_plan", "pack_members", "dropped")}
+    files = {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(out.rglob("*")) if p.is_file() and p.name != "index.sqlite"}
+    return {"tables": tables, "files": files, "plan": (work / "pack_plan.jsonl").read_bytes()}
+
+
+def temp_leftovers(work: Path, out: Path) -> list[str]:
+    return [str(p) for p in [*out.rglob(".*tmp*"), *work.rglob(".*.tmp-*")]]
+
+
+def _warm() -> None:
+    from conftest import small_dataset
+
+    with tempfile.TemporaryDirectory() as d:
+        inp = small_dataset(Path(d) / "in", n_shards=1, per_shard=6)
+        stages(inp, Path(d) / "work", Path(d) / "out", 1)
+
+
+def main() -> int:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the driver asks for the stacks of a run that hangs
+    inp, work, out = (Path(a) for a in sys.argv[1:4])
+    seed, stage, points, probability, err, workers = sys.argv[4:10]
+    _warm()
+    work.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{work}.armed").touch()  # the driver's sign that the start under libfiu is over (see faulty_run)
+    faults = Faults(int(seed), POINTS[points], float(probability), ERRNOS[err])
+    from pack_assets.cli import error_line
+    from pack_assets.runner.orchestrate import FAULTS
+
+    try:
+        return stages(inp, work, out, int(workers), faults, stage)
+    except Exception as e:  # as `pack-assets run` prints a failed step: runner/orchestrate.py's PipelineError
+        name = type(e).__name__
+        print(error_line(RuntimeError(f"{stage}: {e}" if name in FAULTS else f"{stage}: {name}: {e}")),
+              file=sys.stderr)
+        return 2
+
+
+# --- the driver's side: one faulty run and the clean rerun after it, judged -------------------------------
+
+def draw(rng: random.Random) -> dict:
+    """One run's fault, from the soak's seeded generator."""
+    points = rng.choice(["read", "read", "write", "write", "sync", "all"])
+    return {"seed": rng.randrange(1 << 31), "stage": rng.choice(STAGES), "points": points,
+            "probability": rng.choice([0.002, 0.01, 0.05, 0.2]),
+            "errno": "ENOSPC" if points == "write" and rng.random() < 0.3 else "EIO", "workers": rng.choice([1, 2])}
+
+
+def faulty_run(inp: Path, work: Path, out: Path, fault: dict, start: float = 30,
+               timeout: float = 240) -> tuple[subprocess.CompletedProcess, int]:
+    """The harness under `fiu-run -x`, and how many starts it took. libfiu's preload (it wraps malloc too)
+    deadlocks now and then while Python loads pyarrow's library, before any fault is on: such a start
+    (no sign from the harness within ``start`` seconds) is killed and made again; a run that hangs once the
+    faults are armed is a ``hang`` (returncode -9)."""
+    args = [str(inp), str(work), str(out), *(str(fault[k]) for k in
+                                               ("seed", "stage", "points", "probability", "errno", "workers"))]
+    env = {**os.environ, "FIU_PRNG_SEED": str(fault["seed"])}
+    armed = Path(f"{work}.armed")
+    for starts in range(1, 11):
+        proc = subprocess.Popen(["fiu-run", "-x", sys.executable, str(Path(__file__)), *args], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            out_text, err_text = proc.communicate(timeout=start)
+            return subprocess.CompletedProcess(proc.args, proc.returncode, out_text, err_text), starts
+        except subprocess.TimeoutExpired:
+            if armed.exists():
+                break
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(out, ignore_errors=True)
+    try:
+        out_text, err_text = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGUSR1)  # faulthandler: the stacks, for the record
+        time.sleep(1)
+        os.killpg(proc.pid, signal.SIGKILL)
+        out_text, err_text = proc.communicate()
+        return subprocess.CompletedProcess(proc.args, -9, out_text, err_text + "\nhang"), starts
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out_text, err_text), starts
+
+
+def judge(proc: subprocess.CompletedProcess, folders: tuple[Path, ...], clean: dict, work: Path, out: Path) -> dict:
+    """The faulty run's outcome: ``pass_equal`` (PASS and the clean run's bytes), ``clear_error`` (exit 2, one
+    line naming a file or folder), or a violation: ``pass_wrong_bytes``, ``unclear_error``,
+    ``crash``, ``hang``. Then ``rerun``: a plain rerun without faults, which must give the clean run's bytes."""
+    last = (proc.stderr.strip().splitlines() or [""])[-1]
+    if proc.returncode == 0:
+        outcome = "pass_equal" if snapshot(work, out) == clean else "pass_wrong_bytes"
+    elif proc.returncode == 2 and last.startswith("error: ") and re.search(r"(^|[\s\"'(])/\w", last):
+        outcome = "clear_error"
+    elif proc.returncode == 2:
+        outcome = "unclear_error"
+    elif proc.returncode == -9:
+        outcome = "hang"
+    else:
+        outcome = "crash"
+    leftovers = temp_leftovers(work, out)
+    try:
+        code = stages(folders[0], work, out, 1)
+        rerun = "equal" if code == 0 and snapshot(work, out) == clean else f"differs (exit {code})"
+    except Exception as e:  # the catalog or the output could not be recovered by a plain rerun
+        rerun = f"failed: {type(e).__name__}: {e}"
+    return {"outcome": outcome, "exit": proc.returncode, "line": last[:300], "rerun": rerun,
+            "temp_left_visible": leftovers}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
