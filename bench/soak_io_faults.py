@@ -4,10 +4,11 @@
 
 Each run draws (from the seed) a stage, a set of libfiu failure points (reads, writes, fsyncs or all), a
 probability and an errno (EIO; ENOSPC for some write runs) and runs the pipeline under `fiu-run -x` with
-them on during that stage (tests/io_fault_harness.py), in fresh folders; then a plain rerun without faults.
+them on during that stage (tests/io_fault_harness.py; `--batch` runs per process), in fresh folders; then a
+plain rerun without faults.
 Verdicts: ``pass_equal`` or ``clear_error`` are fine; ``pass_wrong_bytes``, ``unclear_error``, ``crash``,
 ``hang``, a visible temp file and a rerun that does not give the clean run's bytes are violations. Needs
-root only for nothing; needs `apt-get install fiu-utils`. Writes a NEW results file (refuses to overwrite).
+no root; needs `apt-get install fiu-utils`. Writes a NEW results file (refuses to overwrite).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--seed", type=int, default=40)
+    ap.add_argument("--batch", type=int, default=10, help="runs per harness process")
     ap.add_argument("--out", default=str(HERE / "results" / "io_faults_i40.json"))
     args = ap.parse_args()
     target = Path(args.out)
@@ -48,21 +50,24 @@ def main() -> int:
         assert h.stages(inp, root / "clean" / "work", root / "clean" / "out", 1) == 0
         clean = h.snapshot(root / "clean" / "work", root / "clean" / "out")
         rng = random.Random(args.seed)
+        faults = [h.draw(rng, i) for i in range(args.runs)]
         runs = []
-        for i in range(args.runs):
-            fault = h.draw(rng)
-            work, out = root / f"r{i}" / "work", root / f"r{i}" / "out"
+        for batch in range(0, len(faults), args.batch):  # one process (one start under libfiu) per batch
+            todo = faults[batch:batch + args.batch]
             t = time.time()
-            proc, starts = h.faulty_run(inp, work, out, fault)
-            verdict = h.judge(proc, (inp, work, out), clean, work, out)
-            runs.append({"run": i, **fault, **verdict, "starts": starts, "seconds": round(time.time() - t, 1)})
-            print(json.dumps(runs[-1]), flush=True)
+            results = h.faulty_runs(inp, root / "runs", todo)
+            for fault in todo:
+                folder = root / "runs" / f"r{fault['run']}"
+                verdict = h.judge(results[fault["run"]], inp, clean, folder / "work", folder / "out")
+                runs.append({**fault, **verdict})
+                print(json.dumps(runs[-1]), flush=True)
+            print(f"batch of {len(todo)}: {time.time() - t:.0f} s", flush=True)
     tally = collections.Counter(r["outcome"] for r in runs)
     violations = [r for r in runs if r["outcome"] not in ("pass_equal", "clear_error") or r["rerun"] != "equal"
                   or r["temp_left_visible"]]
     summary = {"runs": len(runs), "seed": args.seed, "outcomes": dict(tally), "violations": len(violations),
                "reruns_equal": sum(r["rerun"] == "equal" for r in runs),
-               "restarted_starts": sum(r["starts"] - 1 for r in runs),
+               "starts_redone": sum(r["starts"] - 1 for r in runs),
                "by_stage": {s: dict(collections.Counter(r["outcome"] for r in runs if r["stage"] == s))
                             for s in h.STAGES},
                "seconds": round(time.time() - t0), "machine": machine(),

@@ -1,13 +1,14 @@
 """I/O errors injected for real (Debian's libfiu, `fiu-run -x`) into one stage of the pipeline, and the
 verdict on what the run did. Used by test_faults.py (a few runs) and bench/soak_io_faults.py (the soak).
 
-    fiu-run -x python io_fault_harness.py INPUT WORK OUT SEED STAGE POINTS PROBABILITY ERRNO WORKERS
+    fiu-run -x python io_fault_harness.py INPUT ROOT '[{"run": 0, "seed": 1, "stage": "write", ...}]'
 
-runs `fault_harness.run_pipeline`'s stages, turning libfiu's failure points on (`fiu_enable_random`, through
-ctypes, seeded with `fiu_set_prng_seed`) at the start of STAGE and off at its end. Before that it runs the
-pipeline once on a tiny dataset of its own, so Python's lazy imports are done: the faults land on the data's
-files, not on the interpreter's. Exit 0: the audit passed; 3: it did not; 2: the run stopped with the CLI's
-one line (`cli.error_line`, the last line on stderr); anything else is a crash.
+runs, for each fault, `fault_harness.run_pipeline`'s stages in ROOT/r<run>/{work,out}, turning libfiu's
+failure points on (`fiu_enable_random` through ctypes, seeded with `fiu_set_prng_seed`) at the start of its
+stage and off at its end. Before that it runs the pipeline once on a tiny dataset of its own, so Python's
+lazy imports are done: the faults land on the data's files, not on the interpreter's. Per run: exit 0 the
+audit passed, 3 it did not, 2 the run stopped with the line `pack-assets run` prints for a failed step; a
+process that dies or hangs is a crash or a hang.
 
 libfiu's short-read/short-write points (`.../reduce`) are left out: libfiu 1.1 divides by zero in them on a
 zero-byte request (SIGFPE in the C library wrapper, not in the program). `copy_file_range` has no libfiu point.
@@ -19,6 +20,7 @@ import ctypes
 import errno
 import faulthandler
 import hashlib
+import json
 import os
 import random
 import re
@@ -126,91 +128,105 @@ def _warm() -> None:
 
 
 def main() -> int:
+    """INPUT ROOT FAULTS: each fault (a JSON list of `draw`'s dicts) in its own folders ROOT/r<i>/; one JSON
+    line per run on stdout (its exit and the line it printed), as soon as it is done."""
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the driver asks for the stacks of a run that hangs
-    inp, work, out = (Path(a) for a in sys.argv[1:4])
-    seed, stage, points, probability, err, workers = sys.argv[4:10]
+    inp, root, todo = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
     _warm()
-    work.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{work}.armed").touch()  # the driver's sign that the start under libfiu is over (see faulty_run)
-    faults = Faults(int(seed), POINTS[points], float(probability), ERRNOS[err])
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "armed").touch()  # the driver's sign that the start under libfiu is over (see faulty_runs)
     from pack_assets.cli import error_line
     from pack_assets.runner.orchestrate import FAULTS
 
-    try:
-        return stages(inp, work, out, int(workers), faults, stage)
-    except Exception as e:  # as `pack-assets run` prints a failed step: runner/orchestrate.py's PipelineError
-        name = type(e).__name__
-        print(error_line(RuntimeError(f"{stage}: {e}" if name in FAULTS else f"{stage}: {name}: {e}")),
-              file=sys.stderr)
-        return 2
+    for fault in todo:
+        faults = Faults(fault["seed"], POINTS[fault["points"]], fault["probability"], ERRNOS[fault["errno"]])
+        work, out = root / f"r{fault['run']}" / "work", root / f"r{fault['run']}" / "out"
+        line = ""
+        try:
+            code = stages(inp, work, out, fault["workers"], faults, fault["stage"])
+        except Exception as e:  # as `pack-assets run` prints a failed step: runner/orchestrate.py's PipelineError
+            name, code = type(e).__name__, 2
+            step = fault["stage"]
+            line = error_line(RuntimeError(f"{step}: {e}" if name in FAULTS else f"{step}: {name}: {e}"))
+        print(json.dumps({"run": fault["run"], "exit": code, "line": line}), flush=True)
+    return 0
 
 
-# --- the driver's side: one faulty run and the clean rerun after it, judged -------------------------------
+# --- the driver's side: faulty runs, each judged after a clean rerun ---------------------------------------
 
-def draw(rng: random.Random) -> dict:
+def draw(rng: random.Random, run: int) -> dict:
     """One run's fault, from the soak's seeded generator."""
     points = rng.choice(["read", "read", "write", "write", "sync", "all"])
-    return {"seed": rng.randrange(1 << 31), "stage": rng.choice(STAGES), "points": points,
+    return {"run": run, "seed": rng.randrange(1 << 31), "stage": rng.choice(STAGES), "points": points,
             "probability": rng.choice([0.002, 0.01, 0.05, 0.2]),
             "errno": "ENOSPC" if points == "write" and rng.random() < 0.3 else "EIO", "workers": rng.choice([1, 2])}
 
 
-def faulty_run(inp: Path, work: Path, out: Path, fault: dict, start: float = 30,
-               timeout: float = 240) -> tuple[subprocess.CompletedProcess, int]:
-    """The harness under `fiu-run -x`, and how many starts it took. libfiu's preload (it wraps malloc too)
-    deadlocks now and then while Python loads pyarrow's library, before any fault is on: such a start
-    (no sign from the harness within ``start`` seconds) is killed and made again; a run that hangs once the
-    faults are armed is a ``hang`` (returncode -9)."""
-    args = [str(inp), str(work), str(out), *(str(fault[k]) for k in
-                                               ("seed", "stage", "points", "probability", "errno", "workers"))]
-    env = {**os.environ, "FIU_PRNG_SEED": str(fault["seed"])}
-    armed = Path(f"{work}.armed")
-    for starts in range(1, 11):
-        proc = subprocess.Popen(["fiu-run", "-x", sys.executable, str(Path(__file__)), *args], env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+def faulty_runs(inp: Path, root: Path, faults: list[dict], start: float = 20, per_run: float = 120) -> dict[int, dict]:
+    """The runs under `fiu-run -x`, as few processes as it takes: run -> {exit, line, starts}. libfiu's preload
+    (it wraps malloc too) deadlocks now and then while Python loads pyarrow's library, before any fault is
+    on: a start that gives no sign within ``start`` seconds is killed and made again (``starts`` counts them).
+    A process that dies or hangs once armed gives its run ``crash`` (its exit and last stderr line) or
+    ``hang``; the runs after it go to a new process."""
+    results: dict[int, dict] = {}
+    starts = 0
+    while pending := [f for f in faults if f["run"] not in results]:
+        armed = root / "armed"
+        armed.unlink(missing_ok=True)
+        starts += 1
+        proc = subprocess.Popen(["fiu-run", "-x", sys.executable, str(Path(__file__)), str(inp), str(root),
+                                 json.dumps(pending)], text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
         try:
             out_text, err_text = proc.communicate(timeout=start)
-            return subprocess.CompletedProcess(proc.args, proc.returncode, out_text, err_text), starts
         except subprocess.TimeoutExpired:
-            if armed.exists():
-                break
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            shutil.rmtree(work, ignore_errors=True)
-            shutil.rmtree(out, ignore_errors=True)
-    try:
-        out_text, err_text = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGUSR1)  # faulthandler: the stacks, for the record
-        time.sleep(1)
-        os.killpg(proc.pid, signal.SIGKILL)
-        out_text, err_text = proc.communicate()
-        return subprocess.CompletedProcess(proc.args, -9, out_text, err_text + "\nhang"), starts
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out_text, err_text), starts
+            if not armed.exists():
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                continue
+            try:
+                out_text, err_text = proc.communicate(timeout=per_run * len(pending))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGUSR1)  # faulthandler: the stacks, for the record
+                time.sleep(1)
+                os.killpg(proc.pid, signal.SIGKILL)
+                out_text, err_text = proc.communicate()
+                err_text += "\nhang"
+        for line in out_text.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                results[r["run"]] = {"exit": r["exit"], "line": r["line"], "starts": starts}
+        first = next((f["run"] for f in pending if f["run"] not in results), None)
+        if first is not None:
+            hung = err_text.endswith("hang")
+            results[first] = {"exit": -9 if hung else proc.returncode, "starts": starts,
+                              "line": (err_text.strip().splitlines() or [""])[-1]}
+        starts = 0
+    return results
 
 
-def judge(proc: subprocess.CompletedProcess, folders: tuple[Path, ...], clean: dict, work: Path, out: Path) -> dict:
+def judge(result: dict, inp: Path, clean: dict, work: Path, out: Path) -> dict:
     """The faulty run's outcome: ``pass_equal`` (PASS and the clean run's bytes), ``clear_error`` (exit 2, one
     line naming a file or folder), or a violation: ``pass_wrong_bytes``, ``unclear_error``,
     ``crash``, ``hang``. Then ``rerun``: a plain rerun without faults, which must give the clean run's bytes."""
-    last = (proc.stderr.strip().splitlines() or [""])[-1]
-    if proc.returncode == 0:
+    last, code = result["line"], result["exit"]
+    if code == 0:
         outcome = "pass_equal" if snapshot(work, out) == clean else "pass_wrong_bytes"
-    elif proc.returncode == 2 and last.startswith("error: ") and re.search(r"(^|[\s\"'(])/\w", last):
+    elif code == 2 and last.startswith("error: ") and re.search(r"(^|[\s\"'(])/\w", last):
         outcome = "clear_error"
-    elif proc.returncode == 2:
+    elif code == 2:
         outcome = "unclear_error"
-    elif proc.returncode == -9:
+    elif code == -9:
         outcome = "hang"
     else:
         outcome = "crash"
     leftovers = temp_leftovers(work, out)
     try:
-        code = stages(folders[0], work, out, 1)
-        rerun = "equal" if code == 0 and snapshot(work, out) == clean else f"differs (exit {code})"
+        again = stages(inp, work, out, 1)
+        rerun = "equal" if again == 0 and snapshot(work, out) == clean else f"differs (exit {again})"
     except Exception as e:  # the catalog or the output could not be recovered by a plain rerun
         rerun = f"failed: {type(e).__name__}: {e}"
-    return {"outcome": outcome, "exit": proc.returncode, "line": last[:300], "rerun": rerun,
+    return {"outcome": outcome, "exit": code, "line": last[:300], "rerun": rerun, "starts": result["starts"],
             "temp_left_visible": leftovers}
 
 

@@ -102,6 +102,7 @@ from hypothesis import strategies as st  # noqa: E402
 from pack_assets.core import scan as scan_mod  # noqa: E402
 from pack_assets.core.audit import run_audit  # noqa: E402
 from pack_assets.core.counting.profiles import load_profile  # noqa: E402
+from pack_assets.core.faults import NoSpace  # noqa: E402
 from pack_assets.core.counting.token_lengths import run_token_lengths  # noqa: E402
 from pack_assets.core.plan import PlanConfig, run_plan  # noqa: E402
 from pack_assets.core.records import ShardInfo  # noqa: E402
@@ -160,7 +161,7 @@ def test_full_disk_on_output_leaves_no_partial_file_and_a_rerun_finishes(tmp_pat
         return real(n)
 
     monkeypatch.setattr(write_shard_mod, "padding", full)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(NoSpace, match=f"no space left on device for the output folder {out}: "):
         run_write(work, inp, out, workers=1)
     assert not list(out.glob(".*tmp*"))
     monkeypatch.setattr(write_shard_mod, "padding", real)
