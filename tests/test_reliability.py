@@ -102,8 +102,8 @@ from hypothesis import strategies as st  # noqa: E402
 from pack_assets.core import scan as scan_mod  # noqa: E402
 from pack_assets.core.audit import run_audit  # noqa: E402
 from pack_assets.core.counting.profiles import load_profile  # noqa: E402
-from pack_assets.core.faults import NoSpace  # noqa: E402
 from pack_assets.core.counting.token_lengths import run_token_lengths  # noqa: E402
+from pack_assets.core.faults import NoSpace  # noqa: E402
 from pack_assets.core.plan import PlanConfig, run_plan  # noqa: E402
 from pack_assets.core.records import ShardInfo  # noqa: E402
 from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard  # noqa: E402
