@@ -19,7 +19,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import faulthandler
-import hashlib
 import json
 import os
 import random
@@ -34,6 +33,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+from fault_harness import snapshot  # noqa: E402  (the catalog, output and plan a run is judged by)
 
 POINTS = {
     "read": ["posix/io/rw/read", "posix/io/rw/pread", "posix/io/rw/readv", "posix/io/rw/preadv"],
@@ -103,18 +104,6 @@ def stages(inp: Path, work: Path, out: Path, workers: int, faults: Faults | None
     return 0 if result.ok else 3
 
 
-def snapshot(work: Path, out: Path) -> dict:
-    """The catalog's tables, every output file's hash (not Energon's SQLite container) and the plan file."""
-    from pack_assets.core import store
-
-    with store.connect(work, read_only=True) as con:
-        tables = {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
-                  for t in ("samples", "members", "rejected", "token_lengths", "pack_plan", "pack_members", "dropped")}
-    files = {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-             for p in sorted(out.rglob("*")) if p.is_file() and p.name != "index.sqlite"}
-    return {"tables": tables, "files": files, "plan": (work / "pack_plan.jsonl").read_bytes()}
-
-
 def temp_leftovers(work: Path, out: Path) -> list[str]:
     return [str(p) for p in [*out.rglob(".*tmp*"), *work.rglob(".*.tmp-*")]]
 
@@ -180,7 +169,7 @@ def faulty_runs(inp: Path, root: Path, faults: list[dict], start: float = 20, pe
         try:
             out_text, err_text = proc.communicate(timeout=start)
         except subprocess.TimeoutExpired:
-            if not armed.exists():
+            if not armed.exists() and starts < 10:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.communicate()
                 continue

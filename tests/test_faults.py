@@ -162,14 +162,15 @@ def test_each_rename_is_followed_by_an_fsync_of_its_folder(clean, tmp_path, monk
 
 
 def test_injected_io_errors_give_a_pass_with_the_clean_bytes_or_one_line_naming_the_file(clean, tmp_path):
-    """A short run of bench/soak_io_faults.py: libfiu's EIO in reads, writes and fsyncs of three stages."""
+    """A short run of bench/soak_io_faults.py: libfiu's EIO in the scan's reads (which once became reason rows:
+    a PASS without those samples) and in every read, write and fsync of the write stage."""
     if not fiu_available():
         _unavailable("fiu-run is not installed (apt-get install fiu-utils)")
     inp, expected = clean
     rng = random.Random(40)
     todo = [{**draw(rng, i), "stage": stage, "points": points, "probability": 0.05, "errno": "EIO"}
-            for i, (stage, points) in enumerate([("scan", "read"), ("plan", "all"), ("write", "sync")])]
-    results = faulty_runs(inp, tmp_path, todo)
+            for i, (stage, points) in enumerate([("scan", "read"), ("write", "all")])]
+    results = faulty_runs(inp, tmp_path, todo, start=10)  # a start that deadlocks (libfiu) is redone sooner
     assert any(r["exit"] == 2 for r in results.values())  # the faults did land
     for fault in todo:
         folder = tmp_path / f"r{fault['run']}"

@@ -3,7 +3,6 @@ the final DuckDB tables and output bytes equal those of a clean run."""
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pack_assets.core import store
 HARNESS = Path(__file__).with_name("fault_harness.py")
 sys.path.insert(0, str(HARNESS.parent))
 from fault_harness import run_pipeline as rerun  # noqa: E402
+from fault_harness import snapshot  # noqa: E402
 
 KILL_POINTS = [
     ("pack_assets.core.scan:iter_entries", 2),
@@ -48,15 +48,6 @@ KILL_POINTS = [
 def run(inp: Path, work: Path, out: Path, *fault) -> int:
     return subprocess.run([sys.executable, str(HARNESS), str(inp), str(work), str(out), *map(str, fault)],
                           capture_output=True, timeout=300).returncode
-
-
-def snapshot(work: Path, out: Path) -> dict:
-    with store.connect(work, read_only=True) as con:
-        tables = {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
-                  for t in ("samples", "members", "rejected", "token_lengths", "pack_plan", "pack_members", "dropped")}
-    files = {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-             for p in sorted(out.rglob("*")) if p.is_file() and p.name != "index.sqlite"}
-    return {"tables": tables, "files": files, "plan": (work / "pack_plan.jsonl").read_bytes()}
 
 
 @pytest.fixture(scope="module")

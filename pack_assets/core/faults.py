@@ -103,6 +103,13 @@ def is_no_space(exc: BaseException) -> bool:
         or "Disk quota exceeded" in str(exc)
 
 
+def _fullest(paths: list[Path], names: list[str]) -> str:
+    """The name of the folder with the least room; one on the same file system as the first is the first."""
+    devices = [os.stat(_existing(p.absolute())).st_dev for p in paths]
+    room = [free_bytes(p) if d != devices[0] else free_bytes(paths[0]) for p, d in zip(paths, devices)]
+    return names[min(range(len(paths)), key=lambda i: (room[i], i))]
+
+
 def names_full_disk(folders: dict[str, tuple[str, str]], needed: Callable[..., int | None] | None = None):
     """Decorate a stage so that a full disk met inside it is one ``NoSpace`` line naming the folder:
     ``folders`` maps a parameter of the stage to (what, flag), e.g. ``{"work": ("work", "--work")}``; of
@@ -125,7 +132,7 @@ def names_full_disk(folders: dict[str, tuple[str, str]], needed: Callable[..., i
                     raise file_fault(e, places, "in") from e
                 if not is_no_space(e):
                     raise
-                param = min(folders, key=lambda p: free_bytes(Path(bound[p])))
+                param = _fullest([Path(bound[p]) for p in folders], list(folders))
                 what, flag = folders[param]
                 need = needed(**bound) if needed is not None else None
                 raise no_space(Path(bound[param]), what, flag, need) from e

@@ -28,11 +28,19 @@ def planned_bytes(con, shards: list[str]) -> int:
     return con.execute(_BYTES, [shards]).fetchone()[0] + 1024 * len(shards)
 
 
+# far more than a plan's output takes (each sample's source bytes twice over per copy, 8 KiB of record each):
+# with this much room the bound's query (it reads every conversation) is not worth making
+_ROOMY = """SELECT coalesce((SELECT sum(size) FROM shards), 0) * 2 * greatest(1, count(*) / greatest(1, count(DISTINCT
+                sample_id))) + count(*) * 8192 FROM pack_members"""
+
+
 def refuse_if_full(work: Path, out_dir: Path, todo: list[str]) -> None:
     """``faults.NoSpace`` when the shards to write clearly do not fit in the output folder's free space."""
     if not todo:
         return
     with store.connect(work, read_only=True) as con:
+        if faults.free_bytes(out_dir) > con.execute(_ROOMY).fetchone()[0]:
+            return
         faults.check_space(out_dir, *OUTPUT, planned_bytes(con, todo))
 
 
