@@ -524,6 +524,11 @@ def _tool_commands(sub) -> None:
     p.set_defaults(func=cmd_verify)
 
 
+def error_line(e: BaseException) -> str:
+    """The one line a refusal or a failed run prints (an OS error keeps the file it names)."""
+    return "error: " + " ".join(str(e).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     # run as the command (argv from sys.argv): time counts from process start, interpreter and imports included
     started = process_start() if argv is None else time.perf_counter()
@@ -533,8 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     args.started = started
     try:
         code = args.func(args)
-    except (OSError, ValueError, RuntimeError) as e:  # OSError: a folder or file the system refuses, one line too
-        print("error: " + " ".join(str(e).split()), file=sys.stderr)  # one line, whatever the message holds
+    except (OSError, ValueError, RuntimeError) as e:  # a refusal, or the machine's error (full disk, I/O, access)
+        print(error_line(e), file=sys.stderr)
         code = 2
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)

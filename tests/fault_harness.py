@@ -5,6 +5,7 @@
 Used by test_reliability.py; the product has no fault hooks of its own.
 """
 
+import hashlib
 import importlib
 import os
 import signal
@@ -59,6 +60,19 @@ def run_pipeline(inp: Path, work: Path, out: Path, workers: int) -> int:
     run_write(work, inp, out, workers=workers)
     result = run_audit(work, out)
     return 0 if result.ok else 3
+
+
+def snapshot(work: Path, out: Path) -> dict:
+    """The catalog's tables, every output file's hash (not Energon's SQLite container) and the plan file: what
+    a rerun after a fault is compared by with a clean run."""
+    from pack_assets.core import store
+
+    with store.connect(work, read_only=True) as con:
+        tables = {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
+                  for t in ("samples", "members", "rejected", "token_lengths", "pack_plan", "pack_members", "dropped")}
+    files = {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(out.rglob("*")) if p.is_file() and p.name != "index.sqlite"}
+    return {"tables": tables, "files": files, "plan": (work / "pack_plan.jsonl").read_bytes()}
 
 
 if __name__ == "__main__":

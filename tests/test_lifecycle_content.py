@@ -19,6 +19,7 @@ from pack_assets.core import scan as scan_mod
 from pack_assets.core import store
 from pack_assets.core.audit import run_audit
 from pack_assets.core.counting.token_lengths import run_token_lengths
+from pack_assets.core.faults import FileFault
 from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
 from pack_assets.core.reasons import REASONS
 from pack_assets.core.records import Rejection, Sample
@@ -199,11 +200,12 @@ def test_an_unexpected_error_is_a_reason_row_for_its_sample_or_shard(tmp_path, m
     assert [s.key for s in recs if isinstance(s, Sample) and s.status == "ok"] == ["k000", "k002", "k003", "k004"]
 
     real_entries = scan_mod.iter_entries
+    error = RuntimeError("a bug in the reader")
 
     def entries(f, size, *a):
         for i, e in enumerate(real_entries(f, size, *a)):
             if i == 3:
-                raise OSError(5, "Input/output error")
+                raise error
             yield e
 
     monkeypatch.setattr(scan_mod, "classify", real_classify)
@@ -211,8 +213,12 @@ def test_an_unexpected_error_is_a_reason_row_for_its_sample_or_shard(tmp_path, m
     recs = list(scan_shard(path, "x"))
     rows = [r for r in recs if isinstance(r, Rejection)]
     # the sample in progress may have lost members: it gets the row, the ones before it are kept
-    assert [(r.key, r.reason) for r in rows] == [("k002", "scan_error")] and "Input/output error" in rows[0].detail
+    assert [(r.key, r.reason) for r in rows] == [("k002", "scan_error")] and "a bug in the reader" in rows[0].detail
     assert [s.key for s in recs if isinstance(s, Sample) and s.status == "ok"] == ["k000", "k001"]
+    # the device's error there is no row a rerun would keep: the scan stops naming the shard (core/faults.py)
+    error = OSError(5, "Input/output error")
+    with pytest.raises(FileFault, match=f"I/O error reading {path}: Input/output error"):
+        list(scan_shard(path, "x"))
 
     real_groups = scan_mod.group_by_key
 

@@ -3,7 +3,6 @@ the final DuckDB tables and output bytes equal those of a clean run."""
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pack_assets.core import store
 HARNESS = Path(__file__).with_name("fault_harness.py")
 sys.path.insert(0, str(HARNESS.parent))
 from fault_harness import run_pipeline as rerun  # noqa: E402
+from fault_harness import snapshot  # noqa: E402
 
 KILL_POINTS = [
     ("pack_assets.core.scan:iter_entries", 2),
@@ -48,15 +48,6 @@ KILL_POINTS = [
 def run(inp: Path, work: Path, out: Path, *fault) -> int:
     return subprocess.run([sys.executable, str(HARNESS), str(inp), str(work), str(out), *map(str, fault)],
                           capture_output=True, timeout=300).returncode
-
-
-def snapshot(work: Path, out: Path) -> dict:
-    with store.connect(work, read_only=True) as con:
-        tables = {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
-                  for t in ("samples", "members", "rejected", "token_lengths", "pack_plan", "pack_members", "dropped")}
-    files = {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-             for p in sorted(out.rglob("*")) if p.is_file() and p.name != "index.sqlite"}
-    return {"tables": tables, "files": files, "plan": (work / "pack_plan.jsonl").read_bytes()}
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +94,7 @@ from pack_assets.core import scan as scan_mod  # noqa: E402
 from pack_assets.core.audit import run_audit  # noqa: E402
 from pack_assets.core.counting.profiles import load_profile  # noqa: E402
 from pack_assets.core.counting.token_lengths import run_token_lengths  # noqa: E402
+from pack_assets.core.faults import NoSpace  # noqa: E402
 from pack_assets.core.plan import PlanConfig, run_plan  # noqa: E402
 from pack_assets.core.records import ShardInfo  # noqa: E402
 from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard  # noqa: E402
@@ -160,7 +152,7 @@ def test_full_disk_on_output_leaves_no_partial_file_and_a_rerun_finishes(tmp_pat
         return real(n)
 
     monkeypatch.setattr(write_shard_mod, "padding", full)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(NoSpace, match=f"no space left on device for the output folder {out}: "):
         run_write(work, inp, out, workers=1)
     assert not list(out.glob(".*tmp*"))
     monkeypatch.setattr(write_shard_mod, "padding", real)

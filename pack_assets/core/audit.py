@@ -27,7 +27,7 @@ from pathlib import Path
 import duckdb
 
 from .. import __version__
-from . import filedigest, store
+from . import faults, filedigest, store
 from .aside import run_aside
 from .blend import check_blend
 from .counting import drift
@@ -525,6 +525,7 @@ def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = froz
     return record
 
 
+@faults.names_full_disk(faults.WORK)
 def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers: int = 0,
               parallel_min_bytes: int = PARALLEL_MIN_BYTES, scope: str = "all", check_samples: int = 0,
               progress: Callable[[int, int, int], None] | None = None, pool: Executor | None = None,

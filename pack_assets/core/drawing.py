@@ -29,7 +29,10 @@ class Drawn:
         return self.aside.args[0]
 
     def wait(self) -> Path:
-        self.aside.result()  # (drawn here instead if its helper died)
+        try:
+            self.aside.result()  # (drawn here instead if its helper died)
+        except Exception as e:  # matplotlib's own errors (a font it could not read) name no file: say which figure
+            raise RuntimeError(f"the figure {self.path} could not be drawn: {type(e).__name__}: {e}") from e
         return self.path
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from . import store
+from . import faults, store
 from .binpack import ALGORITHMS, assign, lower_bounds
 from .counting.profiles import ModelProfile, resolve_profile
 from .counting.token_lengths import token_lengths_are_current
@@ -531,6 +531,7 @@ def ok_lengths(con) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in t.items()}
 
 
+@faults.names_full_disk(faults.WORK)
 def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelProfile, allow_missing: bool = False,
              input_root: Path | None = None, on_lengths: Callable[[dict[str, np.ndarray]], None] | None = None,
              recursive: bool = True) -> PlanSummary:

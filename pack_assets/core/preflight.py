@@ -1,10 +1,11 @@
 """What a run refuses from its folders and settings alone, checked before it takes the work folder's lock,
-writes anything or scans a shard: overlapping folders (an output in or around the input, a work folder in
-the output or the input), a work or output folder that is a file or lies under one (`usable_folder`; the CLI
-checks the Dagster home with it too), a recipe's missing or overlapping inputs, a missing input or one without
-shards, a profile that does not resolve, ``check_samples`` without a processor to recount with, and a file the
-tool did not write at a name its writer uses (a recorded output shard is read unless the writer's record shows
-it as written). Settings of an unknown name or of the wrong type are refused earlier still, when they are built
+writes anything or scans a shard: an output or work folder this process cannot write (read-only, missing
+permissions), overlapping folders (an output in or around the input, a work folder in the output or the
+input), a work or output folder that is a file or lies under one (`usable_folder`; the CLI checks the Dagster
+home with it too), a recipe's missing or overlapping inputs, a missing input or one without shards, a profile
+that does not resolve, ``check_samples`` without a processor to recount with, and a file the tool did not
+write at a name its writer uses (a recorded output shard is read unless the writer's record shows it as
+written). Settings of an unknown name or of the wrong type are refused earlier still, when they are built
 (`Settings.from_flat`).
 
 A refusal is one exception with one line of text; the CLI prints it and exits 2."""
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import owned, store
+from . import faults, owned, store
 from .blend import epoch_name, epoch_work
 from .counting import drift, procount
 from .indexmode import INDEX_FILE
@@ -39,6 +40,9 @@ def preflight(settings: Settings) -> list[str]:
     """Every refusal that needs no scan (module docstring), cheapest first; returns the input's shards."""
     settings.check_paths()
     usable_folders(settings)
+    faults.check_writable(settings.work, "work", "--work", (store.DB_NAME,))
+    for folder in output_folders(settings):
+        faults.check_writable(folder, "output", "--output", (owned.RECORD,))
     extra = (INDEX_FILE,) if settings.output_mode == "index" else ()
     for folder, work in zip(output_folders(settings), work_folders(settings)):
         owned.refuse_foreign(folder, extra, left_as_written(work, folder))

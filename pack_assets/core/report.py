@@ -4,7 +4,6 @@ figures drawn by Agg: no display, no pyplot)."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import drawing
+from . import drawing, safety
 from .aside import run_aside
 from .blend import DRIFT_LIMIT, SHARE_TOLERANCE, epoch_name
 from .plan import PlanConfig, PlanInfo
@@ -420,7 +419,7 @@ def start_what_if(work: Path, config: PlanConfig, rows: dict[str, np.ndarray], p
         sim = sweep.result()
         distribution.result()
         for name, path in plots.items():
-            os.replace(drawn_at[name], path)
+            safety.replace(drawn_at[name], path)
         what_if = WhatIf(plan_fingerprint, sim["results"], sim["recommended_max_len"],
                          {name: str(path) for name, path in plots.items()})
         atomic_write_text(work / WHAT_IF, json.dumps(asdict(what_if)))

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from . import faults
+
 LOCK_NAME = ".pack_assets.lock"
 LOCK_WAIT_ENV = "PACK_ASSETS_LOCK_WAIT"  # seconds a single-writer step waits for the work lock (default 600)
 
@@ -71,8 +73,41 @@ def mkdtemp(prefix: str, dir: Path | str) -> str:
     return path
 
 
+def fsync_dir(path: Path | str) -> None:
+    """fsync a folder: the names renamed into (or out of) it last through a power cut."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace(src: Path | str, dst: Path | str) -> None:
+    """``os.replace``, then the destination's folder fsynced (and the source's, when another): after a power
+    cut the name holds the old file or the new one, and a later rename never lands before this one. The
+    file (or folder) renamed must be synced already."""
+    os.replace(src, dst)
+    folder, src_folder = os.path.dirname(os.path.abspath(dst)), os.path.dirname(os.path.abspath(src))
+    fsync_dir(folder)
+    if src_folder != folder:
+        fsync_dir(src_folder)
+
+
+def fsync_tree(folder: Path) -> None:
+    """fsync every file of a folder just written and the folder itself (before it is renamed into place)."""
+    for p in folder.iterdir():
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fsync_dir(folder)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write under a temporary sibling name, fsync, rename: readers see the old file or the new one."""
+    """Write under a temporary sibling name, fsync, rename (the folder fsynced): readers see the old file or
+    the new one, also after a power cut."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
@@ -80,10 +115,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        replace(tmp, path)
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if faults.is_no_space(e):
+            raise faults.NoSpace(f"no space left on device writing {path} ({len(data):,} bytes): "
+                                 f"{faults.free_bytes(path.parent):,} bytes free there; free space and rerun") from e
         raise
 
 

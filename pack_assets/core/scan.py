@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import store
+from . import faults, store
 from .conversation import media_refs, normalize, place_media
 from .media import IMAGE_EXTS, VIDEO_EXTS, probe_image, probe_video
 from .reasons import ReasonError
@@ -196,11 +196,13 @@ def _measure_images(sample: Sample, images: list[tuple[Entry, str]], small: dict
             if data is None:  # not hashing: the header is in the first few KB (rarely after a big EXIF block)
                 try:
                     w, h = probe_image(reader.read(e, _IMAGE_PREFIX), ext)
-                except Exception:
+                except Exception as ex:
+                    faults.raise_device_fault(ex, reader.f.name)
                     w, h = probe_image(io.BufferedReader(RangeFile(reader.f, e.offset, e.size)), ext)
             else:
                 w, h = probe_image(data, ext)
         except Exception as ex:  # Pillow raises many types for bad headers
+            faults.raise_device_fault(ex, reader.f.name)
             raise ReasonError("bad_image", f"{e.name}: {type(ex).__name__}: {ex}") from None
         sample.image_sizes.append([w, h])
 
@@ -211,6 +213,7 @@ def _video_metas(videos: list[tuple[Entry, str]], reader: _Reader) -> list[dict]
         try:
             metas.append(probe_video(io.BufferedReader(RangeFile(reader.f, e.offset, e.size))))
         except Exception as ex:  # PyAV raises its own error tree for broken containers
+            faults.raise_device_fault(ex, reader.f.name)
             raise ReasonError("bad_video", f"{e.name}: {type(ex).__name__}: {ex}") from None
     return metas
 
@@ -256,6 +259,7 @@ def scan_shard(
         info.size, info.mtime_ns = st.st_size, st.st_mtime_ns
         f = open(path, "rb", buffering=_CHUNK)
     except OSError as e:
+        faults.raise_device_fault(e, path)
         info.status = "rejected"
         yield Rejection(shard, None, "unreadable_shard", f"{type(e).__name__}: {e}")
         return
@@ -269,6 +273,7 @@ def scan_shard(
             info.status = "empty" if e.reason == "empty_shard" else "rejected"
             yield Rejection(shard, None, e.reason, e.detail)
         except Exception as e:  # unforeseen: the samples yielded so far stand, the run goes on without the rest
+            faults.raise_device_fault(e, path)
             info.status = "truncated"
             yield Rejection(shard, None, "scan_error", f"{type(e).__name__}: {e} (samples before it are kept)")
     if info.status == "ok" and info.n_samples == 0:
@@ -296,7 +301,8 @@ def _counting(entries: Iterator[Entry], info: ShardInfo) -> Iterator[Entry]:
             yield e
     except ReasonError:  # the file is no tar at all: a shard-level row, not a break
         raise
-    except Exception as ex:  # e.g. an I/O error mid-archive: a break, so the sample in progress gets the row
+    except Exception as ex:  # e.g. a bug reading the archive: a break, so the sample in progress gets the row
+        faults.raise_device_fault(ex, info.path)  # the device's error: no row a rerun would keep
         info.status = "truncated"
         yield Entry("", -1, 0, "break", f"reading the archive: {type(ex).__name__}: {ex}", reason="scan_error")
 
@@ -320,6 +326,7 @@ def _emit(shard, key, entries, reader, options, seen, info) -> Iterator[Sample |
     try:
         sample, rejection = classify(shard, key, entries, reader, options)
     except Exception as e:  # unforeseen input: this sample gets a reason row, its neighbours go on
+        faults.raise_device_fault(e, reader.f.name)
         sample = Sample(f"{shard}/{key}", shard, key, status="rejected", reason="scan_error")
         rejection = Rejection(shard, key, "scan_error", f"{type(e).__name__}: {e}")
     if rejection is None:
@@ -389,6 +396,7 @@ def manifest_is_current(input_root: Path, work: Path, shard: str) -> dict | None
     return None
 
 
+@faults.names_full_disk(faults.WORK)
 def run_manifest(input_root: Path, work: Path, shard: str, options: ScanOptions = ScanOptions(),
                  force: bool = False) -> ShardManifest:
     """Scan one shard into ``<work>/manifest/<shard>/``; an unchanged shard (size, mtime) is not rescanned."""

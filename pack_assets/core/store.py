@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import socket
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -138,13 +139,14 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         tmp = Path(safety.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
         try:
             yield tmp
+            safety.fsync_tree(tmp)  # its files on disk before the name points at them
             if final.exists():
                 old = final.with_name(f".{final.name}.old-{os.getpid()}")
                 os.replace(final, old)
-                os.replace(tmp, final)
+                safety.replace(tmp, final)
                 shutil.rmtree(old, ignore_errors=True)
             else:
-                os.replace(tmp, final)
+                safety.replace(tmp, final)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -329,8 +331,28 @@ def _configured(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     return con
 
 
+# what DuckDB says of a catalog file it cannot open at all (an I/O error while it was written, a bad sector)
+UNREADABLE = ("Could not read enough bytes", "not a valid DuckDB database file", "Corrupt database file")
+
+
+def _open(work: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    """The catalog; one DuckDB cannot open is set aside (``<name>.unreadable-<ns>``, with its WAL) and a new
+    one begun, for writing: everything in it is rebuilt from the per-shard Parquet files and the next plan."""
+    path = work / DB_NAME
+    try:
+        return duckdb.connect(str(path), read_only=read_only)
+    except duckdb.Error as e:
+        if read_only or not any(m in str(e) for m in UNREADABLE):
+            raise
+    stamp = time.time_ns()
+    for f in (path, path.with_name(path.name + ".wal")):
+        if f.exists():
+            safety.replace(f, f.with_name(f"{f.name}.unreadable-{stamp}"))
+    return duckdb.connect(str(path))
+
+
 def connect(work: Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    con = _configured(duckdb.connect(str(work / DB_NAME), read_only=read_only))
+    con = _configured(_open(work, read_only))
     # SQL reads only catalog tables and what is registered by name: a Python local must never stand in for
     # (or be shadowed by) a table of the same name, as `dropped` once was
     con.execute("SET python_enable_replacements = false")

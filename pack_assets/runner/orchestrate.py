@@ -43,6 +43,7 @@ class PipelineError(RuntimeError):
 # a failed blocking check on the last asset is the audit's verdict (FAIL or INCOMPLETE), which the summary
 # reports and the exit code carries, not a broken run
 VERDICT_STEPS = {"audit_report"}
+FAULTS = {"NoSpace", "FileFault", "NotWritable"}  # core/faults.py's errors
 
 
 def _materialize(assets, **kwargs) -> dg.ExecuteInProcessResult:
@@ -58,7 +59,10 @@ def _check(result: dg.ExecuteInProcessResult) -> dg.ExecuteInProcessResult:
                 if ev.step_key in VERDICT_STEPS and err.cls_name == "DagsterAssetCheckFailedError":
                     continue
                 cause = err.cause or err
-                messages.append(f"{ev.step_key}: {cause.message.strip()}")
+                message = cause.message.strip()
+                if cause.cls_name in FAULTS:  # already one line naming the folder or file: no class path before it
+                    message = message.split(": ", 1)[-1]
+                messages.append(f"{ev.step_key}: {message}")
         if messages or not any(ev.is_step_failure for ev in result.all_events):
             raise PipelineError("; ".join(messages) or "the run failed (see the Dagster UI)")
     return result

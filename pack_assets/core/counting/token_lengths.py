@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import store
+from .. import faults, store
 from ..reasons import ReasonError
 from ..records import TOKEN_LENGTHS_SCHEMA, Rejection
 from ..results import KEPT, FilePath
@@ -95,6 +95,7 @@ def token_lengths_are_current(work: Path, shard: str, profile: ModelProfile) -> 
     return stamp.exists() and stamp.read_text() == _token_stamp(work, shard, profile)
 
 
+@faults.names_full_disk(faults.WORK)
 def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool = False) -> ShardCounts:
     """Count one shard for the profile; counts made from the same manifest and profile are kept."""
     with store.shard_lock(work, shard):  # the manifest read here and the stamp written last stay paired

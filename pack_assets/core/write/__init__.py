@@ -12,6 +12,7 @@ The modules, each on the ones before it:
 | `bulk.py` | a copy-mode shard prepared in bulk from the catalog: documents, reads, members, fingerprint |
 | `record.py` | the writer's record of what it wrote: the next write and the audit trust it while it holds |
 | `shard.py` | one copy-mode output shard written atomically (`write_shard`) |
+| `space.py` | the plan's output bytes (a lower bound): a write that clearly does not fit is refused up front |
 | `shared.py` | what both modes share as a stage: `_meta`'s context, the source check, the folder, the summary |
 | `copy.py`, `index.py` | the two modes as stages (`run_write`, `run_write_index`) |
 """

@@ -13,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from .. import owned, store
+from .. import faults, owned, store
 from ..plan import PlanInfo
 from .bulk import BULK_ROWS, BulkShard, load_bulk_shard
 from .energon import LastIndex
@@ -22,6 +22,7 @@ from .jobs import WRITE_ROWS, ShardJob, ShardResult, load_shard_job, piece_shard
 from .record import last_index, load_record, record_written, shard_digests, vouched_shards, written_key
 from .shard import write_shard
 from .shared import OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards, write_context
+from .space import OUTPUT, refuse_if_full, still_needed
 
 
 def _write_shard_star(args) -> ShardResult:
@@ -73,6 +74,7 @@ def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, wo
     return [replace(r, index=None) for r in results]  # the indexes are written: not kept past here
 
 
+@faults.names_full_disk({"out_dir": OUTPUT, **faults.WORK}, still_needed)
 def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
               progress: Progress | None = None) -> WriteSummary:
     """The stage in copy mode: every planned output shard written or found current. ``input_root``: the
@@ -97,6 +99,7 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
     skip = {r.shard for r in done}
     last = last_index(work, out_dir, skip)
     todo = [n for n in names if n not in skip]
+    refuse_if_full(work, out_dir, todo)  # before the first byte, when the plan's bytes clearly do not fit
     whole, split = [n for n in todo if n not in pieces], [n for n in todo if n in pieces]
     with (store.staged(work, BULK_ROWS, whole) if len(whole) > 1 else contextlib.nullcontext() as rows,
           store.staged(work, WRITE_ROWS, split) if len(split) > 1 else contextlib.nullcontext() as piece_rows):

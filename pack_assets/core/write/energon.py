@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import store
 from ..owned import NV_META, WIDS
-from ..safety import file_sha256, mkstemp
+from ..safety import atomic_write_bytes, file_sha256, mkstemp, replace
 from ..tario import Entry, group_by_key, iter_entries, split_key
 
 ENERGON_FORMAT = "7.4.1"  # the megatron-energon release whose `energon prepare` output this matches (tested)
@@ -187,7 +187,7 @@ def _write_index(out_dir: Path, names: list[str], indexes: dict[str, Index], las
                 con.close()
         if start.copied is not None:
             Path(start.copied).unlink(missing_ok=True)
-    os.replace(start.tmp_db, meta / "index.sqlite")
+    replace(start.tmp_db, meta / "index.sqlite")  # SQLite synced it at its commit
     return counts
 
 
@@ -209,10 +209,7 @@ def _tar_rows(db, old, out_dir: Path, tar_id: int, name: str, indexes: dict[str,
         db.executemany("INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)", [(tar_id, *p) for p in parts])
     idx = out_dir / f"{name}.idx"
     data = struct.pack(f"<{len(samples) + 1}Q", *[off for _, off, _ in samples], end)
-    fd, tmp = mkstemp(prefix=f".{idx.name}.tmp-", dir=out_dir)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, idx)
+    atomic_write_bytes(idx, data)
     return len(samples)
 
 

@@ -23,10 +23,10 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import owned, store
+from .. import faults, owned, store
 from ..indexmode import FORMAT, INDEX_FILE, INDEX_PART, Root, recorded_roots
 from ..plan import PlanInfo
-from ..safety import mkstemp
+from ..safety import mkstemp, replace
 from ..tario import BLOCK, RECORD, first_pack_meta, member_header, padding
 from .fingerprints import ShardFingerprint, current_shards, shard_fingerprint
 from .jobs import PackJob, ShardJob, ShardResult, pack_document, shard_job
@@ -100,7 +100,7 @@ def write_index_shard(out_dir: Path, job: ShardJob, context: dict, root: Root) -
             out.flush()
             os.fsync(out.fileno())
             written = out.tell()
-        os.replace(tmp, final)
+        replace(tmp, final)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -114,6 +114,7 @@ def planned_files(shards: list[str]) -> set[str]:
     return owned.planned_files(shards) | {INDEX_FILE}
 
 
+@faults.names_full_disk({"out_dir": ("output", "--output"), **faults.WORK})
 def run_write_index(work: Path, input_root: Path | Mapping, out_dir: Path, workers: int = 0,
                     progress: Progress | None = None) -> WriteSummary:
     """The packed_shards stage in index mode. One process (``workers`` is the copy mode's, taken for the same

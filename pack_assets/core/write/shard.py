@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from .. import faults, safety
 from ..safety import mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
 from ..tario import BLOCK, RECORD, first_pack_meta, member_header, padding
 from .bulk import BulkPack, BulkShard, build_shard, job_columns
@@ -55,12 +56,13 @@ def _write_new(out_dir: str, job: BulkShard, final: Path) -> tuple[int, Index]:
         written = out.finish()
         os.close(fd)
         fd = -1
-        os.replace(tmp, final)
-    except BaseException:
+        safety.replace(tmp, final)  # the folder fsynced too: the name survives a power cut
+    except BaseException as e:
         if fd >= 0:
             os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        faults.raise_device_fault(e, f"{final} (from {', '.join(sorted(sources.files)) or 'its sources'})", "writing")
         raise
     finally:
         sources.close()
