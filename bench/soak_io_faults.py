@@ -1,6 +1,6 @@
 """Soak: I/O errors injected for real (Debian's libfiu, `fiu-run -x`) into one stage of each run, seeded.
 
-    PYTHONPATH=. python bench/soak_io_faults.py [--runs 100] [--seed 40] [--out bench/results/io_faults_i40.json]
+    PYTHONPATH=. python bench/soak_io_faults.py [--runs 100] [--seed 40] [--results FILE]
 
 Each run draws (from the seed) a stage, a set of libfiu failure points (reads, writes, fsyncs or all), a
 probability and an errno (EIO; ENOSPC for some write runs) and runs the pipeline under `fiu-run -x` with
@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
 import io_fault_harness as h  # noqa: E402
-from common import machine  # noqa: E402
+from common import ResultsFile, machine  # noqa: E402
 from conftest import small_dataset  # noqa: E402
 
 
@@ -36,11 +36,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--seed", type=int, default=40)
     ap.add_argument("--batch", type=int, default=10, help="runs per harness process")
-    ap.add_argument("--out", default=str(HERE / "results" / "io_faults_i40.json"))
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/io_faults_<UTC>.json)")
     args = ap.parse_args()
-    target = Path(args.out)
-    if target.exists():
-        sys.exit(f"{target} exists: results files are never overwritten; pass another --out")
+    dest = ResultsFile(args.results, "io_faults")
     if not h.fiu_available():
         sys.exit("fiu-run not found: apt-get install fiu-utils")
     t0 = time.time()
@@ -72,7 +70,7 @@ def main() -> int:
                             for s in h.STAGES},
                "seconds": round(time.time() - t0), "machine": machine(),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "violating_runs": violations, "all": runs}
-    target.write_text(json.dumps(summary, indent=1) + "\n")
+    dest.write(summary)
     print(json.dumps({k: v for k, v in summary.items() if k not in ("all", "violating_runs")}, indent=1))
     return 1 if violations else 0
 
