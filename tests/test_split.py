@@ -111,6 +111,26 @@ def test_the_cut_keeps_the_system_carries_turns_within_the_budget_and_drops_a_tu
                                                      no_context)} == {1}  # the system message only
 
 
+def test_a_sample_with_a_piece_no_pack_could_take_for_a_cap_is_dropped_whole():
+    """A per-pack cap a piece breaks (here vision tokens) would leave that piece in no pack and the rest
+    packed: the sample is dropped whole instead, as an over-long one is."""
+    from pack_assets.core.split import split_sample
+
+    def count(items):  # 10 tokens a message; a message whose content is "img" holds 5 vision tokens
+        for messages, _, _ in items:
+            vision = sum(5 for m in messages if m["content"] == "img")
+            yield {"total_tokens": 10 * len(messages) + vision, "image_tokens": vision, "video_tokens": 0}
+
+    conv = json.dumps([{"role": "system", "content": "s"}] + [
+        m for q in ("img", "q", "q", "q")
+        for m in ({"role": "user", "content": q}, {"role": "assistant", "content": "a"})])
+    for cap, split in ((0, True), (10, True), (4, False)):
+        cfg = PlanConfig(max_len=50, overlong="split", split_context=0, max_vision_tokens_per_pack=cap)
+        pieces = split_sample("x", conv, [], [], [], [], {}, count, cfg)
+        assert (pieces is not None) == split, cap
+        assert pieces is None or len(pieces) > 1
+
+
 def test_the_audit_accounts_for_every_sample_as_packed_dropped_rejected_or_split(packed):
     stats, plan = packed["audit"].stats, packed["plan"]
     assert packed["audit"].ok, packed["audit"].violations

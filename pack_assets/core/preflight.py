@@ -46,9 +46,8 @@ def preflight(settings: Settings) -> list[str]:
     extra = (INDEX_FILE,) if settings.output_mode == "index" else ()
     for folder, work in zip(output_folders(settings), work_folders(settings)):
         owned.refuse_foreign(folder, extra, left_as_written(work, folder))
-    shards = listing(settings)
     check_samples_processor(settings)
-    return shards
+    return listing(settings)
 
 
 def listing(settings: Settings) -> list[str]:
@@ -70,7 +69,7 @@ def check_samples_processor(settings: Settings) -> None:
     """``check_samples`` recounts with the ``--model-dir`` folder's real processor: refuse a run that cannot
     build it (a built-in profile, a missing package) now, not as the audit's FAIL at the end of the run."""
     if settings.check_samples > 0:
-        drift.reference_counter(settings.model_profile(), "--check-samples")  # built once: the audit reuses it
+        drift.reference_counter(settings.model_profile(), "--check-samples")  # the processor stays cached
 
 
 class UnusableFolder(ValueError):

@@ -180,7 +180,13 @@ def split_sample(sample_id: str, conversation: str, image_sizes: list, videos: l
             piece_id(sample_id, k), sample_id, k, len(cuts), src.system, start, first, end,
             json.dumps(src.piece_messages(start, end), ensure_ascii=False), media, extra, got["total_tokens"],
             len(media), got["image_tokens"] + got["video_tokens"], sum(sizes.get(n, 0) for n in media + extra)))
-    return pieces
+    return None if any(_over_caps(p, config) for p in pieces) else pieces
+
+
+def _over_caps(piece: Piece, config: PlanConfig) -> bool:
+    """A piece no pack could take for a per-pack cap: the sample is then dropped whole, never partly packed."""
+    return bool(config.max_media_per_pack and piece.n_media > config.max_media_per_pack
+                or config.max_vision_tokens_per_pack and piece.vision_tokens > config.max_vision_tokens_per_pack)
 
 
 _SOURCES = """SELECT sample_id, conversation, image_sizes, videos, media_members, extra_members FROM manifest_samples

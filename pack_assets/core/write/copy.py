@@ -89,8 +89,9 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
         key = written_key(con, info, context)
         digests, keys = shard_digests(con, load_record(work))
         done, refuted = vouched_shards(work, out_dir, context, digests)
-        # the catalog digest does not cover the pieces of split samples: a shard that holds one is neither
-        # vouched for now nor recorded for the next write (its fingerprint decides, which covers them)
+        # neither the catalog digest nor the fingerprint query covers the pieces of split samples: a shard
+        # that holds one is not vouched for, recorded or found current here (current_shards leaves it out);
+        # write_shard compares its fingerprint, built from the pieces, with the one on disk
         pieces = piece_shards(con)
         done = [r for r in done if r.shard not in pieces]
         digests = {n: d for n, d in digests.items() if n not in pieces}

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from ..tario import first_pack_meta
-from .jobs import ShardJob, ShardResult, dumps, encode_str
+from .jobs import ShardJob, ShardResult, dumps, encode_str, piece_shards
 
 
 def member_key(m: dict | None) -> str:
@@ -104,10 +104,12 @@ def current_shards(con, out_dir: Path, context: dict, fingerprint=ShardFingerpri
     """The output shards already on disk with exactly the planned content (their first pack's
     ``shard_fingerprint``), found with one query over all shards (or the shards ``only``) instead of
     loading each shard's job. ``fingerprint``: the class (or factory) that computes it (index mode's covers
-    more)."""
+    more). A shard holding a piece of a split sample is never found current here: the query reads whole
+    samples only (the writer compares such a shard's fingerprint itself, the audit reads it)."""
     on_disk = {p.name for p in out_dir.glob("*.tar")} if out_dir.is_dir() else set()
     if only is not None:
         on_disk &= only
+    on_disk -= piece_shards(con)
     if not on_disk:
         return []
     if only is None:
