@@ -861,4 +861,4 @@ def test_day_two_lifecycle():
         max_examples=EXAMPLES, stateful_step_count=STEPS_PER_EXAMPLE, deadline=None, database=None,
         suppress_health_check=list(HealthCheck)))
     print(f"\n{Lifecycle.steps} steps, runs {Lifecycle.runs}, {time.perf_counter() - t0:.1f} s")
-    assert Lifecycle.steps >= 200
+    assert Lifecycle.steps >= EXAMPLES * STEPS_PER_EXAMPLE * 3 // 4  # hypothesis ends some examples early
