@@ -288,37 +288,13 @@ def test_truncated_images_lost_image_columns_odd_types_and_nan_are_reasons_or_st
         rec = json.loads(tf.extractfile("000000002.json").read(), parse_constant=strict)
     assert rec["score"] is None
     # named, the images convert; a mapping to a column the table lacks is refused, naming it
-    assert (
-        main(
-            [
-                "convert",
-                "--input",
-                str(t / "b_image_data.parquet"),
-                "--output",
-                str(tmp_path / "o2"),
-                "--json",
-                "--columns",
-                "images=image_data",
-            ]
-        )
-        == 0
-    )
+    def with_columns(out: str, mapping: str) -> int:
+        return main(["convert", "--input", str(t / "b_image_data.parquet"), "--output", str(tmp_path / out),
+                     "--json", "--columns", mapping])
+
+    assert with_columns("o2", "images=image_data") == 0
     assert json.loads(capsys.readouterr().out)["converted"] == 1
-    assert (
-        main(
-            [
-                "convert",
-                "--input",
-                str(t / "b_image_data.parquet"),
-                "--output",
-                str(tmp_path / "o3"),
-                "--json",
-                "--columns",
-                "images=imagedata",
-            ]
-        )
-        == 1
-    )
+    assert with_columns("o3", "images=imagedata") == 1
     assert "images=imagedata: no such column" in Path(tmp_path / "o3" / "convert_rejected.jsonl").read_text()
 
 
