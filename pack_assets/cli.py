@@ -203,11 +203,19 @@ def _lengths_caps(args):
     return load_lengths(args.lengths) if args.lengths else None, Caps(max_samples=args.max_samples_per_pack), k
 
 
+def _cp_padded(args, lengths):
+    """The lengths as `run` packs them under context parallelism: each padded to the sub-sample multiple."""
+    from .core.cpad import padded, sample_multiple
+
+    m = sample_multiple(args.cp_size or 1, args.tp_size or 1, bool(args.sequence_parallel), args.sample_multiple or 0)
+    return lengths if m == 1 else padded(lengths, m)
+
+
 def cmd_plan(args) -> int:
     from .core.sweep import summarize
 
     lengths, caps, k = _lengths_caps(args)
-    s = summarize(lengths, args.max_len // k * k, args.algorithm, caps, args.seed)
+    s = summarize(_cp_padded(args, lengths), args.max_len // k * k, args.algorithm, caps, args.seed)
     assignment = s.pop("assignment")
     if args.out:
         import numpy as np
@@ -234,6 +242,7 @@ def cmd_simulate(args) -> int:
                 "SELECT total_tokens FROM token_lengths WHERE status = 'ok'").fetchall()], dtype=np.int64)
     algorithms = args.algorithms.split(",") if args.algorithms else list(ALGORITHMS)
     max_lens = [int(x) // k * k for x in args.max_len.split(",")]
+    lengths = _cp_padded(args, lengths)
     res = simulate(lengths, max_lens, algorithms, caps, args.seed, args.global_batch)
     if args.plots:
         from .core.report import plot_simulation
@@ -478,6 +487,7 @@ def _planner_commands(sub) -> None:
     p.add_argument("--max-len", type=int, required=True)
     p.add_argument("--algorithm", metavar="NAME", type=_algorithm, default="bfd", help=_algorithm_help("bfd"))
     _caps(p)
+    _parallelism(p)
     p.add_argument("--out", help="write the pack index of every item (.npy or text; -1 = dropped)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
@@ -491,6 +501,7 @@ def _planner_commands(sub) -> None:
     p.add_argument("--global-batch", type=int, default=0, help="packs per optimizer step, for steps per epoch")
     p.add_argument("--plots", help="folder for the length histogram/CDF and fill-vs-max-length plots")
     _caps(p)
+    _parallelism(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_simulate)
 

@@ -84,6 +84,26 @@ def test_plan_and_simulate_on_a_lengths_file(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["max_samples_per_pack"] <= 2
 
 
+def test_plan_and_simulate_pack_what_context_parallelism_pads(tmp_path, capsys):
+    # run plans on each sub-sample padded to 2*cp: the planner commands must not promise packs that overflow
+    lengths = np.random.default_rng(1).integers(1, 700, 3000)
+    np.save(tmp_path / "l.npy", lengths)
+    assert main(["plan", "--lengths", str(tmp_path / "l.npy"), "--max-len", "4096", "--json", "--cp-size", "4",
+                 "--out", str(tmp_path / "packs.npy")]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assignment = np.load(tmp_path / "packs.npy")
+    padded = -(-lengths // 8) * 8
+    per_pack = np.bincount(assignment[assignment >= 0], weights=padded[assignment >= 0])
+    assert per_pack.max() <= 4096 and s["packs"] == len(per_pack) and s["lower_bound"] == -(-padded.sum() // 4096)
+    assert main(["plan", "--lengths", str(tmp_path / "l.npy"), "--max-len", "4096", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["lower_bound"] < s["lower_bound"]  # padding costs room
+    assert main(["simulate", "--lengths", str(tmp_path / "l.npy"), "--max-len", "4096", "--json",
+                 "--algorithms", "bfd", "--cp-size", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"][0]["packs"] == s["packs"]
+    assert main(["plan", "--lengths", str(tmp_path / "l.npy"), "--max-len", "4096", "--tp-size", "2"]) == 2
+    assert "sequence parallelism" in capsys.readouterr().err
+
+
 def test_count_records_outside_shards(tmp_path, capsys):
     from conftest import image_bytes
 
