@@ -26,8 +26,9 @@ from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.hfshapes import detect, parse_columns
 from pack_assets.core.reasons import ReasonError
 from pack_assets.core.scan import run_manifest
+from pack_assets.core import shardsink, tables
 from pack_assets.core.shardsink import ShardSink
-from pack_assets.core.tables import TableReader, find_sources
+from pack_assets.core.tables import TableReader, batch_rows_for, find_sources
 
 SHAPES = {"cauldron": "the_cauldron/ai2d", "finevision": "FineVision/ai2d_merged",
           "llava": "LLaVA-OneVision-Data/CLEVR-Math(MathV360K)", "messages": "llava-instruct-mix-vsft/data"}
@@ -372,7 +373,9 @@ def test_save_to_disk_folders_and_datasets_parquet_give_the_same_samples(tmp_pat
     assert media["one"] == media["pq"] and len(media["one"]) == sum(len(r["images"]) for r in table)
 
 
-def test_a_damaged_page_keeps_the_rows_read_before_it(tmp_path):
+@pytest.mark.parametrize("mapped", [True, False])
+def test_a_damaged_page_keeps_the_rows_read_before_it(tmp_path, monkeypatch, mapped):
+    monkeypatch.setattr(tables, "_MAP_MAX", 1 << 30 if mapped else 0)  # memory-mapped or read through a buffer
     p = write_parquet(tmp_path / "d" / "train.parquet", "cauldron", rows("cauldron", 30), row_group_size=5)
     at = pq.ParquetFile(p).metadata.row_group(3).column(0).data_page_offset
     data = bytearray(p.read_bytes())
@@ -382,3 +385,41 @@ def test_a_damaged_page_keeps_the_rows_read_before_it(tmp_path):
     assert (res["records"], res["converted"], res["reasons"]) == (15, 15, {"unreadable_file": 1})
     assert res["files"][0]["refused"] == "unreadable_file"
     assert "after 15 rows" in Path(res["rejected_file"]).read_text()
+
+
+def test_batches_hold_about_the_same_bytes_whatever_the_row_size(tmp_path, monkeypatch):
+    big = tmp_path / "big.parquet"  # rows of ~20 KB: a few a batch
+    pq.write_table(pa.table({"b": [bytes([i]) * 20_000 for i in range(40)]}), big, row_group_size=10,
+                   compression="none")
+    small = tmp_path / "small.parquet"  # short text rows: many a batch, up to the cap
+    pq.write_table(pa.table({"t": [f"row {i}" for i in range(9000)]}), small)
+    assert batch_rows_for(pq.ParquetFile(big).metadata, 110_000) == 5
+    assert batch_rows_for(pq.ParquetFile(small).metadata, 110_000) == 4096
+    monkeypatch.setattr(tables, "_BATCH_BYTES", 110_000)
+    with TableReader(find_sources(big)[0]) as reader:
+        assert [b.num_rows for b in reader.batches()] == [5] * 8
+
+
+def test_the_sink_writes_the_same_bytes_in_runs_of_any_size_and_members_past_iov_max(tmp_path, monkeypatch):
+    samples = [[(f"{k:04d}.json", b"{}" * k)] + [(f"{k:04d}.m{j}.bin", memoryview(bytes([j % 256]) * (k + j)))
+                                                 for j in range(400 if k == 3 else 2)] for k in range(9)]
+    out = {}
+    for label, run_bytes, background in (("one", 1, True), ("big", 1 << 30, True), ("inline", 50, False)):
+        monkeypatch.setattr(shardsink, "_RUN_BYTES", run_bytes)
+        with ShardSink(tmp_path / label, samples_per_shard=4, background=background) as sink:
+            for members in samples:
+                sink.add(members)
+        out[label] = [Path(p).read_bytes() for p in sink.shards]
+    assert out["one"] == out["big"] == out["inline"] and len(out["one"]) == 3
+    with tarfile.open(tmp_path / "one" / "shard-000000.tar") as tf:  # the 400-member sample (1,203 buffers)
+        names = tf.getnames()
+        assert len(names) == 3 + 3 + 3 + 401 and tf.extractfile("0003.m399.bin").read() == bytes([399 % 256]) * 402
+
+
+def test_memory_mapped_and_buffered_reads_give_the_same_shards(tmp_path, monkeypatch):
+    _snapshot(tmp_path / "s", 12)
+    mapped = convert([tmp_path / "s"], tmp_path / "a", samples_per_shard=9)
+    monkeypatch.setattr(tables, "_MAP_MAX", 0)
+    buffered = convert([tmp_path / "s"], tmp_path / "b", samples_per_shard=9)
+    assert [Path(p).read_bytes() for p in mapped["shards"]] == [Path(p).read_bytes() for p in buffered["shards"]]
+    assert mapped["converted"] == 4 * 12 and len(mapped["shards"]) == 6
