@@ -18,7 +18,7 @@ from hub_tables import SCHEMAS, image, rows, write_parquet, write_twins
 from PIL import Image
 
 from pack_assets.cli import main
-from pack_assets.core import store
+from pack_assets.core import shardsink, store, tables
 from pack_assets.core.convert import convert
 from pack_assets.core.counting.count import count_records
 from pack_assets.core.counting.profiles import load_profile
@@ -26,7 +26,6 @@ from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.hfshapes import detect, parse_columns
 from pack_assets.core.reasons import ReasonError
 from pack_assets.core.scan import run_manifest
-from pack_assets.core import shardsink, tables
 from pack_assets.core.shardsink import ShardSink
 from pack_assets.core.tables import TableReader, batch_rows_for, find_sources
 
@@ -373,9 +372,7 @@ def test_save_to_disk_folders_and_datasets_parquet_give_the_same_samples(tmp_pat
     assert media["one"] == media["pq"] and len(media["one"]) == sum(len(r["images"]) for r in table)
 
 
-@pytest.mark.parametrize("mapped", [True, False])
-def test_a_damaged_page_keeps_the_rows_read_before_it(tmp_path, monkeypatch, mapped):
-    monkeypatch.setattr(tables, "_MAP_MAX", 1 << 30 if mapped else 0)  # memory-mapped or read through a buffer
+def test_a_damaged_page_keeps_the_rows_read_before_it(tmp_path):
     p = write_parquet(tmp_path / "d" / "train.parquet", "cauldron", rows("cauldron", 30), row_group_size=5)
     at = pq.ParquetFile(p).metadata.row_group(3).column(0).data_page_offset
     data = bytearray(p.read_bytes())
@@ -415,11 +412,3 @@ def test_the_sink_writes_the_same_bytes_in_runs_of_any_size_and_members_past_iov
         names = tf.getnames()
         assert len(names) == 3 + 3 + 3 + 401 and tf.extractfile("0003.m399.bin").read() == bytes([399 % 256]) * 402
 
-
-def test_memory_mapped_and_buffered_reads_give_the_same_shards(tmp_path, monkeypatch):
-    _snapshot(tmp_path / "s", 12)
-    mapped = convert([tmp_path / "s"], tmp_path / "a", samples_per_shard=9)
-    monkeypatch.setattr(tables, "_MAP_MAX", 0)
-    buffered = convert([tmp_path / "s"], tmp_path / "b", samples_per_shard=9)
-    assert [Path(p).read_bytes() for p in mapped["shards"]] == [Path(p).read_bytes() for p in buffered["shards"]]
-    assert mapped["converted"] == 4 * 12 and len(mapped["shards"]) == 6

@@ -2,11 +2,10 @@
 ``<config>/train-0000N-of-0000M.parquet`` or ``data/<split>-*.parquet``; a ``datasets.save_to_disk``
 folder: ``state.json`` naming its ``data-*.arrow`` files, or ``dataset_dict.json`` over split folders).
 
-Rows are read a batch at a time, about 8 MiB of rows a batch as the Parquet footer's sizes tell (Parquet
-files up to ``_MAP_MAX`` memory-mapped, larger ones read through a small buffer; Arrow IPC record batches as
-written, read from the file), so a file is never decoded whole; with ``read_ahead`` a thread decodes the next
-batches, of the next file too (pyarrow works without the GIL) while the caller converts the current one.
-``save_to_disk``
+Rows are read a batch at a time (Parquet pages through a small read buffer, about 8 MiB of rows a batch as
+the footer's sizes tell; Arrow IPC record batches as written, read from the file, no memory map), so a file is
+never whole in memory; with ``read_ahead`` a thread decodes the next batches, of the next file too (pyarrow
+works without the GIL) while the caller converts the current one. ``save_to_disk``
 folders are read with pyarrow alone: their ``.arrow`` files are Arrow IPC streams, so the ``datasets``
 package is not needed.
 """
@@ -28,9 +27,6 @@ from .reasons import ReasonError
 
 TABLE_SUFFIXES = (".parquet", ".arrow")
 _READ_BUFFER = 1 << 20  # Parquet column chunks are read through this much, not whole
-# a Parquet file up to this size is memory-mapped: the page cache's pages are decoded where they are (one copy
-# less than reading them), and a process's RSS counts the ones it touched, up to this much, until the file closes
-_MAP_MAX = 512 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,10 +152,7 @@ class TableReader:
         self.src = src
         self.rows: int | None = None  # known up front for Parquet (its footer)
         if src.kind == "parquet":
-            if src.path.stat().st_size <= _MAP_MAX:  # its pages decode in place, without a read() into a buffer
-                self._pf = pq.ParquetFile(src.path, memory_map=True, pre_buffer=False)
-            else:
-                self._pf = pq.ParquetFile(src.path, buffer_size=_READ_BUFFER, pre_buffer=False)
+            self._pf = pq.ParquetFile(src.path, buffer_size=_READ_BUFFER, pre_buffer=False)
             self.schema = self._pf.schema_arrow
             self.rows = self._pf.metadata.num_rows
             self.batch_rows = batch_rows or batch_rows_for(self._pf.metadata)
