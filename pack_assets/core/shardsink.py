@@ -26,7 +26,7 @@ from .tario import BLOCK, RECORD, member_header, padding
 
 Member = tuple[str, "bytes | memoryview"]
 _QUEUE_BYTES = 64 << 20
-_RUN_BYTES = 8 << 20
+_RUN_BYTES = 1 << 20  # much larger runs made the writer thread slower (docs/benchmarks.md, issue 42)
 _IOV_MAX = 1024  # buffers per os.writev (Linux)
 
 
