@@ -24,7 +24,7 @@ pyarrow's default snappy compression) + `texts` (`{user, assistant, source}`), r
 
 With ``--baseline-src <checkout>`` a `convert_baseline` step runs the same conversion with that checkout's
 `pack_assets` first on PYTHONPATH (e.g. a worktree of main), in the same rounds, so the two codes' ratio is
-measured in one sitting.
+measured in one sitting. ``--steps`` runs some of the steps only (more rounds of the ones that matter).
 
 Peak memory is each process's max RSS (`ru_maxrss`); CPU seconds are the process's user + system time,
 all threads. The ratios are convert's speed over each pyarrow reading (its seconds / convert's seconds, the
@@ -168,6 +168,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--results", help="a new file or folder (default: a new bench/results/convert_parquet_<UTC>.json)")
     ap.add_argument("--baseline-src", default="", help="a checkout whose convert is measured beside this one")
+    ap.add_argument("--steps", default=",".join(STEPS), help="the steps to run, comma-separated (default: all)")
     ap.add_argument("--child", default="")
     args = ap.parse_args()
     data = Path(args.data)
@@ -184,7 +185,7 @@ def main() -> None:
         f.read_bytes()
     rounds = []
     load_before = os.getloadavg()
-    steps = list(STEPS) + (["convert_baseline"] if args.baseline_src else [])
+    steps = [s for s in args.steps.split(",") if s in STEPS] + (["convert_baseline"] if args.baseline_src else [])
     for r in range(args.repeats):
         for step in steps if r % 2 == 0 else steps[::-1]:  # order alternates between rounds
             rec = run_step(step, data, args.baseline_src)
@@ -192,19 +193,22 @@ def main() -> None:
             print(json.dumps(rounds[-1]), flush=True)
     med = {s: statistics.median(x["seconds"] for x in rounds if x["step"] == s) for s in steps}
     cpu = {s: statistics.median(x["cpu_seconds"] for x in rounds if x["step"] == s) for s in steps}
-    floor = min(med["pyarrow"], med["pyarrow_read_table"], med["pyarrow_streamed"], med["pyarrow_mapped"])
+    reads = [s for s in med if s.startswith("pyarrow") and s != "pyarrow_to_python"]
     rss = {s: max(x["max_rss_mb"] for x in rounds if x["step"] == s) for s in med}
     summary = {"bench": "convert_parquet", "machine": machine(), "load_before_after": [load_before, os.getloadavg()],
                "snapshot_bytes": size, "files": len(files),
                "rows": rounds[0]["rows"], "median_seconds": med, "median_cpu_seconds": cpu, "max_rss_mb": rss,
-               "mb_per_second": {s: size / 1e6 / v for s, v in med.items()},
-               "convert_speed_over_fastest_pyarrow_read": floor / med["convert"],
-               "convert_speed_over_pyarrow_iter_batches": med["pyarrow"] / med["convert"],
-               "convert_speed_over_pyarrow_read_table": med["pyarrow_read_table"] / med["convert"],
-               "convert_speed_over_pyarrow_to_python": med["pyarrow_to_python"] / med["convert"],
-               "baseline_src": args.baseline_src,
-               "convert_speed_over_baseline": med["convert_baseline"] / med["convert"] if args.baseline_src else None,
-               "rounds": rounds}
+               "mb_per_second": {s: size / 1e6 / v for s, v in med.items()}}
+    if "convert" in med:
+        if reads:
+            summary["convert_speed_over_fastest_pyarrow_read"] = min(med[s] for s in reads) / med["convert"]
+        names = {"pyarrow": "iter_batches", "pyarrow_read_table": "read_table", "pyarrow_streamed": "streamed",
+                 "pyarrow_mapped": "mapped", "pyarrow_to_python": "to_python", "convert_baseline": "baseline"}
+        for s, name in names.items():
+            if s in med:
+                summary[f"convert_speed_over_{'pyarrow_' if s.startswith('pyarrow') else ''}{name}"] = \
+                    med[s] / med["convert"]
+    summary.update(baseline_src=args.baseline_src, rounds=rounds)
     print(json.dumps({k: v for k, v in summary.items() if k != "rounds"}, indent=1))
     dest.write(summary)
 
