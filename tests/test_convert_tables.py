@@ -9,6 +9,7 @@ import json
 import tarfile
 from importlib.util import find_spec
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -395,6 +396,10 @@ def test_batches_hold_about_the_same_bytes_whatever_the_row_size(tmp_path, monke
     monkeypatch.setattr(tables, "_BATCH_BYTES", 110_000)
     with TableReader(find_sources(big)[0]) as reader:
         assert [b.num_rows for b in reader.batches()] == [5] * 8
+    unsized = SimpleNamespace(num_rows=10, total_byte_size=0, num_columns=1,
+                              column=lambda i: SimpleNamespace(total_compressed_size=0))
+    meta = SimpleNamespace(num_row_groups=2, row_group=lambda i: unsized)  # a writer that states no sizes
+    assert batch_rows_for(meta, 110_000) == 64
 
 
 def test_the_sink_writes_the_same_bytes_in_runs_of_any_size_and_members_past_iov_max(tmp_path, monkeypatch):

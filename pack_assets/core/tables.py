@@ -83,6 +83,7 @@ def _kind(path: Path) -> str:
 _DONE = object()
 _BATCH_BYTES = 8 << 20  # a Parquet batch's decoded size, about (the footer's row sizes say how many rows)
 _MAX_BATCH_ROWS = 4096  # text-only rows: enough for the per-batch overhead to vanish
+_UNSIZED_BATCH_ROWS = 64
 
 
 class _Failed:
@@ -138,10 +139,16 @@ def batch_rows_for(meta: pq.FileMetaData, batch_bytes: int | None = None) -> int
     """Rows per batch for about ``batch_bytes`` decoded (default ``_BATCH_BYTES``), from the widest row group's
     mean row (the footer's uncompressed sizes): rows of large images come a few at a time, text rows by the
     thousand. Small batches decode faster than large ones (they stay in the CPU's cache), and bound memory."""
-    widest = max((rg.total_byte_size / rg.num_rows for rg in map(meta.row_group, range(meta.num_row_groups))
-                  if rg.num_rows), default=0.0)
+    widest = max((_row_group_bytes(rg) / rg.num_rows for rg in map(meta.row_group, range(meta.num_row_groups))
+                  if rg.num_rows), default=None)
+    if widest == 0:  # rows of no stated size (a writer that leaves the sizes out): the old fixed batch
+        return _UNSIZED_BATCH_ROWS
     batch_bytes = batch_bytes or _BATCH_BYTES
     return max(1, min(_MAX_BATCH_ROWS, int(batch_bytes // widest) if widest else _MAX_BATCH_ROWS))
+
+
+def _row_group_bytes(rg: pq.RowGroupMetaData) -> int:
+    return rg.total_byte_size or sum(rg.column(i).total_compressed_size for i in range(rg.num_columns))
 
 
 class TableReader:
