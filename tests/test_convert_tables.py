@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from importlib.util import find_spec
 from pathlib import Path
@@ -406,13 +407,21 @@ def test_the_sink_writes_the_same_bytes_in_runs_of_any_size_and_members_past_iov
     samples = [[(f"{k:04d}.json", b"{}" * k)] + [(f"{k:04d}.m{j}.bin", memoryview(bytes([j % 256]) * (k + j)))
                                                  for j in range(400 if k == 3 else 2)] for k in range(9)]
     out = {}
-    for label, run_bytes, background in (("one", 1, True), ("big", 1 << 30, True), ("inline", 50, False)):
+    write = os.write
+
+    def short_writev(fd, bufs):  # the kernel may write less than asked (a signal, a disk filling up)
+        return write(fd, bytes(bufs[0])[: max(1, len(bufs[0]) // 2)])
+
+    for label, run_bytes, background in (("one", 1, True), ("big", 1 << 30, True), ("inline", 50, False),
+                                         ("short", 300, True)):
         monkeypatch.setattr(shardsink, "_RUN_BYTES", run_bytes)
+        if label == "short":
+            monkeypatch.setattr(os, "writev", short_writev)
         with ShardSink(tmp_path / label, samples_per_shard=4, background=background) as sink:
             for members in samples:
                 sink.add(members)
         out[label] = [Path(p).read_bytes() for p in sink.shards]
-    assert out["one"] == out["big"] == out["inline"] and len(out["one"]) == 3
+    assert out["one"] == out["big"] == out["inline"] == out["short"] and len(out["one"]) == 3
     with tarfile.open(tmp_path / "one" / "shard-000000.tar") as tf:  # the 400-member sample (1,203 buffers)
         names = tf.getnames()
         assert len(names) == 3 + 3 + 3 + 401 and tf.extractfile("0003.m399.bin").read() == bytes([399 % 256]) * 402
