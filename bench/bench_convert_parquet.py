@@ -14,8 +14,8 @@ pyarrow's default snappy compression) + `texts` (`{user, assistant, source}`), r
   buffer_size=1 MiB, pre_buffer=False).iter_batches(batch_size=64)`), on one thread;
 - `pyarrow_mapped`: the same with the file memory-mapped (`memory_map=True`, no read buffer): the fastest
   pyarrow reading found (convert does not map: beside its writer thread, mapping cost more than it saved);
-- `pyarrow_to_python`: the same, with each batch turned into Python rows (`to_pylist`), as any per-row
-  consumer needs;
+- `pyarrow_to_python`: `iter_batches()` with pyarrow's defaults, each batch turned into Python rows
+  (`to_pylist`), as any per-row consumer needs;
 - `convert`: `pack_assets.core.convert.convert` of the snapshot folder into a fresh output folder (shapes
   detected, every image's format read from its bytes and its header checked, records, tar shards written
   and renamed into place; no fsync, as convert does not sync). Its module is imported before the clock
