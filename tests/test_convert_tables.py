@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from importlib.util import find_spec
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,7 +20,7 @@ from hub_tables import SCHEMAS, image, rows, write_parquet, write_twins
 from PIL import Image
 
 from pack_assets.cli import main
-from pack_assets.core import store
+from pack_assets.core import shardsink, store, tables
 from pack_assets.core.convert import convert
 from pack_assets.core.counting.count import count_records
 from pack_assets.core.counting.profiles import load_profile
@@ -27,7 +29,7 @@ from pack_assets.core.hfshapes import detect, parse_columns
 from pack_assets.core.reasons import ReasonError
 from pack_assets.core.scan import run_manifest
 from pack_assets.core.shardsink import ShardSink
-from pack_assets.core.tables import TableReader, find_sources
+from pack_assets.core.tables import TableReader, batch_rows_for, find_sources
 
 SHAPES = {"cauldron": "the_cauldron/ai2d", "finevision": "FineVision/ai2d_merged",
           "llava": "LLaVA-OneVision-Data/CLEVR-Math(MathV360K)", "messages": "llava-instruct-mix-vsft/data"}
@@ -382,3 +384,45 @@ def test_a_damaged_page_keeps_the_rows_read_before_it(tmp_path):
     assert (res["records"], res["converted"], res["reasons"]) == (15, 15, {"unreadable_file": 1})
     assert res["files"][0]["refused"] == "unreadable_file"
     assert "after 15 rows" in Path(res["rejected_file"]).read_text()
+
+
+def test_batches_hold_about_the_same_bytes_whatever_the_row_size(tmp_path, monkeypatch):
+    big = tmp_path / "big.parquet"  # rows of ~20 KB: a few a batch
+    pq.write_table(pa.table({"b": [bytes([i]) * 20_000 for i in range(40)]}), big, row_group_size=10,
+                   compression="none")
+    small = tmp_path / "small.parquet"  # short text rows: many a batch, up to the cap
+    pq.write_table(pa.table({"t": [f"row {i}" for i in range(9000)]}), small)
+    assert batch_rows_for(pq.ParquetFile(big).metadata, 110_000) == 5
+    assert batch_rows_for(pq.ParquetFile(small).metadata, 110_000) == 4096
+    monkeypatch.setattr(tables, "_BATCH_BYTES", 110_000)
+    with TableReader(find_sources(big)[0]) as reader:
+        assert [b.num_rows for b in reader.batches()] == [5] * 8
+    unsized = SimpleNamespace(num_rows=10, total_byte_size=0, num_columns=1,
+                              column=lambda i: SimpleNamespace(total_compressed_size=0))
+    meta = SimpleNamespace(num_row_groups=2, row_group=lambda i: unsized)  # a writer that states no sizes
+    assert batch_rows_for(meta, 110_000) == 64
+
+
+def test_the_sink_writes_the_same_bytes_in_runs_of_any_size_and_members_past_iov_max(tmp_path, monkeypatch):
+    samples = [[(f"{k:04d}.json", b"{}" * k)] + [(f"{k:04d}.m{j}.bin", memoryview(bytes([j % 256]) * (k + j)))
+                                                 for j in range(400 if k == 3 else 2)] for k in range(9)]
+    out = {}
+    write = os.write
+
+    def short_writev(fd, bufs):  # the kernel may write less than asked (a signal, a disk filling up)
+        return write(fd, bytes(bufs[0])[: max(1, len(bufs[0]) // 2)])
+
+    for label, run_bytes, background in (("one", 1, True), ("big", 1 << 30, True), ("inline", 50, False),
+                                         ("short", 300, True)):
+        monkeypatch.setattr(shardsink, "_RUN_BYTES", run_bytes)
+        if label == "short":
+            monkeypatch.setattr(os, "writev", short_writev)
+        with ShardSink(tmp_path / label, samples_per_shard=4, background=background) as sink:
+            for members in samples:
+                sink.add(members)
+        out[label] = [Path(p).read_bytes() for p in sink.shards]
+    assert out["one"] == out["big"] == out["inline"] == out["short"] and len(out["one"]) == 3
+    with tarfile.open(tmp_path / "one" / "shard-000000.tar") as tf:  # the 400-member sample (1,203 buffers)
+        names = tf.getnames()
+        assert len(names) == 3 + 3 + 3 + 401 and tf.extractfile("0003.m399.bin").read() == bytes([399 % 256]) * 402
+

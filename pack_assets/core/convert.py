@@ -23,8 +23,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-
 from . import hfshapes, tables
 from .jsonrecords import iter_records
 from .media import IMAGE_EXTS, VIDEO_EXTS
@@ -231,40 +229,45 @@ def _convert_json(run: _Run, path: Path, roots: list[Path]) -> None:
         run.add(rep, rec, make)
 
 
-def _next_batch(batches, run: _Run, rep: FileReport):
-    try:
-        return next(batches, None)
-    except (pa.ArrowException, OSError) as e:  # a damaged file: the rows before stay converted
-        run.refuse(rep, "unreadable_file", f"after {rep.rows} rows: {type(e).__name__}: {e}")
-        return None
-
-
-def _convert_table(run: _Run, src: tables.TableSource, roots: list[Path], columns: dict, batch_rows: int,
-                   read_ahead: int) -> None:
-    rep = FileReport(src.rel, src.kind)
+def _open_table(run: _Run, opened: tables.Opened, roots: list[Path]) -> tuple[FileReport, Callable | None]:
+    """A table file's report, and how its rows become samples (None: refused, no row of it is read)."""
+    rep = FileReport(opened.src.rel, opened.src.kind)
     run.files.append(rep)
-    try:
-        reader = tables.TableReader(src, batch_rows, read_ahead)
-    except (pa.ArrowException, OSError) as e:
-        run.refuse(rep, "unreadable_file", f"{type(e).__name__}: {e}")
-        return
-    with reader:
-        try:
-            shape = hfshapes.detect(reader.schema, columns)
-        except ReasonError as e:
-            rows = reader.rows if reader.rows is not None else "its"
-            run.refuse(rep, e.reason, f"{rows} rows not read: {e.detail}")
-            return
-        rep.shape, rep.columns_dropped = shape.name, list(shape.dropped)
-        read = _path_reader([src.path.parent, *roots])
+    if isinstance(opened.error, ReasonError):
+        rows = opened.rows if opened.rows is not None else "its"
+        run.refuse(rep, opened.error.reason, f"{rows} rows not read: {opened.error.detail}")
+        return rep, None
+    if opened.error is not None:
+        run.refuse(rep, "unreadable_file", f"{type(opened.error).__name__}: {opened.error}")
+        return rep, None
+    shape: hfshapes.Shape = opened.plan
+    rep.shape, rep.columns_dropped = shape.name, list(shape.dropped)
+    read = _path_reader([opened.src.path.parent, *roots])
 
-        def make(row):
-            return hfshapes.row_record(shape, row, read)
+    def make(row):
+        return hfshapes.row_record(shape, row, read)
 
-        batches = reader.batches()
-        while (batch := _next_batch(batches, run, rep)) is not None:
-            for row in hfshapes.batch_rows(shape, batch):
-                run.add(rep, row, make)
+    def convert_batch(batch) -> None:
+        for row in hfshapes.batch_rows(shape, batch):
+            run.add(rep, row, make)
+
+    return rep, convert_batch
+
+
+def _convert_tables(run: _Run, sources: list[tables.TableSource], roots: list[Path], columns: dict,
+                    batch_rows: int | None, read_ahead: int) -> None:
+    """The files' rows in order; a file that cannot be opened, or whose columns match no shape, is refused
+    whole, and one that breaks part way keeps the rows read before."""
+    rep, convert_batch = None, None
+    with tables.stream(sources, lambda schema: hfshapes.detect(schema, columns), batch_rows, read_ahead) as items:
+        for item in items:
+            if isinstance(item, tables.Opened):
+                rep, convert_batch = _open_table(run, item, roots)
+            elif isinstance(item, tables.ReadFailed):  # a damaged file: the rows before stay converted
+                e = item.error
+                run.refuse(rep, "unreadable_file", f"after {rep.rows} rows: {type(e).__name__}: {e}")
+            else:
+                convert_batch(item)
 
 
 def _check_inputs(inputs: list[Path]) -> None:
@@ -278,10 +281,11 @@ def _check_inputs(inputs: list[Path]) -> None:
 
 def convert(inputs: list[Path], out_dir: Path, media_roots: list[Path] | None = None, samples_per_shard: int = 1000,
             max_shard_bytes: int = 1 << 30, prefix: str = "shard", columns: dict[str, str] | None = None,
-            batch_rows: int = 64, read_ahead: int = 2, background: bool = True) -> dict:
+            batch_rows: int | None = None, read_ahead: int = 2, background: bool = True) -> dict:
     """Convert every record and table row; relative media paths are looked up in each media root in turn
     (default: the input file's folder). ``columns`` maps shape names to a table's columns (``--columns``);
-    a table is read ``batch_rows`` rows at a time, a thread decoding ``read_ahead`` batches ahead (0: none);
+    a table is read ``batch_rows`` rows at a time (None: about 8 MiB of rows by the Parquet footer's sizes),
+    a thread decoding ``read_ahead`` batches ahead, across the files of an input (0: none);
     with ``background`` another thread writes the shards while the next rows are converted.
     Returns counts per outcome, per input file (shape, rows, refusals) and the shard paths."""
     _check_inputs(inputs)
@@ -295,8 +299,7 @@ def convert(inputs: list[Path], out_dir: Path, media_roots: list[Path] | None = 
             for path in inputs:
                 roots = list(media_roots or []) or [path if path.is_dir() else path.parent]
                 if tables.is_table_input(path):
-                    for src in tables.find_sources(path):
-                        _convert_table(run, src, roots, columns or {}, batch_rows, read_ahead)
+                    _convert_tables(run, tables.find_sources(path), roots, columns or {}, batch_rows, read_ahead)
                 else:
                     _convert_json(run, path, roots)
         os.replace(tmp, rejected_file)

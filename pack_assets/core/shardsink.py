@@ -4,9 +4,12 @@ renamed into place when full, so a shard is visible complete or not at all.
 A sample is its members, each ``(name, payload)`` with the payload as ``bytes`` or any buffer (a
 ``memoryview`` of an Arrow buffer is written as it is, no copy in Python). Headers are the fixed ones of
 ``tario.member_header`` (mtime 0, uid/gid 0, mode 0644, PAX for long names), and each shard ends the way
-``tarfile`` ends one, so the same samples give the same bytes. With ``background`` a thread does the writes
-(in order; the caller goes on with the next samples meanwhile, at most ``_QUEUE_BYTES`` behind), and an
-error there is raised in the caller at its next call.
+``tarfile`` ends one, so the same samples give the same bytes. Samples are gathered into runs of about
+``_RUN_BYTES``, each written with ``os.writev`` (no buffered file: it would copy every payload into its buffer
+first). With ``background`` a thread does the writes (in order; the caller goes on with the next samples
+meanwhile, at most ``_QUEUE_BYTES`` behind), and an error there is raised in the caller at its next call. A
+run, not a sample, is a hand-over to that thread: each one makes it wait for the GIL the converting thread
+holds.
 """
 
 from __future__ import annotations
@@ -23,6 +26,24 @@ from .tario import BLOCK, RECORD, member_header, padding
 
 Member = tuple[str, "bytes | memoryview"]
 _QUEUE_BYTES = 64 << 20
+_RUN_BYTES = 1 << 20  # much larger runs made the writer thread slower (docs/benchmarks.md, issue 42)
+_IOV_MAX = 1024  # buffers per os.writev (Linux)
+
+
+def _write_all(fd: int, bufs: list) -> int:
+    """Write the buffers in order with os.writev; returns the bytes written. A short write (a signal, the
+    disk filling on the way) is finished from a joined copy of what is left."""
+    written = 0
+    for i in range(0, len(bufs), _IOV_MAX):
+        part = bufs[i:i + _IOV_MAX]
+        size = sum(len(b) for b in part)
+        done = os.writev(fd, part)
+        if done < size:
+            rest = memoryview(b"".join(part))[done:]
+            while rest:
+                rest = rest[os.write(fd, rest):]
+        written += size
+    return written
 
 
 class _Writer:
@@ -85,8 +106,11 @@ class ShardSink:
         self.out_dir, self.prefix = out_dir, prefix
         self.samples_per_shard, self.max_shard_bytes = samples_per_shard, max_shard_bytes
         self.shards: list[str] = []
-        self._f = None
+        self._fd = -1
+        self._pos = 0  # bytes written to the open shard
         self._tmp = ""
+        self._run: list = []  # the open shard's next buffers, written as one run
+        self._run_bytes = 0
         self._open = False
         self._closed = 0  # shards finished or queued to finish
         self._n = 0
@@ -107,32 +131,44 @@ class ShardSink:
         if not self._open:
             self._open = True
             self._do(self._start)
-        self._do(lambda: self._write(members), size)
+        for name, data in members:
+            n = len(data)
+            self._run += (member_header(name, n), data, padding(n))
+        self._run_bytes += size
+        if self._run_bytes >= _RUN_BYTES:
+            self._write_run()
         self._n += 1
         self._bytes += size
 
-    def _start(self) -> None:
-        fd, self._tmp = mkstemp(prefix=f".{self.prefix}.tmp-", dir=self.out_dir)  # 0644 under umask 022
-        self._f = os.fdopen(fd, "wb", buffering=1 << 20)
+    def _write_run(self) -> None:
+        bufs, size = self._run, self._run_bytes
+        self._run, self._run_bytes = [], 0
+        if bufs:
+            self._do(lambda: self._write(bufs), size)
 
-    def _write(self, members: Sequence[Member]) -> None:
-        for name, data in members:
-            n = len(data)
-            self._f.write(member_header(name, n))
-            self._f.write(data)
-            self._f.write(padding(n))
+    def _start(self) -> None:
+        self._fd, self._tmp = mkstemp(prefix=f".{self.prefix}.tmp-", dir=self.out_dir)  # 0644 under umask 022
+        self._pos = 0
+
+    def _write(self, bufs: list) -> None:
+        self._pos += _write_all(self._fd, bufs)
 
     def _finish(self, final: Path) -> None:
-        f, self._f = self._f, None
-        with f:
-            f.write(b"\0" * (2 * BLOCK))
-            f.write(b"\0" * (-f.tell() % RECORD))
+        end = 2 * BLOCK
+        end += -(self._pos + end) % RECORD  # the end-of-archive blocks, then zeros to a whole record
+        fd, self._fd = self._fd, -1
+        try:
+            _write_all(fd, [bytes(end)])
+        finally:
+            os.close(fd)
         os.replace(self._tmp, final)
+        self._tmp = ""
         self.shards.append(str(final))
 
     def _close_shard(self) -> None:
         final = self.out_dir / f"{self.prefix}-{self._closed:06d}.tar"
         self._closed += 1
+        self._write_run()
         self._do(lambda: self._finish(final))
         self._open = False
         self._n = self._bytes = 0
@@ -150,11 +186,13 @@ class ShardSink:
         if self._writer is not None:
             with contextlib.suppress(BaseException):
                 self._writer.drain()
-        if self._f is not None:
-            f, self._f = self._f, None
-            f.close()
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+        if self._tmp:  # opened and not published (the failure may have been in its finishing)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._tmp)
+            self._tmp = ""
 
     def __enter__(self) -> ShardSink:
         return self

@@ -2,24 +2,28 @@
 ``<config>/train-0000N-of-0000M.parquet`` or ``data/<split>-*.parquet``; a ``datasets.save_to_disk``
 folder: ``state.json`` naming its ``data-*.arrow`` files, or ``dataset_dict.json`` over split folders).
 
-Rows are read a batch at a time (Parquet pages through a small read buffer, Arrow IPC record batches from
-the file, no memory map), so a file is never whole in memory; with ``read_ahead`` a thread decodes the next
-batches (pyarrow works without the GIL) while the caller converts the current one. ``save_to_disk``
+Rows are read a batch at a time (Parquet pages through a small read buffer, about 8 MiB of rows a batch as
+the footer's sizes tell; Arrow IPC record batches as written, read from the file, no memory map), so a file is
+never whole in memory; with ``read_ahead`` a thread decodes the next batches, of the next file too (pyarrow
+works without the GIL) while the caller converts the current one. ``save_to_disk``
 folders are read with pyarrow alone: their ``.arrow`` files are Arrow IPC streams, so the ``datasets``
 package is not needed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from .reasons import ReasonError
 
 TABLE_SUFFIXES = (".parquet", ".arrow")
 _READ_BUFFER = 1 << 20  # Parquet column chunks are read through this much, not whole
@@ -77,6 +81,9 @@ def _kind(path: Path) -> str:
 
 
 _DONE = object()
+_BATCH_BYTES = 8 << 20  # a Parquet batch's decoded size, about (the footer's row sizes say how many rows)
+_MAX_BATCH_ROWS = 4096  # text-only rows: enough for the per-batch overhead to vanish
+_UNSIZED_BATCH_ROWS = 64
 
 
 class _Failed:
@@ -111,6 +118,10 @@ class _ReadAhead:
         except BaseException as e:  # handed to the consumer, raised there
             self._put(_Failed(e))
             return
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:  # a generator's open file closes on this thread, which read it
+                close()
         self._put(_DONE)
 
     def __iter__(self) -> Iterator:
@@ -124,18 +135,34 @@ class _ReadAhead:
         self._thread.join()
 
 
+def batch_rows_for(meta: pq.FileMetaData, batch_bytes: int | None = None) -> int:
+    """Rows per batch for about ``batch_bytes`` decoded (default ``_BATCH_BYTES``), from the widest row group's
+    mean row (the footer's uncompressed sizes): rows of large images come a few at a time, text rows by the
+    thousand. Small batches decode faster than large ones (they stay in the CPU's cache), and bound memory."""
+    widest = max((_row_group_bytes(rg) / rg.num_rows for rg in map(meta.row_group, range(meta.num_row_groups))
+                  if rg.num_rows), default=None)
+    if widest == 0:  # rows of no stated size (a writer that leaves the sizes out): the old fixed batch
+        return _UNSIZED_BATCH_ROWS
+    batch_bytes = batch_bytes or _BATCH_BYTES
+    return max(1, min(_MAX_BATCH_ROWS, int(batch_bytes // widest) if widest else _MAX_BATCH_ROWS))
+
+
+def _row_group_bytes(rg: pq.RowGroupMetaData) -> int:
+    return rg.total_byte_size or sum(rg.column(i).total_compressed_size for i in range(rg.num_columns))
+
+
 class TableReader:
     """The schema and the record batches of one source; ``close()`` (or ``with``) releases the file.
-    ``read_ahead``: how many batches a thread decodes ahead of the caller (0: none, read in the caller)."""
+    Parquet is read ``batch_rows`` rows at a time (None: as many as make about 8 MiB decoded)."""
 
-    def __init__(self, src: TableSource, batch_rows: int = 64, read_ahead: int = 2):
-        self.src, self.batch_rows, self.read_ahead = src, batch_rows, read_ahead
+    def __init__(self, src: TableSource, batch_rows: int | None = None):
+        self.src = src
         self.rows: int | None = None  # known up front for Parquet (its footer)
-        self._ahead: _ReadAhead | None = None
         if src.kind == "parquet":
             self._pf = pq.ParquetFile(src.path, buffer_size=_READ_BUFFER, pre_buffer=False)
             self.schema = self._pf.schema_arrow
             self.rows = self._pf.metadata.num_rows
+            self.batch_rows = batch_rows or batch_rows_for(self._pf.metadata)
             self._file = None
         else:
             self._file = pa.OSFile(str(src.path), "rb")
@@ -145,8 +172,9 @@ class TableReader:
                 self._file.seek(0)
                 self._ipc = pa.ipc.open_file(self._file)  # the random-access variant
             self.schema = self._ipc.schema
+            self.batch_rows = 0  # Arrow files: their record batches as written
 
-    def _batches(self) -> Iterator[pa.RecordBatch]:
+    def batches(self) -> Iterator[pa.RecordBatch]:
         if self.src.kind == "parquet":
             yield from self._pf.iter_batches(batch_size=self.batch_rows, use_threads=False)
         elif isinstance(self._ipc, pa.ipc.RecordBatchFileReader):
@@ -155,15 +183,7 @@ class TableReader:
         else:
             yield from self._ipc
 
-    def batches(self) -> Iterator[pa.RecordBatch]:
-        if self.read_ahead <= 0:
-            return self._batches()
-        self._ahead = _ReadAhead(self._batches(), self.read_ahead)
-        return iter(self._ahead)
-
     def close(self) -> None:
-        if self._ahead is not None:  # the thread stops before the file it reads closes
-            self._ahead.close()
         if self._file is not None:
             self._file.close()
         else:
@@ -174,3 +194,60 @@ class TableReader:
 
     def __exit__(self, *_) -> None:
         self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A source as ``stream`` opens it, before its batches: ``plan`` is what the caller's ``plan`` made of
+    it; ``error`` is set instead when the file could not be opened or ``plan`` refused it (no batch follows)."""
+
+    src: TableSource
+    rows: int | None = None
+    plan: object = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadFailed:
+    """The source's batches stopped here (a damaged page): the batches before it stand."""
+
+    error: BaseException
+
+
+def _items(sources: list[TableSource], plan: Callable, batch_rows: int | None) -> Iterator:
+    for src in sources:
+        try:
+            reader = TableReader(src, batch_rows)
+        except (pa.ArrowException, OSError) as e:
+            yield Opened(src, error=e)
+            continue
+        with reader:
+            try:
+                what = plan(reader.schema)
+            except ReasonError as e:
+                yield Opened(src, reader.rows, error=e)
+                continue
+            yield Opened(src, reader.rows, what)
+            try:
+                yield from reader.batches()
+            except (pa.ArrowException, OSError) as e:
+                yield ReadFailed(e)
+
+
+@contextlib.contextmanager
+def stream(sources: list[TableSource], plan: Callable[[pa.Schema], object], batch_rows: int | None = None,
+           read_ahead: int = 2) -> Iterator[Iterator]:
+    """Every source in turn: an ``Opened``, then (unless it carries an error) the source's record batches,
+    a ``ReadFailed`` where they stop early. ``plan(schema)`` runs as each source opens and may refuse it with
+    a ReasonError. With ``read_ahead`` a thread reads that many items ahead, across sources: the next file
+    opens and decodes while the last batches of the one before are converted."""
+    items = _items(sources, plan, batch_rows)
+    if read_ahead <= 0:
+        with contextlib.closing(items):
+            yield items
+        return
+    ahead = _ReadAhead(items, read_ahead)
+    try:
+        yield iter(ahead)
+    finally:  # the thread stops (and closes the file it reads) before the caller goes on
+        ahead.close()
