@@ -164,6 +164,8 @@ def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
         marker = data[pos]
     if size is None:
         return None
+    if not exif and xmp is None:  # what _from gives for no metadata, without building an empty Exif
+        return size[0], size[1], 1
     try:
         return size[0], size[1], _from(exif, xmp)
     except Exception:  # EXIF that Pillow's parser refuses: orientation() hands the image to Pillow itself

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import operator
 import os
 import re
 import shutil
@@ -224,6 +225,9 @@ def _rejection_row(r: Rejection) -> dict:
     return dataclasses.asdict(r)
 
 
+sample_row = operator.attrgetter(*SAMPLES_SCHEMA.names)  # a Sample's values in the file's column order
+
+
 def write_manifest(work: Path, shard: str, records: Iterable[Sample | Rejection], info: ShardInfo) -> dict:
     """Stream a shard's scan into its Parquet files; returns the counts."""
     with atomic_dir(manifest_dir(work, shard)) as d:
@@ -234,7 +238,7 @@ def write_manifest(work: Path, shard: str, records: Iterable[Sample | Rejection]
             if isinstance(rec, Rejection):
                 rejected.add(_rejection_row(rec))
                 continue
-            samples.add([getattr(rec, name) for name in samples.names])
+            samples.add(sample_row(rec))
             for m in rec.members:
                 members.add((m.sample_id, m.name, m.offset, m.size, m.sha256))
         for w in (samples, members, rejected):
