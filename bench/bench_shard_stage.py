@@ -7,9 +7,9 @@ another checkout's code on the same input, the two alternating, and their files 
 
 Makes the input under <data>/shards if it is not there (bench/common.py make_shards: one JPEG of --image-kb
 per sample, the e2e benchmark's shape). Each stage run is a fresh process with a fresh work folder: the helpers
-forked as the command forks them (one per core, or --jobs), every shard scanned and counted (force). The
-page cache is dropped before each timed step when this process may (root, not in a container); the record
-says whether it was.
+forked as the command forks them (one per core, or --jobs), every shard scanned and counted (force). With
+--drop-caches (root) the page cache is dropped before each timed step (never on a machine others measure on);
+each record says whether it was.
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ def main() -> None:
     ap.add_argument("--image-kb", type=int, default=15)
     ap.add_argument("--jobs", type=int, default=0, help="helper processes (0: one per core, as the command)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--code", type=Path, help="the checkout timed as 'this' (default: the one holding this script)")
     ap.add_argument("--baseline", type=Path, help="another checkout (its folder, holding pack_assets/) to time too")
+    ap.add_argument("--drop-caches", action="store_true", help="drop the page cache before each timed step (root)")
     ap.add_argument("--results", help="a new file or folder (default: a new bench/results/shard_stage_<UTC>.json)")
     args = ap.parse_args()
     out = ResultsFile(args.results, "shard_stage")
@@ -89,7 +91,9 @@ def main() -> None:
     inp = data / "shards"
     require_free(data, 2.5 * args.shards * args.per_shard * (args.image_kb * 1024 + 1500))
     files = make_shards(inp, args.shards, args.per_shard, args.image_kb, seed=7)
-    here = Path(__file__).resolve().parents[1]
+    if sorted(inp.glob("*.tar")) != sorted(files):  # the stage scans the whole folder: only these shards in it
+        raise SystemExit(f"{inp} holds other shards than the {len(files)} asked for: use another --data")
+    here = (args.code or Path(__file__).resolve().parents[1]).resolve()
     codes = {"this": here, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
     doc: dict = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                  "load_avg_at_start": os.getloadavg(), "samples": args.shards * args.per_shard,
@@ -97,14 +101,14 @@ def main() -> None:
                  "codes": {k: str(v) for k, v in codes.items()}, "runs": []}
     runs = doc["runs"]
     for r in range(args.repeats):
-        cold = drop_caches()
+        cold = args.drop_caches and drop_caches()
         runs.append({"what": "sha256sum", "repeat": r, "cache_dropped": cold,
                      "seconds": round(timed(["sha256sum", *map(str, files)]), 2)})
-        cold = drop_caches()
+        cold = args.drop_caches and drop_caches()
         runs.append({"what": "hashlib.sha256", "repeat": r, "cache_dropped": cold,
                      "seconds": round(hashlib_seconds(files), 2)})
         for name, code in (codes.items() if r % 2 == 0 else reversed(codes.items())):
-            cold = drop_caches()
+            cold = args.drop_caches and drop_caches()
             rec = stage(code, inp, data / f"work_{name}", args.jobs)
             runs.append({"what": f"shard stage, {name}", "repeat": r, "cache_dropped": cold,
                          "seconds": round(rec["seconds"], 2), "helpers_cpu_s": round(rec["helpers_cpu_s"], 2),
