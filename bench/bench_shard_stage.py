@@ -15,7 +15,6 @@ each record says whether it was.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_shard_stage import compare  # noqa: E402
-from common import ResultsFile, drop_caches, machine, make_shards, require_free, timed  # noqa: E402
+from common import ResultsFile, drop_caches, hashlib_seconds, machine, make_shards, require_free, timed  # noqa: E402
 
 # run in a fresh interpreter with the code under test first on sys.path: the helpers, the shards, the wait
 _STAGE = """
@@ -48,16 +47,6 @@ cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"seconds": seconds, "helpers_cpu_s": cpu.ru_utime + cpu.ru_stime, "shards": len(todo.todo),
                   "helpers": helpers.n, "failed": failed}))
 """
-
-
-def hashlib_seconds(files: list[Path]) -> float:
-    t0 = time.perf_counter()
-    for p in files:
-        h = hashlib.sha256()
-        with open(p, "rb", buffering=0) as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-    return time.perf_counter() - t0
 
 
 def stage(code: Path, inp: Path, work: Path, jobs: int) -> dict:
