@@ -18,7 +18,7 @@ from pack_assets.core.demo import video_bytes
 from pack_assets.core.reasons import ReasonError
 from pack_assets.core.records import Rejection, Sample
 from pack_assets.core.scan import ScanOptions, run_manifest, scan_shard
-from pack_assets.core.tario import iter_entries, split_key
+from pack_assets.core.tario import header_sum, iter_entries, split_key
 
 
 def scan(path: Path, **opts) -> tuple[list[Sample], list[Rejection]]:
@@ -372,3 +372,13 @@ def test_broken_headers_get_pillows_error(data, message):
 
     with pytest.raises(OSError, match=message):
         probe_image(data, "jpg")
+
+
+def test_the_header_checksum_sums_every_byte_of_a_block():
+    """header_sum (two Adler-32 halves) is sum() of the 512 bytes, at the extremes and on random blocks."""
+    import random
+
+    rng = random.Random(41)
+    blocks = [bytes(512), b"\xff" * 512, b"\xff" * 256 + bytes(256)]
+    blocks += [bytes(rng.randrange(256) for _ in range(512)) for _ in range(300)]
+    assert [header_sum(b) for b in blocks] == [sum(b) for b in blocks]

@@ -263,3 +263,37 @@ def test_the_rank_table_is_saved_once_and_read_back_equal_and_a_damaged_one_is_r
     monkeypatch.setenv("PACK_ASSETS_CACHE", str(tmp_path / "ro" / "cache"))
     assert ids(counter()) == first
     tokenizers._fast_counter.cache_clear()
+
+
+def test_counting_the_scan_from_memory_writes_the_files_counting_from_disk_writes(tmp_path):
+    """The helpers count a shard from the scan they just wrote (its messages as parsed): the same token_lengths
+    files as a count that reads the manifest back; and a scan kept in memory that is no longer the one on disk
+    (the shard was scanned again since) is not used."""
+    import pyarrow.parquet as pq
+    from conftest import small_dataset
+
+    from pack_assets.core import store
+    from pack_assets.core.counting.token_lengths import run_token_lengths
+    from pack_assets.core.records import Scanned
+    from pack_assets.core.scan import run_manifest
+
+    inp, profile = small_dataset(tmp_path / "in", n_shards=1), load_profile("qwen3-vl")
+
+    def counted(work: Path, kept: Scanned | None) -> dict[str, list]:
+        run_token_lengths(work, "part-000", profile, force=True, scanned=kept)
+        d = store.token_dir(work, profile.name, "part-000")
+        return {f: pq.read_table(d / f).to_pylist() for f in ("token_lengths.parquet", "rejected.parquet")}
+
+    run_manifest(inp, tmp_path / "disk", "part-000")
+    from_disk = counted(tmp_path / "disk", None)
+    kept = Scanned()
+    run_manifest(inp, tmp_path / "mem", "part-000", keep=kept)
+    assert kept.info is not None and len(kept.samples) == 13
+    assert counted(tmp_path / "mem", kept) == from_disk
+    assert len(from_disk["token_lengths.parquet"]) == 12 and from_disk["rejected.parquet"] == []
+    fresh = Scanned()
+    run_manifest(inp, tmp_path / "mem", "part-000", force=True, keep=fresh)  # another scan: `kept` is stale now
+    kept.samples.clear()  # (were it used, no sample would be counted)
+    assert counted(tmp_path / "mem", kept) == from_disk
+    fresh.samples.clear()  # the current scan's is used: the count is what it holds
+    assert counted(tmp_path / "mem", fresh)["token_lengths.parquet"] == []

@@ -123,6 +123,55 @@ def _jpeg(f) -> int:
     raise Truncated("the JPEG header ends before its start of scan")
 
 
+_NO_SOF = (0xC4, 0xC8, 0xCC)  # in 0xC0-0xCF but not a frame header (imagesize's _JPEG_NO_SOF_MARKERS)
+
+
+def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
+    """A whole JPEG's stored width, height and EXIF orientation in one walk over its bytes, or None when the
+    header is anything but plain (a marker without a length, fill bytes, a short segment, the bytes end
+    before the start of scan): then ``media.probe_image``'s two readers decide, as before. On a plain header
+    both of them visit exactly these segments: imagesize takes the first frame header's size, ``_jpeg`` the
+    Exif/XMP APP1s before the start of scan; this gives the same, without a file object or a read per byte."""
+    from PIL.JpegImagePlugin import MARKER
+
+    end, pos, size, exif, xmp = len(data), 3, None, b"", None
+    if data[:3] != b"\xff\xd8\xff" or end < 5 or data[3] == 0xFF:
+        return None
+    marker = data[3]
+    while True:
+        handler = MARKER.get(0xFF00 | marker)
+        if handler is None or handler[2] is None or pos + 3 > end:
+            return None
+        n = ((data[pos + 1] << 8) | data[pos + 2]) - 2
+        start, pos = pos + 3, pos + 3 + n
+        if n < 0 or pos > end:
+            return None
+        if marker == 0xDA:
+            break
+        if 0xC0 <= marker <= 0xCF and marker not in _NO_SOF and size is None:
+            if n < 6:
+                return None
+            size = ((data[start + 3] << 8) | data[start + 4], (data[start + 1] << 8) | data[start + 2])
+        elif marker == 0xE1:
+            payload = data[start:pos]
+            if payload.startswith(b"Exif\0\0"):
+                exif = exif + payload[6:] if exif else payload
+            elif payload.startswith(b"http://ns.adobe.com/xap/1.0/\x00"):
+                xmp = payload.split(b"\x00", 1)[1]
+        if pos + 1 >= end or data[pos] != 0xFF or data[pos + 1] == 0xFF:
+            return None
+        pos += 1
+        marker = data[pos]
+    if size is None:
+        return None
+    if not exif and xmp is None:  # what _from gives for no metadata, without building an empty Exif
+        return size[0], size[1], 1
+    try:
+        return size[0], size[1], _from(exif, xmp)
+    except Exception:  # EXIF that Pillow's parser refuses: orientation() hands the image to Pillow itself
+        return None
+
+
 def _png(f) -> int:
     f.seek(8)
     while True:

@@ -21,6 +21,7 @@ _PIL_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "gi
 # formats whose size imagesize reads exactly as Pillow does (tests/test_manifest.py compares them); it reads
 # less than Pillow's lazy open, which parses every marker table before the frame header
 _FAST_FORMATS = {"JPEG", "PNG", "WEBP", "GIF"}
+_JPEG_EXTS = frozenset({"jpg", "jpeg"})
 _MAX_PIXELS = 2 * (Image.MAX_IMAGE_PIXELS or 0) or None  # Pillow refuses more (DecompressionBombError)
 
 try:  # imagesize.get() first checks its argument against a typing.Protocol, which on Python 3.11 costs as
@@ -44,6 +45,10 @@ def probe_image(data_or_file, ext: str = "") -> tuple[int, int]:
     swap them; core/exif.py), no pixel decoded: the stored size from imagesize for the common formats, Pillow's
     lazy open for the rest and for anything imagesize cannot read (so a bad image gets Pillow's own error).
     Raises ``exif.Truncated`` when given a prefix of the file that ends inside the header."""
+    if ext in _JPEG_EXTS and isinstance(data_or_file, bytes) and (plain := exif.jpeg_header(data_or_file)):
+        w, h, turn = plain  # the common case in one walk; the same answer as the readers below (exif.py)
+        if w > 0 and h > 0 and (_MAX_PIXELS is None or w * h <= _MAX_PIXELS):
+            return (h, w) if exif.swaps(turn) else (w, h)
     src = io.BytesIO(data_or_file) if isinstance(data_or_file, bytes) else data_or_file
     w, h = _stored_size(src, _PIL_FORMATS.get(ext))
     return (h, w) if exif.swaps(exif.orientation(src, _format(src, ext))) else (w, h)

@@ -41,6 +41,8 @@ class Sample:
     members: list[Member] = field(default_factory=list)
     # members that are neither the record nor its media, in tar order: copied into the pack as they are
     extra_members: list[str] = field(default_factory=list)
+    # the messages `conversation` was written from (not stored): a count in the process that scanned reads them
+    messages: list[dict] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,16 @@ class ShardInfo:
     n_meta_members: int = 0
     seconds: float = 0.0
     manifest_format: int = MANIFEST_FORMAT
+
+
+@dataclass(slots=True)
+class Scanned:
+    """A shard's scan as this process wrote it (run_manifest's `keep`): its ShardInfo and its samples with their
+    messages, so the count that follows in the same process takes them instead of reading and parsing the
+    manifest back (core/counting/token_lengths.py, only while the manifest on disk is still this scan)."""
+
+    info: ShardInfo | None = None
+    samples: list[Sample] = field(default_factory=list)
 
 
 # the Parquet files' columns, in order (a reader of a file finds them so; Arrow types as written)

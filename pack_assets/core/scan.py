@@ -23,7 +23,7 @@ from . import faults, store
 from .conversation import media_refs, normalize, place_media
 from .media import IMAGE_EXTS, VIDEO_EXTS, probe_image, probe_video
 from .reasons import ReasonError
-from .records import MANIFEST_FORMAT, SAMPLES_SCHEMA, Member, Rejection, Sample, ShardInfo
+from .records import MANIFEST_FORMAT, SAMPLES_SCHEMA, Member, Rejection, Sample, Scanned, ShardInfo
 from .results import KEPT, FilePath
 from .settings import ScanOptions
 from .tario import Entry, RangeFile, group_by_key, is_meta_member, is_unsafe_name, iter_entries, split_key
@@ -242,6 +242,7 @@ def classify(
     used = {sample.json_member, *sample.media_members}
     sample.extra_members = [e.name for e in entries if e.name not in used]
     sample.conversation = json.dumps(messages, ensure_ascii=False)
+    sample.messages = messages
     sample.videos = json.dumps(video_meta) if video_meta else "[]"
     return sample, None
 
@@ -398,21 +399,32 @@ def manifest_is_current(input_root: Path, work: Path, shard: str) -> dict | None
 
 @faults.names_full_disk(faults.WORK)
 def run_manifest(input_root: Path, work: Path, shard: str, options: ScanOptions = ScanOptions(),
-                 force: bool = False) -> ShardManifest:
-    """Scan one shard into ``<work>/manifest/<shard>/``; an unchanged shard (size, mtime) is not rescanned."""
+                 force: bool = False, keep: Scanned | None = None) -> ShardManifest:
+    """Scan one shard into ``<work>/manifest/<shard>/``; an unchanged shard (size, mtime) is not rescanned.
+    ``keep``: filled with the scan when there is one (its info and samples), for a count in this process."""
     with store.shard_lock(work, shard):  # a concurrent run of this shard finishes first; then it is current
         info = None if force else manifest_is_current(input_root, work, shard)
         cached = info is not None
         if not cached:
             path = store.source_tar(input_root, shard)
             scanned = ShardInfo(shard=shard, path=str(path), size=0, mtime_ns=0)
-            store.write_manifest(work, shard, scan_shard(path, shard, options, scanned), scanned)
+            records = scan_shard(path, shard, options, scanned)
+            store.write_manifest(work, shard, records if keep is None else _kept(records, keep), scanned)
             info = dataclasses.asdict(scanned)
+            if keep is not None:
+                keep.info = scanned
         reasons = store.read_parquet(store.manifest_dir(work, shard) / "rejected.parquet", ["key"]).column("key")
     return ShardManifest(shard=shard, status=info["status"], samples=info["n_samples"], ok=info["n_ok"],
                          rejected=info["n_rejected"], members=info["n_members"], bytes=info["size"],
                          seconds=round(info["seconds"], 3), cached=cached,
                          reason_rows=len(reasons) - reasons.null_count)
+
+
+def _kept(records: Iterator[Sample | Rejection], keep: Scanned) -> Iterator[Sample | Rejection]:
+    for rec in records:
+        if isinstance(rec, Sample):
+            keep.samples.append(rec)
+        yield rec
 
 
 def run_manifests(input_root: Path, work: Path, shards: list[str], options: ScanOptions = ScanOptions(),

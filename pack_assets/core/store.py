@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import operator
 import os
 import re
 import shutil
@@ -157,34 +158,30 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 class BatchedParquet:
-    """Append rows (dicts or tuples in schema order), kept as columns and flushed in batches, so memory
-    stays bounded and no per-row dict has to be converted."""
+    """Append rows (dicts or tuples in schema order), kept as tuples and written in batches (turned into
+    columns by one zip per batch), so memory stays bounded and no per-row dict has to be converted."""
 
     def __init__(self, path: Path, schema: pa.Schema):
         self.schema = schema
         self.names = schema.names
         self.writer = pq.ParquetWriter(path, schema, compression="zstd")
-        self.columns: list[list] = [[] for _ in self.names]
-        self.pending = 0
+        self.rows: list[tuple] = []
+        self._values = operator.itemgetter(*self.names)  # a dict row's values in column order (2+ columns)
         self.count = 0
 
     def add(self, row) -> None:
-        values = [row[n] for n in self.names] if isinstance(row, dict) else row
-        for col, v in zip(self.columns, values):
-            col.append(v)
-        self.pending += 1
-        if self.pending >= _BATCH:
+        self.rows.append(self._values(row) if isinstance(row, dict) else row)
+        if len(self.rows) >= _BATCH:
             self.flush()
 
     def flush(self) -> None:
-        if self.pending:
+        if self.rows:
             # pa.array (pyarrow then imports pandas), not `columns_relation`: a forked helper writes these, and
             # DuckDB's state is not fork-safe (a helper's first connect hung when its parent had used DuckDB)
-            arrays = [pa.array(col, type=f.type) for col, f in zip(self.columns, self.schema)]
+            arrays = [pa.array(col, type=f.type) for col, f in zip(zip(*self.rows), self.schema)]
             self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
-            self.count += self.pending
-            self.columns = [[] for _ in self.names]
-            self.pending = 0
+            self.count += len(self.rows)
+            self.rows = []
 
     def close(self) -> None:
         self.flush()
@@ -224,6 +221,9 @@ def _rejection_row(r: Rejection) -> dict:
     return dataclasses.asdict(r)
 
 
+sample_row = operator.attrgetter(*SAMPLES_SCHEMA.names)  # a Sample's values in the file's column order
+
+
 def write_manifest(work: Path, shard: str, records: Iterable[Sample | Rejection], info: ShardInfo) -> dict:
     """Stream a shard's scan into its Parquet files; returns the counts."""
     with atomic_dir(manifest_dir(work, shard)) as d:
@@ -234,7 +234,7 @@ def write_manifest(work: Path, shard: str, records: Iterable[Sample | Rejection]
             if isinstance(rec, Rejection):
                 rejected.add(_rejection_row(rec))
                 continue
-            samples.add([getattr(rec, name) for name in samples.names])
+            samples.add(sample_row(rec))
             for m in rec.members:
                 members.add((m.sample_id, m.name, m.offset, m.size, m.sha256))
         for w in (samples, members, rejected):

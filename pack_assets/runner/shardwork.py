@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from ..core.counting.profiles import ModelProfile
 from ..core.counting.token_lengths import run_token_lengths, token_lengths_are_current
 from ..core.preflight import listing
+from ..core.records import Scanned
 from ..core.scan import manifest_is_current, run_manifest
 from ..core.settings import Settings
 from .procs import Helpers
@@ -36,8 +37,9 @@ def work_shard(flat: dict, shard: str, force: bool) -> int:
     does not pickle would break every worker's result)."""
     try:
         s = Settings.from_flat(flat)
-        scanned = run_manifest(s.sources, s.work, shard, s.scan, force=force)
-        run_token_lengths(s.work, shard, s.model_profile(), force=force)
+        kept = Scanned()  # the count takes the scan from memory: no read back, no second parse of the messages
+        scanned = run_manifest(s.sources, s.work, shard, s.scan, force=force, keep=kept)
+        run_token_lengths(s.work, shard, s.model_profile(), force=force, scanned=kept if kept.info else None)
         return scanned.samples
     except Exception as e:
         raise RuntimeError(f"{type(e).__name__}: {e}") from None

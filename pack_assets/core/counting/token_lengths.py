@@ -5,6 +5,7 @@ Each row's
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Collection, Iterable
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from .. import faults, store
 from ..reasons import ReasonError
-from ..records import TOKEN_LENGTHS_SCHEMA, Rejection
+from ..records import TOKEN_LENGTHS_SCHEMA, Rejection, Scanned
 from ..results import KEPT, FilePath
 from .counters import Counter, counter_for
 from .profiles import ModelProfile
@@ -21,11 +22,11 @@ from .profiles import ModelProfile
 
 def count_shard_rows(counter: Counter, samples: Iterable[dict], media_bytes: dict[str, int]
                      ) -> tuple[list[dict], list[Rejection]]:
-    """token_lengths rows for a shard's manifest rows (ok ones are counted; rejected ones are skipped)."""
+    """token_lengths rows for a shard's manifest rows (ok ones are counted; rejected ones are skipped). A row's
+    ``messages``, where it has them, are its ``conversation`` already parsed."""
     ok = [s for s in samples if s["status"] == "ok"]
-    items = (
-        (json.loads(s["conversation"]), s["image_sizes"] or [], json.loads(s["videos"] or "[]")) for s in ok
-    )
+    items = ((s["messages"] if s.get("messages") is not None else json.loads(s["conversation"]),
+              s["image_sizes"] or [], json.loads(s["videos"] or "[]")) for s in ok)
     rows: list[dict] = []
     rejections: list[Rejection] = []
     for s, res in zip(ok, counter.count_many(items)):
@@ -96,8 +97,11 @@ def token_lengths_are_current(work: Path, shard: str, profile: ModelProfile) -> 
 
 
 @faults.names_full_disk(faults.WORK)
-def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool = False) -> ShardCounts:
-    """Count one shard for the profile; counts made from the same manifest and profile are kept."""
+def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool = False,
+                      scanned: Scanned | None = None) -> ShardCounts:
+    """Count one shard for the profile; counts made from the same manifest and profile are kept. ``scanned``:
+    the scan this process just wrote (``scan.run_manifest(keep=)``), counted from memory while the manifest on
+    disk is still that scan."""
     with store.shard_lock(work, shard):  # the manifest read here and the stamp written last stay paired
         tdir = store.token_dir(work, profile.name, shard)
         if not force and token_lengths_are_current(work, shard, profile):
@@ -105,12 +109,34 @@ def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool
             ok = [r["total_tokens"] for r in t if r["status"] == "ok"]
             return ShardCounts(shard, profile.name, len(ok), len(t) - len(ok), int(sum(ok)), 0.0, cached=True)
         t0 = time.perf_counter()
-        rows, rejections = count_shard_rows(counter_for(profile), *_manifest_rows(work, shard))
+        fresh = scanned is not None and _is_on_disk(work, shard, scanned)
+        manifest = _scanned_rows(scanned) if fresh else _manifest_rows(work, shard)
+        rows, rejections = count_shard_rows(counter_for(profile), *manifest)
         store.write_token_lengths(work, profile.name, shard, rows, rejections)
         store.atomic_write_text(tdir / "stamp.json", _token_stamp(work, shard, profile))
     ok = [r["total_tokens"] for r in rows if r["status"] == "ok"]
     return ShardCounts(shard, profile.name, len(ok), len(rejections), int(sum(ok)),
                        round(time.perf_counter() - t0, 3), cached=False)
+
+
+def _is_on_disk(work: Path, shard: str, scanned: Scanned) -> bool:
+    """Whether the manifest on disk is this scan (no other process has scanned the shard again since)."""
+    info = store.read_shard_info(work, shard)
+    return scanned.info is not None and info is not None and info == dataclasses.asdict(scanned.info)
+
+
+def _scanned_rows(scanned: Scanned) -> tuple[list[dict], dict[str, int]]:
+    """`_manifest_rows` from the samples in memory: the columns the count reads, the messages as parsed."""
+    rows, media_bytes = [], {}
+    for s in scanned.samples:
+        rows.append({"sample_id": s.sample_id, "shard": s.shard, "key": s.key, "status": s.status,
+                     "media_type": s.media_type, "n_images": s.n_images, "n_videos": s.n_videos,
+                     "image_sizes": s.image_sizes, "videos": s.videos, "messages": s.messages})
+        media = set(s.media_members)
+        size = sum(m.size for m in s.members if m.name in media)
+        if size:
+            media_bytes[s.sample_id] = media_bytes.get(s.sample_id, 0) + size
+    return rows, media_bytes
 
 
 def _manifest_rows(work: Path, shard: str) -> tuple[list[dict], dict[str, int]]:

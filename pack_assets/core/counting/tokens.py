@@ -60,13 +60,30 @@ class _Generation(jinja2.ext.Extension):
         return caller()
 
 
+_DICT_ATTRS = frozenset(dir(dict))
+
+
+class _ChatSandbox(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, with one shortcut: ``message.content`` on a plain dict is the dict's item, as
+    the sandbox's own ``getattr`` finds it (a plain dict has no attribute of that name, so its lookup fails
+    and it takes the item) without raising and catching that AttributeError on every access of a render."""
+
+    def getattr(self, obj, attribute):
+        if type(obj) is dict and attribute not in _DICT_ATTRS:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+
 # compiled once per process, not per shard: a Template renders reentrantly
 @functools.lru_cache(maxsize=8)
 def _template(source: str) -> jinja2.Template:
     return _environment().from_string(source)
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
+def _environment() -> _ChatSandbox:
     """The Jinja environment transformers' ``apply_chat_template`` renders with."""
 
     def raise_exception(message):
@@ -75,7 +92,7 @@ def _environment() -> ImmutableSandboxedEnvironment:
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation])
+    env = _ChatSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
