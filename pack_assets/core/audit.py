@@ -529,7 +529,7 @@ def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = froz
 def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers: int = 0,
               parallel_min_bytes: int = PARALLEL_MIN_BYTES, scope: str = "all", check_samples: int = 0,
               progress: Callable[[int, int, int], None] | None = None, pool: Executor | None = None,
-              digests: bool = True) -> AuditResult:
+              digests: bool = True, early: filedigest.EarlyDigests | None = None) -> AuditResult:
     """Read the outputs back and check every invariant; recount a deterministic sample of token lengths;
     write audit_report.md. scope "changed" reads only the output shards that are new or changed since the
     last clean audit (same size, mtime and content fingerprint as then: trusted, like rsync's quick check);
@@ -537,7 +537,9 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
     (`filedigest`). ``check_samples``: also recount that many samples per shard with the model's real
     processor (core/counting/drift.py), each difference a violation. ``progress``: as `audit`'s. ``pool``: where the
     recount and the report's figures run while the outputs are read back (the command's helpers), else here.
-    ``digests=False`` (`pack-assets verify`): scope "all" checks every shard in full, none by its file digest."""
+    ``digests=False`` (`pack-assets verify`): scope "all" checks every shard in full, none by its file digest.
+    ``early``: the unchanged shards' digests taken while the plan and the writer ran, each used only for a file
+    nobody has written since (`filedigest.EarlyDigests`)."""
     if scope not in AUDIT_SCOPES:
         raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
     versions = _versions_aside(pool)
@@ -552,7 +554,7 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
         # "changed": the stamps alone (rsync's quick check); "all": each unchanged shard hashed, and vouched for
         # only where its bytes are the very bytes the last clean audit passed
         hashed = ({n: recorded[n] for n in unchanged if n in recorded} if scope == "changed"
-                  else filedigest.vouched(out_dir, unchanged, recorded, workers))
+                  else filedigest.vouched(out_dir, unchanged, recorded, workers, early))
         trusted = frozenset(unchanged if scope == "changed" else hashed)
         blend = info.stats.get("blend")
         recounting = recount(con, info, recount_fraction, trusted if recounted >= recount_fraction else frozenset(),
