@@ -6,8 +6,9 @@ most of its time per sample.
 `walk` follows the layout token by token: each key and separator must be the exact text there, each other
 value is parsed in place (`JSONDecoder.raw_decode`), and the walk must end at the document's last byte; so
 where it succeeds the bytes are one JSON document of exactly that shape, as `json.loads` would read it. A
-conversation equal to the expected text at its place is that very JSON value (a JSON array or object ends
-where its text ends); any other is parsed. Any other layout returns None: the caller parses the document."""
+conversation equal to the expected text at its place is that very JSON value (the manifest's text is the
+scan's `json.dumps` of a list: valid JSON, and an array ends where its text ends); any other is parsed. Any
+other layout returns None: the caller parses the document."""
 
 from __future__ import annotations
 
