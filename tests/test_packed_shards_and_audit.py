@@ -17,7 +17,7 @@ import pytest
 import webdataset as wds
 
 from pack_assets.core import audit as audit_mod
-from pack_assets.core import store, tario
+from pack_assets.core import filedigest, store, tario
 from pack_assets.core.audit import run_audit
 from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.counting.token_lengths import run_token_lengths
@@ -470,6 +470,48 @@ def test_audit_scope_changed_rereads_only_what_changed_since_a_clean_audit(packe
     assert caught.stats["output_shards_hashed"] == len(shards) - 1
     with pytest.raises(ValueError, match="audit scope"):
         run_audit(work, out, scope="some")
+
+
+def _flip_first_media_in_place(shard: Path) -> None:
+    """One byte of the first media member flipped, the file's size and mtime put back."""
+    with tarfile.open(shard) as tf:
+        media = next(ti for ti in tf.getmembers() if not ti.name.endswith(".json"))
+    st = shard.stat()
+    with open(shard, "r+b") as f:
+        byte = os.pread(f.fileno(), 1, media.offset_data)
+        os.pwrite(f.fileno(), bytes([byte[0] ^ 1]), media.offset_data)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_digests_taken_early_vouch_only_for_files_nobody_wrote_since(packed):
+    """The digests an incremental run takes while it plans and writes (filedigest.EarlyDigests): an unchanged
+    shard's is the digest the audit would compute; a shard edited after it was hashed (same size, mtime put
+    back) is hashed again by the audit, which then reads it in full and reports the damage; a shard whose
+    mtime is not the recorded one is not hashed early at all."""
+    _, work, out, _ = packed
+    first, second = sorted(out.glob("*.tar"))[:2]
+    assert run_audit(work, out, digests=False).ok  # records each shard's digest
+    early = filedigest.EarlyDigests()
+    early.start(out, work / audit_mod.AUDITED)
+    assert early.digest(first) == early.digest(first) == filedigest.file_digest(first) is not None
+    assert early.digest(second) == filedigest.file_digest(second)
+    _flip_first_media_in_place(first)
+    assert early.digest(first) is None and early.digest(second) is not None
+    caught = run_audit(work, out, early=early)
+    assert caught.verdict == "FAIL" and "media_hash_mismatch" in {v["check"] for v in caught.violations}
+    assert {v["shard"] for v in caught.violations if v.get("shard")} == {first.name}
+    assert caught.stats["output_shards_hashed"] == caught.stats["output_shards_trusted"] == 1
+    early.close()
+    assert early.digest(second) is None  # closed: nothing kept
+    assert run_audit(work, out, digests=False).verdict == "FAIL"
+    first.unlink()  # (the damaged shard rewritten, a clean audit again)
+    run_write(work, packed[0], out, workers=1)
+    assert run_audit(work, out, digests=False).ok
+    os.utime(second, ns=(second.stat().st_atime_ns, second.stat().st_mtime_ns + 10**9))
+    late = filedigest.EarlyDigests()
+    late.start(out, work / audit_mod.AUDITED)
+    assert late.digest(second) is None and late.digest(first) is not None  # a new mtime: not hashed early
+    late.close()
 
 
 def test_lookup_round_trips_sample_to_pack_and_back(packed):

@@ -27,7 +27,7 @@ from pathlib import Path
 import duckdb
 
 from .. import __version__
-from . import faults, filedigest, store
+from . import faults, filedigest, packdoc, store
 from .aside import run_aside
 from .blend import check_blend
 from .counting import drift
@@ -85,12 +85,11 @@ def _shard_expectations(con, name: str, rows: store.Staged | None = None):
     return plan, {**samples, **pieces}, {**members, **piece_members}
 
 
-def _check_current(res: AuditResult, name: str, key: str, doc: dict, meta: dict, samples: dict,
+def _check_current(res: AuditResult, name: str, key: str, packed: dict, meta: dict, samples: dict,
                    members: dict) -> None:
     """Each packed sub-sample against the current manifest: its record member (sha256), normalized
-    conversation and member lists; an output older than its source fails here even when the bytes it
-    copied are intact."""
-    packed = {s.get("sample_id"): s for s in doc.get("samples", []) if isinstance(s, dict)}
+    conversation (``packed``: sample id -> its messages, `packdoc.SAME` where the text is the manifest's) and
+    member lists; an output older than its source fails here even when the bytes it copied are intact."""
     for src in meta.get("sources", []):
         sid = src.get("sample_id")
         row = samples.get(sid)
@@ -102,7 +101,7 @@ def _check_current(res: AuditResult, name: str, key: str, doc: dict, meta: dict,
         if jm.get("name") != json_name or (current_sha is not None and jm.get("sha256") != current_sha):
             res.add("stale_conversation", f"{sid}: the packed record {jm.get('name')} ({jm.get('sha256')}) is not "
                     f"the current {json_name} ({current_sha})", shard=name, pack_id=key, sample_id=sid)
-        elif packed.get(sid, {}).get("messages") != json.loads(conversation or "null"):
+        elif packed.get(sid) is not packdoc.SAME and packed.get(sid) != json.loads(conversation or "null"):
             res.add("stale_conversation", f"{sid}: the packed messages differ from the manifest's conversation",
                     shard=name, pack_id=key, sample_id=sid)
         for kind, current in (("media", media_names), ("extra", extra_names)):
@@ -110,6 +109,18 @@ def _check_current(res: AuditResult, name: str, key: str, doc: dict, meta: dict,
                 packed_names = [m.get("name") for m in src.get(kind, [])]
                 res.add(f"stale_{kind}", f"{sid}: packed {kind} members {packed_names[:5]} are not the current "
                         f"{list(current or [])[:5]}", shard=name, pack_id=key, sample_id=sid)
+
+
+def _read_doc(data: bytes, samples: dict) -> tuple[dict, dict]:
+    """A pack document's ``_meta`` and each sample's messages: walked in the writer's layout (`packdoc`), the
+    conversations that are the manifest's text left unparsed; parsed whole where the layout differs. Raises
+    what `json.loads` and a missing ``_meta`` raise."""
+    walked = packdoc.walk(data, lambda sid: row[5] if (row := samples.get(sid)) is not None and len(row) >= 8
+                          else None)
+    if walked is not None:
+        return walked
+    doc = json.loads(data)
+    return doc["_meta"], {s.get("sample_id"): s.get("messages") for s in doc.get("samples", []) if isinstance(s, dict)}
 
 
 def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict | None, samples: dict,
@@ -121,9 +132,8 @@ def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict
         res.add("missing_json", f"pack {key} has no json member", shard=name, pack_id=key)
         return Counter()
     try:
-        doc = json.loads(parts["json"])
-        meta = doc["_meta"]
-    except (ValueError, KeyError, TypeError) as e:
+        meta, packed = _read_doc(parts["json"], samples)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         res.add("bad_json", f"pack {key}: {e}", shard=name, pack_id=key)
         return Counter()
     if expect is None:
@@ -148,7 +158,7 @@ def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict
             res.add("length_mismatch", f"{sid}: plan {n}, token_lengths {row[0]}", pack_id=key)
         if config.pack_per_media_type and row[1] != expect["media_type"]:
             res.add("mixed_media", f"{sid} is {row[1]} in a {expect['media_type']} pack", pack_id=key)
-    _check_current(res, name, key, doc, meta, samples, members)
+    _check_current(res, name, key, packed, meta, samples, members)
     return _check_media(res, name, key, parts, meta, members, digests or {})
 
 
@@ -529,7 +539,7 @@ def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = froz
 def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers: int = 0,
               parallel_min_bytes: int = PARALLEL_MIN_BYTES, scope: str = "all", check_samples: int = 0,
               progress: Callable[[int, int, int], None] | None = None, pool: Executor | None = None,
-              digests: bool = True) -> AuditResult:
+              digests: bool = True, early: filedigest.EarlyDigests | None = None) -> AuditResult:
     """Read the outputs back and check every invariant; recount a deterministic sample of token lengths;
     write audit_report.md. scope "changed" reads only the output shards that are new or changed since the
     last clean audit (same size, mtime and content fingerprint as then: trusted, like rsync's quick check);
@@ -537,7 +547,9 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
     (`filedigest`). ``check_samples``: also recount that many samples per shard with the model's real
     processor (core/counting/drift.py), each difference a violation. ``progress``: as `audit`'s. ``pool``: where the
     recount and the report's figures run while the outputs are read back (the command's helpers), else here.
-    ``digests=False`` (`pack-assets verify`): scope "all" checks every shard in full, none by its file digest."""
+    ``digests=False`` (`pack-assets verify`): scope "all" checks every shard in full, none by its file digest.
+    ``early``: the unchanged shards' digests taken while the plan and the writer ran, each used only for a file
+    nobody has written since (`filedigest.EarlyDigests`)."""
     if scope not in AUDIT_SCOPES:
         raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
     versions = _versions_aside(pool)
@@ -552,7 +564,7 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
         # "changed": the stamps alone (rsync's quick check); "all": each unchanged shard hashed, and vouched for
         # only where its bytes are the very bytes the last clean audit passed
         hashed = ({n: recorded[n] for n in unchanged if n in recorded} if scope == "changed"
-                  else filedigest.vouched(out_dir, unchanged, recorded, workers))
+                  else filedigest.vouched(out_dir, unchanged, recorded, workers, early))
         trusted = frozenset(unchanged if scope == "changed" else hashed)
         blend = info.stats.get("blend")
         recounting = recount(con, info, recount_fraction, trusted if recounted >= recount_fraction else frozenset(),

@@ -5,14 +5,20 @@ still in the page cache). The next audit re-reads a shard that is unchanged sinc
 fingerprint as the record) only to hash it: where the digest is the recorded one, the bytes are the very
 bytes that passed; any other shard, or one whose bytes changed under the same size and mtime, is read in full
 (`vouched`). xxh3-128, not sha256: these digests guard against corruption and edits, not adversaries, and
-hashing must stay under the disk's read speed."""
+hashing must stay under the disk's read speed.
+
+`EarlyDigests` hashes those shards ahead, while the plan and the writer run (`pack-assets run` starts it with the
+pack assets), each digest kept with the file's identity as it was read; the audit takes one only for a file
+nobody has written since (same inode, size, mtime and ctime: a write or a `utime` sets the ctime, which nothing
+sets back), so it is still a digest of the bytes on disk that this run computed, and anything else is hashed
+then."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from pathlib import Path
 
 import xxhash
@@ -20,28 +26,102 @@ import xxhash
 CHUNK = 8 << 20
 
 
-def file_digest(path: Path) -> str | None:
-    """xxh3-128 of the file's bytes (hex), None when it cannot be read."""
+Identity = tuple[int, int, int, int, int]
+
+
+def identity(st: os.stat_result) -> Identity:
+    """What changes when a file is written or replaced: a same-size edit with its mtime put back changes the ctime."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def identified_digest(path: Path) -> tuple[str, Identity] | None:
+    """xxh3-128 of the file's bytes (hex) and the file's identity, the same before and after the read; None when
+    it cannot be read or changed meanwhile. Read in large chunks into one buffer, the kernel told to read ahead
+    (xxhash releases the GIL while it hashes: threads hash files in parallel)."""
     h = xxhash.xxh3_128()
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     try:
         with open(path, "rb", buffering=0) as f:
+            before = identity(os.fstat(f.fileno()))
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
             while n := f.readinto(buf):
                 h.update(view[:n])
+            after = identity(os.fstat(f.fileno()))
     except OSError:
         return None
-    return h.hexdigest()
+    return (h.hexdigest(), after) if before == after else None
 
 
-def vouched(out_dir: Path, names: Iterable[str], recorded: dict[str, str], workers: int = 0) -> dict[str, str]:
-    """Of ``names`` (unchanged since a clean audit by their stamps), those whose file digest, computed now, is
-    the one that audit recorded: name -> digest. Hashed by ``workers`` threads (0: one per core)."""
+def file_digest(path: Path) -> str | None:
+    """xxh3-128 of the file's bytes (hex), None when it cannot be read."""
+    got = identified_digest(path)
+    return got[0] if got else None
+
+
+class EarlyDigests:
+    """Output shards hashed ahead of the audit by a pool of threads of its own (`start`), each digest with the
+    file's identity as it was read; `digest` gives one only while the file is still that file."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._started: dict[Path, Future] = {}
+
+    def start(self, out_dir: Path, record: Path, workers: int = 0) -> None:
+        """Hash, in the background, each output shard that the last clean audit's record (``record``) holds a
+        digest for and whose size and mtime are still the ones it recorded (the others are read in full)."""
+        self.close()
+        try:
+            doc = json.loads(record.read_text())
+            shards, digests = doc["shards"], doc["digests"]
+            names = sorted(n for n in digests if isinstance(shards.get(n), list) and len(shards[n]) >= 2)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return
+        todo = []
+        for n in names:
+            try:
+                st = (out_dir / n).stat()
+            except OSError:
+                continue
+            if [st.st_size, st.st_mtime_ns] == shards[n][:2]:
+                todo.append(out_dir / n)
+        if todo:
+            self._pool = ThreadPoolExecutor(max(1, min(workers or os.cpu_count() or 1, len(todo))),
+                                            thread_name_prefix="early-digest")
+            self._started = {p: self._pool.submit(identified_digest, p) for p in todo}
+
+    def digest(self, path: Path) -> str | None:
+        """The digest taken early of ``path`` (waiting for it if it is being taken), None when none was started,
+        it failed, or the file is no longer the file that was hashed."""
+        started = self._started.get(path)
+        try:
+            got = started.result() if started is not None else None
+            return got[0] if got is not None and identity(path.stat()) == got[1] else None
+        except (CancelledError, OSError):
+            return None
+
+    def close(self) -> None:
+        """Stop hashing (what is not started yet is cancelled) and forget the digests."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool, self._started = None, {}
+
+
+def vouched(out_dir: Path, names: Iterable[str], recorded: dict[str, str], workers: int = 0,
+            early: EarlyDigests | None = None) -> dict[str, str]:
+    """Of ``names`` (unchanged since a clean audit by their stamps), those whose file digest, computed now (or
+    by ``early``, of the file as it still is), is the one that audit recorded: name -> digest. Hashed by
+    ``workers`` threads (0: one per core)."""
     todo = sorted(n for n in names if isinstance(recorded.get(n), str))
     if not todo:
         return {}
+
+    def digest(name: str) -> str | None:
+        return (early.digest(out_dir / name) if early is not None else None) or file_digest(out_dir / name)
+
     with ThreadPoolExecutor(max(1, min(workers or os.cpu_count() or 1, len(todo)))) as pool:
-        digests = dict(zip(todo, pool.map(lambda n: file_digest(out_dir / n), todo)))
+        digests = dict(zip(todo, pool.map(digest, todo)))
     return {n: d for n, d in digests.items() if d is not None and d == recorded[n]}
 
 

@@ -12,7 +12,7 @@ import dagster as dg
 import pyarrow as pa
 
 from .. import events
-from ..core import audit, blend, epochs, plan, report, scan, write
+from ..core import audit, blend, epochs, filedigest, plan, report, scan, write
 from ..core.counting.token_lengths import run_token_counts
 from ..core.results import FilePath, Markdown
 from ..core.settings import Settings
@@ -131,7 +131,7 @@ def _planned(s: Settings, shards: list[str], pool: Executor | None):
     return summary, what_if.finish(summary.fingerprint)
 
 
-def _pack_plan(pool: Executor | None) -> dg.AssetsDefinition:
+def _pack_plan(pool: Executor | None, early: filedigest.EarlyDigests | None = None) -> dg.AssetsDefinition:
     @dg.asset(
         **PACK_STAGE,
         deps=[token_lengths],
@@ -147,6 +147,9 @@ def _pack_plan(pool: Executor | None) -> dg.AssetsDefinition:
         s.check_paths()
         shards = sorted(context.instance.get_dynamic_partitions(source_shards.name))
         events.emit(Progress(events.PLAN, 0, 1, "step", len(shards), "shards"))
+        if early is not None and s.plan.incremental and s.audit_scope == "all" and not s.recipe:
+            # an incremental plan keeps the output shards it had: they are hashed for the audit meanwhile
+            early.start(s.out, s.work / audit.AUDITED)
         with settings.work_lock(context, "pack_plan"):
             summary, what_if = _planned(s, shards, pool)
         events.emit(Progress(events.PLAN, 1, 1, "step", summary.packs, "packs"))
@@ -199,7 +202,7 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     return dg.MaterializeResult(metadata=metadata(summary.as_metadata()), value=summary)
 
 
-def _audit_report(pool: Executor | None) -> dg.AssetsDefinition:
+def _audit_report(pool: Executor | None, early: filedigest.EarlyDigests | None = None) -> dg.AssetsDefinition:
     @dg.asset(
         **PACK_STAGE,
         deps=[packed_shards],
@@ -216,9 +219,13 @@ def _audit_report(pool: Executor | None) -> dg.AssetsDefinition:
         events.emit(Progress(events.AUDIT, 0, 0, "output shards", 0, "members re-hashed"))
         s = settings.to_settings()
         options = {"scope": s.audit_scope, "check_samples": s.check_samples, "progress": progress, "pool": pool}
-        with settings.work_lock(context, "audit_report"):
-            result = (epochs.run_blend_audit(s.work, s.blend(), s.out, **options) if s.recipe
-                      else audit.run_audit(s.work, s.out, **options))
+        try:
+            with settings.work_lock(context, "audit_report"):
+                result = (epochs.run_blend_audit(s.work, s.blend(), s.out, **options) if s.recipe
+                          else audit.run_audit(s.work, s.out, **options, early=early))
+        finally:
+            if early is not None:
+                early.close()
         return dg.MaterializeResult(
             metadata=metadata(result.as_metadata()),
             check_results=[dg.AssetCheckResult(
@@ -242,5 +249,8 @@ audit_report = _audit_report(None)
 def pack_stage_assets(pool: Executor | None = None) -> list[dg.AssetsDefinition]:
     """The three pack stages' assets. ``pool``: where their side work runs (the what-if sweep beside the plan;
     the audit's recount and figures): the command's helper processes when `pack-assets run` builds them
-    (runner/orchestrate.py); none, in line, for the code location's own (above: `dagster dev`, `dg`)."""
-    return [_pack_plan(pool), packed_shards, _audit_report(pool)]
+    (runner/orchestrate.py); none, in line, for the code location's own (above: `dagster dev`, `dg`). The three
+    run in one process here, so an incremental plan starts hashing the output shards it keeps for the audit
+    (`filedigest.EarlyDigests`); the code location's, which may each run in a process of its own, do not."""
+    early = filedigest.EarlyDigests()
+    return [_pack_plan(pool, early), packed_shards, _audit_report(pool, early)]

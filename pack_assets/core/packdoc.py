@@ -1,0 +1,86 @@
+"""A pack document read back in the layout the writer gives it (core/write/jobs.py `pack_document`: the bytes
+`json.dumps(doc, ensure_ascii=False)` gives), without parsing the conversations again: the audit compares each
+packed conversation with the manifest's text, which the writer spliced in as is, where a parse of both cost
+most of its time per sample.
+
+`walk` follows the layout token by token: each key and separator must be the exact text there, each other
+value is parsed in place (`JSONDecoder.raw_decode`), and the walk must end at the document's last byte; so
+where it succeeds the bytes are one JSON document of exactly that shape, as `json.loads` would read it. A
+conversation equal to the expected text at its place is that very JSON value (the manifest's text is the
+scan's `json.dumps` of a list: valid JSON, and an array ends where its text ends); any other is parsed. Any
+other layout returns None: the caller parses the document."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+_DECODE = json.JSONDecoder().raw_decode
+
+
+class Same:
+    """A packed conversation whose text is the one expected: equal to the manifest's."""
+
+
+SAME = Same()
+
+
+class _Layout(Exception):
+    pass
+
+
+def _expect(text: str, pos: int, literal: str) -> int:
+    if not text.startswith(literal, pos):
+        raise _Layout
+    return pos + len(literal)
+
+
+def _value(text: str, pos: int):
+    try:
+        return _DECODE(text, pos)
+    except (ValueError, RecursionError):
+        raise _Layout from None
+
+
+def _sample(text: str, pos: int, expected: Callable[[object], str | None], messages: dict) -> int:
+    """One entry of ``samples``: its id and messages into ``messages`` (SAME, or the value parsed)."""
+    sid, pos = _value(text, _expect(text, pos, '{"sample_id": '))
+    _, pos = _value(text, _expect(text, pos, ', "token_len": '))
+    pos = _expect(text, pos, ', "messages": ')
+    want = expected(sid) if isinstance(sid, str) else None
+    if want and want[0] in "[{" and text.startswith(want, pos):
+        value, pos = SAME, pos + len(want)
+    else:
+        value, pos = _value(text, pos)
+    if not isinstance(sid, (str, int, float, bool, type(None))):
+        raise _Layout  # an id no dict can key: the caller's parse reports what it reports
+    messages[sid] = value  # (a repeated id: the last one, as a dict of the parsed samples keeps)
+    _, pos = _value(text, _expect(text, pos, ', "media": '))
+    _, pos = _value(text, _expect(text, pos, ', "source": '))
+    if text.startswith(', "extra": ', pos):
+        _, pos = _value(text, pos + len(', "extra": '))
+    return _expect(text, pos, "}")
+
+
+def walk(data: bytes, expected: Callable[[object], str | None]) -> tuple[dict, dict] | None:
+    """(``_meta``, sample id -> its messages: SAME where the text is ``expected(sample id)``, else the parsed
+    value) of a pack document in the writer's layout; None for any other bytes."""
+    try:
+        text = data.decode("utf-8")
+        _, pos = _value(text, _expect(text, 0, '{"pack_id": '))
+        _, pos = _value(text, _expect(text, pos, ', "media_type": '))
+        pos = _expect(text, pos, ', "samples": [')
+        messages: dict = {}
+        if text.startswith("]", pos):
+            pos += 1
+        else:
+            pos = _sample(text, pos, expected, messages)
+            while text.startswith(", ", pos):
+                pos = _sample(text, pos + 2, expected, messages)
+            pos = _expect(text, pos, "]")
+        meta, pos = _value(text, _expect(text, pos, ', "_meta": '))
+        if _expect(text, pos, "}") != len(text) or not isinstance(meta, dict):
+            return None
+    except (_Layout, UnicodeDecodeError):
+        return None
+    return meta, messages

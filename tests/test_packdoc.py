@@ -1,0 +1,63 @@
+"""The audit's walk of a pack document in the writer's layout (core/packdoc.py): what it says is what
+`json.loads` says, a conversation is taken as the manifest's only where its text is, and any other layout is
+left to the parse."""
+
+from __future__ import annotations
+
+import json
+
+from pack_assets.core import packdoc
+from pack_assets.core.write.jobs import PackJob, SubSample, pack_document
+
+MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what is \"this\"? é"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "a cat"}]}]
+
+
+def _document(sids=("s/0", "s/1"), extra: bool = False) -> tuple[bytes, dict[str, str]]:
+    """A pack document as the writer makes it, and the manifest's conversation text per sample."""
+    media = [{"name": "0.jpg", "offset": 512, "size": 3, "sha256": "ab"}]
+    subs = [SubSample(sample_id=sid, shard="part-0", key=sid, source_path="/in/part-0.tar", token_len=7,
+                      messages=None, json_member={"name": f"{i}.json", "offset": 0, "size": 2, "sha256": "cd"},
+                      media=media, extra=[{"name": "0.txt", "offset": 9, "size": 1, "sha256": "ef"}] if extra else [],
+                      messages_json=json.dumps(MESSAGES, ensure_ascii=False))
+            for i, sid in enumerate(sids)]
+    body, _ = pack_document(PackJob("p1", "image", 14, subs), {"tool": "pack_assets"},
+                            [json.dumps({"conversations": [{"from": "human", "value": "x"}]}).encode()] * len(subs))
+    return body, {sid: json.dumps(MESSAGES, ensure_ascii=False) for sid in sids}
+
+
+def test_the_walk_reads_what_json_loads_reads():
+    for extra in (False, True):
+        body, conversations = _document(extra=extra)
+        meta, messages = packdoc.walk(body, conversations.get)
+        doc = json.loads(body)
+        assert meta == doc["_meta"] and set(messages) == {"s/0", "s/1"}
+        assert all(m is packdoc.SAME for m in messages.values())
+        # an expected text other than the packed one: the packed value itself, parsed
+        _, messages = packdoc.walk(body, dict.fromkeys(conversations, json.dumps(MESSAGES[:1])).get)
+        assert [messages[s["sample_id"]] for s in doc["samples"]] == [s["messages"] for s in doc["samples"]]
+    empty = json.dumps({"pack_id": "p", "media_type": "text", "samples": [], "_meta": {"sources": []}}).encode()
+    assert packdoc.walk(empty, {}.get) == ({"sources": []}, {})
+
+
+def test_any_other_layout_is_left_to_the_parse():
+    body, conversations = _document()
+    doc = json.loads(body)
+    for other in (json.dumps(doc, indent=1), json.dumps(doc, ensure_ascii=True) + " ",
+                  json.dumps({**doc, "more": 1}), json.dumps({k: doc[k] for k in reversed(list(doc))})):
+        assert packdoc.walk(other.encode(), conversations.get) is None
+    assert packdoc.walk(body[:-1], conversations.get) is None  # cut short
+    assert packdoc.walk(body + b"x", conversations.get) is None
+    assert packdoc.walk(b"\xff" + body, conversations.get) is None
+
+
+def test_a_conversation_elsewhere_in_the_document_does_not_pass_for_the_packed_one():
+    """A record (``source``) that holds a sample entry with the expected conversation: the packed messages
+    are still the ones at the sample's own place."""
+    body, conversations = _document(sids=("s/0",))
+    doc = json.loads(body)
+    stale = [{"role": "user", "content": [{"type": "text", "text": "old"}]}]
+    fake = {"sample_id": "s/0", "token_len": 7, "messages": MESSAGES, "media": [], "source": None}
+    doc["samples"][0].update(messages=stale, source=fake)
+    _, messages = packdoc.walk(json.dumps(doc, ensure_ascii=False).encode(), conversations.get)
+    assert messages == {"s/0": stale}
