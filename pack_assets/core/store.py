@@ -152,8 +152,10 @@ def atomic_dir(final: Path) -> Iterator[Path]:
                 shutil.rmtree(tmp, ignore_errors=True)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    safety.atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str | Iterable[str]) -> None:
+    """``text``: a str, or its parts in order, each encoded and written in turn (never all in memory at once)."""
+    safety.atomic_write_bytes(path, text.encode("utf-8") if isinstance(text, str)
+                              else (part.encode("utf-8") for part in text))
 
 
 class BatchedParquet:
