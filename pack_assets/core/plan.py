@@ -589,6 +589,7 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         if previous is not None and plan.stats.get("balance", {}).get("incomplete_groups"):
             why = "full plan: the new samples' packs do not fill whole groups of a world size (core/groups.py)"
             plan = make_plan(**rows, config=config, profile=profile.name)
+        del rows, previous  # the packs hold what they need: the rest (~40 bytes a sample) goes before the saves
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed,
                           **input_stats(input_root, recursive), **split_stats(pieces))
         store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl_parts(plan))
@@ -596,6 +597,7 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         # vars, not asdict, which deep-copies every list (seconds at 1M samples)
         store.save_plan(con, [vars(p) for p in plan.packs], plan.dropped, info.as_dict(),
                         pieces=[split_row(p) for p in pieces], multiple=config.multiple)
+        plan.packs.clear()  # stored: the check below reads the catalog, with DuckDB's memory, not beside the packs
         violations = check_plan(con, config)
     return PlanSummary(plan.fingerprint, work / "pack_plan.jsonl", why, plan.stats, len(shards), missing, removed,
                        violations)
