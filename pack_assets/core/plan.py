@@ -76,7 +76,7 @@ CHUNK = 1 << 16  # samples (or packs) turned into text at once: a plan's text is
 
 def fingerprint(config: PlanConfig, profile: str, ids: Sequence[str], lengths: Sequence[int] | np.ndarray) -> str:
     """The plan's inputs hashed: its settings, the profile, each sample's id and length (a line each, in
-    order). Lines are hashed a chunk at a time, so no list of every length is made (10M samples: ~0.4 GB)."""
+    order). Lines are hashed a chunk at a time, so no list of every length is made (memory at 10M samples)."""
     h = hashlib.sha256(json.dumps({"config": asdict(config), "profile": profile}, sort_keys=True).encode())
     lengths = np.asarray(lengths)
     for a in range(0, len(lengths), CHUNK):
@@ -327,7 +327,7 @@ def plan_jsonl(plan: PlanResult, start: int = 0, stop: int | None = None) -> str
 
 def plan_jsonl_parts(plan: PlanResult) -> Iterator[str]:
     """pack_plan.jsonl a few thousand packs at a time (`store.atomic_write_text` takes the parts): the whole
-    text, its lines and its bytes at once were three copies of ~30 bytes a sample. The first part is made
+    text, its lines and its bytes at once were three copies of it. The first part is made
     before the caller opens the file, so a failure in it leaves no temporary file behind."""
     step = max(1, CHUNK // 256)
     first = plan_jsonl(plan, 0, step)
@@ -543,7 +543,7 @@ _OK_BATCH = 1 << 17  # rows fetched at once
 
 def ok_lengths(con) -> dict[str, np.ndarray]:
     """make_plan's inputs, one entry per ok sample in sample id order, from the catalog. Fetched in batches of
-    Arrow (the whole result at once, in DuckDB and then as numpy, was ~0.4 KB a sample: 4 GB at 10M samples);
+    Arrow, not the whole result at once (held in DuckDB and again as numpy: docs/benchmarks.md, issue 41);
     the media types as codes into the few distinct ones, so each sample's is a shared str, not a str of its own."""
     types = [r[0] for r in con.execute(f"SELECT DISTINCT media_type {_OK} ORDER BY 1").fetchall() if r[0] is not None]
     result = con.sql(
@@ -589,7 +589,7 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         if previous is not None and plan.stats.get("balance", {}).get("incomplete_groups"):
             why = "full plan: the new samples' packs do not fill whole groups of a world size (core/groups.py)"
             plan = make_plan(**rows, config=config, profile=profile.name)
-        del rows, previous  # the packs hold what they need: the rest (~40 bytes a sample) goes before the saves
+        del rows, previous  # the packs hold what they need of these: the rest goes before the saves
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed,
                           **input_stats(input_root, recursive), **split_stats(pieces))
         store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl_parts(plan))

@@ -331,7 +331,7 @@ def _configured(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
         raise ValueError(f"{MEMORY_ENV}={limit!r} is not a DuckDB memory limit (e.g. 1GB, 512MB): {e}") from None
     con.execute("SET enable_progress_bar = false")
     # memory DuckDB frees is handed back to the system by its allocator's own threads; without them a process
-    # kept what its largest query had held (a sort of every sample id: ~0.1 KB a sample) through later stages
+    # kept what its largest query had held (the plan's sort of every sample id) through the later stages
     con.execute("SET allocator_background_threads = true")
     return con
 
