@@ -20,20 +20,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Results, drop_caches, machine, make_shards, require_free, timed  # noqa: E402
+from rss import TreeSampler, by_stage, stage_spans, step_spans  # noqa: E402
 
 _MEASURE = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
             "sys.stderr.write(p.stderr); print(p.stdout); "
             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(p.returncode)")
 
 
-def run(cmd: list[str]) -> tuple[float, dict, int]:
-    """Wall seconds, the JSON summary, and the peak RSS of the largest process of this run alone."""
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], capture_output=True, text=True)
+def run(cmd: list[str], dagster_home: Path) -> tuple[float, dict, int, dict]:
+    """Wall seconds, the JSON summary, the peak RSS of the largest process of this run alone (ru_maxrss), and
+    the peak RSS per stage and kind of process (rss.py: the process tree sampled every 0.2 s)."""
+    t0, wall0 = time.perf_counter(), time.time()
+    proc = subprocess.Popen([sys.executable, "-c", _MEASURE, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    sampler = TreeSampler(proc.pid)
+    sampler.start()
+    stdout, stderr = proc.communicate()
+    sampler.stop()
     if proc.returncode != 0:
-        raise SystemExit(proc.stderr[-4000:])
-    out, peak_kb = proc.stdout.rstrip().rsplit("\n", 1)
-    return time.perf_counter() - t0, json.loads(out), int(peak_kb) * 1024
+        raise SystemExit(stderr[-4000:])
+    out, peak_kb = stdout.rstrip().rsplit("\n", 1)
+    summary = json.loads(out)
+    spans = stage_spans(wall0, summary["stage_seconds"], step_spans(dagster_home, wall0))
+    return time.perf_counter() - t0, summary, int(peak_kb) * 1024, by_stage(sampler, spans)
 
 
 def main() -> None:
@@ -73,11 +82,11 @@ def main() -> None:
     cmd = [exe, "run", "--input", str(inp), "--max-len", str(args.max_len), "--work", str(out / "work"),
            "--output", str(out / "packed"), "--dagster-home", str(out / "dagster_home"), "--json"]
     cold = args.drop_caches and drop_caches()
-    seconds, summary, peak = run(cmd)
+    seconds, summary, peak, rss = run(cmd, out / "dagster_home")
     emit({"page_cache": "dropped before the run" if cold else "as the steps above left it",
           "full_run_s": round(seconds, 1), "samples_per_s": round(summary["samples"] / seconds), "peak_rss_bytes": peak,
           **{k: summary[k] for k in ("samples", "packed", "dropped", "rejected", "packs", "lower_bound", "fill",
-                                     "violations", "stage_seconds")}})
+                                     "violations", "stage_seconds")}, "rss": rss})
     # each rerun adds one new shard: incremental (audit all), incremental with the quick audit, full replan
     reruns = [("incremental", ["--incremental"]),
               ("incremental, audit changed only", ["--incremental", "--audit-scope", "changed"]),
@@ -90,14 +99,14 @@ def main() -> None:
             raise SystemExit(f"{new} exists: remove the reruns' shards (part-{n_shards:05d}.tar on) first")
         shutil.copy(extra, new)
         cold = args.drop_caches and drop_caches()
-        seconds2, summary2, peak2 = run(cmd + flags)
+        seconds2, summary2, peak2, rss2 = run(cmd + flags, out / "dagster_home")
         emit({"rerun_after_one_new_shard": label, "page_cache": "dropped" if cold else "warm",
               "seconds": round(seconds2, 1),
               "shard_runs": summary2["shard_runs"], "samples": summary2["samples"], "packs": summary2["packs"],
               "fill": summary2["fill"], "output_shards_written": summary2["output_shards_written"],
               "output_shards_trusted": summary2["output_shards_trusted"],
               "output_shards_hashed": summary2.get("output_shards_hashed"), "violations": summary2["violations"],
-              "stage_seconds": summary2["stage_seconds"], "peak_rss_bytes": peak2,
+              "stage_seconds": summary2["stage_seconds"], "peak_rss_bytes": peak2, "rss": rss2,
               "ratio_to_full": round(seconds2 / seconds, 3)})
     if args.again and not args.reruns:
         raise SystemExit("--again repeats a rerun's shard: give --reruns 1 or more")
@@ -111,12 +120,12 @@ def main() -> None:
             else:
                 shutil.move(aside, last)
             cold = args.drop_caches and drop_caches()
-            seconds2, summary2, peak2 = run(cmd + quick)
+            seconds2, summary2, peak2, rss2 = run(cmd + quick, out / "dagster_home")
             emit({"again": k + 1, "rerun": f"{label}, incremental, audit changed only",
                   "page_cache": "dropped" if cold else "warm", "seconds": round(seconds2, 1),
                   "samples": summary2["samples"], "output_shards_written": summary2["output_shards_written"],
                   "output_shards_trusted": summary2["output_shards_trusted"], "violations": summary2["violations"],
-                  "stage_seconds": summary2["stage_seconds"], "peak_rss_bytes": peak2,
+                  "stage_seconds": summary2["stage_seconds"], "peak_rss_bytes": peak2, "rss": rss2,
                   "ratio_to_full": round(seconds2 / seconds, 3)})
 
 

@@ -280,3 +280,51 @@ def test_a_plan_that_cannot_be_stored_leaves_the_last_one_and_says_why(tmp_path)
         assert kept == dropped
         members = con.execute("SELECT sample_id, position FROM pack_members ORDER BY 2").fetchall()
         assert members == [("a/1", 0), ("a/2", 1)]
+
+
+def test_the_plan_inputs_are_read_in_batches_as_one_query_reads_them(monkeypatch):
+    """ok_lengths fetches in Arrow batches (memory at 10M samples): the same rows, in the same order and types,
+    as the whole query fetched at once; each media type one shared str; a NULL count still refused."""
+    import duckdb
+
+    from pack_assets.core import plan as plan_mod
+
+    con = duckdb.connect()
+    con.execute("""CREATE TABLE token_lengths AS SELECT 'id' || lpad((i * 7919 % 23)::VARCHAR, 3, '0') AS sample_id,
+                   ['text', 'image', 'video'][1 + i % 3] AS media_type, 10 + i AS total_tokens, 100 * i AS media_bytes,
+                   i % 2 AS n_images, 0 AS n_videos, 5 * i AS vision_tokens,
+                   CASE WHEN i = 4 THEN 'rejected' ELSE 'ok' END AS status FROM range(23) r(i)""")
+    whole = con.execute("SELECT sample_id, media_type, total_tokens, media_bytes, n_images + n_videos, vision_tokens "
+                        "FROM token_lengths WHERE status = 'ok' ORDER BY sample_id").fetchnumpy()
+    monkeypatch.setattr(plan_mod, "_OK_BATCH", 4)
+    rows = plan_mod.ok_lengths(con)
+    assert len(rows["sample_ids"]) == 22
+    for (name, got), want in zip(rows.items(), whole.values()):
+        assert got.tolist() == np.asarray(want).tolist() and got.dtype == np.asarray(want).dtype, name
+    assert len({id(m) for m in rows["media_types"]}) == 3
+    con.execute("UPDATE token_lengths SET vision_tokens = NULL WHERE sample_id = 'id007'")
+    with pytest.raises(ValueError, match="NULL count"):
+        plan_mod.ok_lengths(con)
+
+
+def test_the_plan_file_in_parts_and_the_fingerprint_in_chunks_are_the_whole_ones(tmp_path, monkeypatch):
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from pack_assets.core import plan as plan_mod
+    from pack_assets.core import store
+
+    monkeypatch.setattr(plan_mod, "CHUNK", 256)  # parts of one pack, fingerprint chunks of 256 samples
+    rng = np.random.default_rng(3)
+    n = 1000
+    ids = [f"s{i:05d}" for i in range(n)]
+    lengths = rng.integers(1, 3000, n)
+    cfg = PlanConfig(max_len=4096)
+    plan = make_plan(ids, ["text"] * n, lengths, np.zeros(n, np.int64), cfg, profile="p")
+    store.atomic_write_text(tmp_path / "plan.jsonl", plan_mod.plan_jsonl_parts(plan))
+    assert (tmp_path / "plan.jsonl").read_text() == plan_jsonl(plan) and len(plan.packs) > 1
+    h = hashlib.sha256(json.dumps({"config": asdict(cfg), "profile": "p"}, sort_keys=True).encode())
+    for i, m in zip(ids, lengths.tolist()):
+        h.update(f"{i}\t{m}\n".encode())
+    assert plan.fingerprint == h.hexdigest()[:16]

@@ -243,7 +243,7 @@ def make_blend_plan(rows: dict[str, np.ndarray], repeats: dict[str, float], conf
     stats = plan_stats(packs, dropped, per_type, {}, len(c.item), config)
     stats["blend"] = blend_stats(tokens, c.names, repeats, c.ds_idx, c.n_copies, dropped, stats, epoch, config.seed)
     stats["seconds"] = time.perf_counter() - t0
-    h = hashlib.sha256(json.dumps([fingerprint(config, profile, c.ids.tolist(), rows["lengths"].tolist()), repeats,
+    h = hashlib.sha256(json.dumps([fingerprint(config, profile, c.ids, rows["lengths"]), repeats,
                                    epoch]).encode()).hexdigest()[:16]
     return PlanResult(packs, dropped, stats, h)
 

@@ -9,9 +9,10 @@ the Σℓ² (attention cost) balance of each group of W consecutive packs.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -70,10 +71,16 @@ def drift(samples_per_pack: np.ndarray, window: int = 256) -> float:
     return float(means.max() / means.min()) if means.min() > 0 else float("inf")
 
 
-def fingerprint(config: PlanConfig, profile: str, ids: Iterable[str], lengths: Iterable[int]) -> str:
+CHUNK = 1 << 16  # samples (or packs) turned into text at once: a plan's text is never all in memory
+
+
+def fingerprint(config: PlanConfig, profile: str, ids: Sequence[str], lengths: Sequence[int] | np.ndarray) -> str:
+    """The plan's inputs hashed: its settings, the profile, each sample's id and length (a line each, in
+    order). Lines are hashed a chunk at a time, so no list of every length is made (memory at 10M samples)."""
     h = hashlib.sha256(json.dumps({"config": asdict(config), "profile": profile}, sort_keys=True).encode())
-    for i, n in zip(ids, lengths):
-        h.update(f"{i}\t{n}\n".encode())
+    lengths = np.asarray(lengths)
+    for a in range(0, len(lengths), CHUNK):
+        h.update("".join(f"{i}\t{n}\n" for i, n in zip(ids[a:a + CHUNK], lengths[a:a + CHUNK].tolist())).encode())
     return h.hexdigest()[:16]
 
 
@@ -167,7 +174,7 @@ def make_plan(
     assign_shards(packs, config)
     stats = plan_stats(packs, dropped, per_type, balance, n, config)
     stats["seconds"] = time.perf_counter() - t0
-    return PlanResult(packs, dropped, stats, fingerprint(config, profile, sample_ids, lengths.tolist()))
+    return PlanResult(packs, dropped, stats, fingerprint(config, profile, sample_ids, lengths))
 
 
 def pack_group(idx: np.ndarray, sample_ids, lengths: np.ndarray, n_media: np.ndarray, vision_tokens: np.ndarray,
@@ -311,10 +318,20 @@ def extend_plan(old_packs: list[Pack], old_dropped: list[dict], new: PlanResult,
     return PlanResult(packs, dropped, stats, h)
 
 
-def plan_jsonl(plan: PlanResult) -> str:
+def plan_jsonl(plan: PlanResult, start: int = 0, stop: int | None = None) -> str:
+    """pack_plan.jsonl's lines of packs ``start:stop`` (all by default)."""
     return "".join(json.dumps({"pack_id": p.pack_id, "media_type": p.media_type, "sample_ids": p.sample_ids,
                                "sample_token_lens": p.sample_token_lens, "total_token_len": p.total_token_len}) + "\n"
-                   for p in plan.packs)
+                   for p in plan.packs[start:stop])
+
+
+def plan_jsonl_parts(plan: PlanResult) -> Iterator[str]:
+    """pack_plan.jsonl a few thousand packs at a time (`store.atomic_write_text` takes the parts): the whole
+    text, its lines and its bytes at once were three copies of it. The first part is made
+    before the caller opens the file, so a failure in it leaves no temporary file behind."""
+    step = max(1, CHUNK // 256)
+    first = plan_jsonl(plan, 0, step)
+    return itertools.chain([first], (plan_jsonl(plan, a, a + step) for a in range(step, len(plan.packs), step)))
 
 
 # -- the stage: plan every counted shard into the catalog and pack_plan.jsonl -------------------------------
@@ -520,15 +537,31 @@ def _incremental(rows: dict[str, np.ndarray], previous, config: PlanConfig, prof
     return plan
 
 
+_OK = "FROM token_lengths WHERE status = 'ok'"
+_OK_BATCH = 1 << 17  # rows fetched at once
+
+
 def ok_lengths(con) -> dict[str, np.ndarray]:
-    """make_plan's inputs, one entry per ok sample in sample id order, from the catalog."""
-    # fetchnumpy, not Arrow's to_numpy: that imports pandas, a good part of a short run
-    t = con.sql("SELECT sample_id AS sample_ids, media_type AS media_types, total_tokens AS lengths, media_bytes, "
-                "n_images + n_videos AS n_media, vision_tokens FROM token_lengths WHERE status = 'ok' "
-                "ORDER BY sample_id").fetchnumpy()
-    if any(np.ma.getmaskarray(v).any() for v in t.values()):  # (a NULL comes back masked, never as 0)
-        raise ValueError("token_lengths has an ok row with a NULL count: count its shard again (--force)")
-    return {k: np.asarray(v) for k, v in t.items()}
+    """make_plan's inputs, one entry per ok sample in sample id order, from the catalog. Fetched in batches of
+    Arrow, not the whole result at once (held in DuckDB and again as numpy: docs/benchmarks.md, issue 41);
+    the media types as codes into the few distinct ones, so each sample's is a shared str, not a str of its own."""
+    types = [r[0] for r in con.execute(f"SELECT DISTINCT media_type {_OK} ORDER BY 1").fetchall() if r[0] is not None]
+    result = con.sql(
+        "SELECT sample_id AS sample_ids, list_position(?::VARCHAR[], media_type) - 1 AS media_types, "
+        f"total_tokens AS lengths, media_bytes, n_images + n_videos AS n_media, vision_tokens {_OK} "
+        "ORDER BY sample_id", params=[types])
+    parts: dict[str, list[np.ndarray]] = {}
+    for batch in result.to_arrow_reader(_OK_BATCH):
+        if any(c.null_count for c in batch.columns):  # (a NULL is never taken for 0)
+            raise ValueError("token_lengths has an ok row with a NULL count: count its shard again (--force)")
+        for name, col in zip(batch.schema.names, batch.columns):
+            parts.setdefault(name, []).append(np.asarray(col.to_pylist(), dtype=object) if name == "sample_ids"
+                                              else col.to_numpy())
+    names = ["sample_ids", "media_types", "lengths", "media_bytes", "n_media", "vision_tokens"]
+    rows = {k: np.concatenate(parts[k]) if parts.get(k) else np.asarray([], object if k == "sample_ids" else np.int64)
+            for k in names}
+    rows["media_types"] = np.asarray(types, dtype=object)[rows["media_types"]] if types else np.asarray([], object)
+    return rows
 
 
 @faults.names_full_disk(faults.WORK)
@@ -556,13 +589,15 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         if previous is not None and plan.stats.get("balance", {}).get("incomplete_groups"):
             why = "full plan: the new samples' packs do not fill whole groups of a world size (core/groups.py)"
             plan = make_plan(**rows, config=config, profile=profile.name)
+        del rows, previous  # the packs hold what they need of these: the rest goes before the saves
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed,
                           **input_stats(input_root, recursive), **split_stats(pieces))
-        store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl(plan))
+        store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl_parts(plan))
         info = PlanInfo.of(plan.fingerprint, profile, shards, config, plan.stats)
         # vars, not asdict, which deep-copies every list (seconds at 1M samples)
         store.save_plan(con, [vars(p) for p in plan.packs], plan.dropped, info.as_dict(),
                         pieces=[split_row(p) for p in pieces], multiple=config.multiple)
+        plan.packs.clear()  # stored: the check below reads the catalog, with DuckDB's memory, not beside the packs
         violations = check_plan(con, config)
     return PlanSummary(plan.fingerprint, work / "pack_plan.jsonl", why, plan.stats, len(shards), missing, removed,
                        violations)

@@ -20,7 +20,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from . import faults
@@ -105,14 +105,18 @@ def fsync_tree(folder: Path) -> None:
     fsync_dir(folder)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes | Iterable[bytes]) -> None:
     """Write under a temporary sibling name, fsync, rename (the folder fsynced): readers see the old file or
-    the new one, also after a power cut."""
+    the new one, also after a power cut. ``data``: bytes, or parts written in turn."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    whole = isinstance(data, bytes | bytearray | memoryview)
+    size = len(data) if whole else 0
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for part in [data] if whole else data:
+                f.write(part)
+                size += 0 if whole else len(part)
             f.flush()
             os.fsync(f.fileno())
         replace(tmp, path)
@@ -120,7 +124,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         if faults.is_no_space(e):
-            raise faults.NoSpace(f"no space left on device writing {path} ({len(data):,} bytes): "
+            written = f"{size:,} bytes" + ("" if whole else " so far")
+            raise faults.NoSpace(f"no space left on device writing {path} ({written}): "
                                  f"{faults.free_bytes(path.parent):,} bytes free there; free space and rerun") from e
         raise
 

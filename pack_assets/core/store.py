@@ -153,8 +153,10 @@ def atomic_dir(final: Path) -> Iterator[Path]:
                 shutil.rmtree(tmp, ignore_errors=True)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    safety.atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str | Iterable[str]) -> None:
+    """``text``: a str, or its parts in order, each encoded and written in turn (never all in memory at once)."""
+    safety.atomic_write_bytes(path, text.encode("utf-8") if isinstance(text, str)
+                              else (part.encode("utf-8") for part in text))
 
 
 class BatchedParquet:
@@ -328,6 +330,9 @@ def _configured(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
         con.close()
         raise ValueError(f"{MEMORY_ENV}={limit!r} is not a DuckDB memory limit (e.g. 1GB, 512MB): {e}") from None
     con.execute("SET enable_progress_bar = false")
+    # memory DuckDB frees is handed back to the system by its allocator's own threads; without them a process
+    # kept what its largest query had held (the plan's sort of every sample id) through the later stages
+    con.execute("SET allocator_background_threads = true")
     return con
 
 
