@@ -29,7 +29,7 @@ from pack_assets.core.write import copy as write_copy
 from pack_assets.core.write import energon, fingerprints, run_write, syscalls, write_context
 from pack_assets.core.write import record as write_record
 from pack_assets.core.write import shard as write_shard_mod
-from pack_assets.core.write.bulk import BULK_ROWS, catalog_columns, load_bulk_shard
+from pack_assets.core.write.bulk import BULK_ROWS, catalog_columns, group_columns
 from pack_assets.core.write.fingerprints import current_shards
 from pack_assets.core.write.jobs import shard_job
 from pack_assets.runner.procs import Helpers
@@ -270,8 +270,8 @@ def test_unchanged_output_shards_are_found_without_loading_each_shard(dataset, t
     before = {n: sha(out / n) for n in names}
     (out / names[1]).unlink()
     loaded = []
-    real = load_bulk_shard
-    monkeypatch.setattr(write_copy, "load_bulk_shard", lambda *a: loaded.append(a[-1]) or real(*a))
+    real = write_copy.build_shard
+    monkeypatch.setattr(write_copy, "build_shard", lambda *a: loaded.append(a[0]) or real(*a))
     res = run_write(work, dataset, out, workers=1)
     assert loaded == [names[1]] and (res.written, res.skipped) == (1, len(names) - 1)
     assert {n: sha(out / n) for n in names} == before
@@ -304,6 +304,11 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
             assert gathered == audit_stage._shard_expectations(con, names[1])
         with pytest.raises(FileNotFoundError):  # gone from under a reader: an error, never "no rows"
             catalog_columns(con, inp, names[0], rows)
+        groups = [names[:1], names[1:]]  # a writer job's shards from one staged file, or from one query
+        with store.staged(work, BULK_ROWS, names, groups=groups) as rows:
+            for g in groups:
+                each = [(n, catalog_columns(con, inp, n)) for n in g]
+                assert list(group_columns(con, inp, g, rows)) == each == list(group_columns(con, inp, g))
     leftovers = sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*"))
     assert leftovers == sorted([live.name, elsewhere.name])
 
@@ -311,6 +316,7 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     real = store.Staged.rows
     monkeypatch.setattr(store.Staged, "rows", lambda self, *a, **k: used.append(a[1]) or real(self, *a, **k))
     shutil.rmtree(out)
+    monkeypatch.setattr(write_copy, "GROUP_MAX", 1)  # a job per output shard: more than one, so staged
     run_write(work, inp, out, workers=1)
     assert set(used) == set(BULK_ROWS)  # (no piece of a split sample here: the bulk path alone)
     used.clear()

@@ -9,9 +9,10 @@ one hash over every line ``ShardFingerprint`` takes. The bytes are ``pack_docume
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import accumulate
-from pathlib import Path
+from itertools import accumulate, groupby
+from operator import itemgetter
 
 from .. import store
 from ..tario import extra_name, media_name
@@ -80,19 +81,30 @@ class BulkShard:
     fingerprint: str
 
 
-def load_bulk_shard(work: str, input_root, rows: store.Staged | None, context: dict, name: str) -> BulkShard:
-    """Picklable loader: each writer process opens the catalog read-only and prepares its own shard.
-    ``input_root``: a folder (str) or a recipe's roots (dataset name -> folder)."""
-    root = input_root if isinstance(input_root, dict) else Path(input_root)
-    with store.connect(Path(work), read_only=True) as con:
-        return build_shard(name, catalog_columns(con, root, name, rows), context)
-
-
 def catalog_columns(con, input_root, name: str, rows: store.Staged | None = None) -> Columns:
-    """The shard's samples and members from BULK_ROWS (staged or queried) and its conversations."""
+    """The shard's samples and members from BULK_ROWS (staged per shard, or queried) and its conversations."""
     samples = store.shard_rows(con, BULK_ROWS, "samples", name, rows, order_by="pack_id, position")
     members = store.shard_rows(con, BULK_ROWS, "members", name, rows, order_by="pack_id, position, kind, i")
     conversations = {r[0]: r[1:] for r in store.shard_rows(con, WRITE_CONVERSATIONS, "conversations", name)}
+    return _columns(input_root, name, samples, members, conversations)
+
+
+def group_columns(con, input_root, group: list[str], rows: store.Staged | None = None) -> Iterator[tuple[str, Columns]]:
+    """Each shard of ``group`` with its columns, as `catalog_columns` gives them, from one read of each query for
+    the whole group (its staged file, `store.staged(..., groups=)`, or one query): a writer's job reads the
+    catalog once, not once per output shard."""
+    def by_shard(found: list[tuple]) -> dict[str, list[tuple]]:
+        return {k: [r[1:] for r in g] for k, g in groupby(found, key=itemgetter(0))}
+
+    samples = by_shard(store.group_rows(con, BULK_ROWS, "samples", group, rows, order_by="pack_id, position"))
+    members = by_shard(store.group_rows(con, BULK_ROWS, "members", group, rows,
+                                        order_by="pack_id, position, kind, i"))
+    conversations = {r[1]: r[2:] for r in store.group_rows(con, WRITE_CONVERSATIONS, "conversations", group)}
+    for name in group:
+        yield name, _columns(input_root, name, samples.pop(name, []), members.pop(name, []), conversations)
+
+
+def _columns(input_root, name: str, samples: list[tuple], members: list[tuple], conversations: dict) -> Columns:
     (pack_id, media_type, total, position, sid, shard, key, tokens, stamp, rec_name, rec_offset, rec_size, rec_sha,
      n_media, n_extra) = map(list, zip(*samples)) if samples else [[]] * 15
     n_media, n_extra = [n or 0 for n in n_media], [n or 0 for n in n_extra]

@@ -150,13 +150,6 @@ def piece_shards(con) -> set[str]:
                                       "USING (pack_id) JOIN split_pieces sp ON sp.piece_id = pm.sample_id").fetchall()}
 
 
-def load_shard_job(work: str, input_root, rows: store.Staged | None, name: str) -> ShardJob:
-    """Picklable loader: each writer process opens the catalog read-only and gathers its own shard.
-    ``input_root``: a folder (str) or a recipe's roots (dataset name -> folder)."""
-    with store.connect(Path(work), read_only=True) as con:
-        return shard_job(con, input_root if isinstance(input_root, dict) else Path(input_root), name, rows)
-
-
 # -- the pack document ------------------------------------------------------------------------------------------
 
 
