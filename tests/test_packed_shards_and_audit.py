@@ -697,6 +697,17 @@ def test_spliced_pack_document_is_byte_identical_to_dumping_the_dict():
         assert member_key(m) == json.dumps([m["name"], m["offset"], m["size"], m["sha256"]], ensure_ascii=False)
 
 
+def test_the_writers_json_text_is_json_dumps_text():
+    from pack_assets.core.write.jobs import dumps
+
+    values = [{"a": [1, 2.5, -0.0, 1e300, 1e-7, True, None], "é 😀": {"q": 'quote " \\ \u2028 \x01'}},
+              [float("nan"), float("inf"), -float("inf"), 10**30], "plain ü", 3, None, [], {}]
+    for v in values:
+        assert dumps(v) == json.dumps(v, ensure_ascii=False)
+    with pytest.raises(TypeError):  # what is not JSON is refused as json.dumps refuses it
+        dumps({"x": object()})
+
+
 def test_bulk_built_documents_and_fingerprint_equal_the_dict_and_the_job_path():
     """The copy-mode writer builds a shard's documents column by column (write/bulk.py): with each record's
     text spliced in, every pack's bytes are json.dumps of its dict, and the fingerprint is ShardFingerprint's."""
