@@ -316,7 +316,7 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     real = store.Staged.rows
     monkeypatch.setattr(store.Staged, "rows", lambda self, *a, **k: used.append(a[1]) or real(self, *a, **k))
     shutil.rmtree(out)
-    monkeypatch.setattr(write_copy, "GROUP_MAX", 1)  # a job per output shard: more than one, so staged
+    monkeypatch.setattr(write_copy, "GROUP_SAMPLES", 1)  # a job per output shard: more than one, so staged
     run_write(work, inp, out, workers=1)
     assert set(used) == set(BULK_ROWS)  # (no piece of a split sample here: the bulk path alone)
     used.clear()
@@ -695,6 +695,21 @@ def test_spliced_pack_document_is_byte_identical_to_dumping_the_dict():
                                               "p0001.s003_00.png", "p0001.s003_01.jpg"]
     for m in [subs[0].json_member, *subs[0].media, *subs[0].extra, {"name": 5, "offset": 1.0, "size": 2, "sha256": 3}]:
         assert member_key(m) == json.dumps([m["name"], m["offset"], m["size"], m["sha256"]], ensure_ascii=False)
+
+
+def test_writer_jobs_keep_the_shards_order_and_bound_the_rows_a_job_holds():
+    from pack_assets.core.write.copy import GROUP_SAMPLES, writer_groups
+
+    names = [f"s{i}" for i in range(9)]
+    samples = dict(zip(names, [3000, 3000, 3000, 20000, 100, 100, 9000, 9000, 1]))
+    for workers in (1, 2, 3):
+        groups = writer_groups(names, workers, samples)
+        assert sum(groups, []) == names  # every shard once, in order
+        cap = GROUP_SAMPLES if workers == 1 else min(GROUP_SAMPLES, -(-sum(samples.values()) // (2 * workers)))
+        assert all(len(g) == 1 or sum(samples[n] for n in g) <= cap for g in groups)
+        assert len(groups) >= (2 * workers if workers > 1 else 1)
+    assert writer_groups(names, 1, samples)[0] == ["s0", "s1", "s2"]  # small shards share a job
+    assert writer_groups(names, 2) == [[n] for n in names] and writer_groups([], 2, {}) == []
 
 
 def test_the_writers_json_text_is_json_dumps_text():

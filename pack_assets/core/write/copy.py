@@ -8,7 +8,7 @@ import contextlib
 import functools
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +24,7 @@ from .shard import write_shard
 from .shared import OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards, write_context
 from .space import OUTPUT, refuse_if_full, still_needed
 
-GROUP_MAX = 4  # output shards a writer's job prepares from one read of the catalog (its rows held at once)
+GROUP_SAMPLES = 16384  # samples a writer's job prepares from one read of the catalog (their rows held at once)
 
 
 def writer_workers(workers: int, shards: int) -> int:
@@ -32,16 +32,31 @@ def writer_workers(workers: int, shards: int) -> int:
     return workers or min(os.cpu_count() or 1, max(1, shards))
 
 
-def writer_groups(names: list, workers: int) -> list[list]:
+def writer_groups(names: list, workers: int, samples: Mapping[str, int] | None = None) -> list[list]:
     """The writer's jobs: runs of consecutive shards (in order), each prepared with one catalog connection and one
-    read of each query; at most GROUP_MAX shards, and with a pool at least two jobs per process where there are
-    shards enough, so the processes finish together."""
-    n = len(names)
-    if not n:
-        return []
-    count = max(-(-n // GROUP_MAX), min(n, 2 * workers) if workers > 1 else 1)
-    cuts = [n * k // count for k in range(count + 1)]
-    return [names[a:b] for a, b in zip(cuts, cuts[1:])]
+    read of each query, of at most GROUP_SAMPLES samples (a larger shard alone) and, with a pool, of at most a
+    share of the samples that gives each process two jobs, so the processes finish together. Without
+    ``samples`` (per shard, of those of names: jobs already gathered), one shard a job."""
+    if not samples:
+        return [[n] for n in names]
+    total = sum(samples[n] for n in names)
+    cap = GROUP_SAMPLES if workers <= 1 else min(GROUP_SAMPLES, -(-total // (2 * workers)))
+    groups: list[list] = []
+    held = 0
+    for n in names:
+        if groups and held + samples[n] <= cap:
+            groups[-1].append(n)
+            held += samples[n]
+        else:
+            groups.append([n])
+            held = samples[n]
+    return groups
+
+
+def shard_samples(con) -> dict[str, int]:
+    """The plan's samples (and pieces) per output shard."""
+    return dict(con.execute("SELECT p.output_shard, count(*) FROM pack_plan p JOIN pack_members pm USING (pack_id) "
+                            "GROUP BY 1").fetchall())
 
 
 def _write_group(args) -> list[ShardResult]:
@@ -77,15 +92,16 @@ def _load(work: str, root, rows, piece_rows, context: dict, split: frozenset,
 
 def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, workers: int = 0,
               progress: Progress | None = None, loader=None, done: list[ShardResult] | None = None,
-              plan_fingerprint: str = "", last: LastIndex | None = None) -> list[ShardResult]:
+              plan_fingerprint: str = "", last: LastIndex | None = None,
+              samples: Mapping[str, int] | None = None) -> list[ShardResult]:
     """Write every shard (a process pool when there are several), remove stale ones, write Energon metadata
     (its index uuid named after ``plan_fingerprint``). ``done``: results of shards the caller already found
     current; they are kept, not rewritten. ``last``: the index the last write left, whose rows of those
-    still hold."""
+    still hold. ``samples``: per shard name, its samples (`writer_groups`)."""
     names = sorted({r.shard for r in done or []} | {j if isinstance(j, str) else j.name for j in jobs})
     folder = OutputFolder(out_dir, owned.planned_files(names))
     workers = writer_workers(workers, len(jobs))
-    args = [(str(out_dir), g, context, loader) for g in writer_groups(jobs, workers)]
+    args = [(str(out_dir), g, context, loader) for g in writer_groups(jobs, workers, samples)]
     results: list[ShardResult] = list(done or [])
     total = len(results) + len(jobs)
     for i, r in enumerate(results, 1):
@@ -122,6 +138,7 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
         # that holds one is not vouched for, recorded or found current here (current_shards leaves it out);
         # write_shard compares its fingerprint, built from the pieces, with the one on disk
         pieces = piece_shards(con)
+        samples = shard_samples(con)
         done = [r for r in done if r.shard not in pieces]
         digests = {n: d for n, d in digests.items() if n not in pieces}
         # the rest of what is on disk (not as the writer left it, or no record of it) by its fingerprint
@@ -133,14 +150,14 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
     split = [n for n in todo if n in pieces]
     workers = writer_workers(workers, len(todo))
     # each job's shards of whole samples in one staged file (none when one job holds them all: it queries)
-    whole = [g for g in ([n for n in group if n not in pieces] for group in writer_groups(todo, workers)) if g]
+    whole = [g for g in ([n for n in group if n not in pieces] for group in writer_groups(todo, workers, samples)) if g]
     with (store.staged(work, BULK_ROWS, sum(whole, []), groups=whole) if len(whole) > 1
           else contextlib.nullcontext() as rows,
           store.staged(work, WRITE_ROWS, split) if len(split) > 1 else contextlib.nullcontext() as piece_rows):
         root = input_root if isinstance(input_root, dict) else str(input_root)
         loader = functools.partial(_load, str(work), root, rows, piece_rows, context, frozenset(split))
         results = write_all(out_dir, todo, context, workers=workers, progress=progress, loader=loader, done=done,
-                            plan_fingerprint=info.fingerprint, last=last)
+                            plan_fingerprint=info.fingerprint, last=last, samples=samples)
     record_written(work, key, out_dir, results, context, digests, keys)
     return WriteSummary.of(out_dir, owned.planned_files(names), names, results, time.perf_counter() - t0,
                            info.fingerprint)
