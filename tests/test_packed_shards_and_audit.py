@@ -29,7 +29,7 @@ from pack_assets.core.write import copy as write_copy
 from pack_assets.core.write import energon, fingerprints, run_write, syscalls, write_context
 from pack_assets.core.write import record as write_record
 from pack_assets.core.write import shard as write_shard_mod
-from pack_assets.core.write.bulk import BULK_ROWS, catalog_columns, load_bulk_shard
+from pack_assets.core.write.bulk import BULK_ROWS, catalog_columns, group_columns
 from pack_assets.core.write.fingerprints import current_shards
 from pack_assets.core.write.jobs import shard_job
 from pack_assets.runner.procs import Helpers
@@ -270,8 +270,8 @@ def test_unchanged_output_shards_are_found_without_loading_each_shard(dataset, t
     before = {n: sha(out / n) for n in names}
     (out / names[1]).unlink()
     loaded = []
-    real = load_bulk_shard
-    monkeypatch.setattr(write_copy, "load_bulk_shard", lambda *a: loaded.append(a[-1]) or real(*a))
+    real = write_copy.build_shard
+    monkeypatch.setattr(write_copy, "build_shard", lambda *a: loaded.append(a[0]) or real(*a))
     res = run_write(work, dataset, out, workers=1)
     assert loaded == [names[1]] and (res.written, res.skipped) == (1, len(names) - 1)
     assert {n: sha(out / n) for n in names} == before
@@ -304,6 +304,11 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
             assert gathered == audit_stage._shard_expectations(con, names[1])
         with pytest.raises(FileNotFoundError):  # gone from under a reader: an error, never "no rows"
             catalog_columns(con, inp, names[0], rows)
+        groups = [names[:1], names[1:]]  # a writer job's shards from one staged file, or from one query
+        with store.staged(work, BULK_ROWS, names, groups=groups) as rows:
+            for g in groups:
+                each = [(n, catalog_columns(con, inp, n)) for n in g]
+                assert list(group_columns(con, inp, g, rows)) == each == list(group_columns(con, inp, g))
     leftovers = sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*"))
     assert leftovers == sorted([live.name, elsewhere.name])
 
@@ -311,6 +316,7 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     real = store.Staged.rows
     monkeypatch.setattr(store.Staged, "rows", lambda self, *a, **k: used.append(a[1]) or real(self, *a, **k))
     shutil.rmtree(out)
+    monkeypatch.setattr(write_copy, "GROUP_SAMPLES", 1)  # a job per output shard: more than one, so staged
     run_write(work, inp, out, workers=1)
     assert set(used) == set(BULK_ROWS)  # (no piece of a split sample here: the bulk path alone)
     used.clear()
@@ -731,6 +737,32 @@ def test_spliced_pack_document_is_byte_identical_to_dumping_the_dict():
                                               "p0001.s003_00.png", "p0001.s003_01.jpg"]
     for m in [subs[0].json_member, *subs[0].media, *subs[0].extra, {"name": 5, "offset": 1.0, "size": 2, "sha256": 3}]:
         assert member_key(m) == json.dumps([m["name"], m["offset"], m["size"], m["sha256"]], ensure_ascii=False)
+
+
+def test_writer_jobs_keep_the_shards_order_and_bound_the_rows_a_job_holds():
+    from pack_assets.core.write.copy import GROUP_SAMPLES, writer_groups
+
+    names = [f"s{i}" for i in range(9)]
+    samples = dict(zip(names, [3000, 3000, 3000, 20000, 100, 100, 9000, 9000, 1]))
+    for workers in (1, 2, 3):
+        groups = writer_groups(names, workers, samples)
+        assert sum(groups, []) == names  # every shard once, in order
+        cap = GROUP_SAMPLES if workers == 1 else min(GROUP_SAMPLES, -(-sum(samples.values()) // (2 * workers)))
+        assert all(len(g) == 1 or sum(samples[n] for n in g) <= cap for g in groups)
+        assert len(groups) >= (2 * workers if workers > 1 else 1)
+    assert writer_groups(names, 1, samples)[0] == ["s0", "s1", "s2"]  # small shards share a job
+    assert writer_groups(names, 2) == [[n] for n in names] and writer_groups([], 2, {}) == []
+
+
+def test_the_writers_json_text_is_json_dumps_text():
+    from pack_assets.core.write.jobs import dumps
+
+    values = [{"a": [1, 2.5, -0.0, 1e300, 1e-7, True, None], "é 😀": {"q": 'quote " \\ \u2028 \x01'}},
+              [float("nan"), float("inf"), -float("inf"), 10**30], "plain ü", 3, None, [], {}]
+    for v in values:
+        assert dumps(v) == json.dumps(v, ensure_ascii=False)
+    with pytest.raises(TypeError):  # what is not JSON is refused as json.dumps refuses it
+        dumps({"x": object()})
 
 
 def test_bulk_built_documents_and_fingerprint_equal_the_dict_and_the_job_path():

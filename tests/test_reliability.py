@@ -34,7 +34,7 @@ KILL_POINTS = [
     ("pack_assets.core.report:simulate", 1),
     ("pack_assets.core.plan:plan_jsonl", 1),
     ("pack_assets.core.plan:check_plan", 1),
-    ("pack_assets.core.write.bulk:build_shard", 1, 1),
+    ("pack_assets.core.write.copy:build_shard", 1, 1),
     ("pack_assets.core.write.shard:member_header", 9, 1),
     ("pack_assets.core.write.shard:member_header", 25, 1),
     ("pack_assets.core.write.shard:member_header", 5, 2),  # a writer process of the pool dies

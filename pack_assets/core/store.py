@@ -433,12 +433,25 @@ def shard_rows(con: duckdb.DuckDBPyConnection, queries: Mapping[str, str], query
     return [r[1:] for r in con.execute(sql, [shard]).fetchall()]
 
 
-def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, shards: list[str], folder: Path) -> None:
-    """Stream the query's rows and file them by output shard, a Parquet file per shard. Filed here, not by
+def group_rows(con: duckdb.DuckDBPyConnection, queries: Mapping[str, str], query: str, group: list[str],
+               rows: Staged | None = None, order_by: str = "") -> list[tuple]:
+    """A group of output shards' rows of ``queries[query]``, ``output_shard`` first, ordered by it then by
+    ``order_by``: from the group's staged file (`staged(..., groups=)`), or by one query for the group."""
+    order = "output_shard" + (f", {order_by}" if order_by else "")
+    if rows is not None:
+        return rows.rows(con, query, group[0], order)
+    sql = queries[query].replace("{shards}", f"p.output_shard IN ({', '.join('?' * len(group))})")
+    return con.execute(f"{sql} ORDER BY {order}", group).fetchall()
+
+
+def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, shards: list[str], folder: Path,
+                 files: Mapping[str, str] | None = None) -> None:
+    """Stream the query's rows and file them by output shard, a Parquet file per shard, or per ``files`` (each
+    shard's file, named after the first shard of its group; ``output_shard`` kept). Filed here, not by
     DuckDB's `COPY … PARTITION_BY`, which held its whole memory limit (1.2 GB at 1M samples,
-    bench/bench_stage.py); this holds a batch and one open file per shard of the group."""
+    bench/bench_stage.py); this holds a batch and one open file per shard (or group) of the pass."""
     at = {name: i for i, name in enumerate(shards)}
-    writers: dict[int, pq.ParquetWriter] = {}
+    writers: dict[str, pq.ParquetWriter] = {}
     try:
         for batch in con.sql(sql).to_arrow_reader(_STAGED_BATCH):  # a relation streams; execute() holds every row
             # each row's shard as its place in `shards`, by way of a dictionary: no pa.array, no to_numpy (both
@@ -448,16 +461,16 @@ def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, shards: list[str], fo
             position = np.asarray([at[s] for s in codes.dictionary.to_pylist()], dtype=np.int64)[
                 np.frombuffer(ix.buffers()[1], dtype=np.int32)[ix.offset:ix.offset + len(ix)]]
             order = np.argsort(position, kind="stable")
-            batch = batch.drop_columns(["output_shard"]).take(
+            batch = (batch if files else batch.drop_columns(["output_shard"])).take(
                 pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order.astype(np.int64, copy=False))]))
             position = position[order]
             cuts = [0, *(np.flatnonzero(np.diff(position)) + 1).tolist(), len(position)]
             for lo, hi in zip(cuts, cuts[1:]):
-                i = int(position[lo])
-                if i not in writers:
-                    (folder / _part(shards[i])).mkdir(parents=True)
-                    writers[i] = pq.ParquetWriter(folder / _part(shards[i]) / "rows.parquet", batch.schema)
-                writers[i].write_batch(batch.slice(lo, hi - lo))
+                file = files[shards[int(position[lo])]] if files else shards[int(position[lo])]
+                if file not in writers:
+                    (folder / _part(file)).mkdir(parents=True)
+                    writers[file] = pq.ParquetWriter(folder / _part(file) / "rows.parquet", batch.schema)
+                writers[file].write_batch(batch.slice(lo, hi - lo))
     finally:
         for w in writers.values():
             w.close()
@@ -465,12 +478,13 @@ def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, shards: list[str], fo
 
 @contextlib.contextmanager
 def staged(work: Path, queries: Mapping[str, str], shards: list[str],
-           con: duckdb.DuckDBPyConnection | None = None) -> Iterator[Staged]:
+           con: duckdb.DuckDBPyConnection | None = None, groups: list[list[str]] | None = None) -> Iterator[Staged]:
     """Run each query once per group of output shards into ``<work>/.staged-<host>-<pid>-*/<query>/``, removed on
     exit; ``con``: the caller's connection, else a read-only one closed before the rows are read. Each query
     selects ``output_shard`` from ``pack_plan p`` and filters with ``WHERE {shards}``. The same SELECT run per
     output shard (``WHERE output_shard = ?``, `shard_rows` without staging) scans every manifest file each
-    time, so a stage's queries cost output shards × samples; gathered, a shard's rows are one small file."""
+    time, so a stage's queries cost output shards × samples; gathered, a shard's rows are one small file.
+    ``groups`` (of ``shards``): one file per group instead, read back by `group_rows`."""
     host = socket.gethostname().replace("-", "_")
     for stale in work.glob(f"{STAGED_PREFIX}{host}-*"):  # a killed run's on this host (a live process's stay)
         pid = stale.name[len(f"{STAGED_PREFIX}{host}-"):].split("-", 1)[0]
@@ -480,11 +494,14 @@ def staged(work: Path, queries: Mapping[str, str], shards: list[str],
     try:
         with contextlib.nullcontext(con) if con is not None else connect(work, read_only=True) as c, c.cursor() as cur:
             # a cursor of its own: a result the caller left open on ``con`` neither blocks nor is lost
-            for at in range(0, len(shards), _STAGED_GROUP):
-                group = shards[at:at + _STAGED_GROUP]
+            files = {s: g[0] for g in groups for s in g} if groups else None
+            passes = [sum(groups[at:at + _STAGED_GROUP], []) for at in range(0, len(groups), _STAGED_GROUP)] if groups \
+                else [shards[at:at + _STAGED_GROUP] for at in range(0, len(shards), _STAGED_GROUP)]
+            for group in passes:
                 names = ", ".join(map(_sql_text, group))
                 for name, sql in queries.items():
-                    _stage_query(cur, sql.replace("{shards}", f"p.output_shard IN ({names})"), group, root / name)
+                    _stage_query(cur, sql.replace("{shards}", f"p.output_shard IN ({names})"), group, root / name,
+                                 files)
         yield Staged(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -9,9 +9,11 @@ one hash over every line ``ShardFingerprint`` takes. The bytes are ``pack_docume
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_right
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import accumulate
-from pathlib import Path
+from itertools import accumulate, groupby
+from operator import itemgetter
 
 from .. import store
 from ..tario import extra_name, media_name
@@ -80,31 +82,49 @@ class BulkShard:
     fingerprint: str
 
 
-def load_bulk_shard(work: str, input_root, rows: store.Staged | None, context: dict, name: str) -> BulkShard:
-    """Picklable loader: each writer process opens the catalog read-only and prepares its own shard.
-    ``input_root``: a folder (str) or a recipe's roots (dataset name -> folder)."""
-    root = input_root if isinstance(input_root, dict) else Path(input_root)
-    with store.connect(Path(work), read_only=True) as con:
-        return build_shard(name, catalog_columns(con, root, name, rows), context)
-
-
 def catalog_columns(con, input_root, name: str, rows: store.Staged | None = None) -> Columns:
-    """The shard's samples and members from BULK_ROWS (staged or queried) and its conversations."""
+    """The shard's samples and members from BULK_ROWS (staged per shard, or queried) and its conversations."""
     samples = store.shard_rows(con, BULK_ROWS, "samples", name, rows, order_by="pack_id, position")
     members = store.shard_rows(con, BULK_ROWS, "members", name, rows, order_by="pack_id, position, kind, i")
     conversations = {r[0]: r[1:] for r in store.shard_rows(con, WRITE_CONVERSATIONS, "conversations", name)}
+    return _columns(input_root, name, samples, members, conversations)
+
+
+def group_columns(con, input_root, group: list[str], rows: store.Staged | None = None) -> Iterator[tuple[str, Columns]]:
+    """Each shard of ``group`` with its columns, as `catalog_columns` gives them, from one read of each query for
+    the whole group (its staged file, `store.staged(..., groups=)`, or one query): a writer's job reads the
+    catalog once, not once per output shard."""
+    def by_shard(found: list[tuple]) -> dict[str, list[tuple]]:  # the rows as they are (output_shard first)
+        at = 0
+        runs = {}
+        for k, g in groupby(map(itemgetter(0), found)):
+            n = sum(1 for _ in g)
+            runs[k], at = found[at:at + n], at + n
+        return runs
+
+    samples = by_shard(store.group_rows(con, BULK_ROWS, "samples", group, rows, order_by="pack_id, position"))
+    members = by_shard(store.group_rows(con, BULK_ROWS, "members", group, rows,
+                                        order_by="pack_id, position, kind, i"))
+    conversations = {r[1]: r[2:] for r in store.group_rows(con, WRITE_CONVERSATIONS, "conversations", group)}
+    for name in group:
+        yield name, _columns(input_root, name, samples.pop(name, []), members.pop(name, []), conversations, 1)
+
+
+def _columns(input_root, name: str, samples: list[tuple], members: list[tuple], conversations: dict,
+             lead: int = 0) -> Columns:
+    """Columns from BULK_ROWS' rows, after ``lead`` columns (output_shard) that are not theirs."""
     (pack_id, media_type, total, position, sid, shard, key, tokens, stamp, rec_name, rec_offset, rec_size, rec_sha,
-     n_media, n_extra) = map(list, zip(*samples)) if samples else [[]] * 15
+     n_media, n_extra) = list(map(list, zip(*samples)))[lead:] if samples else [[]] * 15
     n_media, n_extra = [n or 0 for n in n_media], [n or 0 for n in n_extra]
     owners = [(p, q) for p, q, a, b in zip(pack_id, position, n_media, n_extra) for _ in range(a + b)]
-    if owners != [m[:2] for m in members]:
+    if owners != [m[lead:lead + 2] for m in members]:
         raise KeyError(f"{name}: the catalog lacks a member some sample of this shard lists")
     paths = {s: str(store.source_tar(input_root, s)) for s in set(shard)}  # per source shard, not per sample
     conv = [conversations[s] for s in sid]
     return Columns(pack_id, media_type, total, sid, shard, key, tokens, stamp, [c[0] for c in conv],
                    [c[1] for c in conv], [paths[s] for s in shard],
                    [None if n is None else (n, o, z, h) for n, o, z, h in zip(rec_name, rec_offset, rec_size, rec_sha)],
-                   n_media, n_extra, [m[4:] for m in members])
+                   n_media, n_extra, [m[lead + 4:] for m in members])
 
 
 def job_columns(job: ShardJob) -> Columns:
@@ -186,7 +206,8 @@ def _samples(cols: Columns, starts: list[int], out_names: list[str]) -> tuple[li
     listed = [f'{{"name": {n}, "offset": {m[1]}, "size": {m[2]}, "sha256": {h}, "output_name": {encode_str(o)}}}'
               for n, m, h, o in zip(names, members, shas, out_names)]
     parts = [encode_str(o.split(".", 1)[1]) for o in out_names]
-    unhashed = {s for s, (a, b) in enumerate(zip(starts, starts[1:])) if any(m[3] is None for m in members[a:b])}
+    # the samples with a member of no digest: each found from its member's place (most shards have none)
+    unhashed = {bisect_right(starts, k) - 1 for k, m in enumerate(members) if m[3] is None}
     heads, closes, sources, lines = [], [], [], []
     splits = cols.split or [None] * len(cols.sample_id)
     for s, (sid, shard, key, tokens, stamp, conv, conv_sha, rec, n_media, split) in enumerate(zip(

@@ -8,55 +8,100 @@ import contextlib
 import functools
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 from .. import faults, owned, store
 from ..plan import PlanInfo
-from .bulk import BULK_ROWS, BulkShard, load_bulk_shard
+from .bulk import BULK_ROWS, BulkShard, build_shard, group_columns
 from .energon import LastIndex
 from .fingerprints import current_shards
-from .jobs import WRITE_ROWS, ShardJob, ShardResult, load_shard_job, piece_shards
+from .jobs import WRITE_ROWS, ShardJob, ShardResult, piece_shards, shard_job
 from .record import last_index, load_record, record_written, shard_digests, vouched_shards, written_key
 from .shard import write_shard
 from .shared import OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards, write_context
 from .space import OUTPUT, refuse_if_full, still_needed
 
+GROUP_SAMPLES = 16384  # samples a writer's job prepares from one read of the catalog (their rows held at once)
 
-def _write_shard_star(args) -> ShardResult:
-    return write_shard(*args)
+
+def writer_workers(workers: int, shards: int) -> int:
+    """The writer processes: ``workers``, else one per core, at most one per shard."""
+    return workers or min(os.cpu_count() or 1, max(1, shards))
+
+
+def writer_groups(names: list, workers: int, samples: Mapping[str, int] | None = None) -> list[list]:
+    """The writer's jobs: runs of consecutive shards (in order), each prepared with one catalog connection and one
+    read of each query, of at most GROUP_SAMPLES samples (a larger shard alone) and, with a pool, of at most a
+    share of the samples that gives each process two jobs, so the processes finish together. Without
+    ``samples`` (per shard, of those of names: jobs already gathered), one shard a job."""
+    if not samples:
+        return [[n] for n in names]
+    total = sum(samples[n] for n in names)
+    cap = GROUP_SAMPLES if workers <= 1 else min(GROUP_SAMPLES, -(-total // (2 * workers)))
+    groups: list[list] = []
+    held = 0
+    for n in names:
+        if groups and held + samples[n] <= cap:
+            groups[-1].append(n)
+            held += samples[n]
+        else:
+            groups.append([n])
+            held = samples[n]
+    return groups
+
+
+def shard_samples(con) -> dict[str, int]:
+    """The plan's samples (and pieces) per output shard."""
+    return dict(con.execute("SELECT p.output_shard, count(*) FROM pack_plan p JOIN pack_members pm USING (pack_id) "
+                            "GROUP BY 1").fetchall())
+
+
+def _write_group(args) -> list[ShardResult]:
+    """write_shard of each shard of one job; ``loader`` (names -> the shards prepared, one by one, from one
+    connection) where the job holds names."""
+    out_dir, group, context, loader = args
+    with contextlib.closing(loader(group) if loader else (j for j in group)) as prepared:
+        return [write_shard(out_dir, job, context) for job in prepared]
 
 
 def _each_written(args: list[tuple], workers: int) -> Iterator[ShardResult]:
-    """write_shard of each job, in order: in this process, or in a pool of ``workers`` processes."""
+    """The results of each job, in order: in this process, or in a pool of ``workers`` processes."""
     if workers <= 1 or len(args) <= 1:
-        yield from map(_write_shard_star, args)
+        for a in args:
+            yield from _write_group(a)
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        yield from pool.map(_write_shard_star, args)
+        for results in pool.map(_write_group, args):
+            yield from results
 
 
-def _load(work: str, root, rows, piece_rows, context: dict, split: frozenset, name: str) -> BulkShard | ShardJob:
-    """Picklable loader: a shard of whole samples prepared in bulk; one holding a piece of a split sample as a
-    job (its pieces' conversations and `_meta` come from split_pieces, which the bulk queries do not read)."""
-    if name in split:
-        return load_shard_job(work, root, piece_rows, name)
-    return load_bulk_shard(work, root, rows, context, name)
+def _load(work: str, root, rows, piece_rows, context: dict, split: frozenset,
+          group: list[str]) -> Iterator[BulkShard | ShardJob]:
+    """Picklable loader: a job's shards, from one read-only connection: those of whole samples prepared in bulk
+    from one read of the catalog for all of them; one holding a piece of a split sample as a job (its pieces'
+    conversations and `_meta` come from split_pieces, which the bulk queries do not read)."""
+    root = root if isinstance(root, dict) else Path(root)
+    with store.connect(Path(work), read_only=True) as con:
+        bulk = group_columns(con, root, [n for n in group if n not in split], rows)
+        for name in group:
+            yield shard_job(con, root, name, piece_rows) if name in split else build_shard(*next(bulk), context)
 
 
 def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, workers: int = 0,
               progress: Progress | None = None, loader=None, done: list[ShardResult] | None = None,
-              plan_fingerprint: str = "", last: LastIndex | None = None) -> list[ShardResult]:
+              plan_fingerprint: str = "", last: LastIndex | None = None,
+              samples: Mapping[str, int] | None = None) -> list[ShardResult]:
     """Write every shard (a process pool when there are several), remove stale ones, write Energon metadata
     (its index uuid named after ``plan_fingerprint``). ``done``: results of shards the caller already found
     current; they are kept, not rewritten. ``last``: the index the last write left, whose rows of those
-    still hold."""
+    still hold. ``samples``: per shard name, its samples (`writer_groups`)."""
     names = sorted({r.shard for r in done or []} | {j if isinstance(j, str) else j.name for j in jobs})
     folder = OutputFolder(out_dir, owned.planned_files(names))
-    workers = workers or min(os.cpu_count() or 1, max(1, len(jobs)))
-    args = [(str(out_dir), j, context, loader) for j in jobs]
+    workers = writer_workers(workers, len(jobs))
+    args = [(str(out_dir), g, context, loader) for g in writer_groups(jobs, workers, samples)]
     results: list[ShardResult] = list(done or [])
     total = len(results) + len(jobs)
     for i, r in enumerate(results, 1):
@@ -93,6 +138,7 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
         # that holds one is not vouched for, recorded or found current here (current_shards leaves it out);
         # write_shard compares its fingerprint, built from the pieces, with the one on disk
         pieces = piece_shards(con)
+        samples = shard_samples(con)
         done = [r for r in done if r.shard not in pieces]
         digests = {n: d for n, d in digests.items() if n not in pieces}
         # the rest of what is on disk (not as the writer left it, or no record of it) by its fingerprint
@@ -101,13 +147,17 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
     last = last_index(work, out_dir, skip)
     todo = [n for n in names if n not in skip]
     refuse_if_full(work, out_dir, todo)  # before the first byte, when the plan's bytes clearly do not fit
-    whole, split = [n for n in todo if n not in pieces], [n for n in todo if n in pieces]
-    with (store.staged(work, BULK_ROWS, whole) if len(whole) > 1 else contextlib.nullcontext() as rows,
+    split = [n for n in todo if n in pieces]
+    workers = writer_workers(workers, len(todo))
+    # each job's shards of whole samples in one staged file (none when one job holds them all: it queries)
+    whole = [g for g in ([n for n in group if n not in pieces] for group in writer_groups(todo, workers, samples)) if g]
+    with (store.staged(work, BULK_ROWS, sum(whole, []), groups=whole) if len(whole) > 1
+          else contextlib.nullcontext() as rows,
           store.staged(work, WRITE_ROWS, split) if len(split) > 1 else contextlib.nullcontext() as piece_rows):
         root = input_root if isinstance(input_root, dict) else str(input_root)
         loader = functools.partial(_load, str(work), root, rows, piece_rows, context, frozenset(split))
         results = write_all(out_dir, todo, context, workers=workers, progress=progress, loader=loader, done=done,
-                            plan_fingerprint=info.fingerprint, last=last)
+                            plan_fingerprint=info.fingerprint, last=last, samples=samples)
     record_written(work, key, out_dir, results, context, digests, keys)
     return WriteSummary.of(out_dir, owned.planned_files(names), names, results, time.perf_counter() - t0,
                            info.fingerprint)

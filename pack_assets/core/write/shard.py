@@ -24,13 +24,11 @@ from .syscalls import SMALL_READ, Arena, Sources, copy_range, prefetch_aside, st
 WRITEBACK_EVERY = 8 << 20  # the disk's writing is started every this many bytes written (`start_writeback`)
 
 
-def write_shard(out_dir: str, job: BulkShard | ShardJob | str, context: dict, loader=None) -> ShardResult:
+def write_shard(out_dir: str, job: BulkShard | ShardJob, context: dict) -> ShardResult:
     """Write one output shard atomically; skip it when a shard with the same content is already there
-    (a rerun after a crash, or the untouched shards of an incremental plan). ``job`` may be a shard name
-    that ``loader`` prepares (`bulk.load_bulk_shard`, inside the writer process), or a ShardJob."""
+    (a rerun after a crash, or the untouched shards of an incremental plan). ``job``: prepared in bulk
+    (`bulk.build_shard`, inside the writer process), or a ShardJob."""
     t0 = time.perf_counter()
-    if isinstance(job, str):
-        job = loader(job)
     if isinstance(job, ShardJob):
         job = build_shard(job.name, job_columns(job), context)
     final = Path(out_dir) / job.name
