@@ -37,7 +37,8 @@ from .coverage import not_counted
 from .cpad import pack_padded_len
 from .indexmode import INDEX_PART, SourceFiles, is_index_folder
 from .outcomes import AUDIT_PIECE_ROWS, per_shard, piece_expectations
-from .plan import PlanConfig, PlanInfo, check_plan
+from .plan import PlanConfig, PlanInfo
+from .plancheck import check_plan
 from .reasons import ReasonError
 from .recipe import expected_copies
 from .report import audit_figures, write_report

@@ -40,12 +40,12 @@ from .plan import (
     assign_shards,
     fingerprint,
     ok_lengths,
-    pack_checks,
     pack_group,
     plan_jsonl,
     plan_stats,
     plannable,
 )
+from .plancheck import pack_checks
 from .recipe import Recipe, blend_seed, copies, dataset_of, expected_copies
 from .results import FilePath, Markdown, summed
 from .settings import SPLIT_IN_BLEND
@@ -272,7 +272,7 @@ def blend_stats(tokens: np.ndarray, names: list[str], repeats: dict[str, float],
             "packs_over_bound_fraction": over, "bound_ok": over <= 0.001}
 
 
-# -- the plan's own invariants (plan.check_plan with repeats) -----------------------------------------------
+# -- the plan's own invariants (plancheck.check_plan with repeats) -----------------------------------------------
 
 
 def check_blend(con, config: PlanConfig, repeats: dict[str, float]) -> list[dict]:

@@ -24,13 +24,14 @@ from .binpack import ALGORITHMS, assign, lower_bounds
 from .counting.profiles import ModelProfile, resolve_profile
 from .counting.token_lengths import token_lengths_are_current
 from .coverage import input_stats, left_since, tar_exists
-from .cpad import check_padded, padded, padded_stats
-from .groups import check_groups, make_groups, split_to_groups
+from .cpad import padded, padded_stats
+from .groups import make_groups, split_to_groups
+from .plancheck import check_plan
 from .results import FilePath, Markdown
 from .scan import manifest_is_current
 from .settings import PlanConfig
-from .split import plan_checks, split_overlong, split_stats
 from .split import row as split_row
+from .split import split_overlong, split_stats
 
 __all__ = ["ALGORITHMS", "Pack", "PlanConfig", "PlanResult", "assign", "lower_bounds", "make_plan"]
 
@@ -403,54 +404,6 @@ class PlanSummary:
                 "per_media_type": Markdown("| media type | samples | packs | lower bound | fill | dropped |\n"
                                            "|---|---:|---:|---:|---:|---:|\n" + "\n".join(rows)),
                 "plan_file": FilePath(self.plan_file), "dagster/column_schema": store.PACK_PLAN_SCHEMA}
-
-
-def check_plan(con, config: PlanConfig) -> list[dict]:
-    """Invariants of the stored plan itself, before anything is written: every ok sample in exactly one pack
-    or in ``dropped``, one media type per pack, capacity (after padding) and caps held. (A blend's plan holds
-    each sample as many times as its draw says: `blend.check_blend` checks it instead.)"""
-    # the samples view read once, not three times (it was half of the check's time at 1M samples)
-    with store.samples_snapshot(con) as samples:
-        ok, members, distinct, dropped, both, lost = con.execute(
-            f"""SELECT
-                 (SELECT count(*) FROM {samples} WHERE status = 'ok'),
-                 (SELECT count(*) FROM pack_members),
-                 (SELECT count(DISTINCT sample_id) FROM pack_members),
-                 (SELECT count(*) FROM dropped),
-                 (SELECT count(*) FROM (SELECT sample_id FROM pack_members INTERSECT SELECT sample_id FROM dropped)),
-                 (SELECT count(*) FROM {samples} WHERE status = 'ok'
-                    AND sample_id NOT IN (SELECT sample_id FROM pack_members)
-                    AND sample_id NOT IN (SELECT sample_id FROM dropped)
-                    AND sample_id NOT IN (SELECT sample_id FROM split_pieces))""").fetchone()
-        found = [("duplicate_sample", members != distinct, f"{members - distinct} sample(s) in more than one pack"),
-                 ("packed_and_dropped", both, f"{both} sample(s) both packed and dropped"),
-                 ("lost_sample", lost, f"{lost} ok sample(s) neither packed nor dropped nor split")]
-        found += pack_checks(con, config, samples=samples) + plan_checks(con)
-    return [{"check": check, "detail": detail} for check, bad, detail in found if bad]
-
-
-def pack_checks(con, config: PlanConfig, samples: str = "samples") -> list[tuple[str, int, str]]:
-    """(check, how many bad, detail) of every pack's own limits: capacity after padding, one media type (with
-    pack_per_media_type), caps.
-    ``samples``: a table or view with each sample's media type (the catalog's view by default)."""
-    pad = config.pad_multiple
-    over, mixed = con.execute(
-        f"""SELECT
-             (SELECT count(*) FROM pack_plan
-                WHERE ceil(total_token_len / ?) * ? > ? AND NOT (overlong AND len(sample_ids) = 1)),
-             (SELECT count(*) FROM (SELECT pm.pack_id FROM pack_members pm JOIN {samples} s USING (sample_id)
-                GROUP BY pm.pack_id HAVING count(DISTINCT s.media_type) > 1))""",
-        [pad, pad, config.max_len],
-    ).fetchone()
-    found = [("over_capacity", over, f"{over} pack(s) over {config.max_len} tokens")]
-    if config.pack_per_media_type:  # mixing is what pack_per_media_type: false asks for
-        found.append(("mixed_media", mixed, f"{mixed} pack(s) mix media types"))
-    found += check_padded(con, config) + check_groups(con, config.group_size, samples)
-    cap = config.max_samples_per_pack
-    if cap:
-        over_cap = con.execute("SELECT count(*) FROM pack_plan WHERE len(sample_ids) > ?", [cap]).fetchone()[0]
-        found.append(("over_cap", over_cap, f"packs over {cap} samples"))
-    return found
 
 
 def plannable(work: Path, shards: list[str], profile: ModelProfile, input_root: Path | None,
