@@ -494,6 +494,13 @@ _OK = "FROM token_lengths WHERE status = 'ok'"
 _OK_BATCH = 1 << 17  # rows fetched at once
 
 
+def _ints(col) -> np.ndarray:
+    """An integer Arrow column without nulls as numpy, read on its buffer: pyarrow's ``to_numpy`` imports pandas,
+    which the command's own process never needs."""
+    dtype = np.dtype(str(col.type))
+    return np.frombuffer(col.buffers()[1], dtype=dtype, count=len(col), offset=col.offset * dtype.itemsize)
+
+
 def ok_lengths(con) -> dict[str, np.ndarray]:
     """make_plan's inputs, one entry per ok sample in sample id order, from the catalog. Fetched in batches of
     Arrow, not the whole result at once (held in DuckDB and again as numpy: docs/benchmarks.md, issue 41);
@@ -509,7 +516,7 @@ def ok_lengths(con) -> dict[str, np.ndarray]:
             raise ValueError("token_lengths has an ok row with a NULL count: count its shard again (--force)")
         for name, col in zip(batch.schema.names, batch.columns):
             parts.setdefault(name, []).append(np.asarray(col.to_pylist(), dtype=object) if name == "sample_ids"
-                                              else col.to_numpy())
+                                              else _ints(col))
     names = ["sample_ids", "media_types", "lengths", "media_bytes", "n_media", "vision_tokens"]
     rows = {k: np.concatenate(parts[k]) if parts.get(k) else np.asarray([], object if k == "sample_ids" else np.int64)
             for k in names}
