@@ -34,6 +34,7 @@ import json, sys, time
 from pathlib import Path
 t0 = time.perf_counter()
 from concurrent.futures import ProcessPoolExecutor
+from pack_assets import __version__
 from pack_assets.core import audit
 pool = ProcessPoolExecutor(2)  # as the command's helpers: the recount and the figures run there
 work, out, prehash = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "1"
@@ -42,7 +43,7 @@ if prehash:
     from pack_assets.core import filedigest
     t = time.perf_counter()
     early = filedigest.EarlyDigests()
-    early.start(out, work / audit.AUDITED)
+    early.start(out, work / audit.AUDITED, __version__)
     for p in sorted(out.glob("*.tar")):
         early.digest(p)  # waits for each
     kw["early"] = early

@@ -204,18 +204,22 @@ def _lengths_caps(args):
 
 
 def _cp_padded(args, lengths):
-    """The lengths as `run` packs them under context parallelism: each padded to the sub-sample multiple."""
+    """The lengths as `run` packs them under context parallelism, each padded to the sub-sample multiple, and
+    that multiple (1: none): the figures are then of padded lengths, as `run`'s ``fill_padded``."""
     from .core.cpad import padded, sample_multiple
 
     m = sample_multiple(args.cp_size or 1, args.tp_size or 1, bool(args.sequence_parallel), args.sample_multiple or 0)
-    return lengths if m == 1 else padded(lengths, m)
+    return (lengths, m) if m == 1 else (padded(lengths, m), m)
 
 
 def cmd_plan(args) -> int:
     from .core.sweep import summarize
 
     lengths, caps, k = _lengths_caps(args)
-    s = summarize(_cp_padded(args, lengths), args.max_len // k * k, args.algorithm, caps, args.seed)
+    lengths, m = _cp_padded(args, lengths)
+    s = summarize(lengths, args.max_len // k * k, args.algorithm, caps, args.seed)
+    if m > 1:
+        s["sample_multiple"] = m  # packs, bound and efficiency of the padded lengths
     assignment = s.pop("assignment")
     if args.out:
         import numpy as np
@@ -242,8 +246,10 @@ def cmd_simulate(args) -> int:
                 "SELECT total_tokens FROM token_lengths WHERE status = 'ok'").fetchall()], dtype=np.int64)
     algorithms = args.algorithms.split(",") if args.algorithms else list(ALGORITHMS)
     max_lens = [int(x) // k * k for x in args.max_len.split(",")]
-    lengths = _cp_padded(args, lengths)
+    lengths, m = _cp_padded(args, lengths)
     res = simulate(lengths, max_lens, algorithms, caps, args.seed, args.global_batch)
+    if m > 1:
+        res["sample_multiple"] = m
     if args.plots:
         from .core.report import plot_simulation
 

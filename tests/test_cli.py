@@ -95,6 +95,7 @@ def test_plan_and_simulate_pack_what_context_parallelism_pads(tmp_path, capsys):
     padded = -(-lengths // 8) * 8
     per_pack = np.bincount(assignment[assignment >= 0], weights=padded[assignment >= 0])
     assert per_pack.max() <= 4096 and s["packs"] == len(per_pack) and s["lower_bound"] == -(-padded.sum() // 4096)
+    assert s["sample_multiple"] == 8
     assert main(["plan", "--lengths", str(tmp_path / "l.npy"), "--max-len", "4096", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["lower_bound"] < s["lower_bound"]  # padding costs room
     assert main(["simulate", "--lengths", str(tmp_path / "l.npy"), "--max-len", "4096", "--json",

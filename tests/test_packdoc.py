@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pack_assets.core import packdoc
 from pack_assets.core.write.jobs import PackJob, SubSample, pack_document
 
@@ -61,3 +63,12 @@ def test_a_conversation_elsewhere_in_the_document_does_not_pass_for_the_packed_o
     doc["samples"][0].update(messages=stale, source=fake)
     _, messages = packdoc.walk(json.dumps(doc, ensure_ascii=False).encode(), conversations.get)
     assert messages == {"s/0": stale}
+
+
+def test_a_document_whose_meta_is_not_an_object_is_refused_not_crashed_on():
+    # the audit turns these errors into a bad_json row (audit._check_pack); a list _meta once reached meta.get
+    from pack_assets.core.audit import _read_doc
+
+    for doc in (b'{"_meta": [1, 2], "samples": []}', b'[1]', b'{"samples": []}'):
+        with pytest.raises((TypeError, AttributeError, KeyError)):
+            _read_doc(doc, {})

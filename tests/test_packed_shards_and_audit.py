@@ -11,11 +11,13 @@ import json
 import os
 import shutil
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
 import webdataset as wds
 
+from pack_assets import __version__
 from pack_assets.core import audit as audit_mod
 from pack_assets.core import filedigest, store, tario
 from pack_assets.core.audit import run_audit
@@ -498,7 +500,7 @@ def test_digests_taken_early_vouch_only_for_files_nobody_wrote_since(packed):
     first, second = sorted(out.glob("*.tar"))[:2]
     assert run_audit(work, out, digests=False).ok  # records each shard's digest
     early = filedigest.EarlyDigests()
-    early.start(out, work / audit_mod.AUDITED)
+    early.start(out, work / audit_mod.AUDITED, __version__)
     assert early.digest(first) == early.digest(first) == filedigest.file_digest(first) is not None
     assert early.digest(second) == filedigest.file_digest(second)
     _flip_first_media_in_place(first)
@@ -515,9 +517,15 @@ def test_digests_taken_early_vouch_only_for_files_nobody_wrote_since(packed):
     assert run_audit(work, out, digests=False).ok
     os.utime(second, ns=(second.stat().st_atime_ns, second.stat().st_mtime_ns + 10**9))
     late = filedigest.EarlyDigests()
-    late.start(out, work / audit_mod.AUDITED)
+    late.start(out, work / audit_mod.AUDITED, __version__)
     assert late.digest(second) is None and late.digest(first) is not None  # a new mtime: not hashed early
     late.close()
+    with filedigest.EarlyDigests() as other:  # another version's record: its digests are not taken
+        other.start(out, work / audit_mod.AUDITED, __version__ + "+other")
+        assert other.digest(first) is None
+    stopped = threading.Event()
+    stopped.set()  # closed while a file is being read: the read stops, no digest
+    assert filedigest.identified_digest(first, stopped) is None and filedigest.identified_digest(first)
 
 
 def test_lookup_round_trips_sample_to_pack_and_back(packed):

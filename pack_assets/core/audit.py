@@ -121,6 +121,8 @@ def _read_doc(data: bytes, samples: dict) -> tuple[dict, dict]:
     if walked is not None:
         return walked
     doc = json.loads(data)
+    if not isinstance(doc.get("_meta"), dict):
+        raise TypeError("its _meta is not an object")
     return doc["_meta"], {s.get("sample_id"): s.get("messages") for s in doc.get("samples", []) if isinstance(s, dict)}
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 import xxhash
 
 CHUNK = 8 << 20
+EARLY_THREADS = 4  # at most: sequential readers of one disk while the writer writes to it
 
 
 Identity = tuple[int, int, int, int, int]
@@ -34,10 +36,10 @@ def identity(st: os.stat_result) -> Identity:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-def identified_digest(path: Path) -> tuple[str, Identity] | None:
+def identified_digest(path: Path, stop: threading.Event | None = None) -> tuple[str, Identity] | None:
     """xxh3-128 of the file's bytes (hex) and the file's identity, the same before and after the read; None when
-    it cannot be read or changed meanwhile. Read in large chunks into one buffer, the kernel told to read ahead
-    (xxhash releases the GIL while it hashes: threads hash files in parallel)."""
+    it cannot be read, changed meanwhile, or ``stop`` was set. Read in large chunks into one buffer, the kernel
+    told to read ahead (xxhash releases the GIL while it hashes: threads hash files in parallel)."""
     h = xxhash.xxh3_128()
     buf = bytearray(CHUNK)
     view = memoryview(buf)
@@ -47,6 +49,8 @@ def identified_digest(path: Path) -> tuple[str, Identity] | None:
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
             while n := f.readinto(buf):
+                if stop is not None and stop.is_set():
+                    return None
                 h.update(view[:n])
             after = identity(os.fstat(f.fileno()))
     except OSError:
@@ -67,13 +71,23 @@ class EarlyDigests:
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._started: dict[Path, Future] = {}
+        self._stop = threading.Event()
 
-    def start(self, out_dir: Path, record: Path, workers: int = 0) -> None:
-        """Hash, in the background, each output shard that the last clean audit's record (``record``) holds a
-        digest for and whose size and mtime are still the ones it recorded (the others are read in full)."""
+    def __enter__(self) -> EarlyDigests:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self, out_dir: Path, record: Path, tool_version: str, workers: int = 0) -> None:
+        """Hash, in the background, each output shard that the last clean audit's record (``record``, written
+        by ``tool_version``: another's digests are not taken) holds a digest for and whose size and mtime are
+        still the ones it recorded (the others are read in full)."""
         self.close()
         try:
             doc = json.loads(record.read_text())
+            if doc.get("tool_version") != tool_version:
+                return
             shards, digests = doc["shards"], doc["digests"]
             names = sorted(n for n in digests if isinstance(shards.get(n), list) and len(shards[n]) >= 2)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -87,9 +101,10 @@ class EarlyDigests:
             if [st.st_size, st.st_mtime_ns] == shards[n][:2]:
                 todo.append(out_dir / n)
         if todo:
-            self._pool = ThreadPoolExecutor(max(1, min(workers or os.cpu_count() or 1, len(todo))),
-                                            thread_name_prefix="early-digest")
-            self._started = {p: self._pool.submit(identified_digest, p) for p in todo}
+            self._stop = threading.Event()
+            threads = min(workers or os.cpu_count() or 1, EARLY_THREADS, len(todo))
+            self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="early-digest")
+            self._started = {p: self._pool.submit(identified_digest, p, self._stop) for p in todo}
 
     def digest(self, path: Path) -> str | None:
         """The digest taken early of ``path`` (waiting for it if it is being taken), None when none was started,
@@ -102,7 +117,9 @@ class EarlyDigests:
             return None
 
     def close(self) -> None:
-        """Stop hashing (what is not started yet is cancelled) and forget the digests."""
+        """Stop hashing (what is not started is cancelled, what is under way stops at its next chunk: a failed
+        plan or write leaves no thread reading) and forget the digests."""
+        self._stop.set()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._pool, self._started = None, {}

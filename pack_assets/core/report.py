@@ -14,6 +14,7 @@ import numpy as np
 from . import drawing, safety
 from .aside import run_aside
 from .blend import DRIFT_LIMIT, SHARE_TOLERANCE, epoch_name
+from .cpad import padded
 from .plan import PlanConfig, PlanInfo
 from .recipe import Recipe
 from .results import AuditResult, Markdown, png_data_uri
@@ -389,7 +390,9 @@ def _max_lens(config: PlanConfig) -> list[int]:
 
 
 def _sweep_drawn(lengths: np.ndarray, config: PlanConfig, path: Path) -> dict:
-    """The sweep, and its fill figure drawn where it was simulated (one hand-off, not two)."""
+    """The sweep, and its fill figure drawn where it was simulated (one hand-off, not two); on the lengths the
+    plan packs (each padded to the context-parallel multiple, core/cpad.py)."""
+    lengths = padded(lengths, config.multiple) if config.multiple > 1 else lengths
     sim = simulate(lengths, _max_lens(config), sorted({config.algorithm, "bfd", "next_fit"}), config.caps,
                    seed=config.seed)
     draw_fill_vs_max_len(_fill_vs_max_len(sim), path)

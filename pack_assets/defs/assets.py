@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 import pyarrow as pa
 
-from .. import events
+from .. import __version__, events
 from ..core import audit, blend, epochs, filedigest, plan, report, scan, write
 from ..core.counting.token_lengths import run_token_counts
 from ..core.results import FilePath, Markdown
@@ -147,10 +147,10 @@ def _pack_plan(pool: Executor | None, early: filedigest.EarlyDigests | None = No
         s.check_paths()
         shards = sorted(context.instance.get_dynamic_partitions(source_shards.name))
         events.emit(Progress(events.PLAN, 0, 1, "step", len(shards), "shards"))
-        if early is not None and s.plan.incremental and s.audit_scope == "all" and not s.recipe:
-            # an incremental plan keeps the output shards it had: they are hashed for the audit meanwhile
-            early.start(s.out, s.work / audit.AUDITED)
         with settings.work_lock(context, "pack_plan"):
+            if early is not None and s.plan.incremental and s.audit_scope == "all" and not s.recipe:
+                # an incremental plan keeps the output shards it had: they are hashed for the audit meanwhile
+                early.start(s.out, s.work / audit.AUDITED, __version__)
             summary, what_if = _planned(s, shards, pool)
         events.emit(Progress(events.PLAN, 1, 1, "step", summary.packs, "packs"))
         if summary.shards_removed:
@@ -246,11 +246,12 @@ def _audit_report(pool: Executor | None, early: filedigest.EarlyDigests | None =
 audit_report = _audit_report(None)
 
 
-def pack_stage_assets(pool: Executor | None = None) -> list[dg.AssetsDefinition]:
+def pack_stage_assets(pool: Executor | None = None,
+                      early: filedigest.EarlyDigests | None = None) -> list[dg.AssetsDefinition]:
     """The three pack stages' assets. ``pool``: where their side work runs (the what-if sweep beside the plan;
     the audit's recount and figures): the command's helper processes when `pack-assets run` builds them
     (runner/orchestrate.py); none, in line, for the code location's own (above: `dagster dev`, `dg`). The three
-    run in one process here, so an incremental plan starts hashing the output shards it keeps for the audit
-    (`filedigest.EarlyDigests`); the code location's, which may each run in a process of its own, do not."""
-    early = filedigest.EarlyDigests()
+    run in one process here, so with ``early`` an incremental plan starts hashing the output shards it keeps
+    for the audit (`filedigest.EarlyDigests`, closed by the caller whether or not the audit runs); the code
+    location's, which may each run in a process of its own, do not."""
     return [_pack_plan(pool, early), packed_shards, _audit_report(pool, early)]

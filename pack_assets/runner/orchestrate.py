@@ -13,7 +13,7 @@ from pathlib import Path
 import dagster as dg
 
 from .. import events
-from ..core import drawing, store
+from ..core import drawing, filedigest, store
 from ..core.plan import PlanSummary
 from ..core.results import AuditResult
 from ..core.settings import Settings
@@ -267,12 +267,13 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
         log(f"{len(todo)} shard run(s), {len(shards) - len(todo)} shard(s) unchanged"
             f"{f' ({len(late)} recorded in Dagster now)' if late else ''}; planning, writing and auditing")
 
-    pack_assets = pack_stage_assets(pool)
-    result = _shard_runs(todo + late, order, jobs, settings.flat(), progress_log, instance, work, then_pack,
-                         pack_assets, pool)
-    if result is None:  # the shard runs did not go on with the pack assets
-        then_pack()
-        result = _materialize(pack_assets, instance=instance, resources=_resources(settings), run_config=QUIET)
+    with filedigest.EarlyDigests() as early:  # closed even when the plan or the write fails
+        pack_assets = pack_stage_assets(pool, early)
+        result = _shard_runs(todo + late, order, jobs, settings.flat(), progress_log, instance, work, then_pack,
+                             pack_assets, pool)
+        if result is None:  # the shard runs did not go on with the pack assets
+            then_pack()
+            result = _materialize(pack_assets, instance=instance, resources=_resources(settings), run_config=QUIET)
     steps = _step_seconds(instance, result.run_id)
     # the shard stage: until the pack run (or the run the pack assets are in), and its shard steps
     shard_stage = shard_seconds[0] + sum(steps.pop(a.key.to_user_string(), 0) for a in SHARD_ASSETS)
