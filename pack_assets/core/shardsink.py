@@ -22,28 +22,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .safety import mkstemp
-from .tario import BLOCK, RECORD, member_header, padding
+from .tario import BLOCK, RECORD, member_header, padding, writev_all
 
 Member = tuple[str, "bytes | memoryview"]
 _QUEUE_BYTES = 64 << 20
 _RUN_BYTES = 1 << 20  # much larger runs made the writer thread slower (docs/benchmarks.md, issue 42)
-_IOV_MAX = 1024  # buffers per os.writev (Linux)
 
 
 def _write_all(fd: int, bufs: list) -> int:
-    """Write the buffers in order with os.writev; returns the bytes written. A short write (a signal, the
-    disk filling on the way) is finished from a joined copy of what is left."""
-    written = 0
-    for i in range(0, len(bufs), _IOV_MAX):
-        part = bufs[i:i + _IOV_MAX]
-        size = sum(len(b) for b in part)
-        done = os.writev(fd, part)
-        if done < size:
-            rest = memoryview(b"".join(part))[done:]
-            while rest:
-                rest = rest[os.write(fd, rest):]
-        written += size
-    return written
+    """Write the buffers in order (`tario.writev_all`: a short write resumes inside its buffer); the bytes."""
+    size = sum(len(b) for b in bufs)
+    writev_all(fd, bufs)
+    return size
 
 
 class _Writer:

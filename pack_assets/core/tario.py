@@ -400,3 +400,21 @@ def padding(n: int) -> bytes:
 def add_member(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     """One regular member through ``tarfile``, with the same fixed fields as ``member_header``."""
     tf.addfile(_tarinfo(name, len(data)), io.BytesIO(data))
+
+
+IOV_MAX = 1024  # buffers per os.writev call (Linux IOV_MAX)
+
+
+def writev_all(fd: int, bufs: list) -> None:
+    """os.writev until every buffer is written (a short write resumes inside the buffer it stopped in)."""
+    i = 0
+    while i < len(bufs):
+        batch = bufs[i:i + IOV_MAX]
+        n = os.writev(fd, batch)
+        for b in batch:
+            if n >= len(b):
+                n -= len(b)
+                i += 1
+            else:
+                bufs[i] = memoryview(b)[n:]
+                break

@@ -12,7 +12,7 @@ import errno
 import os
 import threading
 
-from ..tario import BLOCK
+from ..tario import BLOCK, writev_all
 from .jobs import SubSample
 
 # Media and extra members of this size or more are copied in kernel (copy_file_range: no user-space copy, no
@@ -26,7 +26,6 @@ SMALL_READ = 1 << 20
 # padding, typically 1 KB per member) stay under this (and under the cut, so that no member copied apart lies
 # inside the span): a 16 KB image then costs one slice, not one syscall
 SPAN_GAP = 64 << 10
-IOV_MAX = 1024  # buffers per os.writev call (Linux IOV_MAX)
 # copy_file_range's errors that say the kernel cannot copy between these two files (EXDEV: filesystems of
 # different types, Linux 5.12 on): the caller reads and writes that source's members instead
 NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL}
@@ -149,21 +148,6 @@ def start_writeback(fd: int, offset: int, size: int) -> None:
     if hasattr(os, "posix_fadvise"):
         with contextlib.suppress(OSError):  # advice only
             os.posix_fadvise(fd, offset, size, os.POSIX_FADV_DONTNEED)
-
-
-def writev_all(fd: int, bufs: list) -> None:
-    """os.writev until every buffer is written (a short write resumes inside the buffer it stopped in)."""
-    i = 0
-    while i < len(bufs):
-        batch = bufs[i:i + IOV_MAX]
-        n = os.writev(fd, batch)
-        for b in batch:
-            if n >= len(b):
-                n -= len(b)
-                i += 1
-            else:
-                bufs[i] = memoryview(b)[n:]
-                break
 
 
 def read_record(sub: SubSample, sources: Sources) -> bytes | None:
