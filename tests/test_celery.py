@@ -68,9 +68,7 @@ def test_shard_runs_execute_on_two_celery_workers(tmp_path, monkeypatch):
         assert audit is not None, "no audit_report within 300 s; logs: " + "\n".join(
             f"== {p.name}\n{p.read_text()[-3000:]}" for p in sorted(logs.glob("*.log")))
     finally:
-        # run.sh alone, as a service manager stops it: its trap must stop what it started (a SIGTERM to the whole
-        # group raced it: a child dead first ended its `wait -n` as a crash, exit 1)
-        os.kill(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:

@@ -54,6 +54,9 @@ if [ -n "${PACK_ASSETS_WEBSERVER_PORT:-}" ]; then
   pids+=($!)
 fi
 echo "run.sh: broker $PACK_ASSETS_CELERY_BROKER, $WORKERS worker(s), logs in $LOGS" >&2
-wait -n "${pids[@]}"
+wait -n "${pids[@]}" || true
+# a stop signal to the whole process group (a service manager's, Ctrl-C) can end a child before this script's
+# trap runs: give that signal's trap its turn before calling the child's end a failure
+sleep 1
 echo "run.sh: a process exited; stopping the rest (see $LOGS)" >&2
 exit 1
