@@ -84,14 +84,8 @@ class EarlyDigests:
         by ``tool_version``: another's digests are not taken) holds a digest for and whose size and mtime are
         still the ones it recorded (the others are read in full)."""
         self.close()
-        try:
-            doc = json.loads(record.read_text())
-            if doc.get("tool_version") != tool_version:
-                return
-            shards, digests = doc["shards"], doc["digests"]
-            names = sorted(n for n in digests if isinstance(shards.get(n), list) and len(shards[n]) >= 2)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return
+        shards, _, digests = audited(record, {}, tool_version)  # the record read as the audit reads it
+        names = sorted(n for n in digests if isinstance(shards.get(n), list) and len(shards[n]) >= 2)
         todo = []
         for n in names:
             try:
