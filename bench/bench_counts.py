@@ -143,7 +143,7 @@ def main() -> None:
     data = one_image_samples(a.n, zipf=a.zipf) if a.one_image else samples(a.n)
     if counter.backend != "processor":
         counter.lengths([""])  # builds the tokenizer (lazy) outside the timed passes
-    chunks = counter.chunks if counter.backend == "tokenizers" else None
+    chunks = counter.chunks if counter.backend != "processor" else None
     run = {"label": a.label, "profile": counter.profile.name, "backend": counter.backend, "n": a.n,
            "chunk_cache": chunks is not None,
            "shape": ("one-image-zipf" if a.zipf else "one-image") if a.one_image else "mixed",

@@ -477,9 +477,9 @@ def _media_free(texts: list[str]) -> list[str]:
     return [t for t in texts if not any(m in t for m in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"))]
 
 
-def test_the_fast_rule_takes_the_cache_only_off_tiktoken(tmp_path):
-    """A Qwen profile counts through tiktoken (no cache there); forced onto tokenizers it takes the cache and
-    counts the same."""
+def test_the_fast_rule_takes_the_cache_on_tiktoken_and_off_it(tmp_path, monkeypatch):
+    """A Qwen profile counts through tiktoken and the cache (tiktoken counting the new chunks); forced onto
+    tokenizers it takes the cache too; both count as tiktoken does on whole texts."""
     from pack_assets.core.counting.profiles import bundled_tokenizer_file, profile_from_model_dir
     from pack_assets.core.counting.tokens import TokenCounter
 
@@ -487,14 +487,45 @@ def test_the_fast_rule_takes_the_cache_only_off_tiktoken(tmp_path):
     shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "models" / "Qwen3-VL-8B-Instruct", d)
     shutil.copy(bundled_tokenizer_file(), d / "tokenizer.json")
     profile = profile_from_model_dir(d)
+    monkeypatch.setenv("PACK_ASSETS_CACHE", str(tmp_path / "cache"))
     fast, cached = TokenCounter(profile), TokenCounter(profile, backend="tokenizers")
-    assert fast.backend == "tiktoken" and fast.chunks is None and cached.chunks is not None
+    plain = TokenCounter(profile, chunk_cache=False)
+    assert fast.backend == plain.backend == "tiktoken" and plain.chunks is None
+    assert fast.chunks is not None and cached.chunks is not None and fast.chunks is not cached.chunks
     texts = _media_free(BL_FIXED + _bl_texts(300, seed=15))
     rng = random.Random(16)
     items = _image_samples(texts, rng)
-    got, want = list(cached.count_many(items)), list(fast.count_many(items))
-    assert _outcomes(got) == _outcomes(want)
-    assert all(isinstance(r, dict) for r in got) and len(got) > 150 and cached.chunks.misses > 0
+    want = _outcomes(plain.count_many(items))
+    fast.chunks.clear()
+    assert _outcomes(cached.count_many(items)) == _outcomes(fast.count_many(items)) == want
+    assert _outcomes(fast.count_many(items)) == want  # the second time from the cache
+    assert all(isinstance(r, dict) for r in want) and len(want) > 150
+    assert cached.chunks.misses > 0 and fast.chunks.misses > 0
+    # and on every text alone, the adversarial ones among them (NFC, special tokens, spaces)
+    assert fast.lengths(texts) == plain.lengths(texts)
+
+
+def test_the_byte_level_rule_is_kept_in_the_cache_folder_and_a_damaged_answer_is_decided_again(tmp_path,
+                                                                                                monkeypatch):
+    """Whether proof B holds is decided once on the loaded tokenizer and kept beside the rank table; a file
+    that does not say true or false is decided again."""
+    from pack_assets.core.counting import tokenizers
+    from pack_assets.core.counting.profiles import load_profile
+
+    p = load_profile("qwen3-vl")
+    monkeypatch.setenv("PACK_ASSETS_CACHE", str(tmp_path / "cache"))
+    tokenizers.byte_level_chunk_rule.cache_clear()
+    assert tokenizers.byte_level_chunk_rule(p.tokenizer_file, p.last_added_id) == (BYTE_LEVEL_CHUNK, WHITESPACE)
+    (kept,) = (tmp_path / "cache").glob("chunk-rule-*")
+    assert json.loads(kept.read_text()) == {"holds": True}
+    kept.write_text('{"holds": "yes"}')
+    tokenizers.byte_level_chunk_rule.cache_clear()
+    assert tokenizers.byte_level_chunk_rule(p.tokenizer_file, p.last_added_id) == (BYTE_LEVEL_CHUNK, WHITESPACE)
+    assert json.loads(kept.read_text()) == {"holds": True}
+    kept.write_text('{"holds": false}')  # a kept refusal is taken as it is: the plain tokenizer counts
+    tokenizers.byte_level_chunk_rule.cache_clear()
+    assert tokenizers.byte_level_chunk_rule(p.tokenizer_file, p.last_added_id) is None
+    tokenizers.byte_level_chunk_rule.cache_clear()
 
 
 def test_the_qwen3_processor_path_counts_through_the_cache_and_equals_the_whole_call(tmp_path):

@@ -180,7 +180,10 @@ class ChunkCounts:
     """Per-text sums of per-chunk values, each distinct chunk computed once by ``count`` (a batch of chunks ->
     one int each). Bounded: emptied when it holds ``max_entries``; chunks longer than ``max_chunk`` characters
     (a URL, a line of code, text without spaces) are counted every time, never kept: words are short, and
-    long chunks rarely repeat, so 2^18 short keys bound a worker's cache to some tens of MB.
+    long chunks rarely repeat, so 2^18 short keys bound a worker's cache to some tens of MB. The bound still
+    keeps a chat template's turn boundary, the words on both sides joined by its special tokens
+    ("word.<|im_end|>\n<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe", ~90 characters):
+    it comes back in nearly every sample, and counted each time it sent the whole text down the slow path.
 
     ``glue``: the characters no cut may follow (``split_rule``'s), " " and "▁" always among them. A text is first
     cut by ``str.split(" ")`` (several times faster than the regex): every piece but the last is followed by a
@@ -193,7 +196,7 @@ class ChunkCounts:
     count of its exact key, so a race could only miss a key (KeyError), never give a wrong count."""
 
     def __init__(self, pattern: str, count: Callable[[list[str]], list[int]], glue: str = "",
-                 max_entries: int = 1 << 18, max_chunk: int = 64):
+                 max_entries: int = 1 << 18, max_chunk: int = 128):
         self._split = re.compile(pattern).findall
         self._count = count
         self._glue = frozenset(glue + _SPACES)

@@ -126,6 +126,13 @@ def cache_dir() -> Path:
 def _ranks_file(path: str, last_added_id: int) -> Path | None:
     """Where the table of this tokenizer file is kept, or None (a folder's vocab.json + merges.txt, which is
     built each time; no home folder to cache in)."""
+    import tiktoken
+
+    return _cache_file(path, last_added_id, f"tiktoken-ranks-v{RANKS_FORMAT}",
+                       f"-tiktoken{getattr(tiktoken, '__version__', '')}-marshal{marshal.version}.bin")
+
+
+def _cache_file(path: str, last_added_id: int, kind: str, suffix: str) -> Path | None:
     src = Path(path)
     if not src.is_file():
         return None
@@ -133,13 +140,10 @@ def _ranks_file(path: str, last_added_id: int) -> Path | None:
         folder = cache_dir()
     except RuntimeError:  # no $HOME and no passwd entry (some containers): no cache
         return None
-    import tiktoken
-
     from ... import __version__
 
     digest = cached_sha256(str(src))[:24]  # as the profile's fingerprint hashed it (cached per process)
-    return folder / (f"tiktoken-ranks-v{RANKS_FORMAT}-{digest}-{last_added_id}-pack_assets{__version__}"
-                     f"-tiktoken{getattr(tiktoken, '__version__', '')}-marshal{marshal.version}.bin")
+    return folder / f"{kind}-{digest}-{last_added_id}-pack_assets{__version__}{suffix}"
 
 
 def _save_ranks(path: str, last_added_id: int, pattern: str, ranks: dict[bytes, int], special: dict[str, int]) -> None:
@@ -182,3 +186,41 @@ def _cached_ranks(path: str, last_added_id: int) -> tuple[str, dict[bytes, int],
 
 def fast_counter_for(profile: ModelProfile):
     return _fast_counter(profile.tokenizer_file, profile.last_added_id)
+
+
+# Whether chunkcount's proof B holds for a tiktoken-capable tokenizer file is decided on the loaded
+# ``tokenizers`` definition (its own serialization, defaults filled in), which takes a process a second or
+# two to build: the answer is kept in the cache folder beside the rank table, under the file's content hash
+# and both libraries' versions. Only "holds" is kept: the one rule a byte-level BPE can have is BYTE_LEVEL_CHUNK.
+CHUNK_RULE_FORMAT = 1
+
+
+def _chunk_rule_file(path: str, last_added_id: int) -> Path | None:
+    import tokenizers
+
+    return _cache_file(path, last_added_id, f"chunk-rule-v{CHUNK_RULE_FORMAT}",
+                       f"-tokenizers{tokenizers.__version__}.json")
+
+
+@functools.lru_cache(maxsize=8)
+def byte_level_chunk_rule(path: str, last_added_id: int) -> tuple[str, str] | None:
+    """(chunk regex, glue) of chunkcount's proof B for this tokenizer file, or None where it does not hold."""
+    from .chunkcount import BYTE_LEVEL_CHUNK, WHITESPACE, tokenizer_rule
+
+    target = _chunk_rule_file(path, last_added_id)
+    try:
+        holds = json.loads(target.read_text())["holds"] if target is not None and target.exists() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        holds = None
+    if not isinstance(holds, bool):
+        pattern, _ = tokenizer_rule(load_tokenizer(path, last_added_id))
+        holds = pattern == BYTE_LEVEL_CHUNK
+        if target is not None:
+            from ..safety import atomic_write_bytes
+
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(target, json.dumps({"holds": holds}).encode())
+            except OSError:
+                pass
+    return (BYTE_LEVEL_CHUNK, WHITESPACE) if holds else None

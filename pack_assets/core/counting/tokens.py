@@ -28,7 +28,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ..reasons import ReasonError
 from .chunkcount import ChunkCounts, tokenizer_rule
 from .profiles import ModelProfile
-from .tokenizers import fast_counter_for, load_tokenizer, tokenizer_for
+from .tokenizers import byte_level_chunk_rule, fast_counter_for, load_tokenizer, tokenizer_for
 from .vision import VideoCount, image_tokens, media_crops, media_image_tokens, sampled_frames, video_count
 
 _BATCH = 512
@@ -103,6 +103,32 @@ def _plain_lengths(tokenizer, texts: list[str]) -> list[int]:
     return [len(e) for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
 
 
+@functools.lru_cache(maxsize=8)
+def _special_split(enc) -> re.Pattern:
+    names = sorted(enc.special_tokens_set, key=len, reverse=True)
+    return re.compile("(" + "|".join(map(re.escape, names)) + ")")
+
+
+def _nfc(enc, text: str) -> str:
+    """NFC as HF applies it: after the added tokens are split off ("<|vision_end|>\u0338" must not compose
+    '>' + U+0338 into '≯' and break the token)."""
+    if unicodedata.is_normalized("NFC", text):
+        return text
+    pieces = _special_split(enc).split(text)  # odd positions are the special tokens
+    return "".join(p if i % 2 else unicodedata.normalize("NFC", p) for i, p in enumerate(pieces))
+
+
+def _tiktoken_lengths(enc, texts: list[str]) -> list[int]:
+    encode = enc.encode
+    return [len(encode(_nfc(enc, t), allowed_special="all")) for t in texts]
+
+
+@functools.lru_cache(maxsize=8)  # as _chunk_counts, with tiktoken counting the chunks not seen yet
+def _tiktoken_chunk_counts(enc, path: str, last_added_id: int) -> ChunkCounts | None:
+    rule = byte_level_chunk_rule(path, last_added_id)
+    return ChunkCounts(rule[0], functools.partial(_tiktoken_lengths, enc), rule[1]) if rule else None
+
+
 @functools.lru_cache(maxsize=8)  # one per tokenizer and worker process: every shard it counts shares the cache
 def _chunk_counts(path: str, last_added_id: int) -> ChunkCounts | None:
     tok = load_tokenizer(path, last_added_id)
@@ -116,9 +142,10 @@ class TokenCounter:
 
     Token counts come from tiktoken built from the profile's own tokenizer.json where that file is a plain
     byte-level BPE (the Qwen family): same ids as Hugging Face ``tokenizers`` (tested), several times
-    faster (the chunk -> count cache is not used there). Any other tokenizer file, or a byte-level BPE with
-    ``backend="tokenizers"``, is run by ``tokenizers`` itself, through the chunk -> count cache where its proof
-    holds for that file (Gemma 3, byte-level BPE; core/counting/chunkcount.py).
+    faster. Any other tokenizer file, or a byte-level BPE with ``backend="tokenizers"``, is run by
+    ``tokenizers`` itself. Either goes through the chunk -> count cache where its proof holds for that file
+    (Gemma 3, byte-level BPE; core/counting/chunkcount.py): a chunk's count is the tokenizer's (tiktoken's
+    equals it on any text), so the sums are the same either way.
     """
 
     def __init__(self, profile: ModelProfile, backend: str = "auto", chunk_cache: bool = True):
@@ -134,7 +161,6 @@ class TokenCounter:
         if backend == "tiktoken" and self.fast is None:
             raise ValueError(f"the tokenizer of {profile.name} cannot run on tiktoken")
         self.backend = "tiktoken" if self.fast is not None else "tokenizers"
-        self._special_split: re.Pattern | None = None
         self._media_cache: dict[tuple[int, int, bool], int] = {}  # sizes repeat: hashing a MediaRule does not pay
         self._labels: list[int] = [0, 0]  # InternVL videos: [k] = tokens of "\nFrame2: " ... "\nFrame{k}: "
         self._first_label = 0  # tokens of "Frame1: " on its own
@@ -148,28 +174,18 @@ class TokenCounter:
     def chunks(self) -> ChunkCounts | None:
         """The chunk -> count cache (core/counting/chunkcount.py) where its proof holds for this tokenizer, else
         None."""
-        if self.fast is not None or not self._use_chunks:
+        if not self._use_chunks:
             return None
+        if self.fast is not None:
+            return _tiktoken_chunk_counts(self.fast, self.profile.tokenizer_file, self.profile.last_added_id)
         return _chunk_counts(self.profile.tokenizer_file, self.profile.last_added_id)
 
     def lengths(self, texts: list[str]) -> list[int]:
-        if self.fast is not None:
-            encode = self.fast.encode
-            return [len(encode(self._nfc(t), allowed_special="all")) for t in texts]
         if self.chunks is not None:
             return self.chunks.lengths(texts)
+        if self.fast is not None:
+            return _tiktoken_lengths(self.fast, texts)
         return _plain_lengths(self.tokenizer, texts)
-
-    def _nfc(self, text: str) -> str:
-        """NFC as HF applies it: after the added tokens are split off ("<|vision_end|>\u0338" must not
-        compose '>' + U+0338 into '≯' and break the token)."""
-        if unicodedata.is_normalized("NFC", text):
-            return text
-        if self._special_split is None:
-            names = sorted(self.fast.special_tokens_set, key=len, reverse=True)
-            self._special_split = re.compile("(" + "|".join(map(re.escape, names)) + ")")
-        pieces = self._special_split.split(text)  # odd positions are the special tokens
-        return "".join(p if i % 2 else unicodedata.normalize("NFC", p) for i, p in enumerate(pieces))
 
     def render(self, messages: list[dict], tools: list | None = None) -> str:
         if tools is None and messages and messages[0].get("tools"):
