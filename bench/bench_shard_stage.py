@@ -6,7 +6,8 @@ another checkout's code on the same input, the two alternating, and their files 
         --baseline /path/to/main --repeats 2     # a new bench/results/shard_stage_<UTC>.json
 
 Makes the input under <data>/shards if it is not there (bench/common.py make_shards: one JPEG of --image-kb
-per sample, the e2e benchmark's shape). Each stage run is a fresh process with a fresh work folder: the helpers
+per sample, the e2e benchmark's shape; ``--images 0``: text-only samples, the same texts). Each stage run is a
+fresh process with a fresh work folder: the helpers
 forked as the command forks them (one per core, or --jobs), every shard scanned and counted (force). With
 --drop-caches (root) the page cache is dropped before each timed step (never on a machine others measure on);
 each record says whether it was.
@@ -68,6 +69,7 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=20)
     ap.add_argument("--per-shard", type=int, default=5000)
     ap.add_argument("--image-kb", type=int, default=15)
+    ap.add_argument("--images", type=int, default=1, help="images per sample (0: text-only samples)")
     ap.add_argument("--jobs", type=int, default=0, help="helper processes (0: one per core, as the command)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--code", type=Path, help="the checkout timed as 'this' (default: the one holding this script)")
@@ -79,7 +81,7 @@ def main() -> None:
     data = Path(args.data).resolve()
     inp = data / "shards"
     require_free(data, 2.5 * args.shards * args.per_shard * (args.image_kb * 1024 + 1500))
-    files = make_shards(inp, args.shards, args.per_shard, args.image_kb, seed=7)
+    files = make_shards(inp, args.shards, args.per_shard, args.image_kb, seed=7, images=args.images)
     if sorted(inp.glob("*.tar")) != sorted(files):  # the stage scans the whole folder: only these shards in it
         raise SystemExit(f"{inp} holds other shards than the {len(files)} asked for: use another --data")
     here = (args.code or Path(__file__).resolve().parents[1]).resolve()
@@ -87,6 +89,7 @@ def main() -> None:
     doc: dict = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                  "load_avg_at_start": os.getloadavg(), "samples": args.shards * args.per_shard,
                  "bytes": sum(p.stat().st_size for p in files), "shards": len(files), "image_kb": args.image_kb,
+                 "images_per_sample": args.images,
                  "codes": {k: str(v) for k, v in codes.items()}, "runs": []}
     runs = doc["runs"]
     for r in range(args.repeats):

@@ -559,3 +559,19 @@ def test_the_qwen3_processor_path_counts_through_the_cache_and_equals_the_whole_
     assert pc._text_kwargs == {"add_special_tokens": False, "return_token_type_ids": False}  # an output pick only
     for extra in ({"truncation": True}, {"max_length": 8}, {"add_special_tokens": True}):
         assert _chunk_counts(pc.tokenizer, {**pc._text_kwargs, **extra}, pc._media_ids) is None, extra
+
+
+def test_the_rule_decided_on_the_file_is_the_one_decided_on_the_loaded_tokenizer(tmp_path):
+    """Each built-in tokenizer file: proof B decided on the file as on the loaded tokenizer; a file whose added
+    token leaves out a flag (which tokenizers itself refuses to load) is refused, no default guessed."""
+    from pack_assets.core.counting import tokenizers
+    from pack_assets.core.counting.profiles import BUILTIN_PROFILES, load_profile
+
+    for name in BUILTIN_PROFILES:
+        p = load_profile(name)
+        loaded = tokenizer_rule(tokenizers.load_tokenizer(p.tokenizer_file, p.last_added_id))[0] == BYTE_LEVEL_CHUNK
+        assert tokenizers._rule_holds(p.tokenizer_file, p.last_added_id) is loaded is True, name
+    spec = json.loads(Path(p.tokenizer_file).read_text(encoding="utf-8"))
+    del spec["added_tokens"][0]["normalized"]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    assert tokenizers._rule_holds(str(tmp_path / "tokenizer.json"), p.last_added_id) is False

@@ -188,10 +188,10 @@ def fast_counter_for(profile: ModelProfile):
     return _fast_counter(profile.tokenizer_file, profile.last_added_id)
 
 
-# Whether chunkcount's proof B holds for a tiktoken-capable tokenizer file is decided on the loaded
-# ``tokenizers`` definition (its own serialization, defaults filled in), which takes a process a second or
-# two to build: the answer is kept in the cache folder beside the rank table, under the file's content hash
-# and both libraries' versions. Only "holds" is kept: the one rule a byte-level BPE can have is BYTE_LEVEL_CHUNK.
+# Whether chunkcount's proof B holds for a tiktoken-capable tokenizer file is decided on its definition (the
+# tests check the answer is the loaded tokenizer's) and kept in the cache folder beside the rank table, under the
+# file's content hash and the library versions: reading the file costs a process a good part of a second. Only
+# "holds" is kept: the one rule a byte-level BPE can have is BYTE_LEVEL_CHUNK.
 CHUNK_RULE_FORMAT = 1
 
 
@@ -205,7 +205,7 @@ def _chunk_rule_file(path: str, last_added_id: int) -> Path | None:
 @functools.lru_cache(maxsize=8)
 def byte_level_chunk_rule(path: str, last_added_id: int) -> tuple[str, str] | None:
     """(chunk regex, glue) of chunkcount's proof B for this tokenizer file, or None where it does not hold."""
-    from .chunkcount import BYTE_LEVEL_CHUNK, WHITESPACE, tokenizer_rule
+    from .chunkcount import BYTE_LEVEL_CHUNK, WHITESPACE
 
     target = _chunk_rule_file(path, last_added_id)
     try:
@@ -213,8 +213,7 @@ def byte_level_chunk_rule(path: str, last_added_id: int) -> tuple[str, str] | No
     except (OSError, ValueError, KeyError, TypeError):
         holds = None
     if not isinstance(holds, bool):
-        pattern, _ = tokenizer_rule(load_tokenizer(path, last_added_id))
-        holds = pattern == BYTE_LEVEL_CHUNK
+        holds = _rule_holds(path, last_added_id)
         if target is not None:
             from ..safety import atomic_write_bytes
 
@@ -224,3 +223,18 @@ def byte_level_chunk_rule(path: str, last_added_id: int) -> tuple[str, str] | No
             except OSError:
                 pass
     return (BYTE_LEVEL_CHUNK, WHITESPACE) if holds else None
+
+
+_ADDED_FLAGS = ("normalized", "lstrip", "rstrip", "single_word")
+
+
+def _rule_holds(path: str, last_added_id: int) -> bool:
+    """Proof B decided on the file's definition, as `_bpe_ranks` reads it. ``tokenizers`` itself refuses a
+    file whose added token leaves out a flag; one such is refused here too (no default is guessed)."""
+    from .chunkcount import BYTE_LEVEL_CHUNK, split_rule
+
+    spec = _tokenizer_spec(path)
+    spec["added_tokens"] = [t for t in spec.get("added_tokens") or [] if t["id"] <= last_added_id]
+    if not all(all(k in t for k in _ADDED_FLAGS) for t in spec["added_tokens"]):
+        return False
+    return split_rule(spec)[0] == BYTE_LEVEL_CHUNK
