@@ -297,3 +297,25 @@ def test_counting_the_scan_from_memory_writes_the_files_counting_from_disk_write
     assert counted(tmp_path / "mem", kept) == from_disk
     fresh.samples.clear()  # the current scan's is used: the count is what it holds
     assert counted(tmp_path / "mem", fresh)["token_lengths.parquet"] == []
+
+
+def test_a_render_sees_the_environments_globals_as_a_fresh_environment_renders_them():
+    """The compiled template keeps its globals as a plain dict (no ChainMap copied per render): the same text as
+    the sandbox renders without that, namespace/raise_exception/strftime_now/range included, and a template that
+    raises is a template_error."""
+    import dataclasses
+    from datetime import datetime
+
+    from pack_assets.core.counting import tokens
+
+    source = ("{%- set n = namespace(k=0) %}{%- for m in messages %}{%- set n.k = n.k + 1 %}{{ n.k }}:{{ m.role }}"
+              "{%- for i in range(2) %}.{{ i }}{%- endfor %}{%- endfor %} {{ strftime_now('%Y') }} {{ tools | tojson }}"
+              "{%- if messages | length > 2 %}{{ raise_exception('too long') }}{%- endif %}")
+    counter = TokenCounter(dataclasses.replace(load_profile("qwen3-vl"), chat_template=source))
+    fresh = tokens._environment().from_string(source)
+    two = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    tools = [{"name": "f"}]
+    want = fresh.render(messages=two, tools=tools, add_generation_prompt=False)
+    assert counter.render(two, tools) == want == f'1:user.0.12:assistant.0.1 {datetime.now():%Y} [{{"name": "f"}}]'
+    (bad,) = counter.count_many([(two + two[:1], [], [])])
+    assert isinstance(bad, ReasonError) and bad.reason == "template_error" and "too long" in bad.detail

@@ -29,6 +29,8 @@ from .settings import ScanOptions
 from .tario import Entry, RangeFile, group_by_key, is_meta_member, is_unsafe_name, iter_entries, split_key
 
 CAPTION_EXTS = frozenset({"txt", "caption", "cap"})
+# json.dumps(x, ensure_ascii=False) builds this encoder on every call: the same encoder, built once
+_CONVERSATION_JSON = json.JSONEncoder(ensure_ascii=False)
 _CHUNK = 1 << 20
 _IMAGE_PREFIX = 16 << 10
 
@@ -241,7 +243,7 @@ def classify(
     # every other member (a .cls, a second JSON, an image the record does not name) travels with the sample
     used = {sample.json_member, *sample.media_members}
     sample.extra_members = [e.name for e in entries if e.name not in used]
-    sample.conversation = json.dumps(messages, ensure_ascii=False)
+    sample.conversation = _CONVERSATION_JSON.encode(messages)
     sample.messages = messages
     sample.videos = json.dumps(video_meta) if video_meta else "[]"
     return sample, None

@@ -26,7 +26,7 @@ def count_shard_rows(counter: Counter, samples: Iterable[dict], media_bytes: dic
     ``messages``, where it has them, are its ``conversation`` already parsed."""
     ok = [s for s in samples if s["status"] == "ok"]
     items = ((s["messages"] if s.get("messages") is not None else json.loads(s["conversation"]),
-              s["image_sizes"] or [], json.loads(s["videos"] or "[]")) for s in ok)
+              s["image_sizes"] or [], [] if s["videos"] in (None, "", "[]") else json.loads(s["videos"])) for s in ok)
     rows: list[dict] = []
     rejections: list[Rejection] = []
     for s, res in zip(ok, counter.count_many(items)):

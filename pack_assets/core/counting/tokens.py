@@ -80,7 +80,12 @@ class _ChatSandbox(ImmutableSandboxedEnvironment):
 # compiled once per process, not per shard: a Template renders reentrantly
 @functools.lru_cache(maxsize=8)
 def _template(source: str) -> jinja2.Template:
-    return _environment().from_string(source)
+    template = _environment().from_string(source)
+    # Its globals are a ChainMap over the environment's, which every render copies into a new context key by
+    # key in Python (about a third of a short render). The environment is built here and never changed
+    # after, so a plain dict of the same items gives every render the same context.
+    template.globals = dict(template.globals)
+    return template
 
 
 def _environment() -> _ChatSandbox:
