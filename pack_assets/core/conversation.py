@@ -217,7 +217,8 @@ def _turn(role_raw, content, extra: dict, as_given: bool) -> dict:
         content, extra = "", {**extra, "tool_calls": calls}
     keep = as_given and isinstance(content, str) and not _PLACEHOLDER.search(content)
     msg = {"role": role, "content": content if keep else _content(content)}
-    msg.update((k, v) for k, v in extra.items() if k not in _READ_KEYS)
+    if not extra.keys() <= _READ_KEYS:  # (most turns have only keys read here: no generator for them)
+        msg.update((k, v) for k, v in extra.items() if k not in _READ_KEYS)
     if msg.get("tool_calls") and not keep and not any(p.get("text") or p["type"] != "text" for p in msg["content"]):
         msg["content"] = []  # HF's "" / None: the template must see a falsy content (no "\n" before the call)
     return msg
@@ -255,6 +256,9 @@ def _rendered(message: dict):
 
 
 def _check_media_tokens(messages: list[dict]) -> None:
+    # one search over every string first (no token holds "\0"); only a hit walks the messages to name it
+    if not _MEDIA_TOKEN.search("\0".join(text for m in messages for _, text in _rendered(m))):
+        return
     for m in messages:
         for key, text in _rendered(m):
             found = _MEDIA_TOKEN.search(text)
@@ -303,8 +307,9 @@ def normalize(record: dict, caption: str | None = None) -> list[dict]:
 
 def place_media(messages: list[dict], n_images: int, n_videos: int) -> list[dict]:
     """Apply the placeholder rule; raise ``placeholder_mismatch`` when it cannot hold."""
+    types = [p["type"] for m in messages if isinstance(m["content"], list) for p in m["content"]]
     for kind, n in (("video", n_videos), ("image", n_images)):
-        have = sum(1 for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] == kind)
+        have = types.count(kind)
         if have == n:
             continue
         if have == 0:
