@@ -32,6 +32,7 @@ from common import ResultsFile, drop_caches, hashlib_seconds, machine, make_shar
 # run in a fresh interpreter with the code under test first on sys.path: the helpers, the shards, the wait
 _STAGE = """
 import json, resource, sys, time
+import pack_assets
 from pack_assets.core.settings import Settings
 from pack_assets.runner import shardwork
 from pack_assets.runner.procs import Helpers
@@ -46,18 +47,22 @@ with Helpers(shardwork.helpers_for(todo, jobs)) as helpers:
 seconds = time.perf_counter() - t0
 cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"seconds": seconds, "helpers_cpu_s": cpu.ru_utime + cpu.ru_stime, "shards": len(todo.todo),
-                  "helpers": helpers.n, "failed": failed}))
+                  "helpers": helpers.n, "failed": failed, "package": pack_assets.__file__}))
 """
 
 
 def stage(code: Path, inp: Path, work: Path, jobs: int) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(code)}
-    proc = subprocess.run([sys.executable, "-c", _STAGE, str(inp), str(work), str(jobs)], env=env,
+    # -P: `python -c` puts the working folder first on sys.path, so run from a checkout it would import that
+    # checkout's package whatever PYTHONPATH says (both codes the same one)
+    proc = subprocess.run([sys.executable, "-P", "-c", _STAGE, str(inp), str(work), str(jobs)], env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(proc.stderr[-4000:])
     rec = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not Path(rec["package"]).resolve().is_relative_to(code):
+        raise SystemExit(f"the stage imported {rec['package']}, not the code under {code}")
     if rec["failed"]:
         raise SystemExit(f"{code}: shards failed: {rec['failed'][:3]}")
     return rec
