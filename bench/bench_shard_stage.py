@@ -115,16 +115,20 @@ def main() -> None:
         out.write(doc)
     med = {w: statistics.median(x["seconds"] for x in runs if x["what"] == w) for w in {x["what"] for x in runs}}
     doc["median_seconds"] = med
+    # the helpers' CPU per sample: on a shared machine steadier than wall time
+    cpu = {w: statistics.median(x["cpu_us_per_sample"] for x in runs if x["what"] == w) for w in med if "stage" in w}
+    doc["median_cpu_us_per_sample"] = cpu
     doc["ratios"] = {f"{w} / sha256sum": round(s / med["sha256sum"], 3) for w, s in med.items() if "stage" in w}
     doc["ratios"].update({f"{w} / hashlib": round(s / med["hashlib.sha256"], 3) for w, s in med.items()
                           if "stage" in w})
     if "baseline" in codes:
         doc["ratios"]["this / baseline"] = round(med["shard stage, this"] / med["shard stage, baseline"], 3)
+        doc["ratios"]["this / baseline, helpers' CPU"] = round(cpu["shard stage, this"] / cpu["shard stage, baseline"], 3)
         problems = compare(data / "work_baseline", data / "work_this", "qwen3-vl")
         doc["same_files_as_baseline"] = not problems
         doc["differences"] = problems[:5]
     doc["load_avg_at_end"] = os.getloadavg()
-    print(json.dumps({k: doc[k] for k in ("median_seconds", "ratios")}, indent=1))
+    print(json.dumps({k: doc[k] for k in ("median_seconds", "median_cpu_us_per_sample", "ratios")}, indent=1))
     print(f"results: {out.write(doc)}")
 
 

@@ -319,3 +319,26 @@ def test_a_render_sees_the_environments_globals_as_a_fresh_environment_renders_t
     assert counter.render(two, tools) == want == f'1:user.0.12:assistant.0.1 {datetime.now():%Y} [{{"name": "f"}}]'
     (bad,) = counter.count_many([(two + two[:1], [], [])])
     assert isinstance(bad, ReasonError) and bad.reason == "template_error" and "too long" in bad.detail
+
+
+def test_the_sandboxs_shortcuts_render_as_transformers_sandbox_does():
+    """The namespace shortcuts (a value read, namespace() called, in and out of loops) and the dict one give
+    the text of the sandbox transformers renders with (its own ImmutableSandboxedEnvironment, no shortcut),
+    also where they step aside: a namespace attribute that is missing, private or a method."""
+    import dataclasses
+
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from pack_assets.core.counting import tokens
+
+    source = ("{%- set ns = namespace(n=0, s='x', l=[1], d={'k': 2}) %}{%- for m in messages %}"
+              "{%- set inner = namespace(k=loop.index) %}{%- set ns.n = ns.n + inner.k %}{{ m.content }}{{ m.nope }}"
+              "{%- endfor %}|{{ ns.n }}|{{ ns.s }}|{{ ns.l }}|{{ ns.d.k }}|{{ ns.missing }}|{{ ns._private }}"
+              "{%- set ns.f = ns.s.upper %}|{{ ns.f() }}|{{ ns.s.format(1) }}|{{ namespace(**{'a': 1}).a }}")
+    plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    counter = TokenCounter(dataclasses.replace(load_profile("qwen3-vl"), chat_template=source))
+    assert type(counter.template.environment) is tokens._ChatSandbox
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    want = plain.from_string(source).render(messages=messages, tools=None, add_generation_prompt=False)
+    assert counter.render(messages) == want == "ab|3|x|[1]|2|||X|x|1"

@@ -24,6 +24,7 @@ import jinja2
 import jinja2.ext
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 
 from ..reasons import ReasonError
 from .chunkcount import ChunkCounts, tokenizer_rule
@@ -61,12 +62,19 @@ class _Generation(jinja2.ext.Extension):
 
 
 _DICT_ATTRS = frozenset(dir(dict))
+_PLAIN = frozenset((str, int, float, bool, type(None), list, dict, tuple))
+_MISSING = object()
 
 
 class _ChatSandbox(ImmutableSandboxedEnvironment):
-    """transformers' sandbox, with one shortcut: ``message.content`` on a plain dict is the dict's item, as
-    the sandbox's own ``getattr`` finds it (a plain dict has no attribute of that name, so its lookup fails
-    and it takes the item) without raising and catching that AttributeError on every access of a render."""
+    """transformers' sandbox, with shortcuts that give what its own checks give, without them:
+    - ``message.content`` on a plain dict is the dict's item, as the sandbox's own ``getattr`` finds it (a
+      plain dict has no attribute of that name, so its lookup fails and it takes the item) without raising
+      and catching that AttributeError on every access of a render;
+    - ``ns.value`` on a ``namespace()`` (no leading "_") holding plain data is that value: the sandbox finds
+      the attribute safe (not internal, not a mutating method, not a ``str.format``) after several checks;
+    - ``namespace(...)`` itself is called as ``Context.call`` calls it (it takes no context; Jinja's own
+      ``_loop_vars``/``_block_vars`` dropped) without the callable checks, which pass for it."""
 
     def getattr(self, obj, attribute):
         if type(obj) is dict and attribute not in _DICT_ATTRS:
@@ -74,7 +82,20 @@ class _ChatSandbox(ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except (TypeError, LookupError):
                 return self.undefined(obj=obj, name=attribute)
+        if type(obj) is Namespace and attribute[:1] != "_":
+            value = getattr(obj, attribute, _MISSING)
+            if value is _MISSING:  # the sandbox then tries obj[attribute], which a namespace refuses
+                return self.undefined(obj=obj, name=attribute)
+            if type(value) in _PLAIN:
+                return value
         return super().getattr(obj, attribute)
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (the sandbox's own signature)
+        if __obj is Namespace:
+            kwargs.pop("_block_vars", None)
+            kwargs.pop("_loop_vars", None)
+            return Namespace(*args, **kwargs)
+        return super().call(__context, __obj, *args, **kwargs)
 
 
 # compiled once per process, not per shard: a Template renders reentrantly
