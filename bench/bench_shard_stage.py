@@ -123,7 +123,8 @@ def main() -> None:
                           if "stage" in w})
     if "baseline" in codes:
         doc["ratios"]["this / baseline"] = round(med["shard stage, this"] / med["shard stage, baseline"], 3)
-        doc["ratios"]["this / baseline, helpers' CPU"] = round(cpu["shard stage, this"] / cpu["shard stage, baseline"], 3)
+        doc["ratios"]["this / baseline, helpers' CPU"] = round(cpu["shard stage, this"]
+                                                               / cpu["shard stage, baseline"], 3)
         problems = compare(data / "work_baseline", data / "work_this", "qwen3-vl")
         doc["same_files_as_baseline"] = not problems
         doc["differences"] = problems[:5]
