@@ -35,9 +35,11 @@ KILL_POINTS = [
     ("pack_assets.core.plan:plan_jsonl", 1),
     ("pack_assets.core.plan:check_plan", 1),
     ("pack_assets.core.write.copy:build_shard", 1, 1),
-    ("pack_assets.core.write.shard:member_header", 9, 1),
-    ("pack_assets.core.write.shard:member_header", 25, 1),
-    ("pack_assets.core.write.shard:member_header", 5, 2),  # a writer process of the pool dies
+    # a pack's document header, one per pack (the members' headers are built with the shard): killed with the
+    # first output shard's first pack written, then with the first shard done and the second one's first written
+    ("pack_assets.core.write.shard:member_header", 2, 1),
+    ("pack_assets.core.write.shard:member_header", 4, 1),
+    ("pack_assets.core.write.shard:member_header", 2, 2),  # a writer process of the pool dies
     ("pack_assets.core.write.shard:os.fsync", 1),
     ("pack_assets.core.write.shard:os.replace", 2),
     ("pack_assets.core.write.shared:write_energon_meta", 1),

@@ -13,13 +13,13 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate, groupby
-from operator import itemgetter
 
 from .. import store
 from ..tario import extra_name, media_name
 from . import syscalls
 from .fingerprints import ShardFingerprint
 from .jobs import WRITE_CONVERSATIONS, ShardJob, dumps, encode_str, meta_text
+from .layout import Layout, layout
 
 # the rows one output shard is written from, gathered for every shard to write at once (store.staged)
 BULK_ROWS = {
@@ -69,9 +69,14 @@ class BulkPack:
     tail: str  # after the last one: the last sample's end and `_meta`
     reads: list[tuple]  # (source path, offset, size, what, is a sample's span): one pread each
     records: list[tuple | None]  # per sample: (read, start, end, is .json) of its record, None without one
-    # in output order: (output name, size, read, start, end) of a member read, or (output name, size, -1, source
-    # path, offset, source name) of one copied in kernel
+    # its members in output order: (read, start, end) of a member read, or (-1, source path, offset, size, source
+    # name) of one copied in kernel; with their output names, tar headers and paddings (`layout.layout`)
     members: list[tuple]
+    names: list[str]
+    headers: list
+    pads: list[bytes]
+    span: int  # the members' bytes, headers and padding included: from the document's end to the pack's
+    copied: bool  # whether a member is copied in kernel
 
 
 @dataclass(slots=True)
@@ -80,6 +85,8 @@ class BulkShard:
     packs: list[BulkPack]
     samples: int
     fingerprint: str
+    layout: Layout | None = None  # its members' (`layout.shard_index`)
+    parts: list[str] = field(default_factory=list)  # each member's output name after its pack id and the dot
 
 
 def catalog_columns(con, input_root, name: str, rows: store.Staged | None = None) -> Columns:
@@ -87,44 +94,54 @@ def catalog_columns(con, input_root, name: str, rows: store.Staged | None = None
     samples = store.shard_rows(con, BULK_ROWS, "samples", name, rows, order_by="pack_id, position")
     members = store.shard_rows(con, BULK_ROWS, "members", name, rows, order_by="pack_id, position, kind, i")
     conversations = {r[0]: r[1:] for r in store.shard_rows(con, WRITE_CONVERSATIONS, "conversations", name)}
-    return _columns(input_root, name, samples, members, conversations)
+    return _columns(input_root, name, _transposed(samples, 15), _transposed(members, 8), conversations)
+
+
+def _transposed(rows: list[tuple], width: int) -> list[list]:
+    return list(map(list, zip(*rows))) if rows else [[] for _ in range(width)]
+
+
+def _by_shard(table) -> dict[str, list[list]]:
+    """An Arrow table's rows (output_shard first, ordered by it) per output shard, as Python lists column by
+    column, without output_shard."""
+    shards = table.column(0).to_pylist()
+    runs, at = {}, 0
+    for k, g in groupby(shards):
+        n = sum(1 for _ in g)
+        part = table.slice(at, n)
+        runs[k], at = [part.column(i).to_pylist() for i in range(1, table.num_columns)], at + n
+    return runs
 
 
 def group_columns(con, input_root, group: list[str], rows: store.Staged | None = None) -> Iterator[tuple[str, Columns]]:
     """Each shard of ``group`` with its columns, as `catalog_columns` gives them, from one read of each query for
     the whole group (its staged file, `store.staged(..., groups=)`, or one query): a writer's job reads the
     catalog once, not once per output shard."""
-    def by_shard(found: list[tuple]) -> dict[str, list[tuple]]:  # the rows as they are (output_shard first)
-        at = 0
-        runs = {}
-        for k, g in groupby(map(itemgetter(0), found)):
-            n = sum(1 for _ in g)
-            runs[k], at = found[at:at + n], at + n
-        return runs
-
-    samples = by_shard(store.group_rows(con, BULK_ROWS, "samples", group, rows, order_by="pack_id, position"))
-    members = by_shard(store.group_rows(con, BULK_ROWS, "members", group, rows,
-                                        order_by="pack_id, position, kind, i"))
-    conversations = {r[1]: r[2:] for r in store.group_rows(con, WRITE_CONVERSATIONS, "conversations", group)}
+    samples = _by_shard(store.group_table(con, BULK_ROWS, "samples", group, rows, order_by="pack_id, position"))
+    members = _by_shard(store.group_table(con, BULK_ROWS, "members", group, rows,
+                                          order_by="pack_id, position, kind, i"))
+    found = store.group_table(con, WRITE_CONVERSATIONS, "conversations", group)
+    conversations = dict(zip(found.column(1).to_pylist(), zip(found.column(2).to_pylist(),
+                                                              found.column(3).to_pylist())))
     for name in group:
-        yield name, _columns(input_root, name, samples.pop(name, []), members.pop(name, []), conversations, 1)
+        yield name, _columns(input_root, name, samples.pop(name, None) or [[] for _ in range(15)],
+                             members.pop(name, None) or [[] for _ in range(8)], conversations)
 
 
-def _columns(input_root, name: str, samples: list[tuple], members: list[tuple], conversations: dict,
-             lead: int = 0) -> Columns:
-    """Columns from BULK_ROWS' rows, after ``lead`` columns (output_shard) that are not theirs."""
+def _columns(input_root, name: str, samples: list[list], members: list[list], conversations: dict) -> Columns:
+    """Columns from BULK_ROWS' columns (without output_shard)."""
     (pack_id, media_type, total, position, sid, shard, key, tokens, stamp, rec_name, rec_offset, rec_size, rec_sha,
-     n_media, n_extra) = list(map(list, zip(*samples)))[lead:] if samples else [[]] * 15
+     n_media, n_extra) = samples
     n_media, n_extra = [n or 0 for n in n_media], [n or 0 for n in n_extra]
     owners = [(p, q) for p, q, a, b in zip(pack_id, position, n_media, n_extra) for _ in range(a + b)]
-    if owners != [m[lead:lead + 2] for m in members]:
+    if owners != list(zip(members[0], members[1])):
         raise KeyError(f"{name}: the catalog lacks a member some sample of this shard lists")
     paths = {s: str(store.source_tar(input_root, s)) for s in set(shard)}  # per source shard, not per sample
     conv = [conversations[s] for s in sid]
     return Columns(pack_id, media_type, total, sid, shard, key, tokens, stamp, [c[0] for c in conv],
                    [c[1] for c in conv], [paths[s] for s in shard],
                    [None if n is None else (n, o, z, h) for n, o, z, h in zip(rec_name, rec_offset, rec_size, rec_sha)],
-                   n_media, n_extra, [m[lead + 4:] for m in members])
+                   n_media, n_extra, list(zip(*members[4:])))
 
 
 def job_columns(job: ShardJob) -> Columns:
@@ -157,24 +174,26 @@ def build_shard(name: str, cols: Columns, context: dict) -> BulkShard:
                     for a, b in zip(packs, packs[1:])))
     context = {**context, "shard_fingerprint": fp.hexdigest()}
     reads, first_read, records, places = _places(cols, starts, syscalls.SMALL)
-    sizes = [m[2] for m in cols.members]
-    members = [(o, z, *p) for o, z, p in zip(out_names, sizes, places)]
+    firsts = [starts[a] for a in packs]
+    lay = layout(out_names, [m[2] for m in cols.members], firsts)
     sample_ids = list(map(encode_str, cols.sample_id))
     built = []
-    for a, b in zip(packs, packs[1:]):
+    for g, (a, b) in enumerate(zip(packs, packs[1:])):
         pid, kind = encode_str(cols.pack_id[a]), _text(cols.media_type[a])
         meta = (f'{{"pack_id": {pid}, "media_type": {kind}, "sample_ids": [{", ".join(sample_ids[a:b])}], '
                 f'"sample_token_lens": [{", ".join(map(_num, cols.tokens[a:b]))}], '
                 f'"total_token_len": {_num(cols.total[a])}, "sources": [{", ".join(sources[a:b])}]')
-        r0 = first_read[a]
+        r0, m0, m1 = first_read[a], starts[a], starts[b]
+        mine = [p if p[0] < 0 else (p[0] - r0, p[1], p[2]) for p in places[m0:m1]]
         built.append(BulkPack(
             cols.pack_id[a],
             [f'{{"pack_id": {pid}, "media_type": {kind}, "samples": [{heads[a]}',
              *(f"{closes[k - 1]}, {heads[k]}" for k in range(a + 1, b))],
             f'{closes[b - 1]}], "_meta": {meta_text(meta, context)}}}', reads[r0:first_read[b]],
             [None if r is None else (r[0] - r0, *r[1:]) for r in records[a:b]],
-            [m if m[2] < 0 else (m[0], m[1], m[2] - r0, m[3], m[4]) for m in members[starts[a]:starts[b]]]))
-    return BulkShard(name, built, len(cols.pack_id), context["shard_fingerprint"])
+            mine, out_names[m0:m1], lay.headers[m0:m1], lay.pads[m0:m1], lay.spans[g], any(p[0] < 0 for p in mine)))
+    parts = [o[len(cols.pack_id[s]) + 1:] for s in range(len(cols.pack_id)) for o in out_names[starts[s]:starts[s + 1]]]
+    return BulkShard(name, built, len(cols.pack_id), context["shard_fingerprint"], lay, parts)
 
 
 def _num(v) -> str:
@@ -257,6 +276,6 @@ def _places(cols: Columns, starts: list[int], cut: int) -> tuple[list, list, lis
                 got.append((len(reads) - 1, 0, m[2]))
         at = iter(got)
         records.append((*next(at), rec[0].endswith(".json")) if rec is not None else None)
-        places += [next(at) if m[2] < cut else (-1, path, m[1], m[0]) for m in mine]
+        places += [next(at) if m[2] < cut else (-1, path, m[1], m[2], m[0]) for m in mine]
     first.append(len(reads))
     return reads, first, records, places
