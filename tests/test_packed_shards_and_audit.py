@@ -789,19 +789,21 @@ def test_bulk_built_documents_and_fingerprint_equal_the_dict_and_the_job_path():
                       extra=[member('k.ü"x', 1024, "cd"), member("k", 1536, "ce")], conversation_sha256="c",
                       source_stamp="9:9", messages_json=json.dumps(messages, ensure_ascii=False)),
             SubSample("b", "t", "b", "/y", 3, messages, member("b.txt", 2048, "ef"), [], messages_json=None),
-            SubSample("c", "s", "c", "/x", 0, [], None, [member("c.png", 4096, "01"), member("c.jpg", 4608, "02")],
+            SubSample("c", "s", "c", "/x", 0, [], None, [member("c.png", 4096, "01"), member("d.x/C", 4608, "02")],
+                      extra=[member("d.x/c", 5120, "03"), member("c.", 5632, "04"), member("c.tar.GZ", 6144, None)],
                       split={"source": "c0", "piece": 1, "pieces": 2, "turns": [3, 5], "context": [1, 3]})]  # a piece
     records = [json.dumps({"conversations": [{"from": "human", "value": "é\n"}], "n": [1, 2.5]}).encode(),
                "plain caption ü".encode(), None]
-    job = ShardJob("x.tar", [PackJob("p0001", "image", 16, subs[:2]), PackJob("p0002", "text", 5, subs[1:])])
+    # the second pack's key holds a dot (its members' parts are then not their names after the first dot)
+    job = ShardJob("x.tar", [PackJob("p0001", "image", 16, subs[:2]), PackJob("p.0002", "text", 5, subs[1:])])
     for context in ({"profile": "qwen3-vl", "max_len": 100}, {"sources": "replaced in place"}):
         built = bulk.build_shard(job.name, bulk.job_columns(job), context)
         assert built.fingerprint == fingerprints.shard_fingerprint(job, context)
         meta = {**context, "shard_fingerprint": built.fingerprint}
         for pack, got, recs in zip(job.packs, built.packs, (records[:2], records[1:])):
-            texts = ["null" if r is None else _source(r, sub.json_member["name"].endswith(".json"))
-                     for r, sub in zip(recs, pack.subs)]
-            doc = "".join([x for pair in zip(got.heads, texts) for x in pair] + [got.tail]).encode()
+            texts = [b"null" if r is None else _source(r, bulk.JSON if sub.json_member["name"].endswith(".json")
+                                                       else bulk.CAPTION) for r, sub in zip(recs, pack.subs)]
+            doc = b"".join([x for pair in zip(got.heads, texts) for x in pair] + [got.tail])
             assert doc == _dict_document(pack, meta, recs)
             assert got.names == [n for n, _, _ in pack_document(pack, meta, recs)[1]]
 

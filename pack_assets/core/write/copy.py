@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .. import faults, owned, store
 from ..plan import PlanInfo
-from .bulk import BULK_ROWS, BulkShard, build_shard, group_columns
+from .bulk import BulkShard, build_shard, bulk_rows, group_columns
 from .energon import LastIndex
 from .fingerprints import current_shards
 from .jobs import WRITE_ROWS, ShardJob, ShardResult, piece_shards, shard_job
@@ -139,6 +139,7 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
         # write_shard compares its fingerprint, built from the pieces, with the one on disk
         pieces = piece_shards(con)
         samples = shard_samples(con)
+        queries = bulk_rows(con)
         done = [r for r in done if r.shard not in pieces]
         digests = {n: d for n, d in digests.items() if n not in pieces}
         # the rest of what is on disk (not as the writer left it, or no record of it) by its fingerprint
@@ -151,7 +152,7 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
     workers = writer_workers(workers, len(todo))
     # each job's shards of whole samples in one staged file (none when one job holds them all: it queries)
     whole = [g for g in ([n for n in group if n not in pieces] for group in writer_groups(todo, workers, samples)) if g]
-    with (store.staged(work, BULK_ROWS, sum(whole, []), groups=whole) if len(whole) > 1
+    with (store.staged(work, queries, sum(whole, []), groups=whole) if len(whole) > 1
           else contextlib.nullcontext() as rows,
           store.staged(work, WRITE_ROWS, split) if len(split) > 1 else contextlib.nullcontext() as piece_rows):
         root = input_root if isinstance(input_root, dict) else str(input_root)

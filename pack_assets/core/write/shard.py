@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import faults, safety
 from ..safety import mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
 from ..tario import BLOCK, RECORD, first_pack_meta, member_header, padding
-from .bulk import BulkPack, BulkShard, build_shard, job_columns
+from .bulk import EXACT, JSON, BulkPack, BulkShard, build_shard, job_columns
 from .energon import Index
 from .jobs import ShardJob, ShardResult, dumps, encode_str
 from .layout import shard_index
@@ -84,8 +84,8 @@ class _ShardFile:
 
     def pack(self, pack: BulkPack, sources: Sources, arena: Arena) -> None:
         got = [_read(sources, arena, *r) for r in pack.reads]
-        texts = [_source(got[r[0]][r[1]:r[2]], r[3]) if r is not None else "null" for r in pack.records]
-        body = "".join([x for pair in zip(pack.heads, texts) for x in pair] + [pack.tail]).encode("utf-8")
+        texts = [_source(got[r[0]][r[1]:r[2]], r[3]) if r is not None else b"null" for r in pack.records]
+        body = b"".join([x for pair in zip(pack.heads, texts) for x in pair] + [pack.tail])
         header = member_header(f"{pack.pack_id}.json", len(body))
         self.docs.append((self.pos, len(header), len(body)))
         bufs = [header, body, padding(len(body))]
@@ -140,8 +140,10 @@ def _read(sources: Sources, arena: Arena, path: str, offset: int, size: int, wha
     return memoryview(buf)
 
 
-def _source(raw, is_json: bool) -> str:
-    """A sample's record as the pack document holds it: a .json record parsed and dumped again, another
-    one as a JSON string."""
+def _source(raw, how: int) -> bytes | memoryview:
+    """A sample's record as the pack document holds it (UTF-8): a .json record as it is where the scan found
+    it in json.dumps's form (`Sample.record_exact`), else parsed and dumped again; a caption as a JSON string."""
+    if how == EXACT:
+        return raw
     text = str(raw, "utf-8")
-    return dumps(json.loads(text)) if is_json else encode_str(text)
+    return (dumps(json.loads(text)) if how == JSON else encode_str(text)).encode("utf-8")
