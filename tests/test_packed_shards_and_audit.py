@@ -779,7 +779,7 @@ def test_the_writers_json_text_is_json_dumps_text():
 def test_bulk_built_documents_and_fingerprint_equal_the_dict_and_the_job_path():
     """The copy-mode writer builds a shard's documents column by column (write/bulk.py): with each record's
     text spliced in, every pack's bytes are json.dumps of its dict, and the fingerprint is ShardFingerprint's."""
-    from pack_assets.core.write import bulk
+    from pack_assets.core.write import bulk, places
     from pack_assets.core.write.jobs import PackJob, ShardJob, SubSample, pack_document
     from pack_assets.core.write.shard import _source
 
@@ -801,8 +801,8 @@ def test_bulk_built_documents_and_fingerprint_equal_the_dict_and_the_job_path():
         assert built.fingerprint == fingerprints.shard_fingerprint(job, context)
         meta = {**context, "shard_fingerprint": built.fingerprint}
         for pack, got, recs in zip(job.packs, built.packs, (records[:2], records[1:])):
-            texts = [b"null" if r is None else _source(r, bulk.JSON if sub.json_member["name"].endswith(".json")
-                                                       else bulk.CAPTION) for r, sub in zip(recs, pack.subs)]
+            texts = [b"null" if r is None else _source(r, places.JSON if sub.json_member["name"].endswith(".json")
+                                                         else places.CAPTION) for r, sub in zip(recs, pack.subs)]
             doc = b"".join([x for pair in zip(got.heads, texts) for x in pair] + [got.tail])
             assert doc == _dict_document(pack, meta, recs)
             assert got.names == [n for n, _, _ in pack_document(pack, meta, recs)[1]]

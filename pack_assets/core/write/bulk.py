@@ -17,13 +17,12 @@ from itertools import accumulate, groupby
 import numpy as np
 
 from .. import store
-from . import syscalls
 from .fingerprints import ShardFingerprint
 from .jobs import WRITE_CONVERSATIONS, ShardJob, dumps, encode_str, meta_text
 from .layout import Layout, layout
+from .places import places
 
 # the rows one output shard is written from, gathered for every shard to write at once (store.staged)
-CAPTION, JSON, EXACT = 0, 1, 2  # a record: a caption (a JSON string), a .json parsed and dumped again, or as it is
 BULK_ROWS = {
     "samples": """SELECT p.output_shard, p.pack_id, p.media_type, p.total_token_len, pm.position, s.sample_id, s.shard,
                          s.key, t.total_tokens, sh.size || ':' || sh.mtime_ns AS stamp, j.name, j."offset", j.size,
@@ -185,7 +184,7 @@ def build_shard(name: str, cols: Columns, context: dict) -> BulkShard:
     fp.text("".join(f"{cols.pack_id[a]}|{cols.media_type[a]}|{cols.total[a]}\n" + "".join(lines[a:b])
                     for a, b in zip(packs, packs[1:])))
     context = {**context, "shard_fingerprint": fp.hexdigest()}
-    reads, first_read, records, places = _places(cols, starts, syscalls.SMALL)
+    got = places(cols.record, cols.members, cols.path, cols.key, starts, packs, cols.exact)
     firsts = [starts[a] for a in packs]
     lay = layout(out_names, [m[2] for m in cols.members], firsts)
     sample_ids = list(map(encode_str, cols.sample_id))
@@ -195,15 +194,14 @@ def build_shard(name: str, cols: Columns, context: dict) -> BulkShard:
         meta = (f'{{"pack_id": {pid}, "media_type": {kind}, "sample_ids": [{", ".join(sample_ids[a:b])}], '
                 f'"sample_token_lens": [{", ".join(map(_num, cols.tokens[a:b]))}], '
                 f'"total_token_len": {_num(cols.total[a])}, "sources": [{", ".join(sources[a:b])}]')
-        r0, m0, m1 = first_read[a], starts[a], starts[b]
-        mine = [p if p[0] < 0 else (p[0] - r0, p[1], p[2]) for p in places[m0:m1]]
+        m0, m1 = starts[a], starts[b]
         built.append(BulkPack(
             cols.pack_id[a],
             [f'{{"pack_id": {pid}, "media_type": {kind}, "samples": [{heads[a]}'.encode(),
              *(f"{closes[k - 1]}, {heads[k]}".encode() for k in range(a + 1, b))],
-            f'{closes[b - 1]}], "_meta": {meta_text(meta, context)}}}'.encode(), reads[r0:first_read[b]],
-            [None if r is None else (r[0] - r0, *r[1:]) for r in records[a:b]],
-            mine, out_names[m0:m1], lay.headers[m0:m1], lay.pads[m0:m1], lay.spans[g], any(p[0] < 0 for p in mine)))
+            f'{closes[b - 1]}], "_meta": {meta_text(meta, context)}}}'.encode(),
+            got.reads[got.first[a]:got.first[b]], got.records[a:b], got.members[m0:m1], out_names[m0:m1],
+            lay.headers[m0:m1], lay.pads[m0:m1], lay.spans[g], any(p[0] < 0 for p in got.members[m0:m1])))
     return BulkShard(name, built, len(cols.pack_id), context["shard_fingerprint"], lay, parts)
 
 
@@ -272,32 +270,3 @@ def _samples(cols: Columns, starts: list[int], out_names: list[str], parts: list
         lines.append(f"{sid}|{tokens}|{conv_sha or hashlib.sha256(conv.encode()).hexdigest()}|{stamp}|"
                      f"{'|'.join([rec_key, *keys[a:b], '+', *keys[b:c]])}\n")
     return heads, closes, sources, lines
-
-
-def _places(cols: Columns, starts: list[int], cut: int) -> tuple[list, list, list, list]:
-    """The reads (`syscalls.SMALL`, `SPAN_GAP`): a sample's record and members under the cut sliced out of
-    one pread of their span when they lie together, else read one by one; members of the cut or more copied
-    in kernel. Returns the reads, each sample's first, its record's place and each member's."""
-    reads, first, records, places = [], [], [], []
-    exact = cols.exact or [None] * len(cols.record)
-    for s, (rec, path, key) in enumerate(zip(cols.record, cols.path, cols.key)):
-        first.append(len(reads))
-        mine = cols.members[starts[s]:starts[s + 1]]
-        small = ([rec] if rec is not None else []) + [m for m in mine if m[2] < cut]
-        got = []
-        if len(small) > 1:
-            lo = min(m[1] for m in small)
-            hi = max(m[1] + m[2] for m in small)
-            if hi - lo <= sum(m[2] for m in small) + min(syscalls.SPAN_GAP, cut - 1):
-                reads.append((path, lo, hi - lo, key, True))
-                got = [(len(reads) - 1, m[1] - lo, m[1] - lo + m[2]) for m in small]
-        if not got:
-            for m in small:
-                reads.append((path, m[1], m[2], m[0], False))
-                got.append((len(reads) - 1, 0, m[2]))
-        at = iter(got)
-        records.append((*next(at), (EXACT if exact[s] else JSON) if rec[0].endswith(".json") else CAPTION)
-                       if rec is not None else None)
-        places += [next(at) if m[2] < cut else (-1, path, m[1], m[2], m[0]) for m in mine]
-    first.append(len(reads))
-    return reads, first, records, places

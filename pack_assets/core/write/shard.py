@@ -16,10 +16,11 @@ from pathlib import Path
 from .. import faults, safety
 from ..safety import mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
 from ..tario import BLOCK, RECORD, first_pack_meta, member_header, padding
-from .bulk import EXACT, JSON, BulkPack, BulkShard, build_shard, job_columns
+from .bulk import BulkPack, BulkShard, build_shard, job_columns
 from .energon import Index
 from .jobs import ShardJob, ShardResult, dumps, encode_str
 from .layout import shard_index
+from .places import EXACT, JSON
 from .syscalls import SMALL_READ, Arena, Sources, copy_range, prefetch_aside, start_writeback, writev_all
 
 WRITEBACK_EVERY = 8 << 20  # the disk's writing is started every this many bytes written (`start_writeback`)
