@@ -317,9 +317,10 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     leftovers = sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*"))
     assert leftovers == sorted([live.name, elsewhere.name])
 
-    used = []  # the stages read the gathered rows, not a query per shard
-    real = store.Staged.rows
+    used = []  # the stages read the gathered rows, not a query per shard (the writer as Arrow tables)
+    real, real_table = store.Staged.rows, store.Staged.table
     monkeypatch.setattr(store.Staged, "rows", lambda self, *a, **k: used.append(a[1]) or real(self, *a, **k))
+    monkeypatch.setattr(store.Staged, "table", lambda self, *a, **k: used.append(a[1]) or real_table(self, *a, **k))
     shutil.rmtree(out)
     monkeypatch.setattr(write_copy, "GROUP_SAMPLES", 1)  # a job per output shard: more than one, so staged
     run_write(work, inp, out, workers=1)

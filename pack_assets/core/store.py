@@ -414,13 +414,22 @@ class Staged:
     root: Path
 
     def rows(self, con: duckdb.DuckDBPyConnection, query: str, shard: str, order_by: str = "") -> list[tuple]:
+        found = self._relation(con, query, shard, order_by)
+        return [] if found is None else found.fetchall()
+
+    def table(self, con: duckdb.DuckDBPyConnection, query: str, shard: str, order_by: str = "") -> pa.Table | None:
+        """The rows as an Arrow table; None when the query had none for this shard."""
+        found = self._relation(con, query, shard, order_by)
+        return None if found is None else found.to_arrow_table()
+
+    def _relation(self, con: duckdb.DuckDBPyConnection, query: str, shard: str, order_by: str):
         if not self.root.is_dir():
             raise FileNotFoundError(f"the staged rows under {self.root} are gone")
         path = self.root / query / _part(shard) / "rows.parquet"
         if not path.exists():  # the query had no row for this shard
-            return []
-        return con.execute(f"SELECT * FROM read_parquet({_files([path])}, hive_partitioning = false)"
-                           + (f" ORDER BY {order_by}" if order_by else "")).fetchall()
+            return None
+        return con.sql(f"SELECT * FROM read_parquet({_files([path])}, hive_partitioning = false)"
+                       + (f" ORDER BY {order_by}" if order_by else ""))
 
 
 def shard_rows(con: duckdb.DuckDBPyConnection, queries: Mapping[str, str], query: str, shard: str,
@@ -440,12 +449,9 @@ def group_table(con: duckdb.DuckDBPyConnection, queries: Mapping[str, str], quer
     the group's staged file (`staged(..., groups=)`), or by one query for the group."""
     order = "output_shard" + (f", {order_by}" if order_by else "")
     if rows is not None:
-        if not rows.root.is_dir():
-            raise FileNotFoundError(f"the staged rows under {rows.root} are gone")
-        path = rows.root / query / _part(group[0]) / "rows.parquet"
-        if path.exists():
-            return con.sql(f"SELECT * FROM read_parquet({_files([path])}, hive_partitioning = false) "
-                           f"ORDER BY {order}").to_arrow_table()
+        found = rows.table(con, query, group[0], order)
+        if found is not None:
+            return found
         sql, group = queries[query].replace("{shards}", "false"), []  # the query had no row for this group
     else:
         sql = queries[query].replace("{shards}", f"p.output_shard IN ({', '.join('?' * len(group))})")
