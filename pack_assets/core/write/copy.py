@@ -63,7 +63,8 @@ def shard_samples(con) -> dict[str, int]:
 def _write_group(args) -> list[ShardResult]:
     """write_shard of each shard of one job; ``loader`` (names -> the shards prepared, one by one, from one
     connection) where the job holds names. Without the cyclic garbage collector meanwhile: a job makes a few
-    objects per member and no cycle, and the collector's passes over them were a tenth of its time."""
+    objects per member and no cycle, and the collector's passes over them cost time for nothing
+    (docs/benchmarks.md)."""
     out_dir, group, context, loader = args
     with _no_cyclic_gc(), contextlib.closing(loader(group) if loader else (j for j in group)) as prepared:
         return [write_shard(out_dir, job, context) for job in prepared]
