@@ -144,20 +144,20 @@ def test_full_disk_on_output_leaves_no_partial_file_and_a_rerun_finishes(tmp_pat
     inp = small_dataset(tmp_path / "in")
     work, out = tmp_path / "work", tmp_path / "out"
     _prepare(inp, work)
-    real = write_shard_mod.padding
+    real = write_shard_mod.writev_all
     calls = {"n": 0}
 
-    def full(n):
+    def full(fd, bufs):  # the disk fills up while a shard's second pack is written (its first is on disk)
         calls["n"] += 1
-        if calls["n"] == 6:
+        if calls["n"] == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(n)
+        return real(fd, bufs)
 
-    monkeypatch.setattr(write_shard_mod, "padding", full)
+    monkeypatch.setattr(write_shard_mod, "writev_all", full)
     with pytest.raises(NoSpace, match=f"no space left on device for the output folder {out}: "):
         run_write(work, inp, out, workers=1)
-    assert not list(out.glob(".*tmp*"))
-    monkeypatch.setattr(write_shard_mod, "padding", real)
+    assert calls["n"] == 2 and not list(out.glob(".*tmp*"))
+    monkeypatch.setattr(write_shard_mod, "writev_all", real)
     run_write(work, inp, out, workers=1)
     assert run_audit(work, out).ok
 
