@@ -47,13 +47,13 @@ def wrap(mod, name, label):
 for name in ("check_sources", "written_key", "shard_digests", "current_shards", "refuse_if_full", "shard_samples",
              "piece_shards"):
     wrap(copy, name, "setup")
-for mod, name, label in ((store, "group_table", "group_table"), (store, "group_rows", "group_table"),
+from pack_assets.core.write import bulk
+for mod, name, label in ((bulk, "group_table", "group_table"), (store, "group_rows", "group_table"),
                          (copy, "build_shard", "build_shard"), (copy, "write_shard", "write_shard"),
                          (shared, "write_energon_meta", "energon"), (shard, "_source", "records json"),
                          (shard, "_read", "preadv"), (shard, "writev_all", "writev")):
     if hasattr(mod, name):
         wrap(mod, name, label)
-from pack_assets.core.write import bulk
 wrap(bulk, "_columns", "_columns")
 inp, work, out = Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
 runs = []

@@ -442,22 +442,6 @@ def shard_rows(con: duckdb.DuckDBPyConnection, queries: Mapping[str, str], query
     return [r[1:] for r in con.execute(sql, [shard]).fetchall()]
 
 
-def group_table(con: duckdb.DuckDBPyConnection, queries: Mapping[str, str], query: str, group: list[str],
-                rows: Staged | None = None, order_by: str = "") -> pa.Table:
-    """A group of output shards' rows of ``queries[query]``, ``output_shard`` first, ordered by it then by
-    ``order_by``, as an Arrow table (its columns become Python lists one call each, not a tuple per row): from
-    the group's staged file (`staged(..., groups=)`), or by one query for the group."""
-    order = "output_shard" + (f", {order_by}" if order_by else "")
-    if rows is not None:
-        found = rows.table(con, query, group[0], order)
-        if found is not None:
-            return found
-        sql, group = queries[query].replace("{shards}", "false"), []  # the query had no row for this group
-    else:
-        sql = queries[query].replace("{shards}", f"p.output_shard IN ({', '.join('?' * len(group))})")
-    return con.sql(f"{sql} ORDER BY {order}", params=group).to_arrow_table()
-
-
 def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, shards: list[str], folder: Path,
                  files: Mapping[str, str] | None = None) -> None:
     """Stream the query's rows and file them by output shard, a Parquet file per shard, or per ``files`` (each
@@ -498,7 +482,7 @@ def staged(work: Path, queries: Mapping[str, str], shards: list[str],
     selects ``output_shard`` from ``pack_plan p`` and filters with ``WHERE {shards}``. The same SELECT run per
     output shard (``WHERE output_shard = ?``, `shard_rows` without staging) scans every manifest file each
     time, so a stage's queries cost output shards × samples; gathered, a shard's rows are one small file.
-    ``groups`` (of ``shards``): one file per group instead, read back by `group_table`."""
+    ``groups`` (of ``shards``): one file per group instead, read back by `Staged.table` with a group's first."""
     host = socket.gethostname().replace("-", "_")
     for stale in work.glob(f"{STAGED_PREFIX}{host}-*"):  # a killed run's on this host (a live process's stay)
         pid = stale.name[len(f"{STAGED_PREFIX}{host}-"):].split("-", 1)[0]

@@ -124,14 +124,30 @@ def _by_shard(table) -> dict[str, list[list]]:
     return runs
 
 
+def group_table(con, queries: dict[str, str], query: str, group: list[str], rows: store.Staged | None = None,
+                order_by: str = ""):
+    """A group of output shards' rows of ``queries[query]``, ``output_shard`` first, ordered by it then by
+    ``order_by``, as an Arrow table (its columns become Python lists one call each, not a tuple per row): from
+    the group's staged file (`store.staged(..., groups=)`), or by one query for the group."""
+    order = "output_shard" + (f", {order_by}" if order_by else "")
+    if rows is not None:
+        found = rows.table(con, query, group[0], order)
+        if found is not None:
+            return found
+        sql, group = queries[query].replace("{shards}", "false"), []  # the query had no row for this group
+    else:
+        sql = queries[query].replace("{shards}", f"p.output_shard IN ({', '.join('?' * len(group))})")
+    return con.sql(f"{sql} ORDER BY {order}", params=group).to_arrow_table()
+
+
 def group_columns(con, input_root, group: list[str], rows: store.Staged | None = None) -> Iterator[tuple[str, Columns]]:
     """Each shard of ``group`` with its columns, as `catalog_columns` gives them, from one read of each query for
     the whole group (its staged file, `store.staged(..., groups=)`, or one query): a writer's job reads the
     catalog once, not once per output shard."""
     queries = bulk_rows(con)
-    samples = _by_shard(store.group_table(con, queries, "samples", group, rows, order_by="pack_id, position"))
-    members = _by_shard(store.group_table(con, queries, "members", group, rows, order_by="pack_id, position, kind, i"))
-    found = store.group_table(con, WRITE_CONVERSATIONS, "conversations", group)
+    samples = _by_shard(group_table(con, queries, "samples", group, rows, order_by="pack_id, position"))
+    members = _by_shard(group_table(con, queries, "members", group, rows, order_by="pack_id, position, kind, i"))
+    found = group_table(con, WRITE_CONVERSATIONS, "conversations", group)
     conversations = dict(zip(found.column(1).to_pylist(), zip(found.column(2).to_pylist(),
                                                               found.column(3).to_pylist())))
     for name in group:
