@@ -62,7 +62,7 @@ SHARD_NAMES = ("a", "b", "c", "sub/d", "e")
 MAX_LENS = (700, 1100, 1600)
 ALGORITHMS = ("bfd", "ffd", "next_fit")
 PACKS_PER_SHARD = 2  # several output shards even on tiny data, so rewrites and skips both happen
-KILL_POINTS = [("pack_assets.core.write.shard:member_header", 3), ("pack_assets.core.write.shard:os.replace", 1),
+KILL_POINTS = [("pack_assets.core.write.shard:member_header", 2), ("pack_assets.core.write.shard:os.replace", 1),
                ("pack_assets.core.store:os.replace", 2), ("pack_assets.core.plan:make_plan", 1),
                ("pack_assets.core.store:atomic_write_text", 2)]
 

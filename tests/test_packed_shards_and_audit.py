@@ -223,6 +223,9 @@ def test_media_read_or_copied_in_kernel_give_the_same_shards(packed, tmp_path, m
 def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monkeypatch):
     inp, work, out, _ = packed
     clean = {p.name: sha(p) for p in out.glob("*.tar")}
+    first = min(clean)
+    with tarfile.open(out / first) as tf:  # one document header per pack: killed in the second shard's second pack
+        kill_at = sum(m.name.endswith(".json") for m in tf.getmembers()) + 2
     for p in out.glob("*.tar"):
         p.unlink()
     calls = {"n": 0}
@@ -230,7 +233,7 @@ def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monke
 
     def dying_header(*a):
         calls["n"] += 1
-        if calls["n"] == 25:
+        if calls["n"] == kill_at:
             raise KeyboardInterrupt("simulated kill")
         return real(*a)
 
@@ -238,7 +241,7 @@ def test_crash_mid_write_then_rerun_finishes_without_partial_files(packed, monke
     with pytest.raises(KeyboardInterrupt):
         run_write(work, inp, out, workers=1)
     partial = {p.name for p in out.glob("*.tar")}
-    assert partial < set(clean)  # some shards done, never a partial file under a final name
+    assert first in partial and partial < set(clean)  # some shards done, never a partial file under a final name
     assert all(sha(out / n) == clean[n] for n in partial)
     monkeypatch.setattr(write_shard_mod, "member_header", real)
     res = run_write(work, inp, out, workers=1)
@@ -314,9 +317,10 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     leftovers = sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*"))
     assert leftovers == sorted([live.name, elsewhere.name])
 
-    used = []  # the stages read the gathered rows, not a query per shard
-    real = store.Staged.rows
+    used = []  # the stages read the gathered rows, not a query per shard (the writer as Arrow tables)
+    real, real_table = store.Staged.rows, store.Staged.table
     monkeypatch.setattr(store.Staged, "rows", lambda self, *a, **k: used.append(a[1]) or real(self, *a, **k))
+    monkeypatch.setattr(store.Staged, "table", lambda self, *a, **k: used.append(a[1]) or real_table(self, *a, **k))
     shutil.rmtree(out)
     monkeypatch.setattr(write_copy, "GROUP_SAMPLES", 1)  # a job per output shard: more than one, so staged
     run_write(work, inp, out, workers=1)
@@ -776,7 +780,7 @@ def test_the_writers_json_text_is_json_dumps_text():
 def test_bulk_built_documents_and_fingerprint_equal_the_dict_and_the_job_path():
     """The copy-mode writer builds a shard's documents column by column (write/bulk.py): with each record's
     text spliced in, every pack's bytes are json.dumps of its dict, and the fingerprint is ShardFingerprint's."""
-    from pack_assets.core.write import bulk
+    from pack_assets.core.write import bulk, places
     from pack_assets.core.write.jobs import PackJob, ShardJob, SubSample, pack_document
     from pack_assets.core.write.shard import _source
 
@@ -786,21 +790,23 @@ def test_bulk_built_documents_and_fingerprint_equal_the_dict_and_the_job_path():
                       extra=[member('k.ü"x', 1024, "cd"), member("k", 1536, "ce")], conversation_sha256="c",
                       source_stamp="9:9", messages_json=json.dumps(messages, ensure_ascii=False)),
             SubSample("b", "t", "b", "/y", 3, messages, member("b.txt", 2048, "ef"), [], messages_json=None),
-            SubSample("c", "s", "c", "/x", 0, [], None, [member("c.png", 4096, "01"), member("c.jpg", 4608, "02")],
+            SubSample("c", "s", "c", "/x", 0, [], None, [member("c.png", 4096, "01"), member("d.x/C", 4608, "02")],
+                      extra=[member("d.x/c", 5120, "03"), member("c.", 5632, "04"), member("c.tar.GZ", 6144, None)],
                       split={"source": "c0", "piece": 1, "pieces": 2, "turns": [3, 5], "context": [1, 3]})]  # a piece
     records = [json.dumps({"conversations": [{"from": "human", "value": "é\n"}], "n": [1, 2.5]}).encode(),
                "plain caption ü".encode(), None]
-    job = ShardJob("x.tar", [PackJob("p0001", "image", 16, subs[:2]), PackJob("p0002", "text", 5, subs[1:])])
+    # the second pack's key holds a dot (its members' parts are then not their names after the first dot)
+    job = ShardJob("x.tar", [PackJob("p0001", "image", 16, subs[:2]), PackJob("p.0002", "text", 5, subs[1:])])
     for context in ({"profile": "qwen3-vl", "max_len": 100}, {"sources": "replaced in place"}):
         built = bulk.build_shard(job.name, bulk.job_columns(job), context)
         assert built.fingerprint == fingerprints.shard_fingerprint(job, context)
         meta = {**context, "shard_fingerprint": built.fingerprint}
         for pack, got, recs in zip(job.packs, built.packs, (records[:2], records[1:])):
-            texts = ["null" if r is None else _source(r, sub.json_member["name"].endswith(".json"))
-                     for r, sub in zip(recs, pack.subs)]
-            doc = "".join([x for pair in zip(got.heads, texts) for x in pair] + [got.tail]).encode()
+            texts = [b"null" if r is None else _source(r, places.JSON if sub.json_member["name"].endswith(".json")
+                                                         else places.CAPTION) for r, sub in zip(recs, pack.subs)]
+            doc = b"".join([x for pair in zip(got.heads, texts) for x in pair] + [got.tail])
             assert doc == _dict_document(pack, meta, recs)
-            assert [m[0] for m in got.members] == [n for n, _, _ in pack_document(pack, meta, recs)[1]]
+            assert got.names == [n for n, _, _ in pack_document(pack, meta, recs)[1]]
 
 
 @pytest.mark.parametrize("pack_ids", [["p00000001", "p00000002"], ["p.1", "dir/p2", "__p3__"]])

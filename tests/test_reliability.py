@@ -35,9 +35,11 @@ KILL_POINTS = [
     ("pack_assets.core.plan:plan_jsonl", 1),
     ("pack_assets.core.plan:check_plan", 1),
     ("pack_assets.core.write.copy:build_shard", 1, 1),
-    ("pack_assets.core.write.shard:member_header", 9, 1),
-    ("pack_assets.core.write.shard:member_header", 25, 1),
-    ("pack_assets.core.write.shard:member_header", 5, 2),  # a writer process of the pool dies
+    # a pack's document header, one per pack (the members' headers are built with the shard): killed with the
+    # first output shard's first pack written, then with the first shard done and the second one's first written
+    ("pack_assets.core.write.shard:member_header", 2, 1),
+    ("pack_assets.core.write.shard:member_header", 4, 1),
+    ("pack_assets.core.write.shard:member_header", 2, 2),  # a writer process of the pool dies
     ("pack_assets.core.write.shard:os.fsync", 1),
     ("pack_assets.core.write.shard:os.replace", 2),
     ("pack_assets.core.write.shared:write_energon_meta", 1),
@@ -142,20 +144,20 @@ def test_full_disk_on_output_leaves_no_partial_file_and_a_rerun_finishes(tmp_pat
     inp = small_dataset(tmp_path / "in")
     work, out = tmp_path / "work", tmp_path / "out"
     _prepare(inp, work)
-    real = write_shard_mod.padding
+    real = write_shard_mod.writev_all
     calls = {"n": 0}
 
-    def full(n):
+    def full(fd, bufs):  # the disk fills up while a shard's second pack is written (its first is on disk)
         calls["n"] += 1
-        if calls["n"] == 6:
+        if calls["n"] == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(n)
+        return real(fd, bufs)
 
-    monkeypatch.setattr(write_shard_mod, "padding", full)
+    monkeypatch.setattr(write_shard_mod, "writev_all", full)
     with pytest.raises(NoSpace, match=f"no space left on device for the output folder {out}: "):
         run_write(work, inp, out, workers=1)
-    assert not list(out.glob(".*tmp*"))
-    monkeypatch.setattr(write_shard_mod, "padding", real)
+    assert calls["n"] == 2 and not list(out.glob(".*tmp*"))
+    monkeypatch.setattr(write_shard_mod, "writev_all", real)
     run_write(work, inp, out, workers=1)
     assert run_audit(work, out).ok
 

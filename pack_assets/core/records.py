@@ -43,6 +43,9 @@ class Sample:
     extra_members: list[str] = field(default_factory=list)
     # the messages `conversation` was written from (not stored): a count in the process that scanned reads them
     messages: list[dict] | None = None
+    # a .json record whose bytes are what json.dumps(json.loads(them), ensure_ascii=False) writes: the writer
+    # copies them into the pack document as they are instead of parsing and dumping them again
+    record_exact: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +115,7 @@ class PackMeta:
 
 # Bump when what the manifest records changes (columns or their meaning): an older manifest is then rescanned
 # by the CLI and by new_shard_sensor alike, never misread.
-MANIFEST_FORMAT = 3
+MANIFEST_FORMAT = 4
 
 
 @dataclass(slots=True)
@@ -147,7 +150,7 @@ SAMPLES_SCHEMA = pa.schema([
     ("sample_id", _STR), ("shard", _STR), ("key", _STR), ("media_type", _STR), ("status", _STR), ("reason", _STR),
     ("n_images", _I32), ("n_videos", _I32), ("json_member", _STR), ("media_members", pa.list_(_STR)),
     ("conversation", _STR), ("image_sizes", pa.list_(pa.list_(_I64))), ("videos", _STR),
-    ("extra_members", pa.list_(_STR))])
+    ("extra_members", pa.list_(_STR)), ("record_exact", pa.bool_())])
 MEMBERS_SCHEMA = pa.schema([("sample_id", _STR), ("name", _STR), ("offset", _I64), ("size", _I64), ("sha256", _STR)])
 REJECTED_SCHEMA = pa.schema([("shard", _STR), ("key", _STR), ("reason", _STR), ("detail", _STR), ("stage", _STR)])
 SHARDS_SCHEMA = pa.schema([

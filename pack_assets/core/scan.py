@@ -165,6 +165,7 @@ def _read_record(sample: Sample, entries: list[Entry], parts: _Parts, small: dic
         if not isinstance(record, dict):
             raise ReasonError("json_not_object", f"{name} holds a {type(record).__name__}")
         sample.json_member = name
+        sample.record_exact = json.dumps(record, ensure_ascii=False) == text  # (Sample.record_exact)
     if parts.caption is not None:
         try:
             caption = small[parts.caption.name].decode("utf-8")

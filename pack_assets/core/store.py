@@ -414,13 +414,22 @@ class Staged:
     root: Path
 
     def rows(self, con: duckdb.DuckDBPyConnection, query: str, shard: str, order_by: str = "") -> list[tuple]:
+        found = self._relation(con, query, shard, order_by)
+        return [] if found is None else found.fetchall()
+
+    def table(self, con: duckdb.DuckDBPyConnection, query: str, shard: str, order_by: str = "") -> pa.Table | None:
+        """The rows as an Arrow table; None when the query had none for this shard."""
+        found = self._relation(con, query, shard, order_by)
+        return None if found is None else found.to_arrow_table()
+
+    def _relation(self, con: duckdb.DuckDBPyConnection, query: str, shard: str, order_by: str):
         if not self.root.is_dir():
             raise FileNotFoundError(f"the staged rows under {self.root} are gone")
         path = self.root / query / _part(shard) / "rows.parquet"
         if not path.exists():  # the query had no row for this shard
-            return []
-        return con.execute(f"SELECT * FROM read_parquet({_files([path])}, hive_partitioning = false)"
-                           + (f" ORDER BY {order_by}" if order_by else "")).fetchall()
+            return None
+        return con.sql(f"SELECT * FROM read_parquet({_files([path])}, hive_partitioning = false)"
+                       + (f" ORDER BY {order_by}" if order_by else ""))
 
 
 def shard_rows(con: duckdb.DuckDBPyConnection, queries: Mapping[str, str], query: str, shard: str,
@@ -431,17 +440,6 @@ def shard_rows(con: duckdb.DuckDBPyConnection, queries: Mapping[str, str], query
         return rows.rows(con, query, shard, order_by)
     sql = queries[query].replace("{shards}", "p.output_shard = ?") + (f" ORDER BY {order_by}" if order_by else "")
     return [r[1:] for r in con.execute(sql, [shard]).fetchall()]
-
-
-def group_rows(con: duckdb.DuckDBPyConnection, queries: Mapping[str, str], query: str, group: list[str],
-               rows: Staged | None = None, order_by: str = "") -> list[tuple]:
-    """A group of output shards' rows of ``queries[query]``, ``output_shard`` first, ordered by it then by
-    ``order_by``: from the group's staged file (`staged(..., groups=)`), or by one query for the group."""
-    order = "output_shard" + (f", {order_by}" if order_by else "")
-    if rows is not None:
-        return rows.rows(con, query, group[0], order)
-    sql = queries[query].replace("{shards}", f"p.output_shard IN ({', '.join('?' * len(group))})")
-    return con.execute(f"{sql} ORDER BY {order}", group).fetchall()
 
 
 def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, shards: list[str], folder: Path,
@@ -484,7 +482,7 @@ def staged(work: Path, queries: Mapping[str, str], shards: list[str],
     selects ``output_shard`` from ``pack_plan p`` and filters with ``WHERE {shards}``. The same SELECT run per
     output shard (``WHERE output_shard = ?``, `shard_rows` without staging) scans every manifest file each
     time, so a stage's queries cost output shards × samples; gathered, a shard's rows are one small file.
-    ``groups`` (of ``shards``): one file per group instead, read back by `group_rows`."""
+    ``groups`` (of ``shards``): one file per group instead, read back by `Staged.table` with a group's first."""
     host = socket.gethostname().replace("-", "_")
     for stale in work.glob(f"{STAGED_PREFIX}{host}-*"):  # a killed run's on this host (a live process's stay)
         pid = stale.name[len(f"{STAGED_PREFIX}{host}-"):].split("-", 1)[0]

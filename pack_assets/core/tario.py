@@ -18,6 +18,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .reasons import ReasonError
 
 BLOCK = 512
@@ -390,6 +392,38 @@ def member_header(name: str, size: int) -> bytes:
         chk = b"%06o\0 " % (_TEMPLATE_SUM + sum(raw) + sum(size_field))
         return b"".join((raw, bytes(100 - len(raw)), _T_MODE_TO_SIZE, size_field, _T_MTIME_TO_CHK, chk, _T_AFTER_CHK))
     return _tarfile_header(name, size)
+
+
+_OCTAL_SIZE = 3 * np.arange(10, -1, -1, dtype=np.int64)  # the size field's 11 digits, most significant first
+_OCTAL_SUM = 3 * np.arange(5, -1, -1, dtype=np.int64)  # the checksum's 6
+
+
+def header_rows(names: list[str], sizes) -> np.ndarray | None:
+    """``member_header`` of each (name, size) as the rows of one array, built together (numpy: the names' bytes
+    scattered into the template's rows, the size fields' digits, each row's checksum from the bytes that differ
+    from the template); None unless every name is short ASCII and every size fits ustar (`member_header`'s
+    fast case)."""
+    n = len(names)
+    lengths = np.fromiter(map(len, names), dtype=np.int64, count=n)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if not n or lengths.max() >= 100 or not all(map(str.isascii, names)) or sizes.max() >= 8**11:
+        return None
+    rows = np.tile(np.frombuffer(_USTAR_TEMPLATE, dtype=np.uint8), (n, 1))
+    # the names by length (a shard's are mostly of one or two), each length's block of names in one assignment
+    order = np.argsort(lengths, kind="stable")
+    chars = np.frombuffer("".join([names[i] for i in order.tolist()]).encode("ascii"), dtype=np.uint8)
+    by_length = lengths[order]
+    cuts = [0, *(np.flatnonzero(np.diff(by_length)) + 1).tolist(), n]
+    at = 0
+    for a, b in zip(cuts, cuts[1:]):
+        width = int(by_length[a])
+        rows[order[a:b], :width] = chars[at:at + (b - a) * width].reshape(b - a, width)
+        at += (b - a) * width
+    rows[:, 124:135] = (sizes[:, None] >> _OCTAL_SIZE & 7) + 48
+    total = _TEMPLATE_SUM + rows[:, :100].sum(axis=1, dtype=np.int64) + rows[:, 124:135].sum(axis=1, dtype=np.int64)
+    rows[:, 148:154] = (total[:, None] >> _OCTAL_SUM & 7) + 48
+    rows[:, 154:156] = (0, 32)
+    return rows
 
 
 def padding(n: int) -> bytes:

@@ -5,10 +5,12 @@ The modules, each on the ones before it:
 
 | module | owns |
 |---|---|
-| `energon.py` | Energon's `.nv-meta/` and `.tar.idx`, webdataset's `wids-index.json`; the index kept while writing |
+| `energon.py` | Energon's `.nv-meta/` and `.tar.idx`, webdataset's `wids-index.json` |
 | `jobs.py` | the job types (output shard -> packs -> sub-samples), gathered from the catalog; the pack document |
 | `syscalls.py` | moving bytes: `copy_file_range`, one `pread` per sample into a reused buffer, `writev`, advice |
 | `fingerprints.py` | which output shards already hold their planned content (`current_shards`) |
+| `layout.py` | a shard's tar headers, paddings and member offsets built at once; its Energon index from them |
+| `places.py` | where a shard's bytes come from: one `pread` per sample's span, or a copy in kernel, all at once |
 | `bulk.py` | a copy-mode shard prepared in bulk from the catalog: documents, reads, members, fingerprint |
 | `record.py` | the writer's record of what it wrote: the next write and the audit trust it while it holds |
 | `shard.py` | one copy-mode output shard written atomically (`write_shard`) |

@@ -13,19 +13,20 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate, groupby
-from operator import itemgetter
+
+import numpy as np
 
 from .. import store
-from ..tario import extra_name, media_name
-from . import syscalls
 from .fingerprints import ShardFingerprint
 from .jobs import WRITE_CONVERSATIONS, ShardJob, dumps, encode_str, meta_text
+from .layout import Layout, layout
+from .places import places
 
 # the rows one output shard is written from, gathered for every shard to write at once (store.staged)
 BULK_ROWS = {
     "samples": """SELECT p.output_shard, p.pack_id, p.media_type, p.total_token_len, pm.position, s.sample_id, s.shard,
                          s.key, t.total_tokens, sh.size || ':' || sh.mtime_ns AS stamp, j.name, j."offset", j.size,
-                         j.sha256, len(s.media_members) AS n_media, len(s.extra_members) AS n_extra
+                         j.sha256, len(s.media_members) AS n_media, len(s.extra_members) AS n_extra, s.record_exact
                   FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
                   JOIN token_lengths t USING (sample_id) LEFT JOIN shards sh ON sh.shard = s.shard
                   LEFT JOIN members j ON j.sample_id = s.sample_id AND j.name = s.json_member WHERE {shards}""",
@@ -60,18 +61,24 @@ class Columns:
     n_extra: list
     members: list = field(default_factory=list)
     split: list = field(default_factory=list)  # per sample: a piece's `_meta` split (core/split.py) or None; [] none
+    exact: list = field(default_factory=list)  # per sample: `Sample.record_exact` (None: not known); [] none
 
 
 @dataclass(slots=True)
 class BulkPack:
     pack_id: str
-    heads: list[str]  # the document's text before each sample's source record
-    tail: str  # after the last one: the last sample's end and `_meta`
+    heads: list[bytes]  # the document before each sample's source record (UTF-8)
+    tail: bytes  # after the last one: the last sample's end and `_meta`
     reads: list[tuple]  # (source path, offset, size, what, is a sample's span): one pread each
-    records: list[tuple | None]  # per sample: (read, start, end, is .json) of its record, None without one
-    # in output order: (output name, size, read, start, end) of a member read, or (output name, size, -1, source
-    # path, offset, source name) of one copied in kernel
+    records: list[tuple | None]  # per sample: (read, start, end, CAPTION, JSON or EXACT) of its record, or None
+    # its members in output order: (read, start, end) of a member read, or (-1, source path, offset, size, source
+    # name) of one copied in kernel; with their output names, tar headers and paddings (`layout.layout`)
     members: list[tuple]
+    names: list[str]
+    headers: list
+    pads: list[bytes]
+    span: int  # the members' bytes, headers and padding included: from the document's end to the pack's
+    copied: bool  # whether a member is copied in kernel
 
 
 @dataclass(slots=True)
@@ -80,51 +87,88 @@ class BulkShard:
     packs: list[BulkPack]
     samples: int
     fingerprint: str
+    layout: Layout | None = None  # its members' (`layout.shard_index`)
+    parts: list[str] = field(default_factory=list)  # each member's output name after its pack id and the dot
+
+
+def bulk_rows(con) -> dict[str, str]:
+    """BULK_ROWS for this catalog: without `record_exact` where its manifests predate it (every record is then
+    parsed and dumped again, as before it)."""
+    if "record_exact" in con.sql("SELECT * FROM manifest_samples LIMIT 0").columns:
+        return BULK_ROWS
+    return {**BULK_ROWS, "samples": BULK_ROWS["samples"].replace("s.record_exact", "NULL::BOOLEAN AS record_exact")}
 
 
 def catalog_columns(con, input_root, name: str, rows: store.Staged | None = None) -> Columns:
     """The shard's samples and members from BULK_ROWS (staged per shard, or queried) and its conversations."""
-    samples = store.shard_rows(con, BULK_ROWS, "samples", name, rows, order_by="pack_id, position")
-    members = store.shard_rows(con, BULK_ROWS, "members", name, rows, order_by="pack_id, position, kind, i")
+    queries = bulk_rows(con)
+    samples = store.shard_rows(con, queries, "samples", name, rows, order_by="pack_id, position")
+    members = store.shard_rows(con, queries, "members", name, rows, order_by="pack_id, position, kind, i")
     conversations = {r[0]: r[1:] for r in store.shard_rows(con, WRITE_CONVERSATIONS, "conversations", name)}
-    return _columns(input_root, name, samples, members, conversations)
+    return _columns(input_root, name, _transposed(samples, 16), _transposed(members, 8), conversations)
+
+
+def _transposed(rows: list[tuple], width: int) -> list[list]:
+    return list(map(list, zip(*rows))) if rows else [[] for _ in range(width)]
+
+
+def _by_shard(table) -> dict[str, list[list]]:
+    """An Arrow table's rows (output_shard first, ordered by it) per output shard, as Python lists column by
+    column, without output_shard."""
+    shards = table.column(0).to_pylist()
+    runs, at = {}, 0
+    for k, g in groupby(shards):
+        n = sum(1 for _ in g)
+        part = table.slice(at, n)
+        runs[k], at = [part.column(i).to_pylist() for i in range(1, table.num_columns)], at + n
+    return runs
+
+
+def group_table(con, queries: dict[str, str], query: str, group: list[str], rows: store.Staged | None = None,
+                order_by: str = ""):
+    """A group of output shards' rows of ``queries[query]``, ``output_shard`` first, ordered by it then by
+    ``order_by``, as an Arrow table (its columns become Python lists one call each, not a tuple per row): from
+    the group's staged file (`store.staged(..., groups=)`), or by one query for the group."""
+    order = "output_shard" + (f", {order_by}" if order_by else "")
+    if rows is not None:
+        found = rows.table(con, query, group[0], order)
+        if found is not None:
+            return found
+        sql, group = queries[query].replace("{shards}", "false"), []  # the query had no row for this group
+    else:
+        sql = queries[query].replace("{shards}", f"p.output_shard IN ({', '.join('?' * len(group))})")
+    return con.sql(f"{sql} ORDER BY {order}", params=group).to_arrow_table()
 
 
 def group_columns(con, input_root, group: list[str], rows: store.Staged | None = None) -> Iterator[tuple[str, Columns]]:
     """Each shard of ``group`` with its columns, as `catalog_columns` gives them, from one read of each query for
     the whole group (its staged file, `store.staged(..., groups=)`, or one query): a writer's job reads the
     catalog once, not once per output shard."""
-    def by_shard(found: list[tuple]) -> dict[str, list[tuple]]:  # the rows as they are (output_shard first)
-        at = 0
-        runs = {}
-        for k, g in groupby(map(itemgetter(0), found)):
-            n = sum(1 for _ in g)
-            runs[k], at = found[at:at + n], at + n
-        return runs
-
-    samples = by_shard(store.group_rows(con, BULK_ROWS, "samples", group, rows, order_by="pack_id, position"))
-    members = by_shard(store.group_rows(con, BULK_ROWS, "members", group, rows,
-                                        order_by="pack_id, position, kind, i"))
-    conversations = {r[1]: r[2:] for r in store.group_rows(con, WRITE_CONVERSATIONS, "conversations", group)}
+    queries = bulk_rows(con)
+    samples = _by_shard(group_table(con, queries, "samples", group, rows, order_by="pack_id, position"))
+    members = _by_shard(group_table(con, queries, "members", group, rows, order_by="pack_id, position, kind, i"))
+    found = group_table(con, WRITE_CONVERSATIONS, "conversations", group)
+    conversations = dict(zip(found.column(1).to_pylist(), zip(found.column(2).to_pylist(),
+                                                              found.column(3).to_pylist())))
     for name in group:
-        yield name, _columns(input_root, name, samples.pop(name, []), members.pop(name, []), conversations, 1)
+        yield name, _columns(input_root, name, samples.pop(name, None) or [[] for _ in range(16)],
+                             members.pop(name, None) or [[] for _ in range(8)], conversations)
 
 
-def _columns(input_root, name: str, samples: list[tuple], members: list[tuple], conversations: dict,
-             lead: int = 0) -> Columns:
-    """Columns from BULK_ROWS' rows, after ``lead`` columns (output_shard) that are not theirs."""
+def _columns(input_root, name: str, samples: list[list], members: list[list], conversations: dict) -> Columns:
+    """Columns from BULK_ROWS' columns (without output_shard)."""
     (pack_id, media_type, total, position, sid, shard, key, tokens, stamp, rec_name, rec_offset, rec_size, rec_sha,
-     n_media, n_extra) = list(map(list, zip(*samples)))[lead:] if samples else [[]] * 15
+     n_media, n_extra, exact) = samples
     n_media, n_extra = [n or 0 for n in n_media], [n or 0 for n in n_extra]
     owners = [(p, q) for p, q, a, b in zip(pack_id, position, n_media, n_extra) for _ in range(a + b)]
-    if owners != [m[lead:lead + 2] for m in members]:
+    if owners != list(zip(members[0], members[1])):
         raise KeyError(f"{name}: the catalog lacks a member some sample of this shard lists")
     paths = {s: str(store.source_tar(input_root, s)) for s in set(shard)}  # per source shard, not per sample
     conv = [conversations[s] for s in sid]
     return Columns(pack_id, media_type, total, sid, shard, key, tokens, stamp, [c[0] for c in conv],
                    [c[1] for c in conv], [paths[s] for s in shard],
                    [None if n is None else (n, o, z, h) for n, o, z, h in zip(rec_name, rec_offset, rec_size, rec_sha)],
-                   n_media, n_extra, [m[lead + 4:] for m in members])
+                   n_media, n_extra, list(zip(*members[4:])), exact=exact)
 
 
 def job_columns(job: ShardJob) -> Columns:
@@ -150,31 +194,31 @@ def build_shard(name: str, cols: Columns, context: dict) -> BulkShard:
     starts = list(accumulate((a + b for a, b in zip(cols.n_media, cols.n_extra)), initial=0))
     packs = [i for i, p in enumerate(cols.pack_id) if i == 0 or p != cols.pack_id[i - 1]] + [len(cols.pack_id)]
     where = [k - packs[g] for g in range(len(packs) - 1) for k in range(packs[g], packs[g + 1])]  # in its pack
-    out_names = _output_names(cols, starts, where)
-    heads, closes, sources, lines = _samples(cols, starts, out_names)
+    out_names, parts = _output_names(cols, starts, where)
+    heads, closes, sources, lines = _samples(cols, starts, out_names, parts)
     fp = ShardFingerprint(context)
     fp.text("".join(f"{cols.pack_id[a]}|{cols.media_type[a]}|{cols.total[a]}\n" + "".join(lines[a:b])
                     for a, b in zip(packs, packs[1:])))
     context = {**context, "shard_fingerprint": fp.hexdigest()}
-    reads, first_read, records, places = _places(cols, starts, syscalls.SMALL)
-    sizes = [m[2] for m in cols.members]
-    members = [(o, z, *p) for o, z, p in zip(out_names, sizes, places)]
+    got = places(cols.record, cols.members, cols.path, cols.key, starts, packs, cols.exact)
+    firsts = [starts[a] for a in packs]
+    lay = layout(out_names, [m[2] for m in cols.members], firsts)
     sample_ids = list(map(encode_str, cols.sample_id))
     built = []
-    for a, b in zip(packs, packs[1:]):
+    for g, (a, b) in enumerate(zip(packs, packs[1:])):
         pid, kind = encode_str(cols.pack_id[a]), _text(cols.media_type[a])
         meta = (f'{{"pack_id": {pid}, "media_type": {kind}, "sample_ids": [{", ".join(sample_ids[a:b])}], '
                 f'"sample_token_lens": [{", ".join(map(_num, cols.tokens[a:b]))}], '
                 f'"total_token_len": {_num(cols.total[a])}, "sources": [{", ".join(sources[a:b])}]')
-        r0 = first_read[a]
+        m0, m1 = starts[a], starts[b]
         built.append(BulkPack(
             cols.pack_id[a],
-            [f'{{"pack_id": {pid}, "media_type": {kind}, "samples": [{heads[a]}',
-             *(f"{closes[k - 1]}, {heads[k]}" for k in range(a + 1, b))],
-            f'{closes[b - 1]}], "_meta": {meta_text(meta, context)}}}', reads[r0:first_read[b]],
-            [None if r is None else (r[0] - r0, *r[1:]) for r in records[a:b]],
-            [m if m[2] < 0 else (m[0], m[1], m[2] - r0, m[3], m[4]) for m in members[starts[a]:starts[b]]]))
-    return BulkShard(name, built, len(cols.pack_id), context["shard_fingerprint"])
+            [f'{{"pack_id": {pid}, "media_type": {kind}, "samples": [{heads[a]}'.encode(),
+             *(f"{closes[k - 1]}, {heads[k]}".encode() for k in range(a + 1, b))],
+            f'{closes[b - 1]}], "_meta": {meta_text(meta, context)}}}'.encode(),
+            got.reads[got.first[a]:got.first[b]], got.records[a:b], got.members[m0:m1], out_names[m0:m1],
+            lay.headers[m0:m1], lay.pads[m0:m1], lay.spans[g], any(p[0] < 0 for p in got.members[m0:m1])))
+    return BulkShard(name, built, len(cols.pack_id), context["shard_fingerprint"], lay, parts)
 
 
 def _num(v) -> str:
@@ -185,17 +229,24 @@ def _text(v) -> str:
     return encode_str(v) if type(v) is str else dumps(v)
 
 
-def _output_names(cols: Columns, starts: list[int], where: list[int]) -> list[str]:
-    """Each member's output name (`tario.media_name`, `tario.extra_name`), sample by sample."""
-    names = []
-    for s, (pack_id, i, n_media) in enumerate(zip(cols.pack_id, where, cols.n_media)):
-        mine = cols.members[starts[s]:starts[s + 1]]
-        names += [media_name(pack_id, i, j, m[0]) for j, m in enumerate(mine[:n_media])]
-        names += [extra_name(pack_id, i, j, m[0]) for j, m in enumerate(mine[n_media:])]
-    return names
+def _output_names(cols: Columns, starts: list[int], where: list[int]) -> tuple[list[str], list[str]]:
+    """Each member's output name (`tario.media_name`, `tario.extra_name`, built here for all members at once:
+    a test checks them against those) and its part, the name after the pack id and the dot."""
+    counts = np.diff(np.asarray(starts, dtype=np.int64))
+    owner = np.repeat(np.arange(len(counts)), counts)
+    j = np.arange(len(owner)) - np.asarray(starts[:-1], dtype=np.int64)[owner]
+    n_media = np.asarray(cols.n_media, dtype=np.int64)[owner]
+    extra = j >= n_media
+    bases = [m[0][m[0].rfind("/") + 1:] for m in cols.members]
+    exts = [b[b.rfind(".") + 1:].lower() for b in bases]  # the whole name without a dot, as rsplit gives it
+    parts = [f"s{i:03d}_x{k:02d}" + (f".{e}" if e and "." in b else "") if x else f"s{i:03d}_{k:02d}.{e}"
+             for i, k, x, e, b in zip(np.asarray(where, dtype=np.int64)[owner].tolist(),
+                                      np.where(extra, j - n_media, j).tolist(), extra.tolist(), exts, bases)]
+    pack_ids = [cols.pack_id[s] for s in owner.tolist()]
+    return [f"{p}.{part}" for p, part in zip(pack_ids, parts)], parts
 
 
-def _samples(cols: Columns, starts: list[int], out_names: list[str]) -> tuple[list, list, list, list]:
+def _samples(cols: Columns, starts: list[int], out_names: list[str], parts: list[str]) -> tuple[list, list, list, list]:
     """Per sample: its document text up to its source record, after it, its `_meta` source, its
     fingerprint line (`ShardFingerprint.sub`'s)."""
     members = cols.members
@@ -205,7 +256,9 @@ def _samples(cols: Columns, starts: list[int], out_names: list[str]) -> tuple[li
     keys = [f"[{n}, {m[1]}, {m[2]}, {h}]" for n, m, h in zip(names, members, shas)]
     listed = [f'{{"name": {n}, "offset": {m[1]}, "size": {m[2]}, "sha256": {h}, "output_name": {encode_str(o)}}}'
               for n, m, h, o in zip(names, members, shas, out_names)]
-    parts = [encode_str(o.split(".", 1)[1]) for o in out_names]
+    # the document's media: each output name after its first dot (the part, unless a pack id holds a dot)
+    parts = [encode_str(o.split(".", 1)[1]) for o in out_names] if any("." in p for p in set(cols.pack_id)) \
+        else list(map(encode_str, parts))
     # the samples with a member of no digest: each found from its member's place (most shards have none)
     unhashed = {bisect_right(starts, k) - 1 for k, m in enumerate(members) if m[3] is None}
     heads, closes, sources, lines = [], [], [], []
@@ -233,30 +286,3 @@ def _samples(cols: Columns, starts: list[int], out_names: list[str]) -> tuple[li
         lines.append(f"{sid}|{tokens}|{conv_sha or hashlib.sha256(conv.encode()).hexdigest()}|{stamp}|"
                      f"{'|'.join([rec_key, *keys[a:b], '+', *keys[b:c]])}\n")
     return heads, closes, sources, lines
-
-
-def _places(cols: Columns, starts: list[int], cut: int) -> tuple[list, list, list, list]:
-    """The reads (`syscalls.SMALL`, `SPAN_GAP`): a sample's record and members under the cut sliced out of
-    one pread of their span when they lie together, else read one by one; members of the cut or more copied
-    in kernel. Returns the reads, each sample's first, its record's place and each member's."""
-    reads, first, records, places = [], [], [], []
-    for s, (rec, path, key) in enumerate(zip(cols.record, cols.path, cols.key)):
-        first.append(len(reads))
-        mine = cols.members[starts[s]:starts[s + 1]]
-        small = ([rec] if rec is not None else []) + [m for m in mine if m[2] < cut]
-        got = []
-        if len(small) > 1:
-            lo = min(m[1] for m in small)
-            hi = max(m[1] + m[2] for m in small)
-            if hi - lo <= sum(m[2] for m in small) + min(syscalls.SPAN_GAP, cut - 1):
-                reads.append((path, lo, hi - lo, key, True))
-                got = [(len(reads) - 1, m[1] - lo, m[1] - lo + m[2]) for m in small]
-        if not got:
-            for m in small:
-                reads.append((path, m[1], m[2], m[0], False))
-                got.append((len(reads) - 1, 0, m[2]))
-        at = iter(got)
-        records.append((*next(at), rec[0].endswith(".json")) if rec is not None else None)
-        places += [next(at) if m[2] < cut else (-1, path, m[1], m[0]) for m in mine]
-    first.append(len(reads))
-    return reads, first, records, places

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from .. import faults, owned, store
 from ..plan import PlanInfo
-from .bulk import BULK_ROWS, BulkShard, build_shard, group_columns
+from .bulk import BulkShard, build_shard, bulk_rows, group_columns
 from .energon import LastIndex
 from .fingerprints import current_shards
 from .jobs import WRITE_ROWS, ShardJob, ShardResult, piece_shards, shard_job
@@ -61,10 +62,23 @@ def shard_samples(con) -> dict[str, int]:
 
 def _write_group(args) -> list[ShardResult]:
     """write_shard of each shard of one job; ``loader`` (names -> the shards prepared, one by one, from one
-    connection) where the job holds names."""
+    connection) where the job holds names. Without the cyclic garbage collector meanwhile: a job makes a few
+    objects per member and no cycle, and the collector's passes over them cost time for nothing
+    (docs/benchmarks.md)."""
     out_dir, group, context, loader = args
-    with contextlib.closing(loader(group) if loader else (j for j in group)) as prepared:
+    with _no_cyclic_gc(), contextlib.closing(loader(group) if loader else (j for j in group)) as prepared:
         return [write_shard(out_dir, job, context) for job in prepared]
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _each_written(args: list[tuple], workers: int) -> Iterator[ShardResult]:
@@ -143,15 +157,17 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
         digests = {n: d for n, d in digests.items() if n not in pieces}
         # the rest of what is on disk (not as the writer left it, or no record of it) by its fingerprint
         done += current_shards(con, out_dir, context, only=set(names) - {r.shard for r in done} - refuted)
-    skip = {r.shard for r in done}
-    last = last_index(work, out_dir, skip)
-    todo = [n for n in names if n not in skip]
-    refuse_if_full(work, out_dir, todo)  # before the first byte, when the plan's bytes clearly do not fit
-    split = [n for n in todo if n in pieces]
-    workers = writer_workers(workers, len(todo))
-    # each job's shards of whole samples in one staged file (none when one job holds them all: it queries)
-    whole = [g for g in ([n for n in group if n not in pieces] for group in writer_groups(todo, workers, samples)) if g]
-    with (store.staged(work, BULK_ROWS, sum(whole, []), groups=whole) if len(whole) > 1
+        skip = {r.shard for r in done}
+        last = last_index(work, out_dir, skip)
+        todo = [n for n in names if n not in skip]
+        refuse_if_full(work, out_dir, todo, con)  # before the first byte, when the plan's bytes clearly do not fit
+        split = [n for n in todo if n in pieces]
+        workers = writer_workers(workers, len(todo))
+        # each job's shards of whole samples in one staged file (none when one job holds them all: it queries)
+        whole = [g for g in ([n for n in group if n not in pieces] for group in writer_groups(todo, workers, samples))
+                 if g]
+        queries = bulk_rows(con)
+    with (store.staged(work, queries, sum(whole, []), groups=whole) if len(whole) > 1
           else contextlib.nullcontext() as rows,
           store.staged(work, WRITE_ROWS, split) if len(split) > 1 else contextlib.nullcontext() as piece_rows):
         root = input_root if isinstance(input_root, dict) else str(input_root)

@@ -1,8 +1,8 @@
 """The metadata that lets readers open an output folder as it is: Megatron-Energon's ``.nv-meta/`` (as
 ``energon prepare`` writes it: dataset.yaml, split.yaml, .info.json, index.sqlite, index.uuid) with each
-shard's ``.tar.idx``, and webdataset's ``wids-index.json``. The index of a shard just written is kept while it
-is written (`IndexBuilder`), the rows of shards the last write left unchanged are taken from its index
-(`LastIndex`), and only the others are read back from their tar headers."""
+shard's ``.tar.idx``, and webdataset's ``wids-index.json``. The index of a shard just written comes from
+its layout (`layout.shard_index`), the rows of shards the last write left unchanged are taken from its
+index (`LastIndex`), and only the others are read back from their tar headers."""
 
 from __future__ import annotations
 
@@ -53,30 +53,6 @@ def sample_index(path: Path) -> Index:
     with open(path, "rb") as f:
         entries = list(iter_entries(f, path.stat().st_size, trailer))
     return index_of(entries, trailer[0] if trailer else path.stat().st_size)
-
-
-class IndexBuilder:
-    """The Energon index of a shard as it is written, instead of read back: per pack (one WebDataset sample
-    when every pack id is a plain key) its place and its members' data; other ids go through the reader's
-    own grouping of the entries a reader would see."""
-
-    def __init__(self, pack_ids: Iterable[str]) -> None:
-        self.plain = all(plain_key(p) for p in pack_ids)
-        self.samples: list[tuple[str, int, int]] = []
-        self.parts: list[tuple[int, str, int, int]] = []
-        self.entries: list[Entry] = []
-
-    def member(self, pack_id: str, name: str, header_at: int, data_at: int, size: int) -> None:
-        if self.plain:  # the part is the name after `{pack_id}.`
-            self.parts.append((len(self.samples), name[len(pack_id) + 1:], data_at, size))
-        else:
-            self.entries.append(Entry(name, data_at, size, "file", header=header_at))
-
-    def pack(self, pack_id: str, start: int, end: int) -> None:
-        self.samples.append((pack_id, start, end - start))
-
-    def index(self, end: int) -> Index:
-        return (self.samples, self.parts, end) if self.plain else index_of(self.entries, end)
 
 
 @dataclass(frozen=True)

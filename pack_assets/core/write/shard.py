@@ -17,8 +17,10 @@ from .. import faults, safety
 from ..safety import mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
 from ..tario import BLOCK, RECORD, first_pack_meta, member_header, padding
 from .bulk import BulkPack, BulkShard, build_shard, job_columns
-from .energon import Index, IndexBuilder
+from .energon import Index
 from .jobs import ShardJob, ShardResult, dumps, encode_str
+from .layout import shard_index
+from .places import EXACT, JSON
 from .syscalls import SMALL_READ, Arena, Sources, copy_range, prefetch_aside, start_writeback, writev_all
 
 WRITEBACK_EVERY = 8 << 20  # the disk's writing is started every this many bytes written (`start_writeback`)
@@ -45,9 +47,9 @@ def _write_new(out_dir: str, job: BulkShard, final: Path) -> tuple[int, Index]:
     """The shard written under a temporary name and renamed into place: its size and its Energon index."""
     sources, arena = Sources(), Arena()
     prefetch = prefetch_aside([r[:3] for p in job.packs for r in p.reads]
-                              + [m[3:5] + m[1:2] for p in job.packs for m in p.members if m[2] < 0])
+                              + [m[1:4] for p in job.packs for m in p.members if m[0] < 0])
     fd, tmp = mkstemp(prefix=f".{job.name}.tmp-", dir=out_dir)
-    out = _ShardFile(fd, IndexBuilder(p.pack_id for p in job.packs))
+    out = _ShardFile(fd)
     try:
         for pack in job.packs:
             out.pack(pack, sources, arena)
@@ -65,60 +67,60 @@ def _write_new(out_dir: str, job: BulkShard, final: Path) -> tuple[int, Index]:
     finally:
         sources.close()
         prefetch.join()
-    return written, out.index.index(out.end)
+    return written, shard_index([p.pack_id for p in job.packs], job.layout, job.parts, out.docs, out.end)
 
 
 class _ShardFile:
-    """An output shard being written to ``fd``, pack after pack: a pack's headers, record and small members
-    go out in one ``os.writev``, media of the cut or more are copied in kernel between; the disk's writeback is
-    started as the shard grows; the Energon index is kept as members are placed."""
+    """An output shard being written to ``fd``, pack after pack: a pack's document, headers, record and small
+    members go out in one ``os.writev`` (the headers and paddings built with the shard, `layout.py`), media of
+    the cut or more are copied in kernel between; the disk's writeback is started as the shard grows; each
+    pack's place and document size are kept for its Energon index (`layout.shard_index`)."""
 
-    def __init__(self, fd: int, index: IndexBuilder) -> None:
-        self.fd, self.index = fd, index
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
         self.pos = 0  # bytes written so far
         self.end = 0  # where the last member ends (the tar's end-of-archive blocks follow)
         self.flushed = 0  # bytes whose writeback was started
-        self.pending: list = []  # buffers not yet written: one os.writev per pack instead of three writes per member
+        self.docs: list[tuple[int, int, int]] = []  # per pack: where it starts, its document's header and size
 
     def pack(self, pack: BulkPack, sources: Sources, arena: Arena) -> None:
-        start, pack_id = self.pos, pack.pack_id
         got = [_read(sources, arena, *r) for r in pack.reads]
-        texts = [_source(got[r[0]][r[1]:r[2]], r[3]) if r is not None else "null" for r in pack.records]
-        body = "".join([x for pair in zip(pack.heads, texts) for x in pair] + [pack.tail]).encode("utf-8")
-        self._buffered(pack_id, f"{pack_id}.json", body, len(body))
-        for m in pack.members:
-            if m[2] >= 0:
-                self._buffered(pack_id, m[0], got[m[2]][m[3]:m[4]], m[1])
-            elif m[3] in sources.no_kernel_copy and m[1] < SMALL_READ:  # the kernel refused: read, not copied
-                self._buffered(pack_id, m[0], _read(sources, arena, m[3], m[4], m[1], m[5], False), m[1])
-            else:  # large: copied in kernel after what is pending
-                self._copied(pack_id, m[0], m[1], *m[3:], sources)
-        writev_all(self.fd, self.pending)
-        self.pending = []
+        texts = [_source(got[r[0]][r[1]:r[2]], r[3]) if r is not None else b"null" for r in pack.records]
+        body = b"".join([x for pair in zip(pack.heads, texts) for x in pair] + [pack.tail])
+        header = member_header(f"{pack.pack_id}.json", len(body))
+        self.docs.append((self.pos, len(header), len(body)))
+        bufs = [header, body, padding(len(body))]
+        if pack.copied:
+            self._members(pack, got, bufs, sources, arena)
+        else:  # every member read: header, data, padding, member after member, in one os.writev
+            n = len(pack.members)
+            bufs += [None] * (3 * n)
+            bufs[3::3], bufs[5::3] = pack.headers, pack.pads
+            bufs[4::3] = [got[r][a:b] for r, a, b in pack.members]
+            writev_all(self.fd, bufs)
         arena.reset()
-        self.index.pack(pack.pack_id, start, self.pos)
+        self.pos += len(header) + len(body) + (-len(body) % BLOCK) + pack.span
         if self.pos - self.flushed >= WRITEBACK_EVERY:
             start_writeback(self.fd, self.flushed, self.pos - self.flushed)
             self.flushed = self.pos
 
-    def _buffered(self, pack_id: str, name: str, data, size: int) -> None:
-        header = member_header(name, size)
-        self.index.member(pack_id, name, self.pos, self.pos + len(header), size)
-        self.pending += [header, data, padding(size)]
-        self.pos += len(header) + size + (-size % BLOCK)
-
-    def _copied(self, pack_id: str, name: str, size: int, src: str, offset: int, source_name: str,
-                sources: Sources) -> None:
-        header = member_header(name, size)
-        self.index.member(pack_id, name, self.pos, self.pos + len(header), size)
-        self.pending.append(header)
-        writev_all(self.fd, self.pending)
-        self.pending = []
-        if not copy_range(sources.get(src).fileno(), offset, size, self.fd, f"{src}: {source_name}",
-                          src not in sources.no_kernel_copy):
-            sources.no_kernel_copy.add(src)
-        self.pending.append(padding(size))
-        self.pos += len(header) + size + (-size % BLOCK)
+    def _members(self, pack: BulkPack, got: list, pending: list, sources: Sources, arena: Arena) -> None:
+        """A pack's members where some are copied in kernel: what is pending written before each of those."""
+        for m, header, pad in zip(pack.members, pack.headers, pack.pads):
+            if m[0] >= 0:
+                pending += [header, got[m[0]][m[1]:m[2]], pad]
+            elif m[1] in sources.no_kernel_copy and m[3] < SMALL_READ:  # the kernel refused: read, not copied
+                pending += [header, _read(sources, arena, m[1], m[2], m[3], m[4], False), pad]
+            else:  # large: copied in kernel after what is pending
+                pending.append(header)
+                writev_all(self.fd, pending)
+                pending.clear()
+                src, offset, size, source_name = m[1:]
+                if not copy_range(sources.get(src).fileno(), offset, size, self.fd, f"{src}: {source_name}",
+                                  src not in sources.no_kernel_copy):
+                    sources.no_kernel_copy.add(src)
+                pending.append(pad)
+        writev_all(self.fd, pending)
 
     def finish(self) -> int:
         """The end-of-archive blocks, padded to a whole record, and the file synced: returns its size."""
@@ -139,8 +141,10 @@ def _read(sources: Sources, arena: Arena, path: str, offset: int, size: int, wha
     return memoryview(buf)
 
 
-def _source(raw, is_json: bool) -> str:
-    """A sample's record as the pack document holds it: a .json record parsed and dumped again, another
-    one as a JSON string."""
+def _source(raw, how: int) -> bytes | memoryview:
+    """A sample's record as the pack document holds it (UTF-8): a .json record as it is where the scan found
+    it in json.dumps's form (`Sample.record_exact`), else parsed and dumped again; a caption as a JSON string."""
+    if how == EXACT:
+        return raw
     text = str(raw, "utf-8")
-    return dumps(json.loads(text)) if is_json else encode_str(text)
+    return (dumps(json.loads(text)) if how == JSON else encode_str(text)).encode("utf-8")

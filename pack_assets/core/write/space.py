@@ -6,6 +6,7 @@ fills the disk anyway is told with the bytes its unwritten shards still need (`f
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from .. import faults, store
@@ -34,11 +35,12 @@ _ROOMY = """SELECT coalesce((SELECT sum(size) FROM shards), 0) * 2 * greatest(1,
                 sample_id))) + count(*) * 8192 FROM pack_members"""
 
 
-def refuse_if_full(work: Path, out_dir: Path, todo: list[str]) -> None:
-    """``faults.NoSpace`` when the shards to write clearly do not fit in the output folder's free space."""
+def refuse_if_full(work: Path, out_dir: Path, todo: list[str], con=None) -> None:
+    """``faults.NoSpace`` when the shards to write clearly do not fit in the output folder's free space.
+    ``con``: the caller's catalog connection, else one is opened."""
     if not todo:
         return
-    with store.connect(work, read_only=True) as con:
+    with contextlib.nullcontext(con) if con is not None else store.connect(work, read_only=True) as con:
         if faults.free_bytes(out_dir) > con.execute(_ROOMY).fetchone()[0]:
             return
         faults.check_space(out_dir, *OUTPUT, planned_bytes(con, todo))
