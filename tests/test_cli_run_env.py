@@ -377,3 +377,22 @@ def test_the_exit_joins_a_pool_still_alive_and_its_work_finishes(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 3, proc.stderr
     assert done.read_text() == "ok"
+
+
+def test_pyarrow_writes_python_values_without_importing_pandas_and_still_converts_to_it(tmp_path):
+    # a fresh interpreter, as the command's: the helpers forked from it write Parquet from Python values
+    code = f"""
+import sys
+import pyarrow as pa, pyarrow.parquet as pq
+from pack_assets.runner.runenv import pyarrow_without_pandas
+pyarrow_without_pandas()
+pq.write_table(pa.table({{"s": pa.array(["a", "b"]), "n": pa.array([1, None])}}), "{tmp_path}/t.parquet")
+print("pandas" in sys.modules, any(type(f).__name__ == "_WithheldPandas" for f in sys.meta_path))
+print(pq.read_table("{tmp_path}/t.parquet").to_pandas()["s"].tolist())  # asked for: pandas is imported
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["False False", "['a', 'b']"]
+    # without it pyarrow imports pandas at the first array built from Python values (else this test proves nothing)
+    plain = "import sys, pyarrow as pa; pa.array(['a']); print('pandas' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", plain], capture_output=True, text=True,
+                          check=True).stdout.strip() == "True"

@@ -4,8 +4,9 @@ which Dagster home and its dagster.yaml, how many shard processes by default, wh
 And the only places where the command changes process-wide behaviour, each kept because it still pays (figures
 in docs/benchmarks.md, `bench/bench_runenv.py`): `prepare_dagster_process` (Dagster's SQLite event log
 committed without an fsync per event; alembic's migration scripts read once per process, a patch of
-alembic; fewer garbage collections), and `exit_without_teardown` (``os._exit`` after the summary, skipping
-the interpreter's teardown of every module). Only the CLI's processes call them; `dagster dev` and library
+alembic; fewer garbage collections), `exit_without_teardown` (``os._exit`` after the summary, skipping
+the interpreter's teardown of every module) and `pyarrow_without_pandas` (pyarrow's look for pandas answered
+once, before the helpers are forked). Only the CLI's processes call them; `dagster dev` and library
 callers keep Dagster's and Python's defaults."""
 
 from __future__ import annotations
@@ -180,6 +181,34 @@ def cache_alembic_scripts() -> None:
 
     ScriptDirectory.from_config = classmethod(from_config)
     _ALEMBIC_CACHED = True
+
+
+class _WithheldPandas:
+    """A finder that fails the import of pandas (for `pyarrow_without_pandas`, installed for one call)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ImportError("pandas withheld from pyarrow's first look (runenv.pyarrow_without_pandas)")
+        return None
+
+
+def pyarrow_without_pandas() -> None:
+    """Tell pyarrow, before the command's helpers are forked, that this process has no pandas: pyarrow imports
+    pandas (with dateutil, pytz...) the first time it builds an array from Python objects, only to ask whether
+    those objects are pandas ones, and remembers the answer; no step of the tool hands it any. Done once in
+    the command's process, so each process forked from it (the helpers' Parquet writes, the writer's) skips
+    that import. pyarrow still imports pandas when asked for one (`Table.to_pandas`); a process that already
+    has pandas is left as it is."""
+    if "pandas" in sys.modules:
+        return
+    import pyarrow as pa
+
+    finder = _WithheldPandas()
+    sys.meta_path.insert(0, finder)
+    try:
+        pa.array([0])  # pyarrow's one look for pandas (a Python list), answered "none"
+    finally:
+        sys.meta_path.remove(finder)
 
 
 # CPython's default thresholds (700, 10, 10) run full collections again and again while a run loads ~1M
