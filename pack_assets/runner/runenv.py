@@ -86,11 +86,13 @@ def process_start() -> float:
 
 def prepare_dagster_process(worker: bool = False) -> None:
     """What a CLI process that runs Dagster changes for the whole process, in this one place: the event log's
-    commits (`relax_event_log_sync`), the migration scripts read once (`cache_alembic_scripts`), and in a
+    commits (`relax_event_log_sync`), the migration scripts read once (`cache_alembic_scripts`), one SQLAlchemy
+    engine per SQLite database (`share_sqlite_engines`), and in a
     Dagster worker process (``worker``) the collector's thresholds (`relax_gc`; the command's own process set
     them at start)."""
     relax_event_log_sync()
     cache_alembic_scripts()
+    share_sqlite_engines()
     if worker:
         relax_gc()
 
@@ -209,6 +211,43 @@ def pyarrow_without_pandas() -> None:
         pa.array([0])  # pyarrow's one look for pandas (a Python list), answered "none"
     finally:
         sys.meta_path.remove(finder)
+
+
+_ENGINES_SHARED = False
+
+
+def share_sqlite_engines() -> None:
+    """One SQLAlchemy engine per SQLite database for Dagster's storages in this process (event log, runs,
+    schedules): they make a new engine for every connection, and a run makes a few hundred (each event
+    stored, each read), each engine set up again (dialect, pool, first-connect checks) and disposed of. Every
+    connection is still a new SQLite connection closed after its use (the engines keep Dagster's NullPool),
+    so each close still checkpoints the WAL into the database file `dagster dev` watches. Only an engine
+    asked for as Dagster's SQLite storages ask (a URL, NullPool, connect_args) is shared. Only the CLI's
+    processes do this."""
+    global _ENGINES_SHARED
+    if _ENGINES_SHARED:
+        return
+    import sqlalchemy
+    from dagster._core.storage.event_log.sqlite import sqlite_event_log
+    from dagster._core.storage.runs.sqlite import sqlite_run_storage
+    from dagster._core.storage.schedules.sqlite import sqlite_schedule_storage
+    from sqlalchemy.pool import NullPool
+
+    made = sqlalchemy.create_engine
+    engines: dict[tuple, sqlalchemy.Engine] = {}
+
+    def create_engine(url, **kwargs):
+        if kwargs.get("poolclass") is not NullPool or set(kwargs) - {"poolclass", "connect_args"}:
+            return made(url, **kwargs)
+        key = (str(url), tuple(sorted((kwargs.get("connect_args") or {}).items())))
+        if key not in engines:
+            engines[key] = made(url, **kwargs)
+        return engines[key]
+
+    for module in (sqlite_event_log, sqlite_run_storage, sqlite_schedule_storage):
+        if getattr(module, "create_engine", None) is made:  # a Dagster that makes its engines otherwise: as it is
+            module.create_engine = create_engine
+    _ENGINES_SHARED = True
 
 
 # CPython's default thresholds (700, 10, 10) run full collections again and again while a run loads ~1M
