@@ -198,9 +198,9 @@ def pyarrow_without_pandas() -> None:
     """Tell pyarrow, before the command's helpers are forked, that this process has no pandas: pyarrow imports
     pandas (with dateutil, pytz...) the first time it builds an array from Python objects, only to ask whether
     those objects are pandas ones, and remembers the answer; no step of the tool hands it any. Done once in
-    the command's process, so each process forked from it (the helpers' Parquet writes, the writer's) skips
-    that import. pyarrow still imports pandas when asked for one (`Table.to_pandas`); a process that already
-    has pandas is left as it is."""
+    the command's process, so each process forked from it (the helpers, whose Parquet writes build such
+    arrays) skips that import. pyarrow still imports pandas when asked for one (`Table.to_pandas`); a
+    process that already has pandas is left as it is."""
     if "pandas" in sys.modules:
         return
     import pyarrow as pa
@@ -239,7 +239,7 @@ def share_sqlite_engines() -> None:
     def create_engine(url, **kwargs):
         if kwargs.get("poolclass") is not NullPool or set(kwargs) - {"poolclass", "connect_args"}:
             return made(url, **kwargs)
-        key = (str(url), tuple(sorted((kwargs.get("connect_args") or {}).items())))
+        key = (str(url), repr(sorted((kwargs.get("connect_args") or {}).items())))
         if key not in engines:
             engines[key] = made(url, **kwargs)
         return engines[key]
