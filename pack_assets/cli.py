@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .core.labels import POLICIES
 from .core.settings import AUDIT_SCOPES, DEFAULTS, OUTPUT_MODES, OVERLONG, Settings
-from .runner.runenv import exit_without_teardown, process_start, relax_gc, resolve_dagster_home
+from .runner.runenv import exit_without_teardown, process_start, pyarrow_without_pandas, relax_gc, resolve_dagster_home
 
 DEMO_INPUT = Path("demo_data/shards")
 
@@ -551,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     started = process_start() if argv is None else time.perf_counter()
     if argv is None:
         relax_gc()
+        pyarrow_without_pandas()
     args = build_parser().parse_args(argv)
     args.started = started
     try:

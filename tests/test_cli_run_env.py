@@ -377,3 +377,54 @@ def test_the_exit_joins_a_pool_still_alive_and_its_work_finishes(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 3, proc.stderr
     assert done.read_text() == "ok"
+
+
+def test_pyarrow_writes_python_values_without_importing_pandas_and_still_converts_to_it(tmp_path):
+    # a fresh interpreter, as the command's: the helpers forked from it write Parquet from Python values
+    code = f"""
+import sys
+import pyarrow as pa, pyarrow.parquet as pq
+from pack_assets.runner.runenv import pyarrow_without_pandas
+pyarrow_without_pandas()
+pq.write_table(pa.table({{"s": pa.array(["a", "b"]), "n": pa.array([1, None])}}), "{tmp_path}/t.parquet")
+print("pandas" in sys.modules, any(type(f).__name__ == "_WithheldPandas" for f in sys.meta_path))
+print(pq.read_table("{tmp_path}/t.parquet").to_pandas()["s"].tolist())  # asked for: pandas is imported
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["False False", "['a', 'b']"]
+    # without it pyarrow imports pandas at the first array built from Python values (else this test proves nothing)
+    plain = "import sys, pyarrow as pa; pa.array(['a']); print('pandas' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", plain], capture_output=True, text=True,
+                          check=True).stdout.strip() == "True"
+
+
+def test_the_cli_dagster_storages_share_an_engine_per_database_and_still_close_each_connection(tmp_path):
+    # a fresh interpreter, as the command's: a run stores its events through a handful of engines, not one per
+    # event, and no connection stays open (each close checkpoints the WAL into the .db `dagster dev` watches)
+    home = tmp_path / "dh"
+    home.mkdir()
+    code = f"""
+import os, sqlalchemy
+os.environ["DAGSTER_HOME"] = "{home}"
+import dagster as dg
+from pack_assets.runner.runenv import prepare_dagster_process
+engines = []
+init = sqlalchemy.engine.Engine.__init__
+def counted(self, *a, **k):
+    engines.append(1)
+    init(self, *a, **k)
+sqlalchemy.engine.Engine.__init__ = counted
+prepare_dagster_process()
+instance = dg.DagsterInstance.get()
+@dg.asset
+def a():
+    return 1
+for _ in range(2):
+    assert dg.materialize([a], instance=instance).success
+print(len(engines), len(instance.get_runs()))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    engines, runs = map(int, out.stdout.split())
+    assert runs == 2 and engines <= 6  # runs, schedules, index and one per run's events (Dagster's own: ~100)
+    dbs = sorted(p.name for p in (home / "history").rglob("*.db*"))
+    assert dbs and not [n for n in dbs if n.endswith("-wal")], dbs

@@ -4,8 +4,9 @@ which Dagster home and its dagster.yaml, how many shard processes by default, wh
 And the only places where the command changes process-wide behaviour, each kept because it still pays (figures
 in docs/benchmarks.md, `bench/bench_runenv.py`): `prepare_dagster_process` (Dagster's SQLite event log
 committed without an fsync per event; alembic's migration scripts read once per process, a patch of
-alembic; fewer garbage collections), and `exit_without_teardown` (``os._exit`` after the summary, skipping
-the interpreter's teardown of every module). Only the CLI's processes call them; `dagster dev` and library
+alembic; fewer garbage collections), `exit_without_teardown` (``os._exit`` after the summary, skipping
+the interpreter's teardown of every module) and `pyarrow_without_pandas` (pyarrow's look for pandas answered
+once, before the helpers are forked). Only the CLI's processes call them; `dagster dev` and library
 callers keep Dagster's and Python's defaults."""
 
 from __future__ import annotations
@@ -85,11 +86,13 @@ def process_start() -> float:
 
 def prepare_dagster_process(worker: bool = False) -> None:
     """What a CLI process that runs Dagster changes for the whole process, in this one place: the event log's
-    commits (`relax_event_log_sync`), the migration scripts read once (`cache_alembic_scripts`), and in a
+    commits (`relax_event_log_sync`), the migration scripts read once (`cache_alembic_scripts`), one SQLAlchemy
+    engine per SQLite database (`share_sqlite_engines`), and in a
     Dagster worker process (``worker``) the collector's thresholds (`relax_gc`; the command's own process set
     them at start)."""
     relax_event_log_sync()
     cache_alembic_scripts()
+    share_sqlite_engines()
     if worker:
         relax_gc()
 
@@ -180,6 +183,71 @@ def cache_alembic_scripts() -> None:
 
     ScriptDirectory.from_config = classmethod(from_config)
     _ALEMBIC_CACHED = True
+
+
+class _WithheldPandas:
+    """A finder that fails the import of pandas (for `pyarrow_without_pandas`, installed for one call)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ImportError("pandas withheld from pyarrow's first look (runenv.pyarrow_without_pandas)")
+        return None
+
+
+def pyarrow_without_pandas() -> None:
+    """Tell pyarrow, before the command's helpers are forked, that this process has no pandas: pyarrow imports
+    pandas (with dateutil, pytz...) the first time it builds an array from Python objects, only to ask whether
+    those objects are pandas ones, and remembers the answer; no step of the tool hands it any. Done once in
+    the command's process, so each process forked from it (the helpers, whose Parquet writes build such
+    arrays) skips that import. pyarrow still imports pandas when asked for one (`Table.to_pandas`); a
+    process that already has pandas is left as it is."""
+    if "pandas" in sys.modules:
+        return
+    import pyarrow as pa
+
+    finder = _WithheldPandas()
+    sys.meta_path.insert(0, finder)
+    try:
+        pa.array([0])  # pyarrow's one look for pandas (a Python list), answered "none"
+    finally:
+        sys.meta_path.remove(finder)
+
+
+_ENGINES_SHARED = False
+
+
+def share_sqlite_engines() -> None:
+    """One SQLAlchemy engine per SQLite database for Dagster's storages in this process (event log, runs,
+    schedules): they make a new engine for every connection, and a run makes a few hundred (each event
+    stored, each read), each engine set up again (dialect, pool, first-connect checks) and disposed of. Every
+    connection is still a new SQLite connection closed after its use (the engines keep Dagster's NullPool),
+    so each close still checkpoints the WAL into the database file `dagster dev` watches. Only an engine
+    asked for as Dagster's SQLite storages ask (a URL, NullPool, connect_args) is shared. Only the CLI's
+    processes do this."""
+    global _ENGINES_SHARED
+    if _ENGINES_SHARED:
+        return
+    import sqlalchemy
+    from dagster._core.storage.event_log.sqlite import sqlite_event_log
+    from dagster._core.storage.runs.sqlite import sqlite_run_storage
+    from dagster._core.storage.schedules.sqlite import sqlite_schedule_storage
+    from sqlalchemy.pool import NullPool
+
+    made = sqlalchemy.create_engine
+    engines: dict[tuple, sqlalchemy.Engine] = {}
+
+    def create_engine(url, **kwargs):
+        if kwargs.get("poolclass") is not NullPool or set(kwargs) - {"poolclass", "connect_args"}:
+            return made(url, **kwargs)
+        key = (str(url), repr(sorted((kwargs.get("connect_args") or {}).items())))
+        if key not in engines:
+            engines[key] = made(url, **kwargs)
+        return engines[key]
+
+    for module in (sqlite_event_log, sqlite_run_storage, sqlite_schedule_storage):
+        if getattr(module, "create_engine", None) is made:  # a Dagster that makes its engines otherwise: as it is
+            module.create_engine = create_engine
+    _ENGINES_SHARED = True
 
 
 # CPython's default thresholds (700, 10, 10) run full collections again and again while a run loads ~1M
