@@ -7,11 +7,11 @@ bytes that passed; any other shard, or one whose bytes changed under the same si
 (`vouched`). xxh3-128, not sha256: these digests guard against corruption and edits, not adversaries, and
 hashing must stay under the disk's read speed.
 
-`EarlyDigests` hashes those shards ahead, while the plan and the writer run (`pack-assets run` starts it with the
-pack assets), each digest kept with the file's identity as it was read; the audit takes one only for a file
-nobody has written since (same inode, size, mtime and ctime: a write or a `utime` sets the ctime, which nothing
-sets back), so it is still a digest of the bytes on disk that this run computed, and anything else is hashed
-then."""
+`EarlyDigests` hashes those shards ahead, while the run records its shard runs, plans and writes (`start_for`:
+`pack-assets run` starts it once Dagster is loaded, not before: its cold import would wait behind these reads),
+each digest kept with the file's identity as it was read; the audit takes one only for a file nobody has
+written since (same inode, size, mtime and ctime: a write or a `utime` sets the ctime, which nothing sets
+back), so it is still a digest of the bytes on disk that this run computed, and anything else is hashed then."""
 
 from __future__ import annotations
 
@@ -21,14 +21,21 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import xxhash
+
+from .. import __version__
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 CHUNK = 8 << 20
 EARLY_THREADS = 4  # at most: sequential readers of one disk while the writer writes to it
 
 
 Identity = tuple[int, int, int, int, int]
+AUDITED = "audited_shards.json"  # the last clean audit's record, in the work folder (core/audit.py writes it)
 
 
 def identity(st: os.stat_result) -> Identity:
@@ -99,6 +106,14 @@ class EarlyDigests:
             threads = min(workers or os.cpu_count() or 1, EARLY_THREADS, len(todo))
             self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="early-digest")
             self._started = {p: self._pool.submit(identified_digest, p, self._stop) for p in todo}
+
+    def start_for(self, settings: Settings) -> EarlyDigests:
+        """`start` when a run of ``settings`` has an audit that takes these digests: an incremental plan keeps
+        the output shards it had, and the default audit scope hashes them (a blend's epochs: not hashed early).
+        Any time before the audit is safe: a digest is taken only for a file that is still the one it read."""
+        if settings.plan.incremental and settings.audit_scope == "all" and not settings.recipe:
+            self.start(settings.out, settings.work / AUDITED, __version__)
+        return self
 
     def digest(self, path: Path) -> str | None:
         """The digest taken early of ``path`` (waiting for it if it is being taken), None when none was started,
