@@ -35,8 +35,8 @@ def test_run_through_dagster_prints_a_summary_and_reruns_incrementally(ran, caps
 
 
 def test_the_default_incremental_rerun_vouches_for_every_kept_shard_by_digests_it_took(ran, capsys, monkeypatch):
-    """`run --incremental` with the default audit: every unchanged output shard hashed by this run from before its
-    shard runs (`filedigest.EarlyDigests`), each digest the audit takes one of a file nobody wrote since and
+    """`run --incremental` with the default audit: every unchanged output shard hashed by this run while it planned and
+    wrote (`filedigest.EarlyDigests`), each digest the audit takes one of a file nobody wrote since and
     equal to the last clean audit's."""
     args, s, tmp = ran
     taken = {}

@@ -530,7 +530,7 @@ def test_digests_taken_early_vouch_only_for_files_nobody_wrote_since(packed):
 
 
 def test_a_run_hashes_early_only_when_its_audit_takes_the_digests(packed):
-    """`EarlyDigests.start_for`, which `pack-assets run` calls before its shard runs: an incremental plan with the
+    """`EarlyDigests.start_for`, which `pack-assets run` calls as its plan starts: an incremental plan with the
     default audit scope hashes the kept output shards; a full replan (it rewrites them), the quick audit (it
     hashes nothing) and a blend (audited folder by folder) start no reading at all."""
     inp, work, out, _ = packed

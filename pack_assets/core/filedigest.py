@@ -7,11 +7,12 @@ bytes that passed; any other shard, or one whose bytes changed under the same si
 (`vouched`). xxh3-128, not sha256: these digests guard against corruption and edits, not adversaries, and
 hashing must stay under the disk's read speed.
 
-`EarlyDigests` hashes those shards ahead, while the run records its shard runs, plans and writes (`start_for`:
-`pack-assets run` starts it once Dagster is loaded, not before: its cold import would wait behind these reads),
-each digest kept with the file's identity as it was read; the audit takes one only for a file nobody has
-written since (same inode, size, mtime and ctime: a write or a `utime` sets the ctime, which nothing sets
-back), so it is still a digest of the bytes on disk that this run computed, and anything else is hashed then."""
+`EarlyDigests` hashes those shards ahead, while the plan and the writer run (`start_for`: `pack-assets run` starts
+it with the pack assets, not before: the cold import of Dagster and the recording of the shard runs, reads and
+writes of small files, wait behind these reads and cost more than the reading saves), each digest kept with the
+file's identity as it was read; the audit takes one only for a file nobody has written since (same inode, size,
+mtime and ctime: a write or a `utime` sets the ctime, which nothing sets back), so it is still a digest of the
+bytes on disk that this run computed, and anything else is hashed then."""
 
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ class EarlyDigests:
     def start_for(self, settings: Settings) -> EarlyDigests:
         """`start` when a run of ``settings`` has an audit that takes these digests: an incremental plan keeps
         the output shards it had, and the default audit scope hashes them (a blend's epochs: not hashed early).
-        Any time before the audit is safe: a digest is taken only for a file that is still the one it read."""
+        Safe at any time before the audit: a digest is taken only for a file that is still the one it read."""
         if settings.plan.incremental and settings.audit_scope == "all" and not settings.recipe:
             self.start(settings.out, settings.work / AUDITED, __version__)
         return self

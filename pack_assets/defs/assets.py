@@ -131,7 +131,7 @@ def _planned(s: Settings, shards: list[str], pool: Executor | None):
     return summary, what_if.finish(summary.fingerprint)
 
 
-def _pack_plan(pool: Executor | None) -> dg.AssetsDefinition:
+def _pack_plan(pool: Executor | None, early: filedigest.EarlyDigests | None = None) -> dg.AssetsDefinition:
     @dg.asset(
         **PACK_STAGE,
         deps=[token_lengths],
@@ -148,6 +148,8 @@ def _pack_plan(pool: Executor | None) -> dg.AssetsDefinition:
         shards = sorted(context.instance.get_dynamic_partitions(source_shards.name))
         events.emit(Progress(events.PLAN, 0, 1, "step", len(shards), "shards"))
         with settings.work_lock(context, "pack_plan"):
+            if early is not None:  # an incremental plan keeps the output shards it had: hashed for the audit meanwhile
+                early.start_for(s)
             summary, what_if = _planned(s, shards, pool)
         events.emit(Progress(events.PLAN, 1, 1, "step", summary.packs, "packs"))
         if summary.shards_removed:
@@ -248,7 +250,7 @@ def pack_stage_assets(pool: Executor | None = None,
     """The three pack stages' assets. ``pool``: where their side work runs (the what-if sweep beside the plan;
     the audit's recount and figures): the command's helper processes when `pack-assets run` builds them
     (runner/orchestrate.py); none, in line, for the code location's own (above: `dagster dev`, `dg`). The three
-    run in one process here, so with ``early`` (`filedigest.EarlyDigests`, started and closed by the caller) the
-    audit takes the kept output shards' digests hashed while the run planned and wrote; the code location's,
-    which may each run in a process of its own, do not."""
-    return [_pack_plan(pool), packed_shards, _audit_report(pool, early)]
+    run in one process here, so with ``early`` an incremental plan starts hashing the output shards it keeps
+    for the audit (`filedigest.EarlyDigests.start_for`, closed by the caller whether or not the audit runs); the
+    code location's, which may each run in a process of its own, do not."""
+    return [_pack_plan(pool, early), packed_shards, _audit_report(pool, early)]

@@ -232,7 +232,7 @@ def _on_terminal(msg: str) -> None:
 
 def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, force: bool = False,
                  jobs: int = 0, started: float | None = None, work: ShardWork | None = None,
-                 pool: Executor | None = None, early: filedigest.EarlyDigests | None = None) -> dict:
+                 pool: Executor | None = None) -> dict:
     """Register the shards, run each that needs it, then plan → write → audit; the summary comes from the
     stages' own results. `started`: the time.perf_counter() the caller's wall time counts from (the CLI:
     process start), so the stage seconds, with start-up and other, add up to the seconds the user waited.
@@ -241,7 +241,7 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
     helpers wrote. `log`: where a library caller wants plain progress lines; without one, the command's own
     progress on a terminal (nothing off one; the caller shows the pack stages: progress.StageBars). `pool`:
     where the pack stages' side work runs (`defs.assets.pack_stage_assets`): the command's helpers, whose
-    shards `work` holds, or none (in line). `early`: the audit's digests, hashing since the command started."""
+    shards `work` holds, or none (in line)."""
     progress_log = log
     log = log or _on_terminal
     t0 = time.perf_counter() if started is None else started
@@ -267,7 +267,7 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
         log(f"{len(todo)} shard run(s), {len(shards) - len(todo)} shard(s) unchanged"
             f"{f' ({len(late)} recorded in Dagster now)' if late else ''}; planning, writing and auditing")
 
-    with early or filedigest.EarlyDigests().start_for(settings) as early:  # closed even when a stage fails
+    with filedigest.EarlyDigests() as early:  # closed even when the plan or the write fails
         pack_assets = pack_stage_assets(pool, early)
         result = _shard_runs(todo + late, order, jobs, settings.flat(), progress_log, instance, work, then_pack,
                              pack_assets, pool)
