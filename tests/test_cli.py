@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pack_assets.cli import main
+from pack_assets.core import filedigest
 
 
 @pytest.fixture
@@ -31,6 +32,27 @@ def test_run_through_dagster_prints_a_summary_and_reruns_incrementally(ran, caps
     assert main(args) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["shard_runs"] == 0 and again["packs"] == s["packs"]
+
+
+def test_the_default_incremental_rerun_vouches_for_every_kept_shard_by_digests_it_took(ran, capsys, monkeypatch):
+    """`run --incremental` with the default audit: every unchanged output shard hashed by this run while it planned and
+    wrote (`filedigest.EarlyDigests`), each digest the audit takes one of a file nobody wrote since and
+    equal to the last clean audit's."""
+    args, s, tmp = ran
+    taken = {}
+    digest = filedigest.EarlyDigests.digest
+
+    def spy(self, path):
+        taken[path.name] = digest(self, path)
+        return taken[path.name]
+
+    monkeypatch.setattr(filedigest.EarlyDigests, "digest", spy)
+    assert main(args + ["--incremental"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    shards = sorted(p.name for p in (tmp / "out").glob("*.tar"))
+    assert again["verdict"] == "PASS" and again["output_shards_written"] == 0
+    assert again["output_shards_hashed"] == again["output_shards"] == len(shards) > 0
+    assert sorted(n for n, d in taken.items() if d) == shards
 
 
 def test_lookup_and_verify(ran, capsys):

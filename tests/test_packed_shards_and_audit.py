@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import tarfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from pack_assets.core.lookup import lookup
 from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
 from pack_assets.core.records import PackMeta, SourceRef
 from pack_assets.core.scan import manifest_is_current, run_manifest
+from pack_assets.core.settings import Settings
 from pack_assets.core.write import copy as write_copy
 from pack_assets.core.write import energon, fingerprints, run_write, syscalls, write_context
 from pack_assets.core.write import record as write_record
@@ -527,9 +527,26 @@ def test_digests_taken_early_vouch_only_for_files_nobody_wrote_since(packed):
     with filedigest.EarlyDigests() as other:  # another version's record: its digests are not taken
         other.start(out, work / audit_mod.AUDITED, __version__ + "+other")
         assert other.digest(first) is None
-    stopped = threading.Event()
-    stopped.set()  # closed while a file is being read: the read stops, no digest
-    assert filedigest.identified_digest(first, stopped) is None and filedigest.identified_digest(first)
+    with filedigest.EarlyDigests() as closing:  # closed while it reads: its process ends, nothing is kept
+        closing.start(out, work / audit_mod.AUDITED, __version__)
+        proc = closing._proc
+    assert proc is not None and proc.poll() is not None and closing.digest(first) is None
+
+
+def test_a_run_hashes_early_only_when_its_audit_takes_the_digests(packed):
+    """`EarlyDigests.start_for`, which `pack-assets run` calls as its plan starts: an incremental plan with the
+    default audit scope hashes the kept output shards; a full replan (it rewrites them), the quick audit (it
+    hashes nothing) and a blend (audited folder by folder) start no reading at all."""
+    inp, work, out, _ = packed
+    assert run_audit(work, out, digests=False).ok
+    shard = sorted(out.glob("*.tar"))[0].resolve()
+    base = {"input_dir": str(inp), "work_dir": str(work), "output_dir": str(out)}
+    with filedigest.EarlyDigests().start_for(Settings(**base, plan=PlanConfig(incremental=True))) as early:
+        assert early.digest(shard) == filedigest.file_digest(shard) is not None
+    for options in ({}, {"audit_scope": "changed", "plan": PlanConfig(incremental=True)},
+                    {"recipe": "r.yaml", "plan": PlanConfig(incremental=True)}):
+        with filedigest.EarlyDigests().start_for(Settings(**base, **options)) as early:
+            assert early.digest(shard) is None, options
 
 
 def test_lookup_round_trips_sample_to_pack_and_back(packed):

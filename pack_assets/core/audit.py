@@ -466,7 +466,7 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
 
 # -- the stage: audit the outputs, recount a sample of lengths, write the report ----------------------------
 
-AUDITED = "audited_shards.json"
+AUDITED = filedigest.AUDITED
 
 
 @functools.cache

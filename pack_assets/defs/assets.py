@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 import pyarrow as pa
 
-from .. import __version__, events
+from .. import events
 from ..core import audit, blend, epochs, filedigest, plan, report, scan, write
 from ..core.counting.token_lengths import run_token_counts
 from ..core.results import FilePath, Markdown
@@ -148,9 +148,8 @@ def _pack_plan(pool: Executor | None, early: filedigest.EarlyDigests | None = No
         shards = sorted(context.instance.get_dynamic_partitions(source_shards.name))
         events.emit(Progress(events.PLAN, 0, 1, "step", len(shards), "shards"))
         with settings.work_lock(context, "pack_plan"):
-            if early is not None and s.plan.incremental and s.audit_scope == "all" and not s.recipe:
-                # an incremental plan keeps the output shards it had: they are hashed for the audit meanwhile
-                early.start(s.out, s.work / audit.AUDITED, __version__)
+            if early is not None:  # an incremental plan keeps the output shards it had: hashed for the audit meanwhile
+                early.start_for(s)
             summary, what_if = _planned(s, shards, pool)
         events.emit(Progress(events.PLAN, 1, 1, "step", summary.packs, "packs"))
         if summary.shards_removed:
@@ -252,6 +251,6 @@ def pack_stage_assets(pool: Executor | None = None,
     the audit's recount and figures): the command's helper processes when `pack-assets run` builds them
     (runner/orchestrate.py); none, in line, for the code location's own (above: `dagster dev`, `dg`). The three
     run in one process here, so with ``early`` an incremental plan starts hashing the output shards it keeps
-    for the audit (`filedigest.EarlyDigests`, closed by the caller whether or not the audit runs); the code
-    location's, which may each run in a process of its own, do not."""
+    for the audit (`filedigest.EarlyDigests.start_for`, closed by the caller whether or not the audit runs); the
+    code location's, which may each run in a process of its own, do not."""
     return [_pack_plan(pool, early), packed_shards, _audit_report(pool, early)]

@@ -1,0 +1,91 @@
+"""Where the default rerun after one new shard spends its time: the rerun of bench_rerun.py, profiled.
+
+    python bench/profile_rerun.py --out <bench_e2e's --out> --drop-caches [--flags --audit-scope changed]
+
+The newest shard moved aside and an untimed incremental run, put back with a new mtime, the page cache dropped
+(``--drop-caches``, root), then `pack-assets run --incremental` (plus ``--flags``) in a process profiled by
+cProfile from its start (the command leaves by ``os._exit``: the profile is written by an atexit handler, which
+runs before it). Records: the run's seconds and stages, and the cumulative seconds of the functions of the
+plan, write and audit stages that a one-shard rerun pays for the whole catalog (``FUNCTIONS``), summed over
+their calls. cProfile's own overhead inflates Python-heavy functions: compare functions within one record,
+not with a run that was not profiled. The .prof file is kept beside the set (``<out>/rerun_<UTC>.prof``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Results, drop_caches, machine  # noqa: E402
+
+FUNCTIONS = {
+    "plan": ["run_plan", "plannable", "build_catalog", "ok_lengths", "_previous_plan", "read_plan", "changed_packs",
+             "_incremental", "make_plan", "plan_jsonl", "save_plan", "check_plan"],
+    "write": ["run_write", "check_sources", "shard_digests", "digest_keys", "write_all", "_write_group", "metadata",
+              "finish", "record_written"],
+    "audit": ["run_audit", "audit", "vouched", "recount", "_shard_expectations", "_hashed", "per_shard",
+              "audit_figures", "current_stamps"],
+    "other": ["instance_for", "_shards_run", "_helpers_done", "atomic_write_bytes", "fsync_dir"],
+}
+PROFILED = """import atexit, cProfile, sys
+profile, into = cProfile.Profile(), sys.argv.pop(1)
+atexit.register(lambda: (profile.disable(), profile.dump_stats(into)))
+profile.enable()
+from pack_assets.cli import main
+sys.argv[0] = "pack-assets"
+main()
+"""
+
+
+def cumulative(prof: Path) -> dict[str, dict[str, float]]:
+    """Per stage and function of ``FUNCTIONS``: the cumulative seconds of the package's functions of that name."""
+    seconds: dict[str, float] = {}
+    for (path, _, name), (_, _, _, cum, _) in pstats.Stats(str(prof)).stats.items():
+        if "pack_assets" in path:
+            seconds[name] = seconds.get(name, 0.0) + cum
+    return {stage: {f: round(seconds[f], 2) for f in names if f in seconds} for stage, names in FUNCTIONS.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True, help="bench_e2e.py's --out, after its run with --reruns 1 or more")
+    ap.add_argument("--max-len", type=int, default=16384)
+    ap.add_argument("--drop-caches", action="store_true")
+    ap.add_argument("--flags", nargs=argparse.REMAINDER, default=[], help="more flags of the profiled run")
+    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/profile_rerun_<UTC>.json)")
+    args = ap.parse_args()
+    out = Path(args.out)
+    emit = Results(out, args.results, "profile_rerun")
+    new = sorted((out / "shards").glob("part-*.tar"))[-1]
+    run = ["run", "--input", str(out / "shards"), "--max-len", str(args.max_len), "--work", str(out / "work"),
+           "--output", str(out / "packed"), "--dagster-home", str(out / "dagster_home"), "--json", "--incremental"]
+    aside = out / "rerun_aside.tar"
+    shutil.move(new, aside)
+    subprocess.run([str(Path(sys.executable).parent / "pack-assets"), *run], check=True, capture_output=True)
+    shutil.move(aside, new)
+    os.utime(new)  # a new mtime: scanned and counted again, as a shard just added
+    dropped = args.drop_caches and drop_caches()
+    prof = out / f"rerun_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.prof"
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", PROFILED, str(prof), *run, *args.flags], check=True,
+                          capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    summary = json.loads(done.stdout)
+    emit({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "new_shard": new.name,
+          "flags": ["--incremental", *args.flags], "load1_at_start": round(load, 2),
+          "page_cache": "dropped" if dropped else "warm", "seconds_profiled": round(seconds, 1),
+          "stage_seconds": summary["stage_seconds"], "output_shards_hashed": summary.get("output_shards_hashed"),
+          "cumulative_s": cumulative(prof), "profile": str(prof)})
+
+
+if __name__ == "__main__":
+    main()
