@@ -63,7 +63,8 @@ def one(src: Path, work: Path, packed: Path, prehash: bool) -> dict:
     cold = drop_caches()
     env = {**os.environ, "PYTHONPATH": str(src)}
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", _ONE, str(work), str(packed), "1" if prehash else "0"],
+    # -P: without it `-c` puts the working folder first on sys.path, and a checkout there shadows PYTHONPATH
+    p = subprocess.run([sys.executable, "-P", "-c", _ONE, str(work), str(packed), "1" if prehash else "0"],
                        capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise SystemExit(p.stderr[-3000:])
