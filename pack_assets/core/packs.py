@@ -140,6 +140,9 @@ class PackTable:
 
     def rows(self, start: int, stop: int) -> Iterator[tuple[str, str, list[str], list[int], int]]:
         """(pack id, media type, sample ids, lengths, total) of packs ``start:stop``, the ids looked up at once."""
+        stop = min(stop, len(self))
+        if start >= stop:
+            return
         lo, hi = int(self.offsets[start]), int(self.offsets[stop])
         ids, lens = self.ids[self.members[lo:hi]].tolist(), self.lens[lo:hi].tolist()
         bounds = (self.offsets[start:stop + 1] - lo).tolist()
@@ -150,10 +153,9 @@ class PackTable:
 
     def jsonl(self, start: int = 0, stop: int | None = None) -> str:
         """pack_plan.jsonl's lines of packs ``start:stop``."""
-        stop = len(self) if stop is None else min(stop, len(self))
         return "".join(json.dumps({"pack_id": p, "media_type": mt, "sample_ids": ids, "sample_token_lens": lens,
                                    "total_token_len": total}) + "\n"
-                       for p, mt, ids, lens, total in self.rows(start, stop)) if start < stop else ""
+                       for p, mt, ids, lens, total in self.rows(start, len(self) if stop is None else stop))
 
     def batches(self, step: int = 1 << 14) -> pa.RecordBatchReader:
         """The catalog's pack_plan rows (`store.PACK_PLAN_SCHEMA`'s columns; DuckDB casts them to its types),

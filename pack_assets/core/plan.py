@@ -8,6 +8,7 @@ the Σℓ² (attention cost) balance of each group of W consecutive packs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -499,6 +500,18 @@ def _incremental(rows: dict[str, np.ndarray], previous, config: PlanConfig, prof
 
 _OK = "FROM token_lengths WHERE status = 'ok'"
 _OK_BATCH = 1 << 17  # rows fetched at once
+# DuckDB's memory for ok_lengths' sort by sample id, beyond which it spills to disk: what its allocator held for
+# the sort stayed with the process through the plan (~80 B a sample under the catalog's 1GB: issue 41, 10M)
+SORT_MEMORY = "256MB"
+
+
+@contextlib.contextmanager
+def _sort_memory(con) -> Iterator[None]:
+    con.execute(f"SET memory_limit = '{SORT_MEMORY}'")
+    try:
+        yield
+    finally:
+        con.execute(f"SET memory_limit = '{store.memory_limit()}'")
 
 
 def ok_lengths(con) -> dict[str, np.ndarray]:
@@ -515,15 +528,16 @@ def ok_lengths(con) -> dict[str, np.ndarray]:
     names = ["sample_ids", "media_types", "lengths", "media_bytes", "n_media", "vision_tokens"]
     rows = {k: np.asarray([], IDS if k == "sample_ids" else np.int64) for k in names}
     at = 0
-    for batch in result.to_arrow_reader(_OK_BATCH):
-        if any(c.null_count for c in batch.columns):  # (a NULL is never taken for 0)
-            raise ValueError("token_lengths has an ok row with a NULL count: count its shard again (--force)")
-        for name, col in zip(batch.schema.names, batch.columns):
-            got = np.asarray(col.to_pylist(), dtype=IDS) if name == "sample_ids" else arrow_ints(col)
-            if at == 0:
-                rows[name] = np.empty(n, got.dtype)
-            rows[name][at:at + len(got)] = got
-        at += batch.num_rows
+    with _sort_memory(con):
+        for batch in result.to_arrow_reader(_OK_BATCH):
+            if any(c.null_count for c in batch.columns):  # (a NULL is never taken for 0)
+                raise ValueError("token_lengths has an ok row with a NULL count: count its shard again (--force)")
+            for name, col in zip(batch.schema.names, batch.columns):
+                got = np.asarray(col.to_pylist(), dtype=IDS) if name == "sample_ids" else arrow_ints(col)
+                if at == 0:
+                    rows[name] = np.empty(n, got.dtype)
+                rows[name][at:at + len(got)] = got
+            at += batch.num_rows
     rows["media_types"] = np.asarray(types, dtype=object)[rows["media_types"]] if types else np.asarray([], object)
     return rows
 

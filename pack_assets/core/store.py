@@ -326,10 +326,14 @@ FROM pack_members pm JOIN pack_plan p USING (pack_id) JOIN manifest_samples s US
 MEMORY_ENV = "PACK_ASSETS_DUCKDB_MEMORY"  # DuckDB's memory limit for the catalog (default 1GB; e.g. "4GB")
 
 
+def memory_limit() -> str:
+    return os.environ.get(MEMORY_ENV) or "1GB"
+
+
 def _configured(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     # DuckDB's own default limit is 80 % of RAM: the fingerprint query over 1M samples then held 5 GB where
     # it spills past a bound at the same speed. Its progress bar writes to stdout, into `run --json`.
-    limit = os.environ.get(MEMORY_ENV) or "1GB"
+    limit = memory_limit()
     try:
         con.execute(f"SET memory_limit = '{limit}'")
     except duckdb.Error as e:
