@@ -135,7 +135,8 @@ def make_plan(
     """Every input ends in exactly one pack or in ``dropped`` (with its length and a reason)."""
     t0 = time.perf_counter()
     n = len(sample_ids)
-    sample_ids = np.asarray(sample_ids, dtype=IDS)  # (no copy of `ok_lengths`' ids)
+    if not isinstance(getattr(sample_ids, "dtype", None), type(IDS)):  # (`ok_lengths`' ids: each array has a
+        sample_ids = np.asarray(sample_ids, dtype=IDS)  # StringDType of its own, which asarray(IDS) would copy)
     lengths = np.asarray(lengths, dtype=np.int64)
     media_bytes = np.asarray(media_bytes, dtype=np.int64)
     n_media = np.zeros(n, np.int64) if n_media is None else np.asarray(n_media, np.int64)
