@@ -6,8 +6,10 @@ each of its steps.
     python bench/bench_plan_rss.py --from-work /tmp/e2e250k/work --out /tmp/planrss --shards 100 200 400 \
         --results bench/results/    # a new plan_rss_<UTC>.json
 
-Each N: ``<out>/syn<shards>`` (kept, so a second code can be measured on the same catalog: ``--keep``), the
-plan's pack_plan.jsonl copied beside it as ``plan_<label>_<shards>.jsonl`` for `cmp` against another code's.
+Each N: ``<out>/syn<shards>`` (kept, so a second code can be measured on the same catalog), the plan's
+pack_plan.jsonl copied beside it as ``plan_<label>_<shards>.jsonl`` for `cmp` against another code's, and each
+plan table's rows and content digest (order-free: every row's key is in it) recorded after the measure, for the
+same comparison of the catalogs.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import resource
 import shutil
 import subprocess
 import sys
@@ -64,8 +65,11 @@ def measure(work: Path, profile_name: str, max_len: int) -> dict:
 
     def say(step: str) -> None:
         rss = int(Path("/proc/self/statm").read_text().split()[1]) * 4096
-        steps.append({"step": step, "rss_mb": round(rss / 1e6), "peak_mb": round(
-            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3), "s": round(time.perf_counter() - t0, 1)})
+        # VmHWM, not ru_maxrss, which keeps the parent's peak across fork + exec (the synthesis's tables)
+        hwm = next(int(x.split()[1]) for x in Path("/proc/self/status").read_text().splitlines()
+                   if x.startswith("VmHWM:"))
+        steps.append({"step": step, "rss_mb": round(rss / 1e6), "peak_mb": round(hwm / 1e3),
+                      "s": round(time.perf_counter() - t0, 1)})
 
     def wrap(mod, name: str) -> None:
         f = getattr(mod, name)
@@ -89,6 +93,25 @@ def measure(work: Path, profile_name: str, max_len: int) -> dict:
             "violations": len(s.violations), "steps": steps, "peak_mb": steps[-1]["peak_mb"]}
 
 
+TABLES = ("pack_plan", "pack_members", "dropped", "split_pieces")
+
+
+def digests(work: Path) -> dict:
+    """Per plan table: its rows and the sum of its rows' hashes (the same content gives the same figures);
+    plan_info's hash without the planner's seconds."""
+    import hashlib
+
+    from pack_assets.core import store
+
+    with store.connect(work, read_only=True) as con:
+        out = {t: list(con.execute(f"SELECT count(*), CAST(sum(hash(CAST(t AS VARCHAR))::HUGEINT) AS VARCHAR) "
+                                   f"FROM {t} t").fetchone()) for t in TABLES}
+        info = store.read_plan_info(con)
+    info["stats"].pop("seconds", None)
+    out["plan_info"] = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from-work", help="a scanned and counted work folder (its per-shard Parquet)")
@@ -101,7 +124,8 @@ def main() -> None:
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(measure(Path(args.one), args.profile, args.max_len)))
+        got = measure(Path(args.one), args.profile, args.max_len)
+        print(json.dumps({**got, "tables": digests(Path(args.one))}))
         return
     dest, out, records = ResultsFile(args.results, "plan_rss"), Path(args.out), []
     for n in args.shards:

@@ -49,16 +49,12 @@ def pack_padded_len(lengths, m: int) -> int:
     return int(padded(lengths, m).sum())
 
 
-def padded_stats(pack_lengths: list[list[int]], config) -> dict:
-    """The plan's figures on padded lengths: the multiple, the tokens the packs hold once padded, and their fill
-    of ``max_len`` (what the lower bound, computed on padded lengths, is compared with)."""
+def padded_stats(lengths: np.ndarray, n: int, config) -> dict:
+    """The plan's figures on padded lengths: the multiple, the tokens the ``n`` packs hold once each of their
+    members' ``lengths`` is padded, and their fill of ``max_len`` (what the lower bound, computed on padded
+    lengths, is compared with)."""
     m = config.multiple
-    if m == 1:
-        tokens = sum(sum(lens) for lens in pack_lengths)
-    else:
-        flat = np.fromiter((n for lens in pack_lengths for n in lens), dtype=np.int64)
-        tokens = int(padded(flat, m).sum())
-    n = len(pack_lengths)
+    tokens = pack_padded_len(lengths, m)
     return {"sample_multiple": m, "padded_tokens": tokens, "fill_padded": tokens / (n * config.max_len) if n else 0.0}
 
 

@@ -8,6 +8,7 @@ the Σℓ² (attention cost) balance of each group of W consecutive packs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -26,6 +27,7 @@ from .counting.token_lengths import token_lengths_are_current
 from .coverage import input_stats, left_since, tar_exists
 from .cpad import padded, padded_stats
 from .groups import make_groups, split_to_groups
+from .packs import IDS, Pack, PackTable, arrow_ints, from_batches, shard_name, shard_numbers
 from .plancheck import check_plan
 from .results import FilePath, Markdown
 from .scan import manifest_is_current
@@ -37,24 +39,8 @@ __all__ = ["ALGORITHMS", "Pack", "PlanConfig", "PlanResult", "assign", "lower_bo
 
 
 @dataclass
-class Pack:
-    pack_id: str
-    media_type: str
-    sample_ids: list[str]
-    sample_token_lens: list[int]
-    total_token_len: int
-    output_shard: str = ""
-    media_bytes: int = 0
-    overlong: bool = False
-    # a blend's plan (core/blend.py): per member its dataset and copy, and the plan's epoch
-    datasets: list[str] = field(default_factory=list)
-    copies: list[int] = field(default_factory=list)
-    epoch: int = 0
-
-
-@dataclass
 class PlanResult:
-    packs: list[Pack]
+    packs: PackTable | list[Pack]  # a blend's plan: Pack objects (with datasets and copies)
     dropped: list[dict]
     stats: dict = field(default_factory=dict)
     fingerprint: str = ""
@@ -81,7 +67,9 @@ def fingerprint(config: PlanConfig, profile: str, ids: Sequence[str], lengths: S
     h = hashlib.sha256(json.dumps({"config": asdict(config), "profile": profile}, sort_keys=True).encode())
     lengths = np.asarray(lengths)
     for a in range(0, len(lengths), CHUNK):
-        h.update("".join(f"{i}\t{n}\n" for i, n in zip(ids[a:a + CHUNK], lengths[a:a + CHUNK].tolist())).encode())
+        part = ids[a:a + CHUNK]
+        part = part.tolist() if isinstance(part, np.ndarray) else part
+        h.update("".join(f"{i}\t{n}\n" for i, n in zip(part, lengths[a:a + CHUNK].tolist())).encode())
     return h.hexdigest()[:16]
 
 
@@ -147,6 +135,8 @@ def make_plan(
     """Every input ends in exactly one pack or in ``dropped`` (with its length and a reason)."""
     t0 = time.perf_counter()
     n = len(sample_ids)
+    if not isinstance(getattr(sample_ids, "dtype", None), type(IDS)):  # (`ok_lengths`' ids: each array has a
+        sample_ids = np.asarray(sample_ids, dtype=IDS)  # StringDType of its own, which asarray(IDS) would copy)
     lengths = np.asarray(lengths, dtype=np.int64)
     media_bytes = np.asarray(media_bytes, dtype=np.int64)
     n_media = np.zeros(n, np.int64) if n_media is None else np.asarray(n_media, np.int64)
@@ -156,22 +146,20 @@ def make_plan(
     kinds = None if config.pack_per_media_type else mtypes
 
     def drop_row(i: int, reason: str) -> dict:
-        return {"sample_id": sample_ids[i], "total_tokens": int(lengths[i]), "reason": reason}
+        return {"sample_id": str(sample_ids[i]), "total_tokens": int(lengths[i]), "reason": reason}
 
     raw: list[tuple[str, np.ndarray, bool]] = []  # (media type, item indices, kept alone though overlong)
     dropped: list[dict] = []
     per_type: dict[str, dict] = {}
-    for mt in (sorted(set(media_types)) if config.pack_per_media_type else ["mixed"]):
+    for mt in (sorted(set(mtypes.tolist())) if config.pack_per_media_type else ["mixed"]):
         idx = np.flatnonzero(mtypes == mt) if config.pack_per_media_type else np.arange(n)
         groups, per_type[mt] = pack_group(idx, sample_ids, plen, n_media, vision_tokens, config, dropped, raw, mt,
                                           drop_row, kinds)
         raw += [(mt, g, False) for g in groups]
     ordered, balance = _order(raw, plen, config, kinds)
-    packs: list[Pack] = []
-    for k, (mt, items, over) in enumerate(ordered):
-        lens = lengths[items].tolist()
-        packs.append(Pack(f"p{k:08d}", mt, [sample_ids[i] for i in items.tolist()], lens, int(sum(lens)),
-                          media_bytes=int(media_bytes[items].sum()), overlong=bool(over)))
+    del raw
+    packs = PackTable.of_units(sample_ids, lengths, media_bytes, ordered)
+    del ordered
     assign_shards(packs, config)
     stats = plan_stats(packs, dropped, per_type, balance, n, config)
     stats["seconds"] = time.perf_counter() - t0
@@ -211,27 +199,39 @@ def pack_group(idx: np.ndarray, sample_ids, lengths: np.ndarray, n_media: np.nda
                     "over_bound": len(groups) - bound, "fill": fill, "dropped": int((~kept).sum())}
 
 
-def plan_stats(packs: list[Pack], dropped: list[dict], per_type: dict, balance: dict, n: int,
-                config: PlanConfig) -> dict:
-    spp = np.asarray([len(p.sample_ids) for p in packs], dtype=np.float64)
+def _figures(packs: PackTable | list[Pack]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """(samples per pack, the members' lengths, each pack's total, overlong per pack, output shards) of a table or
+    of Pack objects."""
+    if isinstance(packs, PackTable):
+        return (packs.sizes().astype(np.float64), packs.lens, packs.totals(), packs.overlong,
+                len(np.unique(packs.shards)))
+    return (np.asarray([len(p.sample_ids) for p in packs], dtype=np.float64),
+            np.asarray([n for p in packs for n in p.sample_token_lens], dtype=np.int64),
+            np.asarray([p.total_token_len for p in packs], dtype=np.int64),
+            np.asarray([p.overlong for p in packs], dtype=bool), len({p.output_shard for p in packs}))
+
+
+def plan_stats(packs: PackTable | list[Pack], dropped: list[dict], per_type: dict, balance: dict, n: int,
+               config: PlanConfig) -> dict:
+    spp, lens, totals, overlong, shards = _figures(packs)
     n_packs = len(packs)
-    packed_tokens = int(sum(p.total_token_len for p in packs))
+    packed_tokens = int(totals.sum())
     stats = {
         "samples": n,
         "packs": n_packs,
         "dropped": len(dropped),
         "dropped_overlong": sum(d["reason"] == "overlong" for d in dropped),
-        "overlong_kept_alone": sum(p.overlong for p in packs),
+        "overlong_kept_alone": int(overlong.sum()),
         "lower_bound": int(sum(v["lower_bound"] for v in per_type.values())),
         "lower_bound_l1": int(sum(v["l1"] for v in per_type.values())),
         "fill": packed_tokens / (n_packs * config.max_len) if n_packs else 0.0,
         "packed_tokens": packed_tokens,
-        "padding_tokens": int(sum(-p.total_token_len % config.pad_multiple for p in packs)),
-        **padded_stats([p.sample_token_lens for p in packs], config),
+        "padding_tokens": int((-totals % config.pad_multiple).sum()),
+        **padded_stats(lens, n_packs, config),
         "mean_samples_per_pack": float(spp.mean()) if n_packs else 0.0,
         "max_samples_per_pack": int(spp.max()) if n_packs else 0,
         "drift": drift(spp),
-        "output_shards": len({p.output_shard for p in packs}),
+        "output_shards": shards,
         "per_media_type": per_type,
         "algorithm": config.algorithm,
         "max_len": config.max_len,
@@ -242,42 +242,36 @@ def plan_stats(packs: list[Pack], dropped: list[dict], per_type: dict, balance: 
     return stats
 
 
-def assign_shards(packs: list[Pack], config: PlanConfig, first_shard: int = 0) -> None:
-    shard, size, count = first_shard, 0, 0
-    for p in packs:
-        if count and (count >= config.max_packs_per_shard or size + p.media_bytes > config.target_shard_bytes):
-            shard, size, count = shard + 1, 0, 0
-        p.output_shard = f"packed-{shard:06d}.tar"
-        size += p.media_bytes
-        count += 1
+def assign_shards(packs: PackTable | list[Pack], config: PlanConfig, first_shard: int = 0) -> None:
+    table = isinstance(packs, PackTable)
+    shards = shard_numbers(packs.media_bytes.tolist() if table else [p.media_bytes for p in packs],
+                           config.max_packs_per_shard, config.target_shard_bytes, first_shard)
+    if table:
+        packs.shards = shards
+        return
+    for p, k in zip(packs, shards.tolist()):
+        p.output_shard = shard_name(k)
 
 
-def prune_plan(old_packs: list[Pack], old_dropped: list[dict], current: dict[str, int],
-               changed: set[str] | None = None) -> tuple[list[Pack], list[dict], dict]:
+def prune_plan(old_packs: PackTable, old_dropped: list[dict], current: dict[str, int],
+               changed: set[str] | None = None) -> tuple[PackTable, list[dict], dict]:
     """The previous packs and drops without the samples that are gone (their shard removed or the sample no
     longer ok) or whose length changed (``current``: sample id -> length now). A pack keeps its id and output
     shard, its totals recomputed; a pack left empty is removed. The caller plans the changed samples anew.
     ``changed``: the only pack ids that may hold such samples (`changed_packs`; ``current`` then needs only
     their samples and the drops'), the others kept as they are."""
-    packs: list[Pack] = []
-    gone = recounted = touched = emptied = 0
-    for p in old_packs:
-        if changed is not None and p.pack_id not in changed:
-            packs.append(p)
-            continue
-        keep = [current.get(sid) == n for sid, n in zip(p.sample_ids, p.sample_token_lens)]
-        if all(keep):
-            packs.append(p)
-            continue
-        touched += 1
-        gone += sum(not k and sid not in current for k, sid in zip(keep, p.sample_ids))
-        recounted += sum(not k and sid in current for k, sid in zip(keep, p.sample_ids))
-        ids = [sid for sid, k in zip(p.sample_ids, keep) if k]
-        lens = [n for n, k in zip(p.sample_token_lens, keep) if k]
-        if not ids:
-            emptied += 1
-            continue
-        packs.append(Pack(p.pack_id, p.media_type, ids, lens, int(sum(lens)), p.output_shard, overlong=p.overlong))
+    sizes = old_packs.sizes()
+    asked = np.ones(len(old_packs), bool) if changed is None else np.isin(old_packs.numbers, _numbers(changed))
+    at = np.flatnonzero(np.repeat(asked, sizes))  # the members looked at
+    ids = old_packs.ids[old_packs.members[at]].tolist()
+    ok = np.fromiter((current.get(sid) == n for sid, n in zip(ids, old_packs.lens[at].tolist())), bool, len(at))
+    known = np.fromiter((sid in current for sid in ids), bool, len(at))
+    keep = np.ones(len(old_packs.members), bool)
+    keep[at] = ok
+    lost = np.bincount(np.repeat(np.arange(len(old_packs)), sizes)[~keep], minlength=len(old_packs))
+    touched, emptied = int((lost > 0).sum()), int(((lost == sizes) & (sizes > 0)).sum())
+    gone, recounted = int((~ok & ~known).sum()), int((~ok & known).sum())
+    packs = old_packs.select(keep) if touched else old_packs
     dropped = [d for d in old_dropped if current.get(d["sample_id"]) == d["total_tokens"]]
     gone += sum(d["sample_id"] not in current for d in old_dropped)
     recounted += len(old_dropped) - len(dropped) - sum(d["sample_id"] not in current for d in old_dropped)
@@ -285,23 +279,26 @@ def prune_plan(old_packs: list[Pack], old_dropped: list[dict], current: dict[str
                             "packs_emptied": emptied}
 
 
-def extend_plan(old_packs: list[Pack], old_dropped: list[dict], new: PlanResult, config: PlanConfig,
+def _numbers(pack_ids) -> np.ndarray:
+    """Pack ids ``p<number>`` as their numbers."""
+    return np.asarray([int(p[1:]) for p in pack_ids], dtype=np.int64)
+
+
+def extend_plan(old_packs: PackTable, old_dropped: list[dict], new: PlanResult, config: PlanConfig,
                 old_fingerprint: str) -> PlanResult:
     """Incremental packing: the previous packs and output shards stay as they are; the new samples' packs
     (planned on their own by ``make_plan``) are numbered after them and go into new output shards."""
     # after a prune the kept ids may have gaps: number the new packs after the highest, never into a gap
-    offset = 1 + max((int(p.pack_id[1:]) for p in old_packs), default=-1)
-    first_shard = 1 + max((int(p.output_shard[len("packed-"):-len(".tar")]) for p in old_packs), default=-1)
-    for k, p in enumerate(new.packs):
-        p.pack_id = f"p{offset + k:08d}"
-    assign_shards(new.packs, config, first_shard)
-    packs = old_packs + new.packs
+    offset = 1 + int(old_packs.numbers.max()) if len(old_packs) else 0
+    new.packs.numbers = offset + np.arange(len(new.packs), dtype=np.int64)
+    assign_shards(new.packs, config, 1 + int(old_packs.shards.max()) if len(old_packs) else 0)
+    packs = old_packs.concat(new.packs)
     dropped = old_dropped + new.dropped
-    spp = np.asarray([len(p.sample_ids) for p in packs], dtype=np.float64)
-    packed_tokens = int(sum(p.total_token_len for p in packs))
+    spp = packs.sizes().astype(np.float64)
+    packed_tokens = int(packs.lens.sum())
     stats = dict(new.stats)
     stats.update(
-        samples=sum(len(p.sample_ids) for p in packs) + len(dropped),
+        samples=len(packs.members) + len(dropped),
         packs=len(packs),
         new_packs=len(new.packs),
         kept_packs=len(old_packs),
@@ -311,7 +308,7 @@ def extend_plan(old_packs: list[Pack], old_dropped: list[dict], new: PlanResult,
         mean_samples_per_pack=float(spp.mean()) if len(spp) else 0.0,
         max_samples_per_pack=int(spp.max()) if len(spp) else 0,
         drift=drift(spp),
-        output_shards=len({p.output_shard for p in packs}),
+        output_shards=len(np.unique(packs.shards)),
         incremental=True,
     )
     stats["efficiency"] = stats["fill"]
@@ -321,6 +318,8 @@ def extend_plan(old_packs: list[Pack], old_dropped: list[dict], new: PlanResult,
 
 def plan_jsonl(plan: PlanResult, start: int = 0, stop: int | None = None) -> str:
     """pack_plan.jsonl's lines of packs ``start:stop`` (all by default)."""
+    if isinstance(plan.packs, PackTable):
+        return plan.packs.jsonl(start, stop)
     return "".join(json.dumps({"pack_id": p.pack_id, "media_type": p.media_type, "sample_ids": p.sample_ids,
                                "sample_token_lens": p.sample_token_lens, "total_token_len": p.total_token_len}) + "\n"
                    for p in plan.packs[start:stop])
@@ -434,6 +433,15 @@ def changed_packs(con) -> set[str]:
         "WHERE t.total_tokens IS DISTINCT FROM p.sample_token_lens[pm.position + 1]").fetchall()}
 
 
+def read_plan(con) -> tuple[list[dict], pa.RecordBatchReader]:
+    """The plan's dropped rows, and its pack rows in pack id order (Arrow batches: read before the next query)."""
+    names = store.DROPPED_SCHEMA.names
+    dropped = [dict(zip(names, r)) for r in con.execute(f"SELECT {', '.join(names)} FROM dropped ORDER BY sample_id"
+                                                        ).fetchall()]
+    return dropped, con.sql(f"SELECT {', '.join(store.PACK_PLAN_SCHEMA.names)} FROM pack_plan ORDER BY pack_id"
+                            ).to_arrow_reader(_OK_BATCH)
+
+
 def _current_lengths(con, sample_ids: list[str]) -> dict[str, int]:
     """sample id -> ok length now, for these samples (those gone or not ok have none)."""
     with store.columns_relation(con, "_asked", [sample_ids], pa.schema([("sample_id", pa.string())])) as asked:
@@ -451,11 +459,11 @@ def _previous_plan(con, config: PlanConfig, profile: ModelProfile):
         return None, "full plan: packing settings changed since the previous plan"
     if info.profile_fingerprint != profile.fingerprint:
         return None, "full plan: the model profile changed since the previous plan"
-    rows, dropped = store.read_plan(con)
-    packs = [Pack(r[0], r[1], list(r[2]), list(r[3]), r[4], r[5], overlong=r[6]) for r in rows]
+    dropped, batches = read_plan(con)
+    packs = from_batches(batches)
     changed = changed_packs(con)
-    current = _current_lengths(con, [sid for p in packs if p.pack_id in changed for sid in p.sample_ids]
-                               + [d["sample_id"] for d in dropped])
+    asked = np.repeat(np.isin(packs.numbers, _numbers(changed)), packs.sizes())
+    current = _current_lengths(con, packs.ids[packs.members[asked]].tolist() + [d["sample_id"] for d in dropped])
     packs, dropped, pruned = prune_plan(packs, dropped, current, changed)
     if config.group_size > 1 and pruned["packs_changed"]:  # a changed pack may leave its group (core/groups.py)
         return None, "full plan: packs changed, and a world size's groups of packs of one media type must hold"
@@ -463,8 +471,8 @@ def _previous_plan(con, config: PlanConfig, profile: ModelProfile):
     why = f"incremental: kept {len(packs)} packs"
     if pruned["packs_changed"] or pruned["samples_gone"] or pruned["samples_recounted"]:
         h = hashlib.sha256(fp.encode())  # the kept part differs from the previous plan: so does its fingerprint
-        for p in packs:
-            h.update(f"{p.pack_id}|{','.join(p.sample_ids)}\n".encode())
+        for a in range(0, len(packs), CHUNK // 16):
+            h.update("".join(f"{p}|{','.join(ids)}\n" for p, _, ids, _, _ in packs.rows(a, a + CHUNK // 16)).encode())
         for d in dropped:
             h.update(f"{d['sample_id']}\n".encode())
         fp = h.hexdigest()[:16]
@@ -477,13 +485,14 @@ def _previous_plan(con, config: PlanConfig, profile: ModelProfile):
 def _incremental(rows: dict[str, np.ndarray], previous, config: PlanConfig, profile: str) -> PlanResult:
     """The kept packs, plus the samples they do not hold planned on their own after them."""
     old_packs, old_dropped, old_fp, pruned = previous
-    planned = {sid for p in old_packs for sid in p.sample_ids} | {d["sample_id"] for d in old_dropped}
-    new = np.asarray([sid not in planned for sid in rows["sample_ids"]], dtype=bool)
+    planned = set(old_packs.ids[old_packs.members].tolist()) | {d["sample_id"] for d in old_dropped}
+    new = np.fromiter((sid not in planned for sid in rows["sample_ids"].tolist()), bool, len(rows["sample_ids"]))
+    del planned
     fresh = make_plan(**{k: v[new] for k, v in rows.items()}, config=config, profile=profile)
     plan = extend_plan(old_packs, old_dropped, fresh, config, old_fp)
     plan.stats.update(pruned)
     gone = {d["sample_id"] for d in plan.dropped}
-    kept = np.asarray([sid not in gone for sid in rows["sample_ids"]], dtype=bool)
+    kept = np.fromiter((sid not in gone for sid in rows["sample_ids"].tolist()), bool, len(rows["sample_ids"]))
     mts, lengths = rows["media_types"], padded(rows["lengths"], config.multiple)
     bound = sum(lower_bounds(lengths[kept & (mts == mt)], config.capacity)[1] for mt in set(mts.tolist()))
     plan.stats.update(lower_bound=bound, packs_over_bound=plan.stats["packs"] - bound)
@@ -492,34 +501,44 @@ def _incremental(rows: dict[str, np.ndarray], previous, config: PlanConfig, prof
 
 _OK = "FROM token_lengths WHERE status = 'ok'"
 _OK_BATCH = 1 << 17  # rows fetched at once
+# DuckDB's memory for ok_lengths' sort by sample id, beyond which it spills to disk: what its allocator held for
+# the sort stayed with the process through the plan (~80 B a sample under the catalog's 1GB: issue 41, 10M)
+SORT_MEMORY = "256MB"
 
 
-def _ints(col) -> np.ndarray:
-    """An integer Arrow column without nulls as numpy, read on its buffer: pyarrow's ``to_numpy`` imports pandas,
-    which the command's own process never needs."""
-    dtype = np.dtype(str(col.type))
-    return np.frombuffer(col.buffers()[1], dtype=dtype, count=len(col), offset=col.offset * dtype.itemsize)
+@contextlib.contextmanager
+def _sort_memory(con) -> Iterator[None]:
+    con.execute(f"SET memory_limit = '{SORT_MEMORY}'")
+    try:
+        yield
+    finally:
+        con.execute(f"SET memory_limit = '{store.memory_limit()}'")
 
 
 def ok_lengths(con) -> dict[str, np.ndarray]:
     """make_plan's inputs, one entry per ok sample in sample id order, from the catalog. Fetched in batches of
     Arrow, not the whole result at once (held in DuckDB and again as numpy: docs/benchmarks.md, issue 41);
-    the media types as codes into the few distinct ones, so each sample's is a shared str, not a str of its own."""
+    the media types as codes into the few distinct ones, so each sample's is a shared str, not a str of its own;
+    the ids in one NumPy string array (`packs.IDS`), each column filled in place (no second copy to join parts)."""
     types = [r[0] for r in con.execute(f"SELECT DISTINCT media_type {_OK} ORDER BY 1").fetchall() if r[0] is not None]
+    n = con.execute(f"SELECT count(*) {_OK}").fetchall()[0][0]
     result = con.sql(
         "SELECT sample_id AS sample_ids, list_position(?::VARCHAR[], media_type) - 1 AS media_types, "
         f"total_tokens AS lengths, media_bytes, n_images + n_videos AS n_media, vision_tokens {_OK} "
         "ORDER BY sample_id", params=[types])
-    parts: dict[str, list[np.ndarray]] = {}
-    for batch in result.to_arrow_reader(_OK_BATCH):
-        if any(c.null_count for c in batch.columns):  # (a NULL is never taken for 0)
-            raise ValueError("token_lengths has an ok row with a NULL count: count its shard again (--force)")
-        for name, col in zip(batch.schema.names, batch.columns):
-            parts.setdefault(name, []).append(np.asarray(col.to_pylist(), dtype=object) if name == "sample_ids"
-                                              else _ints(col))
     names = ["sample_ids", "media_types", "lengths", "media_bytes", "n_media", "vision_tokens"]
-    rows = {k: np.concatenate(parts[k]) if parts.get(k) else np.asarray([], object if k == "sample_ids" else np.int64)
-            for k in names}
+    rows = {k: np.asarray([], IDS if k == "sample_ids" else np.int64) for k in names}
+    at = 0
+    with _sort_memory(con):
+        for batch in result.to_arrow_reader(_OK_BATCH):
+            if any(c.null_count for c in batch.columns):  # (a NULL is never taken for 0)
+                raise ValueError("token_lengths has an ok row with a NULL count: count its shard again (--force)")
+            for name, col in zip(batch.schema.names, batch.columns):
+                got = np.asarray(col.to_pylist(), dtype=IDS) if name == "sample_ids" else arrow_ints(col)
+                if at == 0:
+                    rows[name] = np.empty(n, got.dtype)
+                rows[name][at:at + len(got)] = got
+            at += batch.num_rows
     rows["media_types"] = np.asarray(types, dtype=object)[rows["media_types"]] if types else np.asarray([], object)
     return rows
 
@@ -554,10 +573,9 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
                           **input_stats(input_root, recursive), **split_stats(pieces))
         store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl_parts(plan))
         info = PlanInfo.of(plan.fingerprint, profile, shards, config, plan.stats)
-        # vars, not asdict, which deep-copies every list (seconds at 1M samples)
-        store.save_plan(con, [vars(p) for p in plan.packs], plan.dropped, info.as_dict(),
+        store.save_plan(con, plan.packs.batches(), plan.dropped, info.as_dict(),
                         pieces=[split_row(p) for p in pieces], multiple=config.multiple)
-        plan.packs.clear()  # stored: the check below reads the catalog, with DuckDB's memory, not beside the packs
+        plan.packs = None  # stored: the check below reads the catalog, with DuckDB's memory, not beside the packs
         violations = check_plan(con, config)
     return PlanSummary(plan.fingerprint, work / "pack_plan.jsonl", why, plan.stats, len(shards), missing, removed,
                        violations)

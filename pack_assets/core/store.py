@@ -198,14 +198,18 @@ def _duck_type(t: pa.DataType) -> str:
     return f"{_duck_type(t.value_type)}[]" if pa.types.is_list(t) else _DUCK_TYPES[t]
 
 
-@contextlib.contextmanager
-def columns_relation(con: duckdb.DuckDBPyConnection, name: str, columns: list[list], schema: pa.Schema
-                     ) -> Iterator[str]:
+def columns_relation(con: duckdb.DuckDBPyConnection, name: str, columns: list[list], schema: pa.Schema):
     """``columns`` of Python values registered as ``name`` while the block runs; yields a SELECT of them with
     ``schema``'s columns and types. Handed to DuckDB as NumPy object columns, because building Arrow arrays
     from Python objects makes pyarrow import pandas, which the command's own process no longer pays (its helpers
     do, in `BatchedParquet`)."""
-    con.register(name, {f.name: np.fromiter(col, dtype=object, count=len(col)) for f, col in zip(schema, columns)})
+    return _registered(con, name, {f.name: np.fromiter(col, dtype=object, count=len(col))
+                                   for f, col in zip(schema, columns)}, schema)
+
+
+@contextlib.contextmanager
+def _registered(con: duckdb.DuckDBPyConnection, name: str, data, schema: pa.Schema) -> Iterator[str]:
+    con.register(name, data)
     try:
         yield "SELECT " + ", ".join(f'CAST("{f.name}" AS {_duck_type(f.type)}) AS "{f.name}"' for f in schema) \
             + f" FROM {name}"
@@ -213,8 +217,10 @@ def columns_relation(con: duckdb.DuckDBPyConnection, name: str, columns: list[li
         con.unregister(name)
 
 
-def rows_relation(con: duckdb.DuckDBPyConnection, name: str, rows: list, schema: pa.Schema):
-    """`columns_relation` for rows (dicts, or tuples in schema order)."""
+def rows_relation(con: duckdb.DuckDBPyConnection, name: str, rows: list | pa.RecordBatchReader, schema: pa.Schema):
+    """`columns_relation` for rows (dicts, or tuples in schema order), or for Arrow batches (read once)."""
+    if isinstance(rows, pa.RecordBatchReader):
+        return _registered(con, name, rows, schema)
     keys = schema.names if rows and isinstance(rows[0], dict) else range(len(schema))
     return columns_relation(con, name, [[r[k] for r in rows] for k in keys], schema)
 
@@ -320,10 +326,14 @@ FROM pack_members pm JOIN pack_plan p USING (pack_id) JOIN manifest_samples s US
 MEMORY_ENV = "PACK_ASSETS_DUCKDB_MEMORY"  # DuckDB's memory limit for the catalog (default 1GB; e.g. "4GB")
 
 
+def memory_limit() -> str:
+    return os.environ.get(MEMORY_ENV) or "1GB"
+
+
 def _configured(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     # DuckDB's own default limit is 80 % of RAM: the fingerprint query over 1M samples then held 5 GB where
     # it spills past a bound at the same speed. Its progress bar writes to stdout, into `run --json`.
-    limit = os.environ.get(MEMORY_ENV) or "1GB"
+    limit = memory_limit()
     try:
         con.execute(f"SET memory_limit = '{limit}'")
     except duckdb.Error as e:
@@ -523,21 +533,12 @@ def read_plan_info(con: duckdb.DuckDBPyConnection) -> dict:
     return json.loads(con.execute("SELECT info FROM plan_info").fetchall()[0][0])
 
 
-def read_plan(con: duckdb.DuckDBPyConnection) -> tuple[list[tuple], list[dict]]:
-    """The stored plan's pack rows (in PACK_PLAN_SCHEMA order) and dropped rows."""
-    packs = con.execute(f"SELECT {', '.join(PACK_PLAN_SCHEMA.names)} FROM pack_plan ORDER BY pack_id").fetchall()
-    dropped = [dict(zip(DROPPED_SCHEMA.names, r)) for r in con.execute(
-        f"SELECT {', '.join(DROPPED_SCHEMA.names)} FROM dropped ORDER BY sample_id").fetchall()]
-    return packs, dropped
-
-
-def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict], dropped: list[dict], info: dict,
-              blend: bool = False, pieces: list[tuple] = (), multiple: int = 1) -> None:
-    """Replace pack_plan, pack_members, dropped, split_pieces (``pieces``: rows in SPLIT_PIECES_SCHEMA order)
-    and plan_info in one transaction (a reader sees the old plan or the new one), and the lineage view over
-    them. ``blend``: the rows carry datasets, copies and epoch (BLEND_* schemas), and pack_members gains
-    ``dataset``, ``epoch`` and ``copy``. pack_members' ``padded_len``: the sub-sample's length padded to
-    ``multiple`` (context parallelism, core/cpad.py)."""
+def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict] | pa.RecordBatchReader, dropped: list[dict],
+              info: dict, blend: bool = False, pieces: list[tuple] = (), multiple: int = 1) -> None:
+    """Replace pack_plan (``packs``: rows, or Arrow batches), pack_members, dropped, split_pieces (``pieces``:
+    rows in SPLIT_PIECES_SCHEMA order) and plan_info in one transaction (a reader sees the old plan or the new
+    one), and the lineage view. ``blend``: rows with datasets, copies and epoch (BLEND_* schemas), pack_members
+    with ``dataset``, ``epoch``, ``copy``. ``padded_len``: a length padded to ``multiple`` (core/cpad.py)."""
     plan_schema, dropped_schema = (BLEND_PACK_PLAN_SCHEMA, BLEND_DROPPED_SCHEMA) if blend else (PACK_PLAN_SCHEMA,
                                                                                               DROPPED_SCHEMA)
     extra = ", datasets[i] AS dataset, epoch, copies[i] AS copy" if blend else ""
