@@ -37,6 +37,15 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _as_a_service() -> None:
+    """The signal state a service manager starts run.sh with: none blocked, none ignored. A test runner started
+    in the background (``cmd &``, nohup) hands its children SIGINT, SIGQUIT and SIGHUP ignored, and a shell
+    cannot trap a signal it was started ignoring."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def test_shard_runs_execute_on_two_celery_workers(tmp_path, monkeypatch):
     import dagster as dg
 
@@ -49,7 +58,8 @@ def test_shard_runs_execute_on_two_celery_workers(tmp_path, monkeypatch):
            "PACK_ASSETS_MAX_LEN": "1500", "PACK_ASSETS_REDIS_PORT": str(port), "PACK_ASSETS_CELERY_WORKERS": "2",
            "PACK_ASSETS_SENSOR_INTERVAL": "3", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     proc = subprocess.Popen(["bash", str(ROOT / "deploy/celery/run.sh")], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_as_a_service)
     logs = home / "celery-logs"
     monkeypatch.setenv("DAGSTER_HOME", str(home))  # DagsterInstance.get() below reads the same instance
     try:
@@ -91,4 +101,4 @@ def test_shard_runs_execute_on_two_celery_workers(tmp_path, monkeypatch):
         assert status == {"ok": 4 * 9, "rejected": 4}
         assert con.execute("select count(*) from rejected").fetchone()[0] == 4
     # SIGTERM stopped everything run.sh started, the broker included
-    assert proc.returncode == 0 and not _port_open(port)
+    assert proc.returncode == 0 and not _port_open(port), proc.stdout.read() if proc.stdout else ""

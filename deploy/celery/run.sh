@@ -54,9 +54,10 @@ if [ -n "${PACK_ASSETS_WEBSERVER_PORT:-}" ]; then
   pids+=($!)
 fi
 echo "run.sh: broker $PACK_ASSETS_CELERY_BROKER, $WORKERS worker(s), logs in $LOGS" >&2
-wait -n "${pids[@]}" || true
+status=0
+wait -n -p ended "${pids[@]}" || status=$?
 # a stop signal to the whole process group (a service manager's, Ctrl-C) can end a child before this script's
 # trap runs: give that signal's trap its turn before calling the child's end a failure
 sleep 1
-echo "run.sh: a process exited; stopping the rest (see $LOGS)" >&2
+echo "run.sh: process ${ended:-?} exited (status $status); stopping the rest (see $LOGS)" >&2
 exit 1
