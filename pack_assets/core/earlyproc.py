@@ -1,5 +1,5 @@
-"""The process that hashes the kept output shards for `filedigest.EarlyDigests`: started by it (`main`, with a
-number of threads), given the paths as one JSON list on its stdin, it answers one
+"""The process that hashes the kept output shards for `filedigest.EarlyDigests`: started by it with
+``python -m pack_assets.core.earlyproc THREADS``, given the paths as one JSON list on its stdin, it answers one
 JSON line per file as each is hashed: ``[path, digest, identity]``, digest and identity null where the file could
 not be read or changed while it was read (`filedigest.identified_digest`). A process of its own, not threads of
 the command's: its threads' every read would take the command's GIL back, and the plan's and the writer's
@@ -36,3 +36,7 @@ def main(threads: int) -> None:
     lock = threading.Lock()
     with ThreadPoolExecutor(max(1, threads)) as pool:
         list(pool.map(lambda p: _answer(p, lock), paths))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

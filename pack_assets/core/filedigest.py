@@ -40,10 +40,6 @@ EARLY_THREADS = 4  # at most: sequential readers of one disk while the writer wr
 
 
 Identity = tuple[int, int, int, int, int]
-# the hashing process (core/earlyproc.py), given this pack_assets's folder: added to its path only where its own
-# path lacks it (a caller that found the package by sys.path alone), never ahead of the standard library otherwise
-_EARLYPROC = ("import sys; p = sys.argv.pop(1); p in sys.path or sys.path.insert(0, p); "
-              "from pack_assets.core.earlyproc import main; main(int(sys.argv[1]))")
 AUDITED = "audited_shards.json"  # the last clean audit's record, in the work folder (core/audit.py writes it)
 
 
@@ -110,9 +106,10 @@ class EarlyDigests:
         if todo:
             threads = max(1, min(workers or os.cpu_count() or 1, EARLY_THREADS, len(todo)))
             package = str(Path(__file__).resolve().parents[2])  # this pack_assets, however the caller found it
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")]))}
             try:
-                self._proc = subprocess.Popen([sys.executable, "-c", _EARLYPROC, package, str(threads)],
-                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                self._proc = subprocess.Popen([sys.executable, "-m", "pack_assets.core.earlyproc", str(threads)],
+                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
             except OSError:  # no interpreter to start (an embedded one): the audit hashes them itself
                 return
             self._started = {p: Future() for p in todo}
@@ -123,18 +120,13 @@ class EarlyDigests:
 
     @staticmethod
     def _answers(proc: subprocess.Popen, started: dict[Path, Future]) -> None:
-        """Each file's answer as the process gives it; at its end (done, killed, crashed, a line not understood)
-        None for the rest: nothing waits on it for ever."""
-        try:
-            for line in proc.stdout:
-                path, digest, ident = json.loads(line)
-                started[Path(path)].set_result((digest, tuple(ident)) if digest is not None else None)
-        except (ValueError, TypeError, KeyError, OSError):
-            pass
-        finally:
-            for fut in started.values():
-                if not fut.done():
-                    fut.set_result(None)
+        """Each file's answer as the process gives it; at its end (done, killed, crashed) None for the rest."""
+        for line in proc.stdout:
+            path, digest, ident = json.loads(line)
+            started[Path(path)].set_result((digest, tuple(ident)) if digest is not None else None)
+        for fut in started.values():
+            if not fut.done():
+                fut.set_result(None)
 
     def start_for(self, settings: Settings) -> EarlyDigests:
         """`start` when a run of ``settings`` has an audit that takes these digests: an incremental plan keeps
