@@ -7,21 +7,17 @@ bytes that passed; any other shard, or one whose bytes changed under the same si
 (`vouched`). xxh3-128, not sha256: these digests guard against corruption and edits, not adversaries, and
 hashing must stay under the disk's read speed.
 
-`EarlyDigests` hashes those shards ahead in a process of its own (core/earlyproc.py) while the plan and the
-writer run (`start_for`: `pack-assets run` starts it with the pack assets, not before: the cold import of
-Dagster and the recording of the shard runs, reads and writes of small files, wait behind these reads and cost
-more than the reading saves), each digest kept with the file's identity as it was read; the audit takes one
-only for a file nobody has written since (same inode, size, mtime and ctime: a write or a `utime` sets the
-ctime, which nothing sets back), so it is still a digest of the bytes on disk that this run computed, and
-anything else is hashed then."""
+`EarlyDigests` hashes those shards ahead, while the plan and the writer run (`start_for`: `pack-assets run` starts
+it with the pack assets, not before: the cold import of Dagster and the recording of the shard runs, reads and
+writes of small files, wait behind these reads and cost more than the reading saves), each digest kept with the
+file's identity as it was read; the audit takes one only for a file nobody has written since (same inode, size,
+mtime and ctime: a write or a `utime` sets the ctime, which nothing sets back), so it is still a digest of the
+bytes on disk that this run computed, and anything else is hashed then."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
@@ -48,9 +44,9 @@ def identity(st: os.stat_result) -> Identity:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-def identified_digest(path: Path | str) -> tuple[str, Identity] | None:
+def identified_digest(path: Path, stop: threading.Event | None = None) -> tuple[str, Identity] | None:
     """xxh3-128 of the file's bytes (hex) and the file's identity, the same before and after the read; None when
-    it cannot be read or changed meanwhile. Read in large chunks into one buffer, the kernel
+    it cannot be read, changed meanwhile, or ``stop`` was set. Read in large chunks into one buffer, the kernel
     told to read ahead (xxhash releases the GIL while it hashes: threads hash files in parallel)."""
     h = xxhash.xxh3_128()
     buf = bytearray(CHUNK)
@@ -61,6 +57,8 @@ def identified_digest(path: Path | str) -> tuple[str, Identity] | None:
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
             while n := f.readinto(buf):
+                if stop is not None and stop.is_set():
+                    return None
                 h.update(view[:n])
             after = identity(os.fstat(f.fileno()))
     except OSError:
@@ -75,12 +73,13 @@ def file_digest(path: Path) -> str | None:
 
 
 class EarlyDigests:
-    """Output shards hashed ahead of the audit by a process of its own (`start`; core/earlyproc.py), each digest
-    with the file's identity as it was read; `digest` gives one only while the file is still that file."""
+    """Output shards hashed ahead of the audit by a pool of threads of its own (`start`), each digest with the
+    file's identity as it was read; `digest` gives one only while the file is still that file."""
 
     def __init__(self) -> None:
-        self._proc: subprocess.Popen | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self._started: dict[Path, Future] = {}
+        self._stop = threading.Event()
 
     def __enter__(self) -> EarlyDigests:
         return self
@@ -104,29 +103,10 @@ class EarlyDigests:
             if [st.st_size, st.st_mtime_ns] == shards[n][:2]:
                 todo.append(out_dir / n)
         if todo:
-            threads = max(1, min(workers or os.cpu_count() or 1, EARLY_THREADS, len(todo)))
-            package = str(Path(__file__).resolve().parents[2])  # this pack_assets, however the caller found it
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")]))}
-            try:
-                self._proc = subprocess.Popen([sys.executable, "-m", "pack_assets.core.earlyproc", str(threads)],
-                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-            except OSError:  # no interpreter to start (an embedded one): the audit hashes them itself
-                return
-            self._started = {p: Future() for p in todo}
-            self._proc.stdin.write(json.dumps([str(p) for p in todo]) + "\n")
-            self._proc.stdin.flush()
-            threading.Thread(target=self._answers, args=(self._proc, self._started), daemon=True,
-                             name="early-digests").start()
-
-    @staticmethod
-    def _answers(proc: subprocess.Popen, started: dict[Path, Future]) -> None:
-        """Each file's answer as the process gives it; at its end (done, killed, crashed) None for the rest."""
-        for line in proc.stdout:
-            path, digest, ident = json.loads(line)
-            started[Path(path)].set_result((digest, tuple(ident)) if digest is not None else None)
-        for fut in started.values():
-            if not fut.done():
-                fut.set_result(None)
+            self._stop = threading.Event()
+            threads = min(workers or os.cpu_count() or 1, EARLY_THREADS, len(todo))
+            self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="early-digest")
+            self._started = {p: self._pool.submit(identified_digest, p, self._stop) for p in todo}
 
     def start_for(self, settings: Settings) -> EarlyDigests:
         """`start` when a run of ``settings`` has an audit that takes these digests: an incremental plan keeps
@@ -147,14 +127,12 @@ class EarlyDigests:
             return None
 
     def close(self) -> None:
-        """Stop hashing (the process killed: a failed plan or write leaves nothing reading) and forget the
-        digests."""
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            with contextlib.suppress(OSError):
-                self._proc.stdin.close()
-        self._proc, self._started = None, {}
+        """Stop hashing (what is not started is cancelled, what is under way stops at its next chunk: a failed
+        plan or write leaves no thread reading) and forget the digests."""
+        self._stop.set()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool, self._started = None, {}
 
 
 def vouched(out_dir: Path, names: Iterable[str], recorded: dict[str, str], workers: int = 0,
