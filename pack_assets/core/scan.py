@@ -30,7 +30,7 @@ from .tario import Entry, RangeFile, group_by_key, is_meta_member, is_unsafe_nam
 
 CAPTION_EXTS = frozenset({"txt", "caption", "cap"})
 # json.dumps(x, ensure_ascii=False) builds this encoder on every call: the same encoder, built once
-_CONVERSATION_JSON = json.JSONEncoder(ensure_ascii=False)
+_JSON = json.JSONEncoder(ensure_ascii=False)
 _CHUNK = 1 << 20
 _IMAGE_PREFIX = 16 << 10
 
@@ -165,7 +165,7 @@ def _read_record(sample: Sample, entries: list[Entry], parts: _Parts, small: dic
         if not isinstance(record, dict):
             raise ReasonError("json_not_object", f"{name} holds a {type(record).__name__}")
         sample.json_member = name
-        sample.record_exact = json.dumps(record, ensure_ascii=False) == text  # (Sample.record_exact)
+        sample.record_exact = _JSON.encode(record) == text  # json.dumps(record, ensure_ascii=False)'s text
     if parts.caption is not None:
         try:
             caption = small[parts.caption.name].decode("utf-8")
@@ -244,7 +244,7 @@ def classify(
     # every other member (a .cls, a second JSON, an image the record does not name) travels with the sample
     used = {sample.json_member, *sample.media_members}
     sample.extra_members = [e.name for e in entries if e.name not in used]
-    sample.conversation = _CONVERSATION_JSON.encode(messages)
+    sample.conversation = _JSON.encode(messages)
     sample.messages = messages
     sample.videos = json.dumps(video_meta) if video_meta else "[]"
     return sample, None

@@ -91,6 +91,9 @@ class BulkShard:
     parts: list[str] = field(default_factory=list)  # each member's output name after its pack id and the dot
 
 
+_SAMPLE_COLUMNS, _MEMBER_COLUMNS = 16, 8  # BULK_ROWS' columns after output_shard
+
+
 def bulk_rows(con) -> dict[str, str]:
     """BULK_ROWS for this catalog: without `record_exact` where its manifests predate it (every record is then
     parsed and dumped again, as before it)."""
@@ -105,7 +108,8 @@ def catalog_columns(con, input_root, name: str, rows: store.Staged | None = None
     samples = store.shard_rows(con, queries, "samples", name, rows, order_by="pack_id, position")
     members = store.shard_rows(con, queries, "members", name, rows, order_by="pack_id, position, kind, i")
     conversations = {r[0]: r[1:] for r in store.shard_rows(con, WRITE_CONVERSATIONS, "conversations", name)}
-    return _columns(input_root, name, _transposed(samples, 16), _transposed(members, 8), conversations)
+    return _columns(input_root, name, _transposed(samples, _SAMPLE_COLUMNS), _transposed(members, _MEMBER_COLUMNS),
+                    conversations)
 
 
 def _transposed(rows: list[tuple], width: int) -> list[list]:
@@ -151,8 +155,8 @@ def group_columns(con, input_root, group: list[str], rows: store.Staged | None =
     conversations = dict(zip(found.column(1).to_pylist(), zip(found.column(2).to_pylist(),
                                                               found.column(3).to_pylist())))
     for name in group:
-        yield name, _columns(input_root, name, samples.pop(name, None) or [[] for _ in range(16)],
-                             members.pop(name, None) or [[] for _ in range(8)], conversations)
+        yield name, _columns(input_root, name, samples.pop(name, None) or _transposed([], _SAMPLE_COLUMNS),
+                             members.pop(name, None) or _transposed([], _MEMBER_COLUMNS), conversations)
 
 
 def _columns(input_root, name: str, samples: list[list], members: list[list], conversations: dict) -> Columns:
