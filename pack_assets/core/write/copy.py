@@ -1,6 +1,7 @@
 """packed_shards in copy mode (the default): every planned output shard written with its media (`shard.py`),
-in a process pool when there are several, or found current and left as it is (the writer's record, else the
-fingerprint query); then the folder's Energon and wids metadata and the writer's record."""
+in a process pool when there are several (in each job a thread writes a shard while the next is prepared), or
+found current and left as it is (the writer's record, else the fingerprint query); then the folder's Energon and
+wids metadata and the writer's record."""
 
 from __future__ import annotations
 
@@ -186,7 +187,10 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
         whole = [g for g in ([n for n in group if n not in pieces] for group in writer_groups(todo, workers, samples))
                  if g]
         queries = bulk_rows(con)
-    with (store.staged(work, queries, sum(whole, []), groups=whole) if len(whole) > 1
+        # no pool (nothing forked from this process): a connection kept open across the write, so that the job's
+        # own shares its DuckDB instance instead of opening the catalog again
+        keep = store.connect(work, read_only=True) if workers <= 1 else contextlib.nullcontext()
+    with (keep, store.staged(work, queries, sum(whole, []), groups=whole) if len(whole) > 1
           else contextlib.nullcontext() as rows,
           store.staged(work, WRITE_ROWS, split) if len(split) > 1 else contextlib.nullcontext() as piece_rows):
         root = input_root if isinstance(input_root, dict) else str(input_root)
