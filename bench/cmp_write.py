@@ -4,9 +4,9 @@
     git archive main pack_assets | tar -x -C /tmp/base
     python bench/cmp_write.py --baseline-src /tmp/base --out /tmp/cmpw
 
-Cases: copy mode (16 KB media), index mode, 100 KB media (copied in kernel), records with extra members and
-`.txt` records (and `.json` records not as `json.dumps` writes them: indented, escaped, floats), the demo set,
-a two-dataset recipe. Exit 1 on any difference or missing file.
+Cases: copy mode (16 KB media; and in output shards of 3 packs, several to a writer's job), index mode, 100 KB
+media (copied in kernel), records with extra members and `.txt` records (and `.json` records not as `json.dumps`
+writes them: indented, escaped, floats), the demo set, a two-dataset recipe. Exit 1 on any difference or missing file.
 """
 
 from __future__ import annotations
@@ -77,6 +77,9 @@ def cases(data: Path) -> dict[str, list[str]]:
                       f"  - {{name: mixed, input: {mixed}, repeat: 1.5}}\nmax_len: 8192\nepochs: 2\nseed: 0\n")
     run = ["run", "--work", "{work}", "--output", "{out}"]
     return {"copy": [*run, "--input", str(small), "--max-len", "8192"],
+            # many small output shards: the writer's jobs hold several (a thread writes one while the next is
+            # prepared), each job's rows staged
+            "copy_small_shards": [*run, "--input", str(small), "--max-len", "8192", "--max-packs-per-shard", "3"],
             "index": [*run, "--input", str(small), "--max-len", "8192", "--mode", "index"],
             "media100k": [*run, "--input", str(big), "--max-len", "16384"],
             "extras_txt": [*run, "--input", str(mixed), "--max-len", "4096"],
@@ -110,10 +113,13 @@ def main() -> None:
     ap.add_argument("--baseline-src", required=True, help="a folder holding the baseline's pack_assets package")
     ap.add_argument("--this-src", default=str(REPO), help="the code to check (default: this checkout)")
     ap.add_argument("--out", default="bench/out/cmp_write")
+    ap.add_argument("--cases", nargs="*", help="only these cases (default: all)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     failed = False
     for name, argv in cases(out / "data").items():
+        if args.cases and name not in args.cases:
+            continue
         cwd = out / name
         cwd.mkdir(parents=True, exist_ok=True)
         base = run_case(Path(args.baseline_src).resolve(), argv, cwd, "baseline")

@@ -5,7 +5,9 @@ prepared (its --out folder: `set-*` and `work`). A profile by phase, not a timin
 
 Each code in a process of its own, the two in turn (--pairs times); in each, run_write (one writer process) is
 run --runs times after one untimed run, with wrappers on a few functions that add up their wall and CPU
-seconds (the process's: DuckDB's threads and the prefetch thread included); per phase the least of the runs.
+seconds; per phase the least of the runs. CPU: the calling thread's (a job writes a shard in a thread while
+it prepares the next, so the process's would count both), but the process's for `setup`, `group_table` (DuckDB's
+threads) and `energon`, which run alone, and for TOTAL. Wall seconds of overlapping phases overlap too.
 The phases nest: `write_shard` holds `preadv`, `writev` and `records json`; `group_table` and `_columns` are
 the catalog's rows read for a job; `build_shard` the shard prepared from them (documents, reads, layout,
 fingerprint); `setup` the stage's queries before the first shard; `energon` the folder's index."""
@@ -34,26 +36,31 @@ from pathlib import Path
 from pack_assets.core import store
 from pack_assets.core.write import copy, shard, shared
 acc = defaultdict(lambda: [0.0, 0.0])
-def wrap(mod, name, label):
+def wrap(mod, name, label, clock=time.thread_time):
     real = getattr(mod, name)
     def timed(*a, **k):
-        t, c = time.perf_counter(), time.process_time()
+        t, c = time.perf_counter(), clock()
         try:
             return real(*a, **k)
         finally:
             acc[label][0] += time.perf_counter() - t
-            acc[label][1] += time.process_time() - c
+            acc[label][1] += clock() - c
     setattr(mod, name, timed)
 for name in ("check_sources", "written_key", "shard_digests", "current_shards", "refuse_if_full", "shard_samples",
              "piece_shards"):
-    wrap(copy, name, "setup")
+    wrap(copy, name, "setup", time.process_time)
 from pack_assets.core.write import bulk
-for mod, name, label in ((bulk, "group_table", "group_table"), (store, "group_rows", "group_table"),
-                         (copy, "build_shard", "build_shard"), (copy, "write_shard", "write_shard"),
-                         (shared, "write_energon_meta", "energon"), (shard, "_source", "records json"),
-                         (shard, "_read", "preadv"), (shard, "writev_all", "writev")):
+for mod, name, label in ((copy, "build_shard", "build_shard"), (copy, "write_shard", "write_shard"),
+                         (shard, "_source", "records json"), (shard, "_read", "preadv"),
+                         (shard, "writev_all", "writev")):
     if hasattr(mod, name):
         wrap(mod, name, label)
+# DuckDB's own threads, and the stage's end: the process's CPU (before the first shard and after the last one
+# is written, nothing else runs beside them in the single-job set)
+for mod, name, label in ((bulk, "group_table", "group_table"), (store, "group_rows", "group_table"),
+                         (shared, "write_energon_meta", "energon")):
+    if hasattr(mod, name):
+        wrap(mod, name, label, time.process_time)
 wrap(bulk, "_columns", "_columns")
 inp, work, out = Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
 runs = []

@@ -98,3 +98,38 @@ def test_a_catalog_of_older_manifests_writes_the_same_bytes(forms, tmp_path, mon
     assert parsed_old == len(FORMS) > parsed
     new = {p.name: p.read_bytes() for p in (tmp_path / "new").glob("*.tar")}
     assert new and new == {p.name: p.read_bytes() for p in (tmp_path / "old").glob("*.tar")}
+
+
+def test_a_job_prepares_its_next_shard_while_a_thread_writes_one_and_stops_at_a_failure(monkeypatch):
+    """The overlap the writer's speed rests on (`copy._overlapped`): shard b is prepared while a is being
+    written (a's write waits for it: run one after the other, it would time out), results come back in order,
+    and once a shard fails no later one is written (c is prepared at most, never handed over)."""
+    import threading
+
+    from pack_assets.core.write import copy as copy_mod
+
+    prepared = {n: threading.Event() for n in "abc"}
+    written: list[str] = []
+
+    def loader(group):
+        for name in group:
+            prepared[name].set()
+            yield name
+
+    def write(out_dir, job, context):
+        written.append(job)
+        if job == "a":
+            assert prepared["b"].wait(10), "b was not prepared while a was written"
+        if job == context.get("fail"):
+            raise OSError("disk gone")
+        return job.upper()
+
+    monkeypatch.setattr(copy_mod, "write_shard", write)
+    assert copy_mod._write_group(("out", list("abc"), {}, loader)) == ["A", "B", "C"]
+    assert written == list("abc")
+    written.clear()
+    for e in prepared.values():
+        e.clear()
+    with pytest.raises(OSError, match="disk gone"):
+        copy_mod._write_group(("out", list("abc"), {"fail": "b"}, loader))
+    assert written == ["a", "b"]

@@ -116,16 +116,21 @@ def _transposed(rows: list[tuple], width: int) -> list[list]:
     return list(map(list, zip(*rows))) if rows else [[] for _ in range(width)]
 
 
-def _by_shard(table) -> dict[str, list[list]]:
-    """An Arrow table's rows (output_shard first, ordered by it) per output shard, as Python lists column by
-    column, without output_shard."""
-    shards = table.column(0).to_pylist()
+def _by_shard(table) -> dict:
+    """An Arrow table's rows (output_shard first, ordered by it) per output shard: slices of it, made Python lists
+    shard by shard (`_lists`) as each is prepared, not all of a job's at once."""
     runs, at = {}, 0
-    for k, g in groupby(shards):
+    for k, g in groupby(table.column(0).to_pylist()):
         n = sum(1 for _ in g)
-        part = table.slice(at, n)
-        runs[k], at = [part.column(i).to_pylist() for i in range(1, table.num_columns)], at + n
+        runs[k], at = table.slice(at, n), at + n
     return runs
+
+
+def _lists(part, width: int) -> list[list]:
+    """A shard's slice (`_by_shard`) as Python lists, column by column, without output_shard."""
+    if part is None:
+        return [[] for _ in range(width)]
+    return [part.column(i).to_pylist() for i in range(1, part.num_columns)]
 
 
 def group_table(con, queries: dict[str, str], query: str, group: list[str], rows: store.Staged | None = None,
@@ -147,16 +152,16 @@ def group_table(con, queries: dict[str, str], query: str, group: list[str], rows
 def group_columns(con, input_root, group: list[str], rows: store.Staged | None = None) -> Iterator[tuple[str, Columns]]:
     """Each shard of ``group`` with its columns, as `catalog_columns` gives them, from one read of each query for
     the whole group (its staged file, `store.staged(..., groups=)`, or one query): a writer's job reads the
-    catalog once, not once per output shard."""
+    catalog once, not once per output shard. The rows stay Arrow until their shard is prepared: a job holds one
+    shard's rows as Python objects at a time, and the next shard's are made while a thread writes one."""
     queries = bulk_rows(con)
     samples = _by_shard(group_table(con, queries, "samples", group, rows, order_by="pack_id, position"))
     members = _by_shard(group_table(con, queries, "members", group, rows, order_by="pack_id, position, kind, i"))
-    found = group_table(con, WRITE_CONVERSATIONS, "conversations", group)
-    conversations = dict(zip(found.column(1).to_pylist(), zip(found.column(2).to_pylist(),
-                                                              found.column(3).to_pylist())))
+    conversations = _by_shard(group_table(con, WRITE_CONVERSATIONS, "conversations", group))
     for name in group:
-        yield name, _columns(input_root, name, samples.pop(name, None) or _transposed([], _SAMPLE_COLUMNS),
-                             members.pop(name, None) or _transposed([], _MEMBER_COLUMNS), conversations)
+        sid, conv, sha = _lists(conversations.pop(name, None), 3)
+        yield name, _columns(input_root, name, _lists(samples.pop(name, None), _SAMPLE_COLUMNS),
+                             _lists(members.pop(name, None), _MEMBER_COLUMNS), dict(zip(sid, zip(conv, sha))))
 
 
 def _columns(input_root, name: str, samples: list[list], members: list[list], conversations: dict) -> Columns:

@@ -1,6 +1,7 @@
 """packed_shards in copy mode (the default): every planned output shard written with its media (`shard.py`),
-in a process pool when there are several, or found current and left as it is (the writer's record, else the
-fingerprint query); then the folder's Energon and wids metadata and the writer's record."""
+in a process pool when there are several (in each job a thread writes a shard while the next is prepared), or
+found current and left as it is (the writer's record, else the fingerprint query); then the folder's Energon and
+wids metadata and the writer's record."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import gc
 import os
 import time
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -67,7 +68,26 @@ def _write_group(args) -> list[ShardResult]:
     (docs/benchmarks.md)."""
     out_dir, group, context, loader = args
     with _no_cyclic_gc(), contextlib.closing(loader(group) if loader else (j for j in group)) as prepared:
-        return [write_shard(out_dir, job, context) for job in prepared]
+        if len(group) <= 1:
+            return [write_shard(out_dir, job, context) for job in prepared]
+        return _overlapped(out_dir, prepared, context)
+
+
+def _overlapped(out_dir: str, prepared: Iterator, context: dict) -> list[ShardResult]:
+    """write_shard of each prepared shard in a thread, in order, while this thread prepares the next: the
+    writer's reads, writes and fsync release the GIL, so they run beside the next shard's catalog rows and
+    layout instead of after them. A shard is handed over once the one before is written: one in the thread, one
+    prepared ahead at most, and nothing more written after a shard fails."""
+    results: list[ShardResult] = []
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer") as thread:
+        pending = None
+        for job in prepared:
+            if pending is not None:
+                results.append(pending.result())
+            pending = thread.submit(write_shard, out_dir, job, context)
+        if pending is not None:
+            results.append(pending.result())
+    return results
 
 
 @contextlib.contextmanager
@@ -167,7 +187,10 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
         whole = [g for g in ([n for n in group if n not in pieces] for group in writer_groups(todo, workers, samples))
                  if g]
         queries = bulk_rows(con)
-    with (store.staged(work, queries, sum(whole, []), groups=whole) if len(whole) > 1
+        # no pool (nothing forked from this process): a connection kept open across the write, so that the job's
+        # own shares its DuckDB instance instead of opening the catalog again
+        keep = store.connect(work, read_only=True) if workers <= 1 else contextlib.nullcontext()
+    with (keep, store.staged(work, queries, sum(whole, []), groups=whole) if len(whole) > 1
           else contextlib.nullcontext() as rows,
           store.staged(work, WRITE_ROWS, split) if len(split) > 1 else contextlib.nullcontext() as piece_rows):
         root = input_root if isinstance(input_root, dict) else str(input_root)
