@@ -65,8 +65,8 @@ def appendable(con, info: dict, path: Path) -> Base | None:
         return None
     if con.execute(_CHANGED).fetchall()[0][0]:
         return None
-    sizes = arrow_ints(con.sql("SELECT len(sample_ids)::BIGINT AS n FROM pack_plan ORDER BY pack_id")
-                       .to_arrow_table().column(0).combine_chunks()).astype(np.int64)
+    col = con.sql("SELECT len(sample_ids)::BIGINT AS n FROM pack_plan ORDER BY pack_id").to_arrow_table().column(0)
+    sizes = arrow_ints(col.combine_chunks()) if len(col) else np.zeros(0, np.int64)  # (no buffer when empty)
     tokens, number, shard, shards = con.execute(
         "SELECT coalesce(sum(total_token_len), 0), max(CAST(substr(pack_id, 2) AS BIGINT)), "
         "max(CAST(regexp_extract(output_shard, '(\\d+)', 1) AS BIGINT)), count(DISTINCT output_shard) "
