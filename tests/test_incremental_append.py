@@ -113,3 +113,21 @@ def test_a_kill_during_an_append_leaves_a_plan_the_next_run_finishes(two_planned
         run_plan(reference, SHARDS, CONFIG, PROFILE)
     assert plan_state(work) == plan_state(reference)
     assert not list(work.glob(".pack_plan.jsonl.tmp-*")) or point == "pack_assets.core.safety:replace"
+
+
+def test_the_check_after_an_append_finds_a_new_pack_repeating_or_losing_a_sample(two_planned, tmp_path):
+    from pack_assets.core.plancheck import check_plan
+
+    work = tmp_path / "work"
+    shutil.copytree(two_planned, work)
+    with store.connect(work) as con:
+        first = incremental.appendable(con, store.read_plan_info(con), work / "pack_plan.jsonl").next_number
+    assert run_plan(work, SHARDS, CONFIG, PROFILE).violations == []
+    with store.connect(work) as con:
+        assert check_plan(con, CONFIG, since=first) == []
+        new = f"p{first:08d}"
+        old = con.execute("SELECT sample_id FROM pack_members WHERE pack_id < ? LIMIT 1", [new]).fetchall()[0][0]
+        lost = con.execute("SELECT sample_id FROM pack_members WHERE pack_id = ? AND position = 0", [new]).fetchall()
+        con.execute("UPDATE pack_members SET sample_id = ? WHERE pack_id = ? AND position = 0", [old, new])
+        found = {v["check"] for v in check_plan(con, CONFIG, since=first)}
+    assert {"duplicate_sample", "lost_sample"} <= found, (found, lost)
