@@ -28,7 +28,9 @@ from common import Results, drop_caches, machine  # noqa: E402
 
 FUNCTIONS = {
     "plan": ["run_plan", "plannable", "build_catalog", "ok_lengths", "_previous_plan", "read_plan", "changed_packs",
-             "_incremental", "make_plan", "plan_jsonl", "save_plan", "check_plan"],
+             "_incremental", "make_plan", "plan_jsonl", "save_plan", "check_plan",
+             # the append-only plan (core/incremental.py), when nothing of the stored plan changed
+             "appendable", "_appended", "new_samples", "append_plan_file", "record_plan_file"],
     "write": ["run_write", "check_sources", "shard_digests", "digest_keys", "write_all", "_write_group", "metadata",
               "finish", "record_written"],
     "audit": ["run_audit", "audit", "vouched", "recount", "_shard_expectations", "_hashed", "per_shard",

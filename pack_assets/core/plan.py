@@ -18,9 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
-from . import faults, store
+from . import faults, incremental, store
 from .binpack import ALGORITHMS, assign, lower_bounds
 from .counting.profiles import ModelProfile, resolve_profile
 from .counting.token_lengths import token_lengths_are_current
@@ -29,6 +28,7 @@ from .cpad import padded, padded_stats
 from .groups import make_groups, split_to_groups
 from .packs import IDS, Pack, PackTable, arrow_ints, from_batches, shard_name, shard_numbers
 from .plancheck import check_plan
+from .previous import changed_packs, current_lengths, numbers, prune_plan, read_plan
 from .results import FilePath, Markdown
 from .scan import manifest_is_current
 from .settings import PlanConfig
@@ -253,67 +253,61 @@ def assign_shards(packs: PackTable | list[Pack], config: PlanConfig, first_shard
         p.output_shard = shard_name(k)
 
 
-def prune_plan(old_packs: PackTable, old_dropped: list[dict], current: dict[str, int],
-               changed: set[str] | None = None) -> tuple[PackTable, list[dict], dict]:
-    """The previous packs and drops without the samples that are gone (their shard removed or the sample no
-    longer ok) or whose length changed (``current``: sample id -> length now). A pack keeps its id and output
-    shard, its totals recomputed; a pack left empty is removed. The caller plans the changed samples anew.
-    ``changed``: the only pack ids that may hold such samples (`changed_packs`; ``current`` then needs only
-    their samples and the drops'), the others kept as they are."""
-    sizes = old_packs.sizes()
-    asked = np.ones(len(old_packs), bool) if changed is None else np.isin(old_packs.numbers, _numbers(changed))
-    at = np.flatnonzero(np.repeat(asked, sizes))  # the members looked at
-    ids = old_packs.ids[old_packs.members[at]].tolist()
-    ok = np.fromiter((current.get(sid) == n for sid, n in zip(ids, old_packs.lens[at].tolist())), bool, len(at))
-    known = np.fromiter((sid in current for sid in ids), bool, len(at))
-    keep = np.ones(len(old_packs.members), bool)
-    keep[at] = ok
-    lost = np.bincount(np.repeat(np.arange(len(old_packs)), sizes)[~keep], minlength=len(old_packs))
-    touched, emptied = int((lost > 0).sum()), int(((lost == sizes) & (sizes > 0)).sum())
-    gone, recounted = int((~ok & ~known).sum()), int((~ok & known).sum())
-    packs = old_packs.select(keep) if touched else old_packs
-    dropped = [d for d in old_dropped if current.get(d["sample_id"]) == d["total_tokens"]]
-    gone += sum(d["sample_id"] not in current for d in old_dropped)
-    recounted += len(old_dropped) - len(dropped) - sum(d["sample_id"] not in current for d in old_dropped)
-    return packs, dropped, {"samples_gone": gone, "samples_recounted": recounted, "packs_changed": touched,
-                            "packs_emptied": emptied}
-
-
-def _numbers(pack_ids) -> np.ndarray:
-    """Pack ids ``p<number>`` as their numbers."""
-    return np.asarray([int(p[1:]) for p in pack_ids], dtype=np.int64)
-
-
 def extend_plan(old_packs: PackTable, old_dropped: list[dict], new: PlanResult, config: PlanConfig,
                 old_fingerprint: str) -> PlanResult:
     """Incremental packing: the previous packs and output shards stay as they are; the new samples' packs
     (planned on their own by ``make_plan``) are numbered after them and go into new output shards."""
     # after a prune the kept ids may have gaps: number the new packs after the highest, never into a gap
-    offset = 1 + int(old_packs.numbers.max()) if len(old_packs) else 0
-    new.packs.numbers = offset + np.arange(len(new.packs), dtype=np.int64)
-    assign_shards(new.packs, config, 1 + int(old_packs.shards.max()) if len(old_packs) else 0)
+    _number_after(new.packs, 1 + int(old_packs.numbers.max()) if len(old_packs) else 0,
+                  1 + int(old_packs.shards.max()) if len(old_packs) else 0, config)
     packs = old_packs.concat(new.packs)
     dropped = old_dropped + new.dropped
-    spp = packs.sizes().astype(np.float64)
-    packed_tokens = int(packs.lens.sum())
+    stats = _extended_stats(new, config, packs.sizes(), int(packs.lens.sum()), len(np.unique(packs.shards)),
+                            len(old_packs), len(dropped))
+    return PlanResult(packs, dropped, stats, _joined(old_fingerprint, new.fingerprint))
+
+
+def append_plan(base: incremental.Base, new: PlanResult, config: PlanConfig) -> PlanResult:
+    """`extend_plan` of a stored plan none of whose samples changed, from its figures (`incremental.Base`): the
+    same figures and fingerprint; the result holds the new packs and drops only (appended to the stored)."""
+    _number_after(new.packs, base.next_number, base.next_shard, config)
+    sizes = np.concatenate([base.sizes, new.packs.sizes()])
+    stats = _extended_stats(new, config, sizes, base.packed_tokens + int(new.packs.lens.sum()),
+                            base.output_shards + len(np.unique(new.packs.shards)), len(base.sizes),
+                            len(base.dropped_ids) + len(new.dropped))
+    return PlanResult(new.packs, new.dropped, stats, _joined(base.fingerprint, new.fingerprint))
+
+
+def _number_after(packs: PackTable, number: int, shard: int, config: PlanConfig) -> None:
+    packs.numbers = number + np.arange(len(packs), dtype=np.int64)
+    assign_shards(packs, config, shard)
+
+
+def _joined(old_fingerprint: str, new_fingerprint: str) -> str:
+    return hashlib.sha256(f"{old_fingerprint}+{new_fingerprint}".encode()).hexdigest()[:16]
+
+
+def _extended_stats(new: PlanResult, config: PlanConfig, sizes: np.ndarray, packed_tokens: int, shards: int,
+                    kept: int, dropped: int) -> dict:
+    """An extended plan's figures: the new part's, with the whole plan's counts, fill and drift."""
+    spp = sizes.astype(np.float64)
     stats = dict(new.stats)
     stats.update(
-        samples=len(packs.members) + len(dropped),
-        packs=len(packs),
+        samples=int(sizes.sum()) + dropped,
+        packs=len(sizes),
         new_packs=len(new.packs),
-        kept_packs=len(old_packs),
-        dropped=len(dropped),
-        fill=packed_tokens / (len(packs) * config.max_len) if packs else 0.0,
+        kept_packs=kept,
+        dropped=dropped,
+        fill=packed_tokens / (len(sizes) * config.max_len) if len(sizes) else 0.0,
         packed_tokens=packed_tokens,
         mean_samples_per_pack=float(spp.mean()) if len(spp) else 0.0,
         max_samples_per_pack=int(spp.max()) if len(spp) else 0,
         drift=drift(spp),
-        output_shards=len(np.unique(packs.shards)),
+        output_shards=shards,
         incremental=True,
     )
     stats["efficiency"] = stats["fill"]
-    h = hashlib.sha256(f"{old_fingerprint}+{new.fingerprint}".encode()).hexdigest()[:16]
-    return PlanResult(packs, dropped, stats, h)
+    return stats
 
 
 def plan_jsonl(plan: PlanResult, start: int = 0, stop: int | None = None) -> str:
@@ -424,34 +418,8 @@ def plannable(work: Path, shards: list[str], profile: ModelProfile, input_root: 
     return shards, missing, removed
 
 
-def changed_packs(con) -> set[str]:
-    """The stored plan's packs holding a sample whose length is not its ok length in token_lengths now (gone,
-    no longer ok, or recounted): found by DuckDB, so an incremental plan looks at these packs' samples only."""
-    return {r[0] for r in con.execute(
-        "SELECT DISTINCT pm.pack_id FROM pack_members pm JOIN pack_plan p USING (pack_id) "
-        "LEFT JOIN (SELECT sample_id, total_tokens FROM token_lengths WHERE status = 'ok') t USING (sample_id) "
-        "WHERE t.total_tokens IS DISTINCT FROM p.sample_token_lens[pm.position + 1]").fetchall()}
-
-
-def read_plan(con) -> tuple[list[dict], pa.RecordBatchReader]:
-    """The plan's dropped rows, and its pack rows in pack id order (Arrow batches: read before the next query)."""
-    names = store.DROPPED_SCHEMA.names
-    dropped = [dict(zip(names, r)) for r in con.execute(f"SELECT {', '.join(names)} FROM dropped ORDER BY sample_id"
-                                                        ).fetchall()]
-    return dropped, con.sql(f"SELECT {', '.join(store.PACK_PLAN_SCHEMA.names)} FROM pack_plan ORDER BY pack_id"
-                            ).to_arrow_reader(_OK_BATCH)
-
-
-def _current_lengths(con, sample_ids: list[str]) -> dict[str, int]:
-    """sample id -> ok length now, for these samples (those gone or not ok have none)."""
-    with store.columns_relation(con, "_asked", [sample_ids], pa.schema([("sample_id", pa.string())])) as asked:
-        return dict(con.execute(f"SELECT sample_id, total_tokens FROM token_lengths WHERE status = 'ok' "
-                                f"AND sample_id IN (SELECT sample_id FROM ({asked}))").fetchall())
-
-
-def _previous_plan(con, config: PlanConfig, profile: ModelProfile):
-    """The previous plan's packs, drops and fingerprint when an incremental plan may keep them, else
-    (None, why not)."""
+def _kept_settings(con, config: PlanConfig, profile: ModelProfile) -> tuple[PlanInfo | None, str]:
+    """The previous plan's info when an incremental plan may keep its packs, else (None, why not)."""
     if not store.has_plan(con):
         return None, "full plan: no previous plan"
     info = PlanInfo.load(con)
@@ -459,11 +427,17 @@ def _previous_plan(con, config: PlanConfig, profile: ModelProfile):
         return None, "full plan: packing settings changed since the previous plan"
     if info.profile_fingerprint != profile.fingerprint:
         return None, "full plan: the model profile changed since the previous plan"
+    return info, ""
+
+
+def _previous_plan(con, config: PlanConfig, info: PlanInfo):
+    """The previous plan's packs, drops and fingerprint when an incremental plan may keep them, else
+    (None, why not)."""
     dropped, batches = read_plan(con)
     packs = from_batches(batches)
     changed = changed_packs(con)
-    asked = np.repeat(np.isin(packs.numbers, _numbers(changed)), packs.sizes())
-    current = _current_lengths(con, packs.ids[packs.members[asked]].tolist() + [d["sample_id"] for d in dropped])
+    asked = np.repeat(np.isin(packs.numbers, numbers(changed)), packs.sizes())
+    current = current_lengths(con, packs.ids[packs.members[asked]].tolist() + [d["sample_id"] for d in dropped])
     packs, dropped, pruned = prune_plan(packs, dropped, current, changed)
     if config.group_size > 1 and pruned["packs_changed"]:  # a changed pack may leave its group (core/groups.py)
         return None, "full plan: packs changed, and a world size's groups of packs of one media type must hold"
@@ -491,12 +465,66 @@ def _incremental(rows: dict[str, np.ndarray], previous, config: PlanConfig, prof
     fresh = make_plan(**{k: v[new] for k, v in rows.items()}, config=config, profile=profile)
     plan = extend_plan(old_packs, old_dropped, fresh, config, old_fp)
     plan.stats.update(pruned)
-    gone = {d["sample_id"] for d in plan.dropped}
-    kept = np.fromiter((sid not in gone for sid in rows["sample_ids"].tolist()), bool, len(rows["sample_ids"]))
+    return _with_bound(plan, rows, [d["sample_id"] for d in plan.dropped], config)
+
+
+def _appended(con, rows: dict[str, np.ndarray], base: incremental.Base, config: PlanConfig, profile: str
+              ) -> PlanResult:
+    """`_incremental` of a stored plan none of whose samples changed (`incremental.appendable`): the samples to
+    plan found by DuckDB, the stored plan never read into Python. The result holds the new packs only."""
+    new = incremental.new_samples(con, rows["sample_ids"])
+    fresh = make_plan(**{k: v[new] for k, v in rows.items()}, config=config, profile=profile)
+    plan = append_plan(base, fresh, config)
+    plan.stats.update(samples_gone=0, samples_recounted=0, packs_changed=0, packs_emptied=0)
+    return _with_bound(plan, rows, base.dropped_ids + [d["sample_id"] for d in fresh.dropped], config)
+
+
+def _with_bound(plan: PlanResult, rows: dict[str, np.ndarray], dropped_ids: list[str], config: PlanConfig
+                ) -> PlanResult:
+    """The extended plan's lower bound: over every planned sample not dropped."""
+    gone = set(dropped_ids)
+    kept = np.fromiter((sid not in gone for sid in rows["sample_ids"].tolist()), bool, len(rows["sample_ids"])) \
+        if gone else np.ones(len(rows["sample_ids"]), bool)
     mts, lengths = rows["media_types"], padded(rows["lengths"], config.multiple)
     bound = sum(lower_bounds(lengths[kept & (mts == mt)], config.capacity)[1] for mt in set(mts.tolist()))
     plan.stats.update(lower_bound=bound, packs_over_bound=plan.stats["packs"] - bound)
     return plan
+
+
+def _planned(con, rows: dict[str, np.ndarray], pieces: list, config: PlanConfig, profile: ModelProfile,
+             plan_file: Path) -> tuple[PlanResult, str, incremental.Base | None]:
+    """The plan (full, incremental, or appended to the stored one: then with its `incremental.Base`), and why."""
+    info, why = _kept_settings(con, config, profile) if config.incremental else (None, "full plan")
+    base = incremental.appendable(con, store.read_plan_info(con), plan_file) \
+        if info is not None and not pieces else None
+    previous = None
+    if base is not None:
+        plan, why = _appended(con, rows, base, config, profile.name), f"incremental: kept {len(base.sizes)} packs"
+    elif info is not None:
+        previous, why = _previous_plan(con, config, info)
+    if base is None:
+        plan = make_plan(**rows, config=config, profile=profile.name) if previous is None \
+            else _incremental(rows, previous, config, profile.name)
+    if (base is not None or previous is not None) and plan.stats.get("balance", {}).get("incomplete_groups"):
+        why = "full plan: the new samples' packs do not fill whole groups of a world size (core/groups.py)"
+        plan, base = make_plan(**rows, config=config, profile=profile.name), None
+    return plan, why, base
+
+
+def _saved(con, work: Path, plan: PlanResult, base: incremental.Base | None, info: PlanInfo, pieces: list,
+           config: PlanConfig) -> list[dict]:
+    """pack_plan.jsonl and the plan's tables written (or appended to, given the stored plan's ``base``), the plan
+    checked (an append: its new packs and the whole plan's counts); once clean, the plan file recorded."""
+    path = work / "pack_plan.jsonl"
+    record = incremental.write_plan_file(path, plan_jsonl_parts(plan)) if base is None \
+        else incremental.append_plan_file(path, base, plan_jsonl_parts(plan))
+    store.save_plan(con, plan.packs.batches(), plan.dropped, info.as_dict(), pieces=[split_row(p) for p in pieces],
+                    multiple=config.multiple, append=base is not None)
+    plan.packs = None  # stored: the check below reads the catalog, with DuckDB's memory, not beside the packs
+    violations = check_plan(con, config, since=None if base is None else base.next_number)
+    if not violations:
+        incremental.record_plan_file(con, record)
+    return violations
 
 
 _OK = "FROM token_lengths WHERE status = 'ok'"
@@ -562,20 +590,11 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         if on_lengths is not None:
             on_lengths(rows)
         rows, pieces = split_overlong(con, rows, config, profile)
-        previous, why = _previous_plan(con, config, profile) if config.incremental else (None, "full plan")
-        plan = make_plan(**rows, config=config, profile=profile.name) if previous is None \
-            else _incremental(rows, previous, config, profile.name)
-        if previous is not None and plan.stats.get("balance", {}).get("incomplete_groups"):
-            why = "full plan: the new samples' packs do not fill whole groups of a world size (core/groups.py)"
-            plan = make_plan(**rows, config=config, profile=profile.name)
-        del rows, previous  # the packs hold what they need of these: the rest goes before the saves
+        plan, why, base = _planned(con, rows, pieces, config, profile, work / "pack_plan.jsonl")
+        del rows  # the packs hold what they need of these: the rest goes before the saves
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed,
                           **input_stats(input_root, recursive), **split_stats(pieces))
-        store.atomic_write_text(work / "pack_plan.jsonl", plan_jsonl_parts(plan))
         info = PlanInfo.of(plan.fingerprint, profile, shards, config, plan.stats)
-        store.save_plan(con, plan.packs.batches(), plan.dropped, info.as_dict(),
-                        pieces=[split_row(p) for p in pieces], multiple=config.multiple)
-        plan.packs = None  # stored: the check below reads the catalog, with DuckDB's memory, not beside the packs
-        violations = check_plan(con, config)
+        violations = _saved(con, work, plan, base, info, pieces, config)
     return PlanSummary(plan.fingerprint, work / "pack_plan.jsonl", why, plan.stats, len(shards), missing, removed,
                        violations)

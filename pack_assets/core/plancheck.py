@@ -11,10 +11,14 @@ from .settings import PlanConfig
 from .split import plan_checks
 
 
-def check_plan(con, config: PlanConfig) -> list[dict]:
+def check_plan(con, config: PlanConfig, since: int | None = None) -> list[dict]:
     """Invariants of the stored plan itself, before anything is written: every ok sample in exactly one pack
     or in ``dropped``, one media type per pack, capacity (after padding) and caps held. (A blend's plan holds
-    each sample as many times as its draw says: `blend.check_blend` checks it instead.)"""
+    each sample as many times as its draw says: `blend.check_blend` checks it instead.) ``since``: the first
+    pack number an append added to a stored plan that passed this check (core/incremental.py), none of whose
+    samples changed since: only the new packs' own limits and samples are checked, with the whole plan's counts."""
+    if since is not None:
+        return _found(_appended_checks(con, config, since))
     # the samples view read once, not three times (it was half of the check's time at 1M samples)
     with store.samples_snapshot(con) as samples:
         ok, members, distinct, dropped, both, lost = con.execute(
@@ -32,20 +36,48 @@ def check_plan(con, config: PlanConfig) -> list[dict]:
                  ("packed_and_dropped", both, f"{both} sample(s) both packed and dropped"),
                  ("lost_sample", lost, f"{lost} ok sample(s) neither packed nor dropped nor split")]
         found += pack_checks(con, config, samples=samples) + plan_checks(con)
+    return _found(found)
+
+
+def _found(found: list[tuple[str, int, str]]) -> list[dict]:
     return [{"check": check, "detail": detail} for check, bad, detail in found if bad]
 
 
-def pack_checks(con, config: PlanConfig, samples: str = "samples") -> list[tuple[str, int, str]]:
+_NEW = "CAST(substr({of}pack_id, 2) AS BIGINT) >= {since}"  # an appended pack's (pack ids p<number>)
+
+
+def _appended_checks(con, config: PlanConfig, since: int) -> list[tuple[str, int, str]]:
+    """`check_plan` after an append: the stored packs passed it and none of their samples changed, so a sample
+    in two packs or packed and dropped is one of the new packs'; an ok sample lost is looked for everywhere."""
+    new = _NEW.format(of="", since=int(since))
+    twice, both, lost = con.execute(
+        f"""SELECT
+             (SELECT count(*) FROM pack_members n JOIN pack_members o USING (sample_id)
+                WHERE {_NEW.format(of="n.", since=int(since))}
+                  AND (o.pack_id <> n.pack_id OR o.position <> n.position)),
+             (SELECT count(*) FROM (SELECT sample_id FROM pack_members INTERSECT SELECT sample_id FROM dropped)),
+             (SELECT count(*) FROM samples WHERE status = 'ok'
+                AND sample_id NOT IN (SELECT sample_id FROM pack_members)
+                AND sample_id NOT IN (SELECT sample_id FROM dropped)
+                AND sample_id NOT IN (SELECT sample_id FROM split_pieces))""").fetchone()
+    found = [("duplicate_sample", twice, f"{twice} new pack member(s) also in another pack or place"),
+             ("packed_and_dropped", both, f"{both} sample(s) both packed and dropped"),
+             ("lost_sample", lost, f"{lost} ok sample(s) neither packed nor dropped nor split")]
+    return found + pack_checks(con, config, samples="manifest_samples", where=new) + plan_checks(con)
+
+
+def pack_checks(con, config: PlanConfig, samples: str = "samples", where: str = "true") -> list[tuple[str, int, str]]:
     """(check, how many bad, detail) of every pack's own limits: capacity after padding, one media type (with
     pack_per_media_type), caps.
-    ``samples``: a table or view with each sample's media type (the catalog's view by default)."""
+    ``samples``: a table or view with each sample's media type (the catalog's view by default). ``where``: the
+    packs looked at (SQL of ``pack_id``; every pack by default)."""
     pad = config.pad_multiple
     over, mixed = con.execute(
         f"""SELECT
              (SELECT count(*) FROM pack_plan
-                WHERE ceil(total_token_len / ?) * ? > ? AND NOT (overlong AND len(sample_ids) = 1)),
+                WHERE {where} AND ceil(total_token_len / ?) * ? > ? AND NOT (overlong AND len(sample_ids) = 1)),
              (SELECT count(*) FROM (SELECT pm.pack_id FROM pack_members pm JOIN {samples} s USING (sample_id)
-                GROUP BY pm.pack_id HAVING count(DISTINCT s.media_type) > 1))""",
+                WHERE {where} GROUP BY pm.pack_id HAVING count(DISTINCT s.media_type) > 1))""",
         [pad, pad, config.max_len],
     ).fetchone()
     found = [("over_capacity", over, f"{over} pack(s) over {config.max_len} tokens")]
@@ -54,6 +86,7 @@ def pack_checks(con, config: PlanConfig, samples: str = "samples") -> list[tuple
     found += check_padded(con, config) + check_groups(con, config.group_size, samples)
     cap = config.max_samples_per_pack
     if cap:
-        over_cap = con.execute("SELECT count(*) FROM pack_plan WHERE len(sample_ids) > ?", [cap]).fetchone()[0]
+        over_cap = con.execute(f"SELECT count(*) FROM pack_plan WHERE {where} AND len(sample_ids) > ?",
+                               [cap]).fetchone()[0]
         found.append(("over_cap", over_cap, f"packs over {cap} samples"))
     return found

@@ -10,11 +10,11 @@ gather them into ``<work>/pack_assets.duckdb`` as views, next to the tables the 
     <work>/.staged-<host>-<pid>-*/  rows the writer or the audit reads per output shard, while that stage runs
 
 Views over the Parquet files: manifest_samples, members, shards, token_lengths, rejected, samples (status
-and reason after both scan and count). Tables the plan writes in one transaction: pack_plan, pack_members,
-dropped, split_pieces (over-long samples split, core/split.py), plan_info (one JSON row), and the view
-lineage. Temporary tables: the plan check's snapshot of samples (`samples_snapshot`) and the audit's
-audit_seen. Beside the catalog, the one other schema the tool
-writes: Megatron-Energon's ``index.sqlite`` in an output folder (`ENERGON_INDEX_TABLES`, SQLite).
+and reason after both scan and count). Tables the plan writes (or appends to) in one transaction: pack_plan,
+pack_members, dropped, split_pieces (over-long samples split, core/split.py), plan_info (one JSON row), and the
+view lineage. Temporary tables: the plan check's snapshot of samples (`samples_snapshot`) and the audit's
+audit_seen. Beside the catalog, the one other schema the tool writes: Megatron-Energon's
+``index.sqlite`` in an output folder (`ENERGON_INDEX_TABLES`, SQLite).
 """
 
 from __future__ import annotations
@@ -533,28 +533,30 @@ def read_plan_info(con: duckdb.DuckDBPyConnection) -> dict:
     return json.loads(con.execute("SELECT info FROM plan_info").fetchall()[0][0])
 
 
-def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict] | pa.RecordBatchReader, dropped: list[dict],
-              info: dict, blend: bool = False, pieces: list[tuple] = (), multiple: int = 1) -> None:
+def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict] | pa.RecordBatchReader, dropped: list[dict], info: dict,
+              blend: bool = False, pieces: list[tuple] = (), multiple: int = 1, append: bool = False) -> None:
     """Replace pack_plan (``packs``: rows, or Arrow batches), pack_members, dropped, split_pieces (``pieces``:
     rows in SPLIT_PIECES_SCHEMA order) and plan_info in one transaction (a reader sees the old plan or the new
-    one), and the lineage view. ``blend``: rows with datasets, copies and epoch (BLEND_* schemas), pack_members
-    with ``dataset``, ``epoch``, ``copy``. ``padded_len``: a length padded to ``multiple`` (core/cpad.py)."""
-    plan_schema, dropped_schema = (BLEND_PACK_PLAN_SCHEMA, BLEND_DROPPED_SCHEMA) if blend else (PACK_PLAN_SCHEMA,
-                                                                                              DROPPED_SCHEMA)
+    one), and the lineage view; with ``append``, ``packs`` and ``dropped`` added to the stored rows instead
+    (core/incremental.py). ``blend``: rows with datasets, copies and epoch (BLEND_* schemas), pack_members with
+    ``dataset``, ``epoch``, ``copy``. ``padded_len``: a length padded to ``multiple`` (core/cpad.py)."""
+    plan_schema, dropped_schema = (BLEND_PACK_PLAN_SCHEMA, BLEND_DROPPED_SCHEMA) if blend else \
+        (PACK_PLAN_SCHEMA, DROPPED_SCHEMA)
     extra = ", datasets[i] AS dataset, epoch, copies[i] AS copy" if blend else ""
+    members = (f"SELECT pack_id, CAST(i AS INTEGER) - 1 AS position, sample_ids[i] AS sample_id{extra}, "
+               f"CAST(ceil(sample_token_lens[i] / {int(multiple)}) * {int(multiple)} AS BIGINT) AS padded_len "
+               "FROM {}, range(1, len(sample_ids) + 1) AS r(i)")
     # registered under names no table uses (connect() turns Python replacement scans off)
     with rows_relation(con, "_new_pack_plan", packs, plan_schema) as new_packs, \
             rows_relation(con, "_new_dropped", dropped, dropped_schema) as new_dropped, \
             rows_relation(con, "_new_split_pieces", list(pieces), SPLIT_PIECES_SCHEMA) as new_pieces:
+        into = (lambda t: f"INSERT INTO {t} ") if append else (lambda t: f"CREATE OR REPLACE TABLE {t} AS ")
+        added = "(SELECT * FROM pack_plan WHERE pack_id NOT IN (SELECT pack_id FROM pack_members))"  # (appended)
         con.execute("BEGIN")
         try:
-            con.execute(f"CREATE OR REPLACE TABLE pack_plan AS {new_packs}")
-            con.execute(
-                "CREATE OR REPLACE TABLE pack_members AS SELECT pack_id, CAST(i AS INTEGER) - 1 AS position, "
-                f"sample_ids[i] AS sample_id{extra}, CAST(ceil(sample_token_lens[i] / {int(multiple)}) * "
-                f"{int(multiple)} AS BIGINT) AS padded_len FROM pack_plan, range(1, len(sample_ids) + 1) AS r(i)"
-            )
-            con.execute(f"CREATE OR REPLACE TABLE dropped AS {new_dropped}")
+            con.execute(into("pack_plan") + new_packs)
+            con.execute(into("pack_members") + members.format(added if append else "pack_plan"))
+            con.execute(into("dropped") + new_dropped)
             con.execute(f"CREATE OR REPLACE TABLE split_pieces AS {new_pieces}")
             con.execute("CREATE OR REPLACE TABLE plan_info AS SELECT ? AS info", [json.dumps(info)])
             con.execute(LINEAGE_VIEW)
@@ -567,8 +569,7 @@ def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict] | pa.RecordBatch
 @contextlib.contextmanager
 def samples_snapshot(con: duckdb.DuckDBPyConnection, name: str = "plan_check_samples") -> Iterator[str]:
     """The samples view's status and media type per sample as a temporary table for the block (the view joins
-    manifest and token_lengths over every Parquet file: a check that reads it several times reads this
-    once); dropped at the block's end."""
+    manifest and token_lengths over every Parquet file: a check reading it often reads this once), then dropped."""
     con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT sample_id, status, media_type FROM samples")
     try:
         yield name

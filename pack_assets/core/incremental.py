@@ -1,0 +1,169 @@
+"""The append-only incremental plan: when no sample of the stored plan changed, the rerun only appends.
+
+An incremental plan keeps every stored pack and plans the samples it does not hold after them. When none of
+the stored packs or drops changed (no sample gone, none recounted, none split), nothing of the stored plan
+needs to come into Python: `appendable` reads its figures (samples per pack, totals, the last pack and output
+shard) and `new_samples` finds the samples to plan by an anti-join in DuckDB. The tables then take the new rows
+(`store.save_plan(append=True)`), pack_plan.jsonl its new lines (`append_plan_file`), and the check looks at
+the new packs (`plancheck.check_plan`'s ``since``). What comes out is byte-identical to the incremental plan
+that reads the whole stored plan (`plan._previous_plan`), which runs whenever this one does not apply.
+
+pack_plan.jsonl is appended only where it is the very file the stored plan's run wrote and checked: its size
+and xxh3 digest are recorded in plan_info (``plan_file``) once the plan's check passed. A run killed between
+the file's rename and the tables' commit (or before the record) leaves a file that does not match: the next run
+rewrites it whole.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from . import safety, store
+from .packs import arrow_ints
+
+PLAN_FILE = "plan_file"  # plan_info's record of pack_plan.jsonl as the plan's run wrote it: bytes and xxh3
+_READ = 8 << 20
+
+_UNPLANNED = ("sample_id NOT IN (SELECT sample_id FROM pack_members) "
+              "AND sample_id NOT IN (SELECT sample_id FROM dropped)")
+# a stored member or drop whose ok length in token_lengths is not the stored one now (gone, not ok, recounted)
+_CHANGED = """SELECT
+    EXISTS (SELECT 1 FROM pack_members pm JOIN pack_plan p USING (pack_id)
+            LEFT JOIN (SELECT sample_id, total_tokens FROM token_lengths WHERE status = 'ok') t USING (sample_id)
+            WHERE t.total_tokens IS DISTINCT FROM p.sample_token_lens[pm.position + 1])
+    OR EXISTS (SELECT 1 FROM dropped d
+               LEFT JOIN (SELECT sample_id, total_tokens FROM token_lengths WHERE status = 'ok') t USING (sample_id)
+               WHERE t.total_tokens IS DISTINCT FROM d.total_tokens)
+    OR EXISTS (SELECT 1 FROM split_pieces)"""
+
+
+@dataclass(frozen=True)
+class Base:
+    """The stored plan an append extends, as figures: no sample id of it in Python."""
+
+    sizes: np.ndarray  # samples per pack, pack id order (the training order)
+    packed_tokens: int
+    next_number: int  # the first new pack's number
+    next_shard: int  # the first new output shard's number
+    output_shards: int
+    dropped_ids: list[str]
+    fingerprint: str
+    plan_file: dict  # the stored pack_plan.jsonl's bytes and xxh3
+
+
+def appendable(con, info: dict, path: Path) -> Base | None:
+    """The stored plan's figures when the rerun may append to it (its plan file recorded and unchanged, none of
+    its samples changed since), else None. The caller has checked its settings and profile."""
+    record = info.get(PLAN_FILE)
+    if not record or _file_digest(path, record["bytes"]) != record["xxh3"]:
+        return None
+    if con.execute(_CHANGED).fetchall()[0][0]:
+        return None
+    col = con.sql("SELECT len(sample_ids)::BIGINT AS n FROM pack_plan ORDER BY pack_id").to_arrow_table().column(0)
+    sizes = arrow_ints(col.combine_chunks()) if len(col) else np.zeros(0, np.int64)  # (no buffer when empty)
+    tokens, number, shard, shards = con.execute(
+        "SELECT coalesce(sum(total_token_len), 0), max(CAST(substr(pack_id, 2) AS BIGINT)), "
+        "max(CAST(regexp_extract(output_shard, '(\\d+)', 1) AS BIGINT)), count(DISTINCT output_shard) "
+        "FROM pack_plan").fetchall()[0]
+    dropped = [r[0] for r in con.execute("SELECT sample_id FROM dropped").fetchall()]
+    return Base(sizes, int(tokens), 0 if number is None else number + 1, 0 if shard is None else shard + 1,
+                int(shards), dropped, info["fingerprint"], record)
+
+
+def new_samples(con, sample_ids: np.ndarray) -> np.ndarray:
+    """Which of ``sample_ids`` (`plan.ok_lengths`' ids: the ok samples in sample id order) the stored plan neither
+    packs nor drops: an anti-join in DuckDB, each found by its place in that same order (no Python set of every
+    id, no search in NumPy's string arrays)."""
+    found = con.execute(
+        "SELECT i, sample_id FROM (SELECT sample_id, row_number() OVER (ORDER BY sample_id) - 1 AS i "
+        f"FROM token_lengths WHERE status = 'ok') WHERE {_UNPLANNED} ORDER BY i").fetchall()
+    at = np.asarray([r[0] for r in found], dtype=np.int64)
+    if len(at) and (at[-1] >= len(sample_ids) or sample_ids[at].tolist() != [r[1] for r in found]):
+        raise RuntimeError("token_lengths changed while the plan read it: run again")
+    mask = np.zeros(len(sample_ids), bool)
+    mask[at] = True
+    return mask
+
+
+def _file_digest(path: Path, size: int) -> str | None:
+    """xxh3 of the file when it holds exactly ``size`` bytes, else None."""
+    try:
+        if path.stat().st_size != size:
+            return None
+        return _digest(_chunks(path)).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def _digest(parts: Iterable[bytes]):
+    h = xxhash.xxh3_128()
+    for part in parts:
+        h.update(part)
+    return h
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while chunk := f.read(_READ):
+            yield chunk
+
+
+class _Counted:
+    """Parts passed through, their bytes counted and hashed (what `plan_record` records)."""
+
+    def __init__(self, parts: Iterable[bytes]):
+        self.parts, self.size, self.hash = parts, 0, xxhash.xxh3_128()
+
+    def __iter__(self) -> Iterator[bytes]:
+        for part in self.parts:
+            self.size += len(part)
+            self.hash.update(part)
+            yield part
+
+    def record(self) -> dict:
+        return {"bytes": self.size, "xxh3": self.hash.hexdigest()}
+
+
+def _encoded(parts: Iterable[str]) -> Iterator[bytes]:
+    return (p.encode("utf-8") for p in parts)
+
+
+def write_plan_file(path: Path, parts: Iterable[str]) -> dict:
+    """pack_plan.jsonl written whole (atomically); its record."""
+    counted = _Counted(_encoded(parts))
+    safety.atomic_write_bytes(path, counted)
+    return counted.record()
+
+
+def append_plan_file(path: Path, base: Base, tail: Iterable[str]) -> dict:
+    """pack_plan.jsonl with ``tail`` appended, atomically: the stored file copied (and checked against its record
+    again as it is read) into a temporary sibling, the tail written after it, then renamed over it; its record."""
+    def stored() -> Iterator[bytes]:
+        h = xxhash.xxh3_128()
+        for chunk in _chunks(path):
+            h.update(chunk)
+            yield chunk
+        if h.hexdigest() != base.plan_file["xxh3"]:
+            raise RuntimeError(f"{path} changed while the plan appended to it: run again")
+
+    counted = _Counted(_chain(stored(), _encoded(tail)))
+    safety.atomic_write_bytes(path, counted)
+    return counted.record()
+
+
+def _chain(*parts: Iterable[bytes]) -> Iterator[bytes]:
+    for p in parts:
+        yield from p
+
+
+def record_plan_file(con, record: dict) -> None:
+    """plan_info's record of pack_plan.jsonl, once the plan in the tables passed its check."""
+    info = store.read_plan_info(con)
+    con.execute("UPDATE plan_info SET info = ?", [json.dumps({**info, PLAN_FILE: record})])
+

@@ -1,0 +1,133 @@
+"""The append-only incremental plan (core/incremental.py): what it writes equals what the incremental plan that
+reads the whole stored plan writes, and a run killed in its window leaves a plan the next run finishes."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import small_dataset
+
+from pack_assets.core import incremental, store
+from pack_assets.core.counting.profiles import load_profile
+from pack_assets.core.counting.token_lengths import run_token_lengths
+from pack_assets.core.plan import PlanConfig, run_plan
+from pack_assets.core.scan import run_manifest
+
+PROFILE = load_profile("qwen3-vl")
+CONFIG = PlanConfig(max_len=1500, max_packs_per_shard=2, incremental=True)
+SHARDS = ["part-000", "part-001", "part-002"]
+
+
+def counted(inp: Path, work: Path, shards: list[str]) -> None:
+    for s in shards:
+        run_manifest(inp, work, s)
+        run_token_lengths(work, s, PROFILE)
+
+
+def plan_state(work: Path) -> tuple[bytes, dict, str]:
+    """pack_plan.jsonl's bytes, the plan tables' rows and the fingerprint."""
+    with store.connect(work, read_only=True) as con:
+        tables = {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
+                  for t in ("pack_plan", "pack_members", "dropped", "split_pieces")}
+        fingerprint = store.read_plan_info(con)["fingerprint"]
+    return (work / "pack_plan.jsonl").read_bytes(), tables, fingerprint
+
+
+@pytest.fixture(scope="module")
+def two_planned(tmp_path_factory):
+    """Two shards planned (the plan file recorded), the third counted but not yet planned."""
+    root = tmp_path_factory.mktemp("append")
+    inp, work = small_dataset(root / "in", n_shards=3), root / "work"
+    counted(inp, work, SHARDS)
+    assert run_plan(work, SHARDS[:2], CONFIG, PROFILE).violations == []
+    return work
+
+
+def test_an_append_writes_what_the_incremental_plan_reading_every_pack_writes(two_planned, tmp_path, monkeypatch):
+    appended, whole = tmp_path / "appended", tmp_path / "whole"
+    shutil.copytree(two_planned, appended)
+    shutil.copytree(two_planned, whole)
+    calls = []
+    real = incremental.append_plan_file
+    monkeypatch.setattr(incremental, "append_plan_file", lambda *a: calls.append(1) or real(*a))
+    for _ in range(2):  # a new shard, then a rerun with nothing new: both appended
+        s = run_plan(appended, SHARDS, CONFIG, PROFILE)
+        assert s.violations == []
+    assert len(calls) == 2
+    monkeypatch.setattr(incremental, "appendable", lambda *a: None)  # the plan that reads the stored plan
+    for _ in range(2):
+        w = run_plan(whole, SHARDS, CONFIG, PROFILE)
+    assert plan_state(appended) == plan_state(whole)
+    assert (s.stats | {"seconds": 0}) == (w.stats | {"seconds": 0})
+
+
+def test_a_changed_plan_file_is_written_whole_not_appended_to(two_planned, tmp_path, monkeypatch):
+    work, reference = tmp_path / "work", tmp_path / "reference"
+    shutil.copytree(two_planned, work)
+    shutil.copytree(two_planned, reference)
+    with open(work / "pack_plan.jsonl", "r+b") as f:  # the same size, another byte
+        f.seek(3)
+        f.write(b"X")
+    monkeypatch.setattr(incremental, "append_plan_file", None)  # called, it would fail the run
+    run_plan(work, SHARDS, CONFIG, PROFILE)
+    monkeypatch.undo()
+    run_plan(reference, SHARDS, CONFIG, PROFILE)
+    assert plan_state(work) == plan_state(reference)
+
+
+KILL = """import sys
+sys.path.insert(0, sys.argv[3])
+from fault_harness import arm
+arm(sys.argv[2], 1)
+from pathlib import Path
+from pack_assets.core.counting.profiles import load_profile
+from pack_assets.core.plan import PlanConfig, run_plan
+SHARDS = sys.argv[4].split(",")
+run_plan(Path(sys.argv[1]), SHARDS, PlanConfig(max_len=1500, max_packs_per_shard=2, incremental=True),
+         load_profile("qwen3-vl"))
+"""
+
+
+# killed as the new plan file is renamed into place; with the file in place and the tables not yet; with the
+# tables committed and the plan file not yet recorded
+@pytest.mark.parametrize("point", ["pack_assets.core.safety:replace", "pack_assets.core.store:save_plan",
+                                   "pack_assets.core.incremental:record_plan_file"])
+def test_a_kill_during_an_append_leaves_a_plan_the_next_run_finishes(two_planned, tmp_path, point):
+    work, reference = tmp_path / "work", tmp_path / "reference"
+    shutil.copytree(two_planned, work)
+    shutil.copytree(two_planned, reference)
+    before = (work / "pack_plan.jsonl").read_bytes()
+    proc = subprocess.run([sys.executable, "-c", KILL, str(work), point, str(Path(__file__).parent),
+                           ",".join(SHARDS)],
+                          capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    grew = (work / "pack_plan.jsonl").read_bytes() != before
+    assert grew == (point != "pack_assets.core.safety:replace")  # the kill fell where it was meant to
+    assert run_plan(work, SHARDS, CONFIG, PROFILE).violations == []
+    # the plan the killed run committed stands: the rerun extends it, as a second rerun extends a clean one
+    for _ in range(2 if point.endswith("record_plan_file") else 1):
+        run_plan(reference, SHARDS, CONFIG, PROFILE)
+    assert plan_state(work) == plan_state(reference)
+    assert not list(work.glob(".pack_plan.jsonl.tmp-*")) or point == "pack_assets.core.safety:replace"
+
+
+def test_the_check_after_an_append_finds_a_new_pack_repeating_or_losing_a_sample(two_planned, tmp_path):
+    from pack_assets.core.plancheck import check_plan
+
+    work = tmp_path / "work"
+    shutil.copytree(two_planned, work)
+    with store.connect(work) as con:
+        first = incremental.appendable(con, store.read_plan_info(con), work / "pack_plan.jsonl").next_number
+    assert run_plan(work, SHARDS, CONFIG, PROFILE).violations == []
+    with store.connect(work) as con:
+        assert check_plan(con, CONFIG, since=first) == []
+        new = f"p{first:08d}"
+        old = con.execute("SELECT sample_id FROM pack_members WHERE pack_id < ? LIMIT 1", [new]).fetchall()[0][0]
+        lost = con.execute("SELECT sample_id FROM pack_members WHERE pack_id = ? AND position = 0", [new]).fetchall()
+        con.execute("UPDATE pack_members SET sample_id = ? WHERE pack_id = ? AND position = 0", [old, new])
+        found = {v["check"] for v in check_plan(con, CONFIG, since=first)}
+    assert {"duplicate_sample", "lost_sample"} <= found, (found, lost)
