@@ -10,16 +10,15 @@ reports it where the UI shows it: the helpers only ever save time."""
 
 from __future__ import annotations
 
-import gc
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, as_completed
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..core.counting.profiles import ModelProfile
 from ..core.counting.token_lengths import run_token_lengths, token_lengths_are_current
+from ..core.nogc import no_cyclic_gc
 from ..core.preflight import listing
 from ..core.records import Scanned
 from ..core.scan import manifest_is_current, run_manifest
@@ -33,21 +32,6 @@ def shards_to_run(settings: Settings, shards: list[str], profile: ModelProfile, 
             or not token_lengths_are_current(settings.work, k, profile)]
 
 
-@contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    """Python's cyclic garbage collector off for one shard's work, on again after. The scan keeps every sample
-    of the shard for the count (`Scanned`), so the collector's passes walk a heap that grows with the shard,
-    again and again; the work itself makes no reference cycle (reference counting frees it all: a test checks
-    a shard leaves nothing for the collector), and a cycle it did make would wait only until the shard ends."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def work_shard(flat: dict, shard: str, force: bool) -> int:
     """Scan and count one shard as the two assets do (their own core calls); returns its sample count. An
     error comes back as a RuntimeError naming it: any exception crosses the process boundary (one that
@@ -55,7 +39,9 @@ def work_shard(flat: dict, shard: str, force: bool) -> int:
     try:
         s = Settings.from_flat(flat)
         kept = Scanned()  # the count takes the scan from memory: no read back, no second parse of the messages
-        with _no_cycle_collection():
+        # the scan keeps the shard's samples for the count: the collector's passes would walk a heap growing with
+        # the shard, again and again (the work makes no cycle: tests/test_shardwork_gc.py)
+        with no_cyclic_gc():
             scanned = run_manifest(s.sources, s.work, shard, s.scan, force=force, keep=kept)
             run_token_lengths(s.work, shard, s.model_profile(), force=force, scanned=kept if kept.info else None)
         return scanned.samples
