@@ -1,7 +1,7 @@
 """``json.dumps(value, ensure_ascii=False)``'s text with the C encoder built once, not once per call.
 
 ``JSONEncoder.encode`` builds a new C encoder on every call (and a dict for the cycle check, and two Python
-frames around it); for the scan's short records that costs about as much as the encoding itself. The encoder
+frames around it): a fixed cost the scan paid twice per sample (the conversation, the record's test). The encoder
 built here is the one ``encode`` builds for ``ensure_ascii=False``, without the cycle check: the same text for
 any value without a cycle (a parsed record, the messages made from one). tests/test_jsonform.py compares it
 with ``json.dumps`` on values built to break it.

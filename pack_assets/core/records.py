@@ -10,8 +10,8 @@ import pyarrow as pa
 @dataclass(slots=True)
 class Member:
     """One tar member of a source sample: where its payload lies and what it hashes to. (Not frozen: the scan
-    makes one per member, and a frozen dataclass's __init__ sets each field through object.__setattr__, about
-    four times the cost; nothing changes a Member after the scan made it.)"""
+    makes one per member, and a frozen dataclass's __init__ sets each field through object.__setattr__; nothing
+    changes a Member after the scan made it.)"""
 
     sample_id: str
     name: str
