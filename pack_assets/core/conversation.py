@@ -52,6 +52,7 @@ _MEDIA_TOKEN = re.compile(r"<\|image_pad\|>|<\|video_pad\|>|<image_soft_token>|<
 # tool_calls, ...) reaches the template as the record has it. A turn's own "tools" is dropped: the record's tools
 # ride on the first message under that key.
 _READ_KEYS = frozenset(("role", "from", "content", "value", "tools"))
+_ROLE_CONTENT = frozenset(("role", "content"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +142,8 @@ def record_tools(record: dict) -> list[dict] | None:
 
 
 def _split_placeholders(text: str) -> list[dict]:
+    if "<" not in text:  # no placeholder (most turns): no regex scan, no match objects
+        return [{"type": "text", "text": text}]
     parts: list[dict] = []
     pos = 0
     for m in _PLACEHOLDER.finditer(text):
@@ -244,20 +247,32 @@ def _strings(value):
             yield from _strings(v)
 
 
-def _rendered(message: dict):
-    """(key, text) for every string of a message a template can render: its content's text, and every other
-    kept key's strings (reasoning_content, name, tool_calls' names and arguments, the record's tools...)."""
-    for text in _texts(message["content"]):
-        yield "content", text
+def _kept(message: dict):
+    """(key, text) for every string of a message's keys other than role and content (reasoning_content, name,
+    tool_calls' names and arguments, the record's tools...)."""
     for key, value in message.items():
         if key not in ("role", "content"):
             for text in _strings(value):
                 yield key, text
 
 
+def _rendered(message: dict):
+    """(key, text) for every string of a message a template can render: its content's text, and `_kept`'s."""
+    for text in _texts(message["content"]):
+        yield "content", text
+    yield from _kept(message)
+
+
 def _check_media_tokens(messages: list[dict]) -> None:
-    # one search over every string first (no token holds "\0"); only a hit walks the messages to name it
-    if not _MEDIA_TOKEN.search("\0".join(text for m in messages for _, text in _rendered(m))):
+    # one search over every string first (no token holds "\0"); only a hit walks the messages to name it. Every
+    # token starts with "<": a text without one (most) needs no regex
+    texts: list[str] = []
+    for m in messages:
+        texts += _texts(m["content"])
+        if m.keys() != _ROLE_CONTENT:
+            texts += [text for _, text in _kept(m)]
+    joined = "\0".join(texts)
+    if "<" not in joined or not _MEDIA_TOKEN.search(joined):
         return
     for m in messages:
         for key, text in _rendered(m):

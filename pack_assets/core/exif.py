@@ -20,6 +20,7 @@ cost a scan its speed, so each format is read as Pillow reads it, without the pi
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 import struct
@@ -80,9 +81,16 @@ def _from(exif: bytes, xmp: bytes | None) -> int:
     return int(value or 1)
 
 
-def _jpeg(f) -> int:
+@functools.cache
+def _markers() -> dict:
+    """Pillow's JPEG marker table, its plugin imported on first use (not by an import statement per image)."""
     from PIL.JpegImagePlugin import MARKER
 
+    return MARKER
+
+
+def _jpeg(f) -> int:
+    MARKER = _markers()  # noqa: N806 (Pillow's name)
     f.seek(0)
     if f.read(3)[:2] != b"\xff\xd8":
         raise _Unsure
@@ -132,8 +140,7 @@ def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
     before the start of scan): then ``media.probe_image``'s two readers decide, as before. On a plain header
     both of them visit exactly these segments: imagesize takes the first frame header's size, ``_jpeg`` the
     Exif/XMP APP1s before the start of scan; this gives the same, without a file object or a read per byte."""
-    from PIL.JpegImagePlugin import MARKER
-
+    MARKER = _markers()  # noqa: N806 (Pillow's name)
     end, pos, size, exif, xmp = len(data), 3, None, b"", None
     if data[:3] != b"\xff\xd8\xff" or end < 5 or data[3] == 0xFF:
         return None

@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Member:
-    """One tar member of a source sample: where its payload lies and what it hashes to."""
+    """One tar member of a source sample: where its payload lies and what it hashes to. (Not frozen: the scan
+    makes one per member, and a frozen dataclass's __init__ sets each field through object.__setattr__; nothing
+    changes a Member after the scan made it.)"""
 
     sample_id: str
     name: str

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import faults, store
+from . import faults, jsonform, store
 from .conversation import media_refs, normalize, place_media
 from .media import IMAGE_EXTS, VIDEO_EXTS, probe_image, probe_video
 from .reasons import ReasonError
@@ -29,8 +29,6 @@ from .settings import ScanOptions
 from .tario import Entry, RangeFile, group_by_key, is_meta_member, is_unsafe_name, iter_entries, split_key
 
 CAPTION_EXTS = frozenset({"txt", "caption", "cap"})
-# json.dumps(x, ensure_ascii=False) builds this encoder on every call: the same encoder, built once
-_JSON = json.JSONEncoder(ensure_ascii=False)
 _CHUNK = 1 << 20
 _IMAGE_PREFIX = 16 << 10
 
@@ -165,7 +163,7 @@ def _read_record(sample: Sample, entries: list[Entry], parts: _Parts, small: dic
         if not isinstance(record, dict):
             raise ReasonError("json_not_object", f"{name} holds a {type(record).__name__}")
         sample.json_member = name
-        sample.record_exact = _JSON.encode(record) == text  # json.dumps(record, ensure_ascii=False)'s text
+        sample.record_exact = jsonform.is_dumps_form(text, record)  # json.dumps(record, ensure_ascii=False)'s text
     if parts.caption is not None:
         try:
             caption = small[parts.caption.name].decode("utf-8")
@@ -244,7 +242,7 @@ def classify(
     # every other member (a .cls, a second JSON, an image the record does not name) travels with the sample
     used = {sample.json_member, *sample.media_members}
     sample.extra_members = [e.name for e in entries if e.name not in used]
-    sample.conversation = _JSON.encode(messages)
+    sample.conversation = jsonform.dumps(messages)
     sample.messages = messages
     sample.videos = json.dumps(video_meta) if video_meta else "[]"
     return sample, None

@@ -36,9 +36,11 @@ _COMPRESSION_MAGIC = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Entry:
-    """One tar member header: name, payload offset and size, and its type."""
+    """One tar member header: name, payload offset and size, and its type. (Not frozen, hashed as if it were:
+    a reader makes one per member, and a frozen dataclass's __init__ sets each field through
+    object.__setattr__; nothing changes an Entry once made.)"""
 
     name: str
     offset: int

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ..core.counting.profiles import ModelProfile
 from ..core.counting.token_lengths import run_token_lengths, token_lengths_are_current
+from ..core.nogc import no_cyclic_gc
 from ..core.preflight import listing
 from ..core.records import Scanned
 from ..core.scan import manifest_is_current, run_manifest
@@ -38,8 +39,11 @@ def work_shard(flat: dict, shard: str, force: bool) -> int:
     try:
         s = Settings.from_flat(flat)
         kept = Scanned()  # the count takes the scan from memory: no read back, no second parse of the messages
-        scanned = run_manifest(s.sources, s.work, shard, s.scan, force=force, keep=kept)
-        run_token_lengths(s.work, shard, s.model_profile(), force=force, scanned=kept if kept.info else None)
+        # the scan keeps the shard's samples for the count: the collector's passes would walk a heap growing with
+        # the shard, again and again (the work makes no cycle: tests/test_shardwork_gc.py)
+        with no_cyclic_gc():
+            scanned = run_manifest(s.sources, s.work, shard, s.scan, force=force, keep=kept)
+            run_token_lengths(s.work, shard, s.model_profile(), force=force, scanned=kept if kept.info else None)
         return scanned.samples
     except Exception as e:
         raise RuntimeError(f"{type(e).__name__}: {e}") from None

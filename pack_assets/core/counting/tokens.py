@@ -188,6 +188,7 @@ class TokenCounter:
             raise ValueError(f"the tokenizer of {profile.name} cannot run on tiktoken")
         self.backend = "tiktoken" if self.fast is not None else "tokenizers"
         self._media_cache: dict[tuple[int, int, bool], int] = {}  # sizes repeat: hashing a MediaRule does not pay
+        self._image_cache: dict[tuple[int, int], int] = {}  # (width, height) -> image_tokens (the same reason)
         self._labels: list[int] = [0, 0]  # InternVL videos: [k] = tokens of "\nFrame2: " ... "\nFrame{k}: "
         self._first_label = 0  # tokens of "Frame1: " on its own
 
@@ -290,9 +291,17 @@ class TokenCounter:
             if videos and not self.profile.media.video:
                 raise ReasonError("video_not_supported", f"{self.profile.family}: the model takes no video")
             return 0, len(image_sizes), []
-        img = sum(image_tokens(w, h, self.profile.image) for w, h in image_sizes)
+        img = sum(self._image_tokens(w, h) for w, h in image_sizes)
         vids = [video_count(v, self.profile.video) for v in videos]
         return img, len(image_sizes), vids
+
+    def _image_tokens(self, width: int, height: int) -> int:
+        got = self._image_cache.get((width, height))
+        if got is None:  # (a size the rule refuses raises each time: never kept)
+            if len(self._image_cache) >= 65536:  # bounded: a set of all-distinct sizes stays small
+                self._image_cache.clear()
+            got = self._image_cache[width, height] = image_tokens(width, height, self.profile.image)
+        return got
 
     def count_many(self, items: Iterable[tuple[list[dict], list, list]]) -> Iterator[dict | ReasonError]:
         """(messages, image_sizes [[w, h]], videos [meta]) -> counts, or a ReasonError, in input order."""
