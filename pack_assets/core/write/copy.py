@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -16,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import faults, owned, store
+from ..nogc import no_cyclic_gc
 from ..plan import PlanInfo
 from .bulk import BulkShard, build_shard, bulk_rows, group_columns
 from .energon import LastIndex
@@ -67,7 +67,7 @@ def _write_group(args) -> list[ShardResult]:
     objects per member and no cycle, and the collector's passes over them cost time for nothing
     (docs/benchmarks.md)."""
     out_dir, group, context, loader = args
-    with _no_cyclic_gc(), contextlib.closing(loader(group) if loader else (j for j in group)) as prepared:
+    with no_cyclic_gc(), contextlib.closing(loader(group) if loader else (j for j in group)) as prepared:
         if len(group) <= 1:
             return [write_shard(out_dir, job, context) for job in prepared]
         return _overlapped(out_dir, prepared, context)
@@ -88,17 +88,6 @@ def _overlapped(out_dir: str, prepared: Iterator, context: dict) -> list[ShardRe
         if pending is not None:
             results.append(pending.result())
     return results
-
-
-@contextlib.contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _each_written(args: list[tuple], workers: int) -> Iterator[ShardResult]:
