@@ -100,36 +100,41 @@ def test_a_catalog_of_older_manifests_writes_the_same_bytes(forms, tmp_path, mon
     assert new and new == {p.name: p.read_bytes() for p in (tmp_path / "old").glob("*.tar")}
 
 
-def test_a_job_prepares_its_next_shard_while_a_thread_writes_one_and_stops_at_a_failure(monkeypatch):
-    """The overlap the writer's speed rests on (`copy._overlapped`): shard b is prepared while a is being
-    written (a's write waits for it: run one after the other, it would time out), results come back in order,
-    and once a shard fails no later one is written (c is prepared at most, never handed over)."""
+def test_a_job_prepares_its_next_shard_while_a_thread_syncs_one_and_stops_at_a_failure(monkeypatch):
+    """The overlap of `copy._overlapped`: shard b is prepared while a's fsync runs in a thread (a's sync waits
+    for it: run one after the other, it would time out), b's first byte is written only once a is in place,
+    results come back in order, and once a shard fails no later one is written (c is prepared at most)."""
     import threading
 
     from pack_assets.core.write import copy as copy_mod
 
     prepared = {n: threading.Event() for n in "abc"}
-    written: list[str] = []
+    events: list[str] = []
 
     def loader(group):
         for name in group:
             prepared[name].set()
             yield name
 
-    def write(out_dir, job, context):
-        written.append(job)
-        if job == "a":
-            assert prepared["b"].wait(10), "b was not prepared while a was written"
+    def begin(out_dir, job, context):
+        events.append(f"write {job}")
         if job == context.get("fail"):
             raise OSError("disk gone")
+        return job
+
+    def end(job):
+        if job == "a":
+            assert prepared["b"].wait(10), "b was not prepared while a was synced"
+        events.append(f"sync {job}")
         return job.upper()
 
-    monkeypatch.setattr(copy_mod, "write_shard", write)
+    monkeypatch.setattr(copy_mod, "begin_shard", begin)
+    monkeypatch.setattr(copy_mod, "end_shard", end)
     assert copy_mod._write_group(("out", list("abc"), {}, loader)) == ["A", "B", "C"]
-    assert written == list("abc")
-    written.clear()
+    assert events == ["write a", "sync a", "write b", "sync b", "write c", "sync c"]
+    events.clear()
     for e in prepared.values():
         e.clear()
     with pytest.raises(OSError, match="disk gone"):
         copy_mod._write_group(("out", list("abc"), {"fail": "b"}, loader))
-    assert written == ["a", "b"]
+    assert events == ["write a", "sync a", "write b"]

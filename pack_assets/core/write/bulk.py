@@ -153,7 +153,7 @@ def group_columns(con, input_root, group: list[str], rows: store.Staged | None =
     """Each shard of ``group`` with its columns, as `catalog_columns` gives them, from one read of each query for
     the whole group (its staged file, `store.staged(..., groups=)`, or one query): a writer's job reads the
     catalog once, not once per output shard. The rows stay Arrow until their shard is prepared: a job holds one
-    shard's rows as Python objects at a time, and the next shard's are made while a thread writes one."""
+    shard's rows as Python objects at a time, and the next shard's are made while a thread fsyncs the one before."""
     queries = bulk_rows(con)
     samples = _by_shard(group_table(con, queries, "samples", group, rows, order_by="pack_id, position"))
     members = _by_shard(group_table(con, queries, "members", group, rows, order_by="pack_id, position, kind, i"))

@@ -1,5 +1,5 @@
 """packed_shards in copy mode (the default): every planned output shard written with its media (`shard.py`),
-in a process pool when there are several (in each job a thread writes a shard while the next is prepared), or
+in a process pool when there are several (in each job a thread fsyncs a shard while the next is prepared), or
 found current and left as it is (the writer's record, else the fingerprint query); then the folder's Energon and
 wids metadata and the writer's record."""
 
@@ -22,7 +22,7 @@ from .energon import LastIndex
 from .fingerprints import current_shards
 from .jobs import WRITE_ROWS, ShardJob, ShardResult, piece_shards, shard_job
 from .record import last_index, load_record, record_written, shard_digests, vouched_shards, written_key
-from .shard import write_shard
+from .shard import begin_shard, end_shard, write_shard
 from .shared import OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards, write_context
 from .space import OUTPUT, refuse_if_full, still_needed
 
@@ -74,17 +74,18 @@ def _write_group(args) -> list[ShardResult]:
 
 
 def _overlapped(out_dir: str, prepared: Iterator, context: dict) -> list[ShardResult]:
-    """write_shard of each prepared shard in a thread, in order, while this thread prepares the next: the
-    writer's reads, writes and fsync release the GIL, so they run beside the next shard's catalog rows and
-    layout instead of after them. A shard is handed over once the one before is written: one in the thread, one
-    prepared ahead at most, and nothing more written after a shard fails."""
+    """Each prepared shard written in this thread, in order, its fsync and rename in a thread while this one
+    prepares the next: the fsync releases the GIL for as long as the disk takes. (A thread that wrote the whole
+    shard would wait for the GIL after each of its reads and writes while this one prepared: no faster, more
+    CPU.) A shard's first byte is written once the one before is in place: nothing is written after a shard
+    fails, and one shard is prepared ahead at most."""
     results: list[ShardResult] = []
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer") as thread:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-sync") as thread:
         pending = None
         for job in prepared:
             if pending is not None:
                 results.append(pending.result())
-            pending = thread.submit(write_shard, out_dir, job, context)
+            pending = thread.submit(end_shard, begin_shard(out_dir, job, context))
         if pending is not None:
             results.append(pending.result())
     return results

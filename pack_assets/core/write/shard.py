@@ -10,14 +10,13 @@ import contextlib
 import json
 import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import faults, safety
 from ..safety import mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
 from ..tario import BLOCK, RECORD, first_pack_meta, member_header, padding
 from .bulk import BulkPack, BulkShard, build_shard, job_columns
-from .energon import Index
 from .jobs import ShardJob, ShardResult, dumps, encode_str
 from .layout import shard_index
 from .places import EXACT, JSON
@@ -30,6 +29,12 @@ def write_shard(out_dir: str, job: BulkShard | ShardJob, context: dict) -> Shard
     """Write one output shard atomically; skip it when a shard with the same content is already there
     (a rerun after a crash, or the untouched shards of an incremental plan). ``job``: prepared in bulk
     (`bulk.build_shard`, inside the writer process), or a ShardJob."""
+    return end_shard(begin_shard(out_dir, job, context))
+
+
+def begin_shard(out_dir: str, job: BulkShard | ShardJob, context: dict) -> ShardResult | Unsynced:
+    """`write_shard` up to the fsync: the shard's bytes written under a temporary name (an Unsynced, which
+    `end_shard` syncs and renames into place), or the result of a shard found already there."""
     t0 = time.perf_counter()
     if isinstance(job, ShardJob):
         job = build_shard(job.name, job_columns(job), context)
@@ -39,12 +44,6 @@ def write_shard(out_dir: str, job: BulkShard | ShardJob, context: dict) -> Shard
         meta = first_pack_meta(final)
         if meta and meta.get("shard_fingerprint") == job.fingerprint:
             return replace(result, skipped=True, bytes=final.stat().st_size, seconds=time.perf_counter() - t0)
-    written, index = _write_new(out_dir, job, final)
-    return replace(result, bytes=written, seconds=time.perf_counter() - t0, index=index)
-
-
-def _write_new(out_dir: str, job: BulkShard, final: Path) -> tuple[int, Index]:
-    """The shard written under a temporary name and renamed into place: its size and its Energon index."""
     sources, arena = Sources(), Arena()
     prefetch = prefetch_aside([r[:3] for p in job.packs for r in p.reads]
                               + [m[1:4] for p in job.packs for m in p.members if m[0] < 0])
@@ -54,20 +53,58 @@ def _write_new(out_dir: str, job: BulkShard, final: Path) -> tuple[int, Index]:
         for pack in job.packs:
             out.pack(pack, sources, arena)
         written = out.finish()
-        os.close(fd)
-        fd = -1
-        safety.replace(tmp, final)  # the folder fsynced too: the name survives a power cut
+        what = _what(final, sources)  # before the sources close
     except BaseException as e:
-        if fd >= 0:
-            os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        faults.raise_device_fault(e, f"{final} (from {', '.join(sorted(sources.files)) or 'its sources'})", "writing")
+        _discard(fd, tmp)
+        faults.raise_device_fault(e, _what(final, sources), "writing")
         raise
     finally:
         sources.close()
         prefetch.join()
-    return written, shard_index([p.pack_id for p in job.packs], job.layout, job.parts, out.docs, out.end)
+    return Unsynced(replace(result, bytes=written), fd, tmp, final, what, t0,
+                    ([p.pack_id for p in job.packs], job.layout, job.parts, out.docs, out.end))
+
+
+@dataclass(slots=True)
+class Unsynced:
+    """A shard whose bytes are written under its temporary name ``tmp`` (open as ``fd``), not yet fsynced nor
+    renamed: ``result`` without its time and index (``index``: `layout.shard_index`'s arguments)."""
+    result: ShardResult
+    fd: int
+    tmp: str
+    final: Path
+    what: str  # the shard and its sources, for a device fault's message
+    t0: float
+    index: tuple
+
+
+def end_shard(begun: ShardResult | Unsynced) -> ShardResult:
+    """An Unsynced shard fsynced, closed and renamed into place (the folder fsynced too: the name survives a
+    power cut), with its Energon index; a shard found already there as it is."""
+    if isinstance(begun, ShardResult):
+        return begun
+    try:
+        os.fsync(begun.fd)
+        os.close(begun.fd)
+        begun.fd = -1
+        safety.replace(begun.tmp, begun.final)
+    except BaseException as e:
+        _discard(begun.fd, begun.tmp)
+        faults.raise_device_fault(e, begun.what, "writing")
+        raise
+    return replace(begun.result, seconds=time.perf_counter() - begun.t0, index=shard_index(*begun.index))
+
+
+def _what(final: Path, sources: Sources) -> str:
+    return f"{final} (from {', '.join(sorted(sources.files)) or 'its sources'})"
+
+
+def _discard(fd: int, tmp: str) -> None:
+    """A shard that failed: its file closed (unless ``fd`` is -1) and its temporary name removed."""
+    if fd >= 0:
+        os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
 
 
 class _ShardFile:
@@ -123,12 +160,11 @@ class _ShardFile:
         writev_all(self.fd, pending)
 
     def finish(self) -> int:
-        """The end-of-archive blocks, padded to a whole record, and the file synced: returns its size."""
+        """The end-of-archive blocks, padded to a whole record (the file not yet synced): returns its size."""
         self.end = self.pos
         tail = 2 * BLOCK
         tail += -(self.end + tail) % RECORD
         writev_all(self.fd, [bytes(tail)])
-        os.fsync(self.fd)
         return self.end + tail
 
 
