@@ -3,7 +3,8 @@
     python bench/bench_audit.py --work <run>/work --packed <run>/packed --baseline-src /work/main --repeats 2
 
 Over a finished run's folders (e.g. the ones bench_e2e.py leaves): each round runs, for each code (this
-checkout, and the package at --baseline-src), in a fresh process with the page cache dropped before it (root):
+checkout, and the package at --baseline-src), in a fresh process with the page cache dropped before it (root;
+``--warm``: kept, every file of the run read once before it instead):
 the full audit (no record of an earlier clean audit: every output shard read and checked member by member) and
 then the default audit after it (scope "all": every output shard unchanged since that clean audit, hashed
 against its recorded file digest). ``--prehash``: the second also given the digests computed beforehand in the
@@ -59,8 +60,20 @@ print(json.dumps({"audit_s": round(time.perf_counter() - t, 2), "prehash_s": rou
 """
 
 
-def one(src: Path, work: Path, packed: Path, prehash: bool) -> dict:
-    cold = drop_caches()
+def _read_through(*folders: Path) -> None:
+    """Every file under ``folders`` read once, so a warm run finds them in the page cache."""
+    for folder in folders:
+        for p in folder.rglob("*"):
+            if p.is_file():
+                with open(p, "rb") as f:
+                    while f.read(1 << 24):
+                        pass
+
+
+def one(src: Path, work: Path, packed: Path, prehash: bool, warm: bool = False) -> dict:
+    cold = False if warm else drop_caches()
+    if warm:
+        _read_through(work, packed)
     env = {**os.environ, "PYTHONPATH": str(src)}
     t0 = time.perf_counter()
     # -P: without it `-c` puts the working folder first on sys.path, and a checkout there shadows PYTHONPATH
@@ -79,6 +92,7 @@ def main() -> None:
     ap.add_argument("--baseline-src", required=True, help="a folder holding the baseline's pack_assets package")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--prehash", action="store_true", help="also this code's default audit given early digests")
+    ap.add_argument("--warm", action="store_true", help="page cache kept and filled before each run (not dropped)")
     ap.add_argument("--results")
     args = ap.parse_args()
     results = ResultsFile(args.results, "audit")
@@ -89,17 +103,17 @@ def main() -> None:
     rounds = []
     doc = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "output_bytes": sum(p.stat().st_size for p in packed.glob("*.tar")), "baseline_src": args.baseline_src,
-           "load_before": os.getloadavg(), "rounds": rounds}
+           "load_before": os.getloadavg(), "page_cache": "warm" if args.warm else "dropped", "rounds": rounds}
     try:
         for k in range(args.repeats):
             order = ("this", "baseline") if k % 2 == 0 else ("baseline", "this")
             rnd = {}
             for code in order:
                 record.unlink(missing_ok=True)
-                rnd[f"{code} full"] = one(codes[code], work, packed, False)
-                rnd[f"{code} default after it"] = one(codes[code], work, packed, False)
+                rnd[f"{code} full"] = one(codes[code], work, packed, False, args.warm)
+                rnd[f"{code} default after it"] = one(codes[code], work, packed, False, args.warm)
                 if args.prehash and code == "this":
-                    rnd["this default, digests taken before"] = one(codes[code], work, packed, True)
+                    rnd["this default, digests taken before"] = one(codes[code], work, packed, True, args.warm)
                 print(json.dumps({code: {k2: v for k2, v in rnd.items() if k2.startswith(code)}}), flush=True)
             rnd["load"] = os.getloadavg()
             rounds.append(rnd)

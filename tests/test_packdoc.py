@@ -42,6 +42,29 @@ def test_the_walk_reads_what_json_loads_reads():
     assert packdoc.walk(empty, {}.get) == ({"sources": []}, {})
 
 
+def test_every_sample_head_reads_as_json_loads_reads_it():
+    """The head read at once (an id without escapes, an integer token_len) and every other head, walked value by
+    value, give the ids and messages the parse gives."""
+    for sids in (("s/0", "s/1"), ('a"quote', "back\\slash", "tab\there", "é/ü"), ("s/0", "s/0")):
+        body, conversations = _document(sids=sids)
+        for text in (body, body.replace(b'"token_len": 7,', b'"token_len": 7.0,'),
+                     body.replace(b'"token_len": 7,', b'"token_len": -0,')):
+            meta, messages = packdoc.walk(text, conversations.get)
+            doc = json.loads(text)
+            assert meta == doc["_meta"] and set(messages) == {s["sample_id"] for s in doc["samples"]}
+            assert all(m is packdoc.SAME for m in messages.values())
+    body, conversations = _document(sids=("s/0",))
+    quoted = body.replace(b'"token_len": 7,', b'"token_len": "7",')  # JSON, another head: walked value by value
+    assert packdoc.walk(quoted, conversations.get) == (json.loads(quoted)["_meta"], {"s/0": packdoc.SAME})
+    spaced = body.replace(b'"token_len": 7,', b'"token_len": 7 ,')  # JSON, not the writer's layout
+    assert packdoc.walk(spaced, conversations.get) is None
+    for broken in (body.replace(b'"token_len": 7,', b'"token_len": 07,'),  # not JSON: left to the parse
+                   body.replace(b'"sample_id": "s/0"', b'"sample_id": "s/\x01"', 1)):
+        with pytest.raises(ValueError):
+            json.loads(broken)
+        assert broken != body and packdoc.walk(broken, conversations.get) is None
+
+
 def test_any_other_layout_is_left_to_the_parse():
     body, conversations = _document()
     doc = json.loads(body)

@@ -168,32 +168,34 @@ def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict
 def _check_media(res: AuditResult, name: str, key: str, parts: dict, meta: dict, members: dict,
                  digests: dict) -> Counter:
     """Every media and extra member of a pack against its source's size and sha256; returns the counts."""
-    counts: Counter = Counter()
+    counts = {"media": 0, "media_bytes": 0, "extra": 0, "extra_bytes": 0}
     expected_media = set()
     for src in meta.get("sources", []):
         # extra members (neither record nor media) are source bytes too: hashed and counted alike
-        for kind, m in [("media", m) for m in src.get("media", [])] + [("extra", m) for m in src.get("extra", [])]:
-            part = m["output_name"].split(".", 1)[1]
-            expected_media.add(part)
-            data = parts.get(part)
-            if data is None:
-                res.add("missing_media", f"{m['output_name']} is named in _meta but absent", shard=name, pack_id=key)
-                continue
-            source_sha, source_size = members.get((src["sample_id"], m["name"]), (None, None))
-            digest = digests.get(part) or hashlib.sha256(data).hexdigest()
-            counts[kind] += 1
-            counts[f"{kind}_bytes"] += len(data)
-            if source_size is None:
-                res.add("unknown_media", f"{m['name']} of {src['sample_id']} not in members", pack_id=key)
-            elif (source_sha is not None and digest != source_sha) or len(data) != source_size:
-                res.add("media_hash_mismatch", f"{m['output_name']}: bytes differ from source {m['name']}",
-                        shard=name, pack_id=key)
-            if m.get("sha256") and m["sha256"] != digest:
-                res.add("meta_hash_mismatch", f"{m['output_name']}: sha256 differs from _meta", pack_id=key)
+        for kind in ("media", "extra"):
+            for m in src.get(kind, ()):
+                output_name = m["output_name"]
+                part = output_name.split(".", 1)[1]
+                expected_media.add(part)
+                data = parts.get(part)
+                if data is None:
+                    res.add("missing_media", f"{output_name} is named in _meta but absent", shard=name, pack_id=key)
+                    continue
+                source_sha, source_size = members.get((src["sample_id"], m["name"]), (None, None))
+                digest = digests.get(part) or hashlib.sha256(data).hexdigest()
+                counts[kind] += 1
+                counts[f"{kind}_bytes"] += len(data)
+                if source_size is None:
+                    res.add("unknown_media", f"{m['name']} of {src['sample_id']} not in members", pack_id=key)
+                elif (source_sha is not None and digest != source_sha) or len(data) != source_size:
+                    res.add("media_hash_mismatch", f"{output_name}: bytes differ from source {m['name']}",
+                            shard=name, pack_id=key)
+                if m.get("sha256") and m["sha256"] != digest:
+                    res.add("meta_hash_mismatch", f"{output_name}: sha256 differs from _meta", pack_id=key)
     extra = set(parts) - expected_media - {"json"}
     if extra:
         res.add("extra_member", f"pack {key} has members not in _meta: {sorted(extra)[:5]}", pack_id=key)
-    return counts
+    return Counter({k: n for k, n in counts.items() if n})
 
 
 def _pack_parts(path: Path):

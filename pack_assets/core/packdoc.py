@@ -13,9 +13,14 @@ other layout returns None: the caller parses the document."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 
 _DECODE = json.JSONDecoder().raw_decode
+# an entry's head as the writer gives it, read at once: an id with no escape (its text is its value, as the
+# decoder reads a string with no backslash, quote or control character) and an integer token_len (the JSON
+# number grammar's; the next byte, a comma, ends it). Any other head is walked value by value, as before.
+_HEAD = re.compile(r'\{"sample_id": "([^"\\\x00-\x1f]*)", "token_len": -?(?:0|[1-9][0-9]*), "messages": ')
 
 
 class Same:
@@ -44,9 +49,13 @@ def _value(text: str, pos: int):
 
 def _sample(text: str, pos: int, expected: Callable[[object], str | None], messages: dict) -> int:
     """One entry of ``samples``: its id and messages into ``messages`` (SAME, or the value parsed)."""
-    sid, pos = _value(text, _expect(text, pos, '{"sample_id": '))
-    _, pos = _value(text, _expect(text, pos, ', "token_len": '))
-    pos = _expect(text, pos, ', "messages": ')
+    head = _HEAD.match(text, pos)
+    if head is not None:
+        sid, pos = head.group(1), head.end()
+    else:
+        sid, pos = _value(text, _expect(text, pos, '{"sample_id": '))
+        _, pos = _value(text, _expect(text, pos, ', "token_len": '))
+        pos = _expect(text, pos, ', "messages": ')
     want = expected(sid) if isinstance(sid, str) else None
     if want and want[0] in "[{" and text.startswith(want, pos):
         value, pos = SAME, pos + len(want)
