@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import webdataset as wds
+import xxhash
 
 from pack_assets import __version__
 from pack_assets.core import audit as audit_mod
@@ -531,6 +532,29 @@ def test_digests_taken_early_vouch_only_for_files_nobody_wrote_since(packed):
     stopped = threading.Event()
     stopped.set()  # closed while a file is being read: the read stops, no digest
     assert filedigest.identified_digest(first, stopped) is None and filedigest.identified_digest(first)
+
+
+def test_an_early_digest_read_past_the_page_cache_is_the_files_digest(tmp_path, monkeypatch):
+    """EarlyDigests reads with O_DIRECT (no copy out of the page cache, no cache filled): the digest is the
+    buffered read's for a file of several chunks ending off a block boundary, and where the file system
+    refuses O_DIRECT (EINVAL) the file is read through the cache instead, with the same digest."""
+    f = tmp_path / "shard.tar"
+    f.write_bytes(os.urandom(2 * filedigest.DIRECT_CHUNK + 4097))
+    buffered = filedigest.identified_digest(f)
+    assert buffered is not None and buffered[0] == xxhash.xxh3_128(f.read_bytes()).hexdigest()
+    assert filedigest.identified_digest(f, direct=True) == buffered
+    opened = []
+    real_open = os.open
+
+    def no_direct(path, flags, *args):
+        opened.append(bool(flags & getattr(os, "O_DIRECT", 0)))
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "no direct I/O here")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(filedigest.os, "open", no_direct)
+    assert filedigest.identified_digest(f, direct=True) == buffered
+    assert opened == [True, False] if hasattr(os, "O_DIRECT") else [False]
 
 
 def test_a_run_hashes_early_only_when_its_audit_takes_the_digests(packed):
@@ -1071,13 +1095,13 @@ def test_the_writer_takes_each_digest_from_its_record_until_its_sources_catalog_
     run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2, incremental=True), PROFILE)
     new, keys, computed = digests()
     added = sorted(set(new) - set(old))
-    assert added and {n: new[n] for n in old} == old and computed == [([added, added],)]
+    assert added and {n: new[n] for n in old} == old and computed == [([added] * 4,)]
     run_write(work, inp, out, workers=1)
     run_manifest(inp, work, "part-zzz", force=True)
     run_token_lengths(work, "part-zzz", PROFILE)
     again, rekeyed, computed = digests()
     assert again == new and {n for n in keys if rekeyed[n] != keys[n]} == set(added)
-    assert computed == [([added, added],)]
+    assert computed == [([added] * 4,)]
     record = json.loads((work / write_record.WRITTEN).read_text())
     (work / write_record.WRITTEN).write_text(json.dumps({**record, "digest_keys": {}}))  # as written before the keys
     assert digests()[2] == [()]  # every digest computed, in one query over every shard

@@ -12,11 +12,15 @@ it with the pack assets, not before: the cold import of Dagster and the recordin
 writes of small files, wait behind these reads and cost more than the reading saves), each digest kept with the
 file's identity as it was read; the audit takes one only for a file nobody has written since (same inode, size,
 mtime and ctime: a write or a `utime` sets the ctime, which nothing sets back), so it is still a digest of the
-bytes on disk that this run computed, and anything else is hashed then."""
+bytes on disk that this run computed, and anything else is hashed then. It reads past the page cache (O_DIRECT):
+through the cache, the copies out of it and the cache's filling cost the CPU the plan and the writer need beside
+it on a small machine, and slowed the hashing itself (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import errno
 import json
+import mmap
 import os
 import threading
 from collections.abc import Iterable
@@ -32,7 +36,8 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 CHUNK = 8 << 20
-EARLY_THREADS = 4  # at most: sequential readers of one disk while the writer writes to it
+DIRECT_CHUNK = 4 << 20
+EARLY_THREADS = 4  # sequential readers of one disk while the writer writes to it (waiting on it, not on a core)
 
 
 Identity = tuple[int, int, int, int, int]
@@ -44,23 +49,58 @@ def identity(st: os.stat_result) -> Identity:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-def identified_digest(path: Path, stop: threading.Event | None = None) -> tuple[str, Identity] | None:
-    """xxh3-128 of the file's bytes (hex) and the file's identity, the same before and after the read; None when
-    it cannot be read, changed meanwhile, or ``stop`` was set. Read in large chunks into one buffer, the kernel
-    told to read ahead (xxhash releases the GIL while it hashes: threads hash files in parallel)."""
-    h = xxhash.xxh3_128()
-    buf = bytearray(CHUNK)
+def _open_direct(path: Path) -> int | None:
+    """A descriptor reading ``path`` past the page cache (O_DIRECT), None where the file system refuses it."""
+    if not hasattr(os, "O_DIRECT"):
+        return None
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError as e:
+        if e.errno == errno.EINVAL:  # tmpfs and a few others: no direct I/O
+            return None
+        raise
+
+
+def _read_all(fd: int, h, stop: threading.Event | None, direct: bool) -> bool:
+    """``fd``'s bytes into ``h`` in large chunks of one buffer (page-aligned for O_DIRECT); False once ``stop``
+    is set. xxhash releases the GIL while it hashes: threads hash files in parallel."""
+    if direct:
+        buf = mmap.mmap(-1, DIRECT_CHUNK)
+    else:
+        buf = bytearray(CHUNK)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # the kernel reads ahead
     view = memoryview(buf)
     try:
-        with open(path, "rb", buffering=0) as f:
-            before = identity(os.fstat(f.fileno()))
-            if hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            while n := f.readinto(buf):
-                if stop is not None and stop.is_set():
-                    return None
-                h.update(view[:n])
-            after = identity(os.fstat(f.fileno()))
+        while n := os.readv(fd, [buf]):
+            if stop is not None and stop.is_set():
+                return False
+            h.update(view[:n])
+        return True
+    finally:
+        view.release()
+        if direct:
+            buf.close()
+
+
+def identified_digest(path: Path, stop: threading.Event | None = None,
+                      direct: bool = False) -> tuple[str, Identity] | None:
+    """xxh3-128 of the file's bytes (hex) and the file's identity, the same before and after the read; None when
+    it cannot be read, changed meanwhile, or ``stop`` was set. ``direct``: read past the page cache (O_DIRECT,
+    where the file system allows it): no copy out of the cache and no cache filled with bytes the run does not
+    read again, so the hashing leaves the CPU and the cache to the stages running beside it."""
+    h = xxhash.xxh3_128()
+    try:
+        fd = _open_direct(path) if direct else None
+        direct = fd is not None
+        fd = fd if direct else os.open(path, os.O_RDONLY)
+        try:
+            before = identity(os.fstat(fd))
+            if not _read_all(fd, h, stop, direct):
+                return None
+            after = identity(os.fstat(fd))
+        finally:
+            os.close(fd)
     except OSError:
         return None
     return (h.hexdigest(), after) if before == after else None
@@ -104,9 +144,9 @@ class EarlyDigests:
                 todo.append(out_dir / n)
         if todo:
             self._stop = threading.Event()
-            threads = min(workers or os.cpu_count() or 1, EARLY_THREADS, len(todo))
+            threads = min(workers or EARLY_THREADS, len(todo))
             self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="early-digest")
-            self._started = {p: self._pool.submit(identified_digest, p, self._stop) for p in todo}
+            self._started = {p: self._pool.submit(identified_digest, p, self._stop, True) for p in todo}
 
     def start_for(self, settings: Settings) -> EarlyDigests:
         """`start` when a run of ``settings`` has an audit that takes these digests: an incremental plan keeps

@@ -49,7 +49,8 @@ def written_key(con, info: PlanInfo, context: dict) -> str:
 # inputs are (each line holds its pack id and position, so no two lines of a shard are alike): so a recorded
 # digest that differs refutes a shard as surely as its fingerprint would. Aggregates that stream (an ordered
 # string_agg ran out of DuckDB's memory at 1M samples, and the fingerprint query hands every sample to Python:
-# docs/benchmarks.md). Conversations are hashed before the joins, as in the fingerprint query. DIGEST_FORMAT:
+# docs/benchmarks.md). Conversations are hashed before the joins, as in the fingerprint query; they and the member
+# lists are the manifest's own (the `samples` view's join adds only a status, not hashed). DIGEST_FORMAT:
 # bumped when the lines change (a record of another format vouches for nothing and refutes nothing).
 DIGEST_FORMAT = 2
 _DIGEST_ROWS = """
@@ -66,8 +67,8 @@ lines AS (SELECT p.output_shard, p.pack_id,
                            CASE WHEN mem.unhashed THEN coalesce(sh.size || ':' || sh.mtime_ns, '') END) AS line
           FROM pack_plan p JOIN pack_members pm USING (pack_id)
           JOIN (SELECT sample_id, shard, json_member, media_members, extra_members, md5(conversation) AS conv
-                FROM samples) s USING (sample_id)
-          JOIN token_lengths t USING (sample_id) LEFT JOIN mem USING (sample_id)
+                FROM manifest_samples /*only_ids*/) s USING (sample_id)
+          JOIN (SELECT * FROM token_lengths /*only_ids*/) t USING (sample_id) LEFT JOIN mem USING (sample_id)
           LEFT JOIN shards sh ON sh.shard = s.shard /*only*/)
 SELECT output_shard, bit_xor(md5_number_lower(line)) || ':' || bit_xor(md5_number_upper(line)),
        count(DISTINCT pack_id), count(*)
@@ -131,9 +132,12 @@ def shard_digests(con, record: dict | None = None) -> tuple[dict[str, tuple[str,
     else:
         rest = sorted(set(keys) - set(kept))
         only = f"p.{ONLY}"
+        members = f"pm JOIN pack_plan p USING (pack_id) WHERE {only}"
+        # the other shards' samples left out before the joins, not after them (an append: one shard of all)
         digests = {r[0]: (r[1], r[2], r[3]) for r in con.execute(
-            _DIGEST_ROWS.replace("/*only_members*/", f"pm JOIN pack_plan p USING (pack_id) WHERE {only}")
-            .replace("/*only*/", f"WHERE {only}"), [rest, rest]).fetchall()} if rest else {}
+            _DIGEST_ROWS.replace("/*only_members*/", members)
+            .replace("/*only_ids*/", f"WHERE sample_id IN (SELECT sample_id FROM pack_members {members})")
+            .replace("/*only*/", f"WHERE {only}"), [rest] * 4).fetchall()} if rest else {}
         digests.update(kept)
     return digests, {n: k[0] for n, k in keys.items()}
 
