@@ -16,6 +16,7 @@ rewrites it whole.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -152,14 +153,9 @@ def append_plan_file(path: Path, base: Base, tail: Iterable[str]) -> dict:
         if h.hexdigest() != base.plan_file["xxh3"]:
             raise RuntimeError(f"{path} changed while the plan appended to it: run again")
 
-    counted = _Counted(_chain(stored(), _encoded(tail)))
+    counted = _Counted(itertools.chain(stored(), _encoded(tail)))
     safety.atomic_write_bytes(path, counted)
     return counted.record()
-
-
-def _chain(*parts: Iterable[bytes]) -> Iterator[bytes]:
-    for p in parts:
-        yield from p
 
 
 def record_plan_file(con, record: dict) -> None:
