@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from . import safety, store
+from . import filedigest, safety, store
 from .packs import arrow_ints
 
 PLAN_FILE = "plan_file"  # plan_info's record of pack_plan.jsonl as the plan's run wrote it: bytes and xxh3
@@ -95,18 +95,9 @@ def new_samples(con, sample_ids: np.ndarray) -> np.ndarray:
 def _file_digest(path: Path, size: int) -> str | None:
     """xxh3 of the file when it holds exactly ``size`` bytes, else None."""
     try:
-        if path.stat().st_size != size:
-            return None
-        return _digest(_chunks(path)).hexdigest()
+        return filedigest.file_digest(path) if path.stat().st_size == size else None
     except FileNotFoundError:
         return None
-
-
-def _digest(parts: Iterable[bytes]):
-    h = xxhash.xxh3_128()
-    for part in parts:
-        h.update(part)
-    return h
 
 
 def _chunks(path: Path) -> Iterator[bytes]:
