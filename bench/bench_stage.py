@@ -33,7 +33,7 @@ def measure(variant: str, stage: str, work: Path, inp: Path, sample: int) -> dic
     from pack_assets.core.write import jobs as write
 
     queries = write.WRITE_ROWS if stage == "write" else audit.AUDIT_ROWS
-    conversations = write.WRITE_CONVERSATIONS if stage == "write" else audit.AUDIT_CONVERSATIONS
+    conversations = write.WRITE_CONVERSATIONS if stage == "write" else {}  # the audit stages its own
     con = store.connect(work, read_only=True)
     names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
     picked = names[:: max(1, len(names) // sample)][:sample]
