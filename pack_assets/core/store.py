@@ -485,16 +485,15 @@ def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, shards: list[str], fo
 
 
 @contextlib.contextmanager
-def staged(work: Path, queries: Mapping[str, str], shards: list[str],
-           con: duckdb.DuckDBPyConnection | None = None, groups: list[list[str]] | None = None,
-           batch_rows: Mapping[str, int] | None = None) -> Iterator[Staged]:
+def staged(work: Path, queries: Mapping[str, str], shards: list[str], con: duckdb.DuckDBPyConnection | None = None,
+           groups: list[list[str]] | None = None, batch_rows: Mapping[str, int] | None = None) -> Iterator[Staged]:
     """Run each query once per group of output shards into ``<work>/.staged-<host>-<pid>-*/<query>/``, removed on
     exit; ``con``: the caller's connection, else a read-only one closed before the rows are read. Each query
     selects ``output_shard`` from ``pack_plan p`` and filters with ``WHERE {shards}``. The same SELECT run per
     output shard (``WHERE output_shard = ?``, `shard_rows` without staging) scans every manifest file each
     time, so a stage's queries cost output shards × samples; gathered, a shard's rows are one small file.
     ``groups`` (of ``shards``): one file per group instead, read back by `Staged.table` with a group's first.
-    ``batch_rows``: rows streamed at once by the queries it names (wide rows: fewer, so a batch's bytes stay small)."""
+    ``batch_rows``: rows streamed at once by the queries it names (wide rows: fewer, a batch's bytes kept small)."""
     host = socket.gethostname().replace("-", "_")
     for stale in work.glob(f"{STAGED_PREFIX}{host}-*"):  # a killed run's on this host (a live process's stay)
         pid = stale.name[len(f"{STAGED_PREFIX}{host}-"):].split("-", 1)[0]
