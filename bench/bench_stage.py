@@ -1,5 +1,5 @@
 """The rows the writer and the audit read per output shard: one query per shard (before session 29) against
-one pass filed by shard for all but the conversations (`store.staged`), and DuckDB's own
+one pass filed by shard for all but the writer's conversations (`store.staged`), and DuckDB's own
 `COPY ... PARTITION_BY` of every query, conversations included (tried, not used).
 
     python bench/bench_stage.py --work /tmp/e2e1m/work --input /tmp/e2e1m/shards  # a new bench/results/stage_<UTC>.json
