@@ -1,5 +1,5 @@
 """The rows the writer and the audit read per output shard: one query per shard (before session 29) against
-one pass filed by shard for all but the conversations (`store.staged`), and DuckDB's own
+one pass filed by shard for all but the writer's conversations (`store.staged`), and DuckDB's own
 `COPY ... PARTITION_BY` of every query, conversations included (tried, not used).
 
     python bench/bench_stage.py --work /tmp/e2e1m/work --input /tmp/e2e1m/shards  # a new bench/results/stage_<UTC>.json
@@ -33,7 +33,7 @@ def measure(variant: str, stage: str, work: Path, inp: Path, sample: int) -> dic
     from pack_assets.core.write import jobs as write
 
     queries = write.WRITE_ROWS if stage == "write" else audit.AUDIT_ROWS
-    conversations = write.WRITE_CONVERSATIONS if stage == "write" else audit.AUDIT_CONVERSATIONS
+    conversations = write.WRITE_CONVERSATIONS if stage == "write" else {}  # the audit stages its own
     con = store.connect(work, read_only=True)
     names = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
     picked = names[:: max(1, len(names) // sample)][:sample]

@@ -53,7 +53,8 @@ PARALLEL_MIN_BYTES = 1 << 30
 
 
 # what the audit reads per output shard besides its plan rows, gathered for every shard it reads at once
-# (store.staged); the conversations, most of the bytes, per shard (AUDIT_CONVERSATIONS)
+# (store.staged): the conversations too, most of the bytes, so the manifest is scanned once for the whole audit
+# (by the query per shard, it was scanned once per output shard)
 AUDIT_ROWS = {
     "samples": """SELECT p.output_shard, s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos,
                          t.vision_tokens, s.json_member, s.media_members, s.extra_members
@@ -61,13 +62,14 @@ AUDIT_ROWS = {
                   LEFT JOIN token_lengths t USING (sample_id) WHERE {shards}""",
     "members": """SELECT p.output_shard, m.sample_id, m.name, m.sha256, m.size FROM pack_plan p
                   JOIN pack_members pm USING (pack_id) JOIN members m USING (sample_id) WHERE {shards}""",
-    **AUDIT_PIECE_ROWS,
-}
-AUDIT_CONVERSATIONS = {
     "conversations": """SELECT p.output_shard, s.sample_id, s.conversation FROM pack_plan p
                         JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
                         WHERE {shards}""",
+    **AUDIT_PIECE_ROWS,
 }
+# the conversations' rows streamed a quarter as many at once as the others': each is kilobytes of text, and the
+# staging's batch, not the dataset, is what its memory holds
+_BATCH_ROWS = {"conversations": 8192}
 
 
 def _shard_expectations(con, name: str, rows: store.Staged | None = None):
@@ -77,7 +79,7 @@ def _shard_expectations(con, name: str, rows: store.Staged | None = None):
         for r in con.execute("SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, overlong "
                              "FROM pack_plan WHERE output_shard = ?", [name]).fetchall()
     }
-    conversations = dict(store.shard_rows(con, AUDIT_CONVERSATIONS, "conversations", name))
+    conversations = dict(store.shard_rows(con, AUDIT_ROWS, "conversations", name, rows))
     # (total_tokens, media_type, media count, vision_tokens, json_member, conversation, media_members, extra_members)
     samples = {r[0]: (*r[1:6], conversations.get(r[0]), *r[6:]) for r in
                store.shard_rows(con, AUDIT_ROWS, "samples", name, rows)}
@@ -425,7 +427,7 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
                     if shard in trusted)
     to_read = [n for n in shards if n not in trusted]
     counts: Counter = Counter()
-    with (store.staged(work, AUDIT_ROWS, to_read, con) if work is not None and len(to_read) > 1
+    with (store.staged(work, AUDIT_ROWS, to_read, con, batch_rows=_BATCH_ROWS) if work is not None and len(to_read) > 1
           else contextlib.nullcontext()) as rows:
         for done, (name, (violations, shard_seen, c, digest)) in enumerate(
                 zip(to_read, _shard_results(con, out_dir, to_read, config, work, workers, min_bytes, rows)), 1):

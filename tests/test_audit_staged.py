@@ -1,0 +1,77 @@
+"""The audit's conversations gathered once for all the output shards it reads (`store.staged`) give the audit
+that a query per output shard gives: a wrong packed conversation is still caught, in the shard that holds it."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+from pack_assets.core import audit as audit_mod
+from pack_assets.core import store
+from pack_assets.core.audit import run_audit
+from pack_assets.core.counting.profiles import load_profile
+from pack_assets.core.counting.token_lengths import run_token_lengths
+from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
+from pack_assets.core.scan import run_manifest
+from pack_assets.core.write import run_write
+
+
+def _packed(inp: Path, work: Path, out: Path) -> None:
+    profile = load_profile("qwen3-vl")
+    shards = list(store.find_shards(inp))
+    for s in shards:
+        run_manifest(inp, work, s)
+        run_token_lengths(work, s, profile)
+    run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=1), profile)
+    run_write(work, inp, out, workers=1)
+
+
+def _change_a_conversation(shard: Path) -> str:
+    """One letter of the first text of the last pack document of ``shard`` changed (the tar rewritten); returns
+    the id of the sample whose conversation it is."""
+    with tarfile.open(shard) as tf:
+        items = [(ti.name, tf.extractfile(ti).read()) for ti in tf.getmembers()]
+    at = max(i for i, (n, _) in enumerate(items) if n.endswith(".json"))
+    doc = json.loads(items[at][1])
+    sample = doc["samples"][0]
+    text = next(c if isinstance(c, str) else next(p["text"] for p in c if p.get("text"))
+                for c in (m["content"] for m in sample["messages"]))
+    new = ("X" if text[:1] != "X" else "Y") + text[1:]
+    raw = items[at][1].decode()
+    old = json.dumps(text, ensure_ascii=False)
+    assert old in raw
+    items[at] = (items[at][0], raw.replace(old, json.dumps(new, ensure_ascii=False), 1).encode())
+    with tarfile.open(shard, "w") as tf:
+        for name, data in items:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    return sample["sample_id"]
+
+
+def test_staged_conversations_catch_a_wrong_one_in_its_shard_as_the_query_per_shard_does(dataset, tmp_path,
+                                                                                           monkeypatch):
+    work, out = tmp_path / "work", tmp_path / "out"
+    _packed(dataset, work, out)
+    shards = sorted(out.glob("*.tar"))
+    assert len(shards) >= 3
+    changed = _change_a_conversation(shards[1])
+    read = []  # (query, shard) read from the staged files
+    real = store.Staged.rows
+    monkeypatch.setattr(store.Staged, "rows", lambda self, con, query, shard, *a, **k:
+                        read.append((query, shard)) or real(self, con, query, shard, *a, **k))
+    one = run_audit(work, out, workers=1, recount_fraction=0)
+    threads = run_audit(work, out, workers=2, recount_fraction=0)  # (processes: test_packed_shards_and_audit)
+    # every shard's conversations from the staged files, none by a query of its own
+    assert sorted(s for q, s in read if q == "conversations") == sorted([p.name for p in shards] * 2)
+    stale = [(v["shard"], v["sample_id"]) for v in one.violations if v["check"] == "stale_conversation"]
+    assert stale == [(shards[1].name, changed)]
+    assert {v["check"] for v in one.violations} == {"stale_conversation"}
+    assert (threads.violations, threads.stats) == (one.violations, one.stats)
+    with store.connect(work, read_only=True) as con:  # each shard's own query (no staged rows): the same audit
+        config = PlanInfo.load(con).config
+        alone, gathered = (audit_mod.audit(con, out, config, work=w, workers=1) for w in (None, work))
+        assert (alone.violations, alone.stats) == (gathered.violations, gathered.stats)
+        assert alone.violations == one.violations
