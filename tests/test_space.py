@@ -58,16 +58,14 @@ def test_room_for_the_new_shards_is_enough_and_too_little_is_refused(appended, m
         roomy, needed = space.roomy_bytes(con, space.Span.of(con, new)), space.planned_bytes(con, new)
         whole = space.planned_bytes(con, names)
     assert needed < roomy and needed < whole
-    # room for the new shards' generous bound, though not for the whole plan: no bytes query at all
+    # room for the new shards' generous bound (below the whole plan's): no bytes query at all
     monkeypatch.setattr(faults, "free_bytes", lambda _: int(roomy) + 1)
     with monkeypatch.context() as m:
         m.setattr(space, "planned_bytes", None)  # called, it would fail
         space.refuse_if_full(work, out, new)
-    for free in (needed, needed - 1):  # exactly what they need fits; a byte less is refused, before any write
-        monkeypatch.setattr(faults, "free_bytes", lambda _, free=free: free)
-        if free >= needed:
-            space.refuse_if_full(work, out, new)
-        else:
-            with pytest.raises(faults.NoSpace, match=f"needs at least {needed:,} bytes"):
-                space.refuse_if_full(work, out, new)
+    monkeypatch.setattr(faults, "free_bytes", lambda _: needed)  # exactly what they need: it fits
+    space.refuse_if_full(work, out, new)
+    monkeypatch.setattr(faults, "free_bytes", lambda _: needed - 1)  # a byte less: refused, before any write
+    with pytest.raises(faults.NoSpace, match=f"needs at least {needed:,} bytes"):
+        space.refuse_if_full(work, out, new)
     assert not list(out.iterdir())

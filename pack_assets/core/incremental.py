@@ -46,6 +46,7 @@ _CHANGED = f"""SELECT
     OR EXISTS (SELECT 1 FROM split_pieces)"""
 _RETYPED = {"join": "\n            LEFT JOIN (SELECT sample_id, media_type FROM manifest_samples) s USING (sample_id)",
             "media": " OR s.media_type IS DISTINCT FROM p.media_type"}
+_LENGTHS_ONLY = {"join": "", "media": ""}
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def appendable(con, info: dict, path: Path, per_media_type: bool = True) -> Base
     record = info.get(PLAN_FILE)
     if not record or _file_digest(path, record["bytes"]) != record["xxh3"]:
         return None
-    if con.execute(_CHANGED.format(**(_RETYPED if per_media_type else {"join": "", "media": ""}))).fetchall()[0][0]:
+    if con.execute(_CHANGED.format(**(_RETYPED if per_media_type else _LENGTHS_ONLY))).fetchall()[0][0]:
         return None
     col = con.sql("SELECT len(sample_ids)::BIGINT AS n FROM pack_plan ORDER BY pack_id").to_arrow_table().column(0)
     sizes = arrow_ints(col.combine_chunks()) if len(col) else np.zeros(0, np.int64)  # (no buffer when empty)

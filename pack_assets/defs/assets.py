@@ -179,7 +179,7 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     a byte-range index into the source shards instead), `_meta` provenance, Energon metadata in .nv-meta/.
     Atomic and deterministic; a rerun skips finished shards."""
 
-    written, kept = [0], [0]  # packs written so far (not those of output shards found current); shards found
+    written, kept = [0], [0]  # packs written so far (not those of output shards found current); those shards
 
     def progress(r, done, total):
         # a log line is an event Dagster stores (a transaction each): one per shard written, the shards found
