@@ -65,6 +65,12 @@ def test_full_materialization_in_process(dataset, tmp_path):
         assert columns == [r[0] for r in con.execute("DESCRIBE pack_plan").fetchall()]
     assert mats["audit_report"]["report_markdown"].value.startswith("# pack_assets audit report")
     assert (tmp_path / "work" / "pack_plan.jsonl").exists() and list((tmp_path / "out").glob("*.tar"))
+    # written again, every output shard is found current: one log line (an event Dagster stores) for them all
+    again = dg.materialize([packed_shards], instance=instance, resources={"settings": settings})
+    logs = _materialization_logs(instance, again.run_id)
+    n = len(list((tmp_path / "out").glob("*.tar")))
+    assert n > 1 and f"{n} output shard(s) already there as planned, kept" in logs
+    assert not [line for line in logs if line.startswith("[")], logs
 
 
 def test_sensor_adds_new_shards_in_sorted_batches_with_run_keys(dataset, tmp_path):

@@ -131,3 +131,48 @@ def test_the_check_after_an_append_finds_a_new_pack_repeating_or_losing_a_sample
         con.execute("UPDATE pack_members SET sample_id = ? WHERE pack_id = ? AND position = 0", [old, new])
         found = {v["check"] for v in check_plan(con, CONFIG, since=first)}
     assert {"duplicate_sample", "lost_sample"} <= found, (found, lost)
+
+
+def _retype(work: Path, sample_id: str, media_type: str) -> None:
+    """The sample's media type changed in its shard's manifest and counts, its length left as it is (as a
+    rescan that found another kind of media of the same token count would leave it)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    changed = 0
+    for path in [p for p in work.rglob("*.parquet") if p.name in ("samples.parquet", "token_lengths.parquet")]:
+        table = store.read_parquet(path)
+        ids = table.column("sample_id").to_pylist()
+        if sample_id not in ids:
+            continue
+        types = table.column("media_type").to_pylist()
+        types[ids.index(sample_id)] = media_type
+        at = table.schema.get_field_index("media_type")
+        pq.write_table(table.set_column(at, table.schema.field(at), pa.array(types, pa.string())), path)
+        changed += 1
+    assert changed == 2  # the manifest's row and the count's
+
+
+def test_a_kept_sample_whose_media_type_changed_is_planned_as_the_plan_reading_every_pack_plans_it(
+        two_planned, tmp_path, monkeypatch):
+    """The plan check looks at each pack's media types (mixed_media): a stored sample whose media type changed
+    while its length did not is seen by the check of the whole plan, so an append (which checks the new packs)
+    must not be taken then. Both paths give the same plan, the same violations and the same record."""
+    with store.connect(two_planned, read_only=True) as con:
+        sample, mt = con.execute(
+            "SELECT pm.sample_id, p.media_type FROM pack_members pm JOIN pack_plan p USING (pack_id) "
+            "WHERE len(p.sample_ids) > 1 ORDER BY pm.pack_id, pm.position LIMIT 1").fetchall()[0]
+    appended, whole = tmp_path / "appended", tmp_path / "whole"
+    for work in (appended, whole):
+        shutil.copytree(two_planned, work)
+        _retype(work, sample, "video" if mt != "video" else "image")
+    a = run_plan(appended, SHARDS, CONFIG, PROFILE)
+    monkeypatch.setattr(incremental, "appendable", lambda *a, **k: None)  # the plan that reads the stored plan
+    w = run_plan(whole, SHARDS, CONFIG, PROFILE)
+    assert {v["check"] for v in w.violations} == {"mixed_media"}  # the change is one the check sees
+    assert a.violations == w.violations
+    assert plan_state(appended) == plan_state(whole)
+    assert (a.stats | {"seconds": 0}) == (w.stats | {"seconds": 0})
+    for work in (appended, whole):  # neither records its plan file as checked: the next run writes it whole
+        with store.connect(work, read_only=True) as con:
+            assert incremental.PLAN_FILE not in store.read_plan_info(con)

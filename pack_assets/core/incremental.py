@@ -1,12 +1,13 @@
 """The append-only incremental plan: when no sample of the stored plan changed, the rerun only appends.
 
 An incremental plan keeps every stored pack and plans the samples it does not hold after them. When none of
-the stored packs or drops changed (no sample gone, none recounted, none split), nothing of the stored plan
-needs to come into Python: `appendable` reads its figures (samples per pack, totals, the last pack and output
-shard) and `new_samples` finds the samples to plan by an anti-join in DuckDB. The tables then take the new rows
-(`store.save_plan(append=True)`), pack_plan.jsonl its new lines (`append_plan_file`), and the check looks at
-the new packs (`plancheck.check_plan`'s ``since``). What comes out is byte-identical to the incremental plan
-that reads the whole stored plan (`plan._previous_plan`), which runs whenever this one does not apply.
+the stored packs or drops changed (no sample gone, none recounted, none split, no member's media type changed),
+nothing of the stored plan needs to come into Python: `appendable` reads its figures (samples per pack, totals,
+the last pack and output shard) and `new_samples` finds the samples to plan by an anti-join in DuckDB. The
+tables then take the new rows (`store.save_plan(append=True)`), pack_plan.jsonl its new lines
+(`append_plan_file`), and the check looks at the new packs (`plancheck.check_plan`'s ``since``). What comes out
+is byte-identical to the incremental plan that reads the whole stored plan (`plan._previous_plan`), which runs
+whenever this one does not apply.
 
 pack_plan.jsonl is appended only where it is the very file the stored plan's run wrote and checked: its size
 and xxh3 digest are recorded in plan_info (``plan_file``) once the plan's check passed. A run killed between
@@ -33,15 +34,19 @@ _READ = 8 << 20
 
 _UNPLANNED = ("sample_id NOT IN (SELECT sample_id FROM pack_members) "
               "AND sample_id NOT IN (SELECT sample_id FROM dropped)")
-# a stored member or drop whose ok length in token_lengths is not the stored one now (gone, not ok, recounted)
-_CHANGED = """SELECT
+_OK_LENGTHS = "(SELECT sample_id, total_tokens FROM token_lengths WHERE status = 'ok')"
+# a stored member or drop whose ok length in token_lengths is not the stored one now (gone, not ok, recounted);
+# {media}: a member whose media type (the catalog's, which the plan check reads) is not its pack's now
+_CHANGED = f"""SELECT
     EXISTS (SELECT 1 FROM pack_members pm JOIN pack_plan p USING (pack_id)
-            LEFT JOIN (SELECT sample_id, total_tokens FROM token_lengths WHERE status = 'ok') t USING (sample_id)
-            WHERE t.total_tokens IS DISTINCT FROM p.sample_token_lens[pm.position + 1])
-    OR EXISTS (SELECT 1 FROM dropped d
-               LEFT JOIN (SELECT sample_id, total_tokens FROM token_lengths WHERE status = 'ok') t USING (sample_id)
+            LEFT JOIN {_OK_LENGTHS} t USING (sample_id){{join}}
+            WHERE t.total_tokens IS DISTINCT FROM p.sample_token_lens[pm.position + 1]{{media}})
+    OR EXISTS (SELECT 1 FROM dropped d LEFT JOIN {_OK_LENGTHS} t USING (sample_id)
                WHERE t.total_tokens IS DISTINCT FROM d.total_tokens)
     OR EXISTS (SELECT 1 FROM split_pieces)"""
+_RETYPED = {"join": "\n            LEFT JOIN (SELECT sample_id, media_type FROM manifest_samples) s USING (sample_id)",
+            "media": " OR s.media_type IS DISTINCT FROM p.media_type"}
+_LENGTHS_ONLY = {"join": "", "media": ""}
 
 
 @dataclass(frozen=True)
@@ -58,13 +63,18 @@ class Base:
     plan_file: dict  # the stored pack_plan.jsonl's bytes and xxh3
 
 
-def appendable(con, info: dict, path: Path) -> Base | None:
+def appendable(con, info: dict, path: Path, per_media_type: bool = True) -> Base | None:
     """The stored plan's figures when the rerun may append to it (its plan file recorded and unchanged, none of
-    its samples changed since), else None. The caller has checked its settings and profile."""
+    its samples changed since), else None. The caller has checked its settings and profile.
+
+    What the whole plan's check (`plancheck.check_plan`) reads of a stored pack and an append checks only for
+    the new packs must be unchanged: a member's ok length (so its place, padding and the pack's totals) and,
+    with ``per_media_type`` (packs of one media type, `PlanConfig.pack_per_media_type`), its media type. (Without
+    it the media types enter only the groups' check, which an append runs over every pack.)"""
     record = info.get(PLAN_FILE)
     if not record or _file_digest(path, record["bytes"]) != record["xxh3"]:
         return None
-    if con.execute(_CHANGED).fetchall()[0][0]:
+    if con.execute(_CHANGED.format(**(_RETYPED if per_media_type else _LENGTHS_ONLY))).fetchall()[0][0]:
         return None
     col = con.sql("SELECT len(sample_ids)::BIGINT AS n FROM pack_plan ORDER BY pack_id").to_arrow_table().column(0)
     sizes = arrow_ints(col.combine_chunks()) if len(col) else np.zeros(0, np.int64)  # (no buffer when empty)

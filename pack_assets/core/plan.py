@@ -495,7 +495,7 @@ def _planned(con, rows: dict[str, np.ndarray], pieces: list, config: PlanConfig,
              plan_file: Path) -> tuple[PlanResult, str, incremental.Base | None]:
     """The plan (full, incremental, or appended to the stored one: then with its `incremental.Base`), and why."""
     info, why = _kept_settings(con, config, profile) if config.incremental else (None, "full plan")
-    base = incremental.appendable(con, store.read_plan_info(con), plan_file) \
+    base = incremental.appendable(con, store.read_plan_info(con), plan_file, config.pack_per_media_type) \
         if info is not None and not pieces else None
     previous = None
     if base is not None:

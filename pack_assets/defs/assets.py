@@ -179,11 +179,15 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
     a byte-range index into the source shards instead), `_meta` provenance, Energon metadata in .nv-meta/.
     Atomic and deterministic; a rerun skips finished shards."""
 
-    written = [0]  # packs written so far (not those of output shards found current)
+    written, kept = [0], [0]  # packs written so far (not those of output shards found current); those shards
 
     def progress(r, done, total):
-        context.log.info(f"[{done}/{total}] {r.shard}: {r.packs} packs, {r.bytes} bytes"
-                         f"{' (already there)' if r.skipped else ''}")
+        # a log line is an event Dagster stores (a transaction each): one per shard written, the shards found
+        # current told in one line after, not one each (a rerun that adds one shard finds nearly all of them)
+        if r.skipped:
+            kept[0] += 1
+        else:
+            context.log.info(f"[{done}/{total}] {r.shard}: {r.packs} packs, {r.bytes} bytes")
         written[0] += 0 if r.skipped else r.packs
         events.emit(Progress(events.WRITE, done, total, "output shards", written[0], "packs written"))
 
@@ -195,6 +199,8 @@ def packed_shards(context: dg.AssetExecutionContext, settings: PackSettings) -> 
             summary = epochs.run_blend_write(s.work, s.blend(), s.out, s.write_workers, progress, s.output_mode)
         else:
             summary = write.writer(s.output_mode)(s.work, s.input_root, s.out, s.write_workers, progress)
+    if kept[0]:
+        context.log.info(f"{kept[0]} output shard(s) already there as planned, kept")
     if summary.foreign_files:
         context.log.info(f"{len(summary.foreign_files)} file(s) in {s.out} not written by pack_assets, left "
                          f"alone: {summary.foreign_files[:10]}")
