@@ -151,7 +151,7 @@ def _write_index(out_dir: Path, names: list[str], indexes: dict[str, Index], las
         if start.copied is not None:
             old = sqlite3.connect(f"file:{urllib.parse.quote(start.copied)}?mode=ro", uri=True)
         db = sqlite3.connect(start.tmp_db)
-        # a temp file until its rename: one fsync of the finished file below, not one per transaction, and no
+        # a temp file until its rename: one fsync of the finished file (`publish`), not one per transaction, and no
         # rollback journal (a failed write leaves a temp file that is removed); the file's bytes depend on
         # neither, only on the statements and their order
         db.execute("PRAGMA synchronous = OFF")
@@ -172,14 +172,7 @@ def _write_index(out_dir: Path, names: list[str], indexes: dict[str, Index], las
                 con.close()
         if start.copied is not None:
             Path(start.copied).unlink(missing_ok=True)
-    try:
-        fd = os.open(start.tmp_db, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    finally:
-        publish.synced(start.tmp_db, meta / "index.sqlite")  # removed by the batch when not published
+    publish.written(start.tmp_db, meta / "index.sqlite")  # fsynced with the batch's other files
     return counts
 
 
