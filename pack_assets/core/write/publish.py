@@ -1,6 +1,6 @@
 """Files put in place together: each written under a temporary sibling name (the form `owned.remove_temp_leftovers`
-knows), all fsynced at once, then all renamed into place, each folder fsynced once after its last rename instead
-of once per file. The fsyncs of a batch are issued side by side (threads: an fsync releases the GIL), so the
+knows), all fsynced at once, then renamed into place folder by folder, each folder fsynced once after its last
+rename instead of once per file. The files' fsyncs are issued side by side (threads: an fsync releases the GIL), so the
 file system commits them together instead of one journal commit after another. After a power cut each name
 holds its old file or its new one; once `Publish.commit` returns, every rename is durable, also the renames of
 shards made before it into the same folders (`shard.end_shard` leaves its folder's fsync to the metadata
@@ -13,27 +13,27 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..safety import mkstemp
+from ..safety import fsync_dir, mkstemp
 
 SYNC_THREADS = 16  # fsyncs of a batch in flight at once
 
 
-def _fsync(path: str, flags: int = os.O_RDONLY) -> None:
-    fd = os.open(path, flags | os.O_CLOEXEC)
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def fsync_all(paths: list[str], flags: int = os.O_RDONLY) -> None:
-    """fsync every file (or folder, with O_DIRECTORY) of ``paths``, side by side; the first error raised."""
+def fsync_all(paths: list[str]) -> None:
+    """fsync every file of ``paths``, side by side; the first error raised."""
     if len(paths) <= 1:
         for p in paths:
-            _fsync(p, flags)
+            _fsync(p)
         return
     with ThreadPoolExecutor(max_workers=min(SYNC_THREADS, len(paths)), thread_name_prefix="fsync") as pool:
-        for f in [pool.submit(_fsync, p, flags) for p in paths]:
+        for f in [pool.submit(_fsync, p) for p in paths]:
             f.result()
 
 
@@ -56,14 +56,18 @@ class Publish:
         self._pending.append((tmp, path))
 
     def commit(self) -> None:
-        """Every file fsynced, then renamed into place in the order added, then each folder fsynced once."""
+        """Every file fsynced; then, folder by folder (in the order each first appears), its files renamed into
+        place and the folder fsynced before the next folder's first rename: a power cut loses at most the
+        renames into one folder since its last fsync, the batch's and those just before it (the shards')."""
         fsync_all([tmp for tmp, _ in self._pending])
-        folders = {}
+        folders: dict[str, list] = {}
         for tmp, path in self._pending:
-            os.replace(tmp, path)  # (should one fail, `discard` finds the names renamed before it gone)
-            folders[os.path.dirname(os.path.abspath(path))] = None
+            folders.setdefault(os.path.dirname(os.path.abspath(path)), []).append((tmp, path))
+        for folder, files in folders.items():
+            for tmp, path in files:
+                os.replace(tmp, path)  # (should one fail, `discard` finds the names renamed before it gone)
+            fsync_dir(folder)
         self._pending.clear()
-        fsync_all(list(folders), os.O_RDONLY | os.O_DIRECTORY)
 
     def discard(self) -> None:
         for tmp, _ in self._pending:
