@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -56,7 +55,6 @@ def begin_shard(out_dir: str, job: BulkShard | ShardJob, context: dict) -> Shard
         written = out.finish()
         what = _what(final, sources)  # before the sources close
     except BaseException as e:
-        out.stop()  # its writeback requests done before the descriptor closes
         _discard(fd, tmp)
         faults.raise_device_fault(e, _what(final, sources), "writing")
         raise
@@ -113,13 +111,11 @@ def _discard(fd: int, tmp: str) -> None:
 class _ShardFile:
     """An output shard being written to ``fd``, pack after pack: a pack's document, headers, record and small
     members go out in one ``os.writev`` (the headers and paddings built with the shard, `layout.py`), media of
-    the cut or more are copied in kernel between; the disk's writeback is started as the shard grows, by a
-    thread (the request blocks while the kernel queues the writes: the thread that writes goes on meanwhile);
-    each pack's place and document size are kept for its Energon index (`layout.shard_index`)."""
+    the cut or more are copied in kernel between; the disk's writeback is started as the shard grows; each
+    pack's place and document size are kept for its Energon index (`layout.shard_index`)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.writeback = ThreadPoolExecutor(max_workers=1, thread_name_prefix="writeback")
         self.pos = 0  # bytes written so far
         self.end = 0  # where the last member ends (the tar's end-of-archive blocks follow)
         self.flushed = 0  # bytes whose writeback was started
@@ -143,7 +139,7 @@ class _ShardFile:
         arena.reset()
         self.pos += len(header) + len(body) + (-len(body) % BLOCK) + pack.span
         if self.pos - self.flushed >= WRITEBACK_EVERY:
-            self.writeback.submit(start_writeback, self.fd, self.flushed, self.pos - self.flushed)
+            start_writeback(self.fd, self.flushed, self.pos - self.flushed)
             self.flushed = self.pos
 
     def _members(self, pack: BulkPack, got: list, pending: list, sources: Sources, arena: Arena) -> None:
@@ -170,12 +166,7 @@ class _ShardFile:
         tail = 2 * BLOCK
         tail += -(self.end + tail) % RECORD
         writev_all(self.fd, [bytes(tail)])
-        self.stop()
         return self.end + tail
-
-    def stop(self) -> None:
-        """Wait for the writeback requests made so far (advice only: their errors are dropped)."""
-        self.writeback.shutdown(wait=True)
 
 
 def _read(sources: Sources, arena: Arena, path: str, offset: int, size: int, what: str, span: bool) -> memoryview:
