@@ -10,7 +10,9 @@ it prepares the next, so the process's would count both), but the process's for 
 threads) and `energon`, which run alone, and for TOTAL. Wall seconds of overlapping phases overlap too.
 The phases nest: `write_shard` holds `preadv`, `writev` and `records json`; `group_table` and `_columns` are
 the catalog's rows read for a job; `build_shard` the shard prepared from them (documents, reads, layout,
-fingerprint); `setup` the stage's queries before the first shard; `energon` the folder's index."""
+fingerprint); `setup` the stage's queries before the first shard (and `shard_digests` where it runs beside the
+write: its process CPU then counts the writer's too); `energon` the folder's Energon and wids metadata, their
+fsyncs and renames included."""
 
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ for mod, name, label in ((copy, "build_shard", "build_shard"), (copy, "write_sha
 # DuckDB's own threads, and the stage's end: the process's CPU (before the first shard and after the last one
 # is written, nothing else runs beside them in the single-job set)
 for mod, name, label in ((bulk, "group_table", "group_table"), (store, "group_rows", "group_table"),
-                         (shared, "write_energon_meta", "energon")):
+                         (shared.OutputFolder, "metadata", "energon")):
     if hasattr(mod, name):
         wrap(mod, name, label, time.process_time)
 wrap(bulk, "_columns", "_columns")

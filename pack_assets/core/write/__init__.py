@@ -5,6 +5,7 @@ The modules, each on the ones before it:
 
 | module | owns |
 |---|---|
+| `publish.py` | files put in place as one batch: all fsynced side by side, each folder fsynced once |
 | `energon.py` | Energon's `.nv-meta/` and `.tar.idx`, webdataset's `wids-index.json` |
 | `jobs.py` | the job types (output shard -> packs -> sub-samples), gathered from the catalog; the pack document |
 | `syscalls.py` | moving bytes: `copy_file_range`, one `pread` per sample into a reused buffer, `writev`, advice |

@@ -10,7 +10,7 @@ import functools
 import os
 import time
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from .bulk import BulkShard, build_shard, bulk_rows, group_columns
 from .energon import LastIndex
 from .fingerprints import current_shards
 from .jobs import WRITE_ROWS, ShardJob, ShardResult, piece_shards, shard_job
-from .record import last_index, load_record, record_written, shard_digests, vouched_shards, written_key
+from .record import last_index, load_record, record_written, shard_digests, vouchable, vouched_shards, written_key
 from .shard import begin_shard, end_shard, write_shard
 from .shared import OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards, write_context
 from .space import OUTPUT, refuse_if_full, still_needed
@@ -143,6 +143,17 @@ def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, wo
     return [replace(r, index=None) for r in results]  # the indexes are written: not kept past here
 
 
+@contextlib.contextmanager
+def _digests(con, record: dict | None, aside: bool) -> Iterator[Future | None]:
+    """With ``aside``: `shard_digests` in a thread, on a cursor of ``con`` (DuckDB runs it without the GIL, on
+    the core the write leaves to the disk), joined when the block ends; else None."""
+    if not aside:
+        yield None
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="digests") as thread:
+        yield thread.submit(shard_digests, con.cursor(), record)
+
+
 @faults.names_full_disk({"out_dir": OUTPUT, **faults.WORK}, still_needed)
 def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
               progress: Progress | None = None) -> WriteSummary:
@@ -156,7 +167,12 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
         names = planned_shards(con)
         context = write_context(info)
         key = written_key(con, info, context)
-        digests, keys = shard_digests(con, load_record(work))
+        record = load_record(work)
+        # the catalog digests decide now only where the record could vouch for a shard on disk; else (a first
+        # write, an emptied folder) they are needed only for the record written at the end: computed beside
+        # the write when nothing is forked from this process (`_digests`)
+        now = vouchable(record, out_dir, names)
+        digests, keys = shard_digests(con, record) if now else ({}, {})
         done, refuted = vouched_shards(work, out_dir, context, digests)
         # neither the catalog digest nor the fingerprint query covers the pieces of split samples: a shard
         # that holds one is not vouched for, recorded or found current here (current_shards leaves it out);
@@ -164,7 +180,6 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
         pieces = piece_shards(con)
         samples = shard_samples(con)
         done = [r for r in done if r.shard not in pieces]
-        digests = {n: d for n, d in digests.items() if n not in pieces}
         # the rest of what is on disk (not as the writer left it, or no record of it) by its fingerprint
         done += current_shards(con, out_dir, context, only=set(names) - {r.shard for r in done} - refuted)
         skip = {r.shard for r in done}
@@ -180,13 +195,19 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
         # no pool (nothing forked from this process): a connection kept open across the write, so that the job's
         # own shares its DuckDB instance instead of opening the catalog again
         keep = store.connect(work, read_only=True) if workers <= 1 else contextlib.nullcontext()
-    with (keep, store.staged(work, queries, sum(whole, []), groups=whole) if len(whole) > 1
+        if not now and workers > 1:
+            digests, keys = shard_digests(con, record)
+    with (keep, _digests(keep, record, not now and workers <= 1) as aside,
+          store.staged(work, queries, sum(whole, []), groups=whole) if len(whole) > 1
           else contextlib.nullcontext() as rows,
           store.staged(work, WRITE_ROWS, split) if len(split) > 1 else contextlib.nullcontext() as piece_rows):
         root = input_root if isinstance(input_root, dict) else str(input_root)
         loader = functools.partial(_load, str(work), root, rows, piece_rows, context, frozenset(split))
         results = write_all(out_dir, todo, context, workers=workers, progress=progress, loader=loader, done=done,
                             plan_fingerprint=info.fingerprint, last=last, samples=samples)
+        if aside is not None:
+            digests, keys = aside.result()
+    digests = {n: d for n, d in digests.items() if n not in pieces}
     record_written(work, key, out_dir, results, context, digests, keys)
     return WriteSummary.of(out_dir, owned.planned_files(names), names, results, time.perf_counter() - t0,
                            info.fingerprint)

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from .. import store
 from ..owned import NV_META, WIDS
-from ..safety import atomic_write_bytes, file_sha256, mkstemp, replace
+from ..safety import file_sha256, mkstemp
 from ..tario import Entry, group_by_key, iter_entries, split_key
+from .publish import Publish
 
 ENERGON_FORMAT = "7.4.1"  # the megatron-energon release whose `energon prepare` output this matches (tested)
 
@@ -85,23 +86,24 @@ class EnergonMeta:
                 raise RuntimeError(f"{shard}: {self.counts[shard]} samples on disk, {packs} packs planned")
 
 
-def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str,
+def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str, publish: Publish,
                        indexes: dict[str, Index] | None = None, last: LastIndex | None = None) -> EnergonMeta:
     """`.nv-meta/` as `energon prepare` writes it (dataset.yaml, split.yaml, .info.json, index.sqlite,
-    index.uuid) plus each shard's `.tar.idx`, so Megatron-Energon loads the output as it is. ``indexes``: the
-    shards this run wrote, indexed as they were written; ``last``: the index the last write left, whose rows
-    of its unchanged shards are kept (when those are its every tar and come first, as after an incremental
-    plan, the new index starts as that file); the others are read back from their tar headers."""
+    index.uuid) plus each shard's `.tar.idx`, so Megatron-Energon loads the output as it is; each file written
+    and fsynced into ``publish``, which puts them in place (the caller commits it). ``indexes``: the shards
+    this run wrote, indexed as they were written; ``last``: the index the last write left, whose rows of its
+    unchanged shards are kept (when those are its every tar and come first, as after an incremental plan, the
+    new index starts as that file); the others are read back from their tar headers."""
     meta = out_dir / NV_META
     meta.mkdir(parents=True, exist_ok=True)
     names = sorted(shard_names)
-    counts = _write_index(out_dir, names, indexes or {}, last)
-    store.atomic_write_text(meta / "index.uuid", str(uuid.uuid5(uuid.NAMESPACE_URL, f"pack_assets:{fingerprint}")))
-    store.atomic_write_text(meta / "dataset.yaml", "__module__: megatron.energon\n__class__: CrudeWebdataset\n")
+    counts = _write_index(out_dir, names, indexes or {}, last, publish)
+    publish.write(meta / "index.uuid", str(uuid.uuid5(uuid.NAMESPACE_URL, f"pack_assets:{fingerprint}")).encode())
+    publish.write(meta / "dataset.yaml", b"__module__: megatron.energon\n__class__: CrudeWebdataset\n")
     split = "split_parts:\n  train:\n" + "".join(f"  - {n}\n" for n in names) + "  val: []\n  test: []\nexclude: []\n"
-    store.atomic_write_text(meta / "split.yaml", split)
+    publish.write(meta / "split.yaml", split.encode())
     info = {"energon_version": ENERGON_FORMAT, "shard_counts": {n: counts[n] for n in names}}
-    store.atomic_write_text(meta / ".info.json", json.dumps(info, indent=2))
+    publish.write(meta / ".info.json", json.dumps(info, indent=2).encode())
     return EnergonMeta(out_dir, counts)
 
 
@@ -139,8 +141,9 @@ def _start(meta: Path, names: list[str], last: LastIndex | None) -> _Start:
         raise
 
 
-def _write_index(out_dir: Path, names: list[str], indexes: dict[str, Index], last: LastIndex | None) -> dict[str, int]:
-    """index.sqlite (atomically) and every shard's `.tar.idx`; returns each shard's sample count."""
+def _write_index(out_dir: Path, names: list[str], indexes: dict[str, Index], last: LastIndex | None,
+                 publish: Publish) -> dict[str, int]:
+    """index.sqlite and every shard's `.tar.idx` into ``publish``; returns each shard's sample count."""
     meta = out_dir / NV_META
     start = _start(meta, names, last)
     old = db = None
@@ -148,12 +151,15 @@ def _write_index(out_dir: Path, names: list[str], indexes: dict[str, Index], las
         if start.copied is not None:
             old = sqlite3.connect(f"file:{urllib.parse.quote(start.copied)}?mode=ro", uri=True)
         db = sqlite3.connect(start.tmp_db)
-        # a temp file until its rename: one fsync of the finished file below, not one per transaction (the
-        # file's bytes do not depend on it)
+        # a temp file until its rename: one fsync of the finished file (`publish`), not one per transaction, and no
+        # rollback journal (a failed write leaves a temp file that is removed); the file's bytes depend on
+        # neither, only on the statements and their order
         db.execute("PRAGMA synchronous = OFF")
+        db.execute("PRAGMA journal_mode = OFF")
         for sql in store.ENERGON_INDEX_TABLES:
             db.execute(sql)
-        counts = {name: _tar_rows(db, old, out_dir, tar_id, name, indexes, start) for tar_id, name in enumerate(names)}
+        counts = {name: _tar_rows(db, old, out_dir, tar_id, name, indexes, start, publish)
+                  for tar_id, name in enumerate(names)}
         for sql in store.ENERGON_INDEX_INDEXES:
             db.execute(sql)
         db.commit()
@@ -166,16 +172,12 @@ def _write_index(out_dir: Path, names: list[str], indexes: dict[str, Index], las
                 con.close()
         if start.copied is not None:
             Path(start.copied).unlink(missing_ok=True)
-    fd = os.open(start.tmp_db, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    replace(start.tmp_db, meta / "index.sqlite")
+    publish.written(start.tmp_db, meta / "index.sqlite")  # fsynced with the batch's other files
     return counts
 
 
-def _tar_rows(db, old, out_dir: Path, tar_id: int, name: str, indexes: dict[str, Index], start: _Start) -> int:
+def _tar_rows(db, old, out_dir: Path, tar_id: int, name: str, indexes: dict[str, Index], start: _Start,
+              publish: Publish) -> int:
     """Tar ``tar_id``'s rows in the new index (kept, as written, from the last index, or read back) and its
     `.tar.idx`; returns its sample count."""
     last = start.last
@@ -190,16 +192,15 @@ def _tar_rows(db, old, out_dir: Path, tar_id: int, name: str, indexes: dict[str,
             samples, parts, end = sample_index(out_dir / name)
         db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?)",
                        [(tar_id, k, i, off, size) for i, (k, off, size) in enumerate(samples)])
-        db.executemany("INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)", [(tar_id, *p) for p in parts])
-    idx = out_dir / f"{name}.idx"
-    data = struct.pack(f"<{len(samples) + 1}Q", *[off for _, off, _ in samples], end)
-    atomic_write_bytes(idx, data)
+        db.executemany("INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)", map((tar_id,).__add__, parts))
+    publish.write(out_dir / f"{name}.idx", struct.pack(f"<{len(samples) + 1}Q", *[off for _, off, _ in samples], end))
     return len(samples)
 
 
-def write_wids_index(meta: EnergonMeta) -> None:
-    """`wids-index.json`: the shard list with sample counts that webdataset's `wids` reads for random access."""
+def write_wids_index(meta: EnergonMeta, publish: Publish) -> None:
+    """`wids-index.json` into ``publish``: the shard list with sample counts that webdataset's `wids` reads for
+    random access."""
     counts = meta.counts
     index = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": meta.folder.name,
              "shardlist": [{"url": n, "nsamples": counts[n]} for n in sorted(counts)]}
-    store.atomic_write_text(meta.folder / WIDS, json.dumps(index, indent=2))
+    publish.write(meta.folder / WIDS, json.dumps(index, indent=2).encode())

@@ -170,6 +170,15 @@ def vouched_shards(work: Path, out_dir: Path, context: dict,
     return vouched, refuted
 
 
+def vouchable(record: dict | None, out_dir: Path, names: list[str]) -> bool:
+    """Whether the writer's ``record`` could vouch for (or refute) one of these output shards: one whose digest
+    it holds is on disk as it left it (`vouched_shards` passes over every other shard)."""
+    if record is None or record.get("digest_format") != DIGEST_FORMAT:
+        return False
+    recorded = record.get("digests") or {}
+    return any(_as_left(out_dir, n, record["shards"].get(n)) for n in names if n in recorded)
+
+
 def record_written(work: Path, key: str, out_dir: Path, results: list[ShardResult], context: dict,
                    digests: dict[str, tuple[str, int, int]], digest_keys: dict[str, str]) -> None:
     """Each output shard's content fingerprint as the writer wrote or found it, with the file's (size,

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import faults, safety
+from .. import faults
 from ..safety import mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
 from ..tario import BLOCK, RECORD, first_pack_meta, member_header, padding
 from .bulk import BulkPack, BulkShard, build_shard, job_columns
@@ -79,15 +79,16 @@ class Unsynced:
 
 
 def end_shard(begun: ShardResult | Unsynced) -> ShardResult:
-    """An Unsynced shard fsynced, closed and renamed into place (the folder fsynced too: the name survives a
-    power cut), with its Energon index; a shard found already there as it is."""
+    """An Unsynced shard fsynced, closed and renamed into place, with its Energon index; a shard found already
+    there as it is. The folder is fsynced once, with the metadata published after the shards (`publish.py`):
+    the name survives a power cut from then on, before the writer's record says it is done."""
     if isinstance(begun, ShardResult):
         return begun
     try:
         os.fsync(begun.fd)
         os.close(begun.fd)
         begun.fd = -1
-        safety.replace(begun.tmp, begun.final)
+        os.replace(begun.tmp, begun.final)
     except BaseException as e:
         _discard(begun.fd, begun.tmp)
         faults.raise_device_fault(e, begun.what, "writing")

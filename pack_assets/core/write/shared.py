@@ -18,6 +18,7 @@ from ..safety import check_paths
 from ..tario import first_pack_meta
 from .energon import EnergonMeta, Index, LastIndex, write_energon_meta, write_wids_index
 from .jobs import ShardResult
+from .publish import Publish
 
 # progress(result, shards done, shards in all), after each output shard written or found current
 Progress = Callable[[ShardResult, int, int], None]
@@ -82,8 +83,12 @@ class OutputFolder:
 
     def metadata(self, names: list[str], fingerprint: str, indexes: dict[str, Index] | None = None,
                  last: LastIndex | None = None) -> EnergonMeta:
-        meta = write_energon_meta(self.out_dir, names, fingerprint, indexes, last)
-        write_wids_index(meta)
+        """The folder's Energon and wids metadata, every file written and fsynced first, then all renamed into
+        place, each folder fsynced once (the shards' renames before them included: `publish.py`)."""
+        with Publish() as publish:
+            meta = write_energon_meta(self.out_dir, names, fingerprint, publish, indexes, last)
+            write_wids_index(meta, publish)
+            publish.commit()
         return meta
 
     def finish(self, meta: EnergonMeta, results: Iterable[ShardResult]) -> None:

@@ -1,0 +1,109 @@
+"""The copy writer's durability order with its metadata published as one batch: every output file's data is
+fsynced before its rename, every rename into a folder is followed by an fsync of that folder before the
+writer's record is put in place, and the folders are fsynced once per batch, not once per file. And the catalog
+digests a first write records beside the write are the ones computed before it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import small_dataset
+
+from pack_assets.core import store
+from pack_assets.core.counting.profiles import load_profile
+from pack_assets.core.counting.token_lengths import run_token_lengths
+from pack_assets.core.plan import PlanConfig, run_plan
+from pack_assets.core.scan import run_manifest
+from pack_assets.core.write import publish, run_write
+from pack_assets.core.write.record import WRITTEN, load_record, shard_digests
+
+PROFILE = load_profile("qwen3-vl")
+
+
+@pytest.fixture
+def prepared(tmp_path) -> tuple[Path, Path]:
+    inp, work = small_dataset(tmp_path / "in", n_shards=2, per_shard=9), tmp_path / "work"
+    shards = list(store.find_shards(inp))
+    for s in shards:
+        run_manifest(inp, work, s)
+        run_token_lengths(work, s, PROFILE)
+    run_plan(work, shards, PlanConfig(max_len=1500, max_packs_per_shard=2), PROFILE)
+    return inp, work
+
+
+def _traced(monkeypatch) -> list[tuple[str, str]]:
+    """("fsync", path) and ("rename", destination) in the order they happen (any thread)."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        real_fsync(fd)
+        events.append(("fsync", path))
+
+    def replace(src, dst, *a, **k):
+        events.append(("rename_from", os.path.abspath(src)))
+        real_replace(src, dst, *a, **k)
+        events.append(("rename", os.path.abspath(dst)))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return events
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name a descriptor's file")
+def test_every_rename_is_durable_before_the_record_and_each_folder_is_synced_once_per_batch(prepared, tmp_path,
+                                                                                           monkeypatch):
+    inp, work = prepared
+    out = tmp_path / "out"
+    events = _traced(monkeypatch)
+    summary = run_write(work, inp, out, workers=1)
+    assert summary.written >= 2
+    record = next(i for i, e in enumerate(events) if e == ("rename", str(work / WRITTEN)))
+    for i, (kind, path) in enumerate(events[:record]):
+        if kind == "rename_from":  # the file's data synced before its name is published
+            assert ("fsync", path) in events[:i], path
+        if kind == "rename":  # the name made durable (its folder synced after it) before the record
+            assert ("fsync", os.path.dirname(path)) in events[i + 1:record], path
+    # the metadata batch: each of its folders synced once after its renames, not once per file; the shards'
+    # renames made durable by the same fsync of the output folder (the other one: the owned-files record's)
+    span = events[events.index(next(e for e in events if e[0] == "rename" and e[1].endswith(".tar"))):record]
+    assert len([e for e in span if e[0] == "rename" and e[1].startswith(str(out / ".nv-meta") + "/")]) == 5
+    assert span.count(("fsync", str(out / ".nv-meta"))) == 1
+    assert len([e for e in span if e[0] == "rename" and os.path.dirname(e[1]) == str(out)]) >= 2 * summary.written + 2
+    assert span.count(("fsync", str(out))) == 2
+
+
+def test_a_batch_not_committed_leaves_no_file(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "kept").write_bytes(b"old")
+    with pytest.raises(RuntimeError), publish.Publish() as batch:
+        batch.write(tmp_path / "a" / "kept", b"new")
+        batch.write(tmp_path / "b.json", b"{}")
+        raise RuntimeError("failed before the commit")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "kept"]
+    assert (tmp_path / "a" / "kept").read_bytes() == b"old"
+    with publish.Publish() as batch:
+        batch.write(tmp_path / "a" / "kept", b"new")
+        batch.write(tmp_path / "b.json", b"{}")
+        batch.commit()
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b.json", "kept"]
+    assert (tmp_path / "a" / "kept").read_bytes() == b"new"
+
+
+def test_digests_recorded_beside_a_first_write_equal_those_computed_before_it(prepared, tmp_path):
+    inp, work = prepared
+    out = tmp_path / "out"
+    run_write(work, inp, out, workers=1)  # no record yet: the digests computed beside the write
+    with store.connect(work, read_only=True) as con:
+        digests, keys = shard_digests(con, None)
+    record = load_record(work)
+    assert record["digests"] == {n: d[0] for n, d in digests.items()} and record["digest_keys"] == keys
+    # the record vouches for every shard on the rerun: nothing rewritten, and the index left byte for byte
+    index = (out / ".nv-meta" / "index.sqlite").read_bytes()
+    assert run_write(work, inp, out, workers=1).written == 0
+    assert (out / ".nv-meta" / "index.sqlite").read_bytes() == index
+    assert json.loads((work / WRITTEN).read_text())["digests"] == record["digests"]
