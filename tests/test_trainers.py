@@ -24,9 +24,9 @@ CHECKPOINT = "Qwen2.5-VL-7B-Instruct"
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    """``packed/`` (Qwen2.5-VL packs of text, one- and two-image samples, at most 200 tokens) and the checkpoint folder the recipes
-    name: a tiny random model from the real config (the real vocabulary: the packs' ids go in as they are) and
-    the processor built from the bundled tokenizer and the real preprocessor config."""
+    """``packed/`` (Qwen2.5-VL packs of text, one- and two-image samples, 200 tokens at most) and the checkpoint
+    folder the recipes name: a tiny random model from the real config (the real vocabulary: the packs' ids go in
+    as they are) and the processor built from the bundled tokenizer and the real preprocessor config."""
     from tiny_models import tiny_model
     from transformers import PreTrainedTokenizerFast, Qwen2_5_VLProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
