@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import sys
 import unicodedata
 from pathlib import Path
 
@@ -28,8 +27,6 @@ from pack_assets.core.counting.chunkcount import (
     split_rule,
     tokenizer_rule,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture(scope="module")
