@@ -24,6 +24,17 @@ def _own_cache_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ.setdefault("PACK_ASSETS_CACHE", str(tmp_path_factory.mktemp("pack_assets_cache")))
 
 
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The fast-rule families' checkpoint folders (tests/family_fixtures.py), decompressed once per session
+    process and read by every module: the tokenizers, rules and processors the product keeps per file path
+    (functools caches) then load once per process, as in a real run, not once per module. Read-only: a test
+    that needs a changed folder copies it (family_fixtures.video_variant writes a sibling)."""
+    from family_fixtures import materialize
+
+    return materialize(tmp_path_factory.mktemp("family_models"))
+
+
 def needs(missing: bool, reason: str) -> pytest.MarkDecorator:
     """skipif for a test that needs an optional package. `.ci/run` sets PACK_ASSETS_CI=1 once it has installed
     them all, and there a missing one is a collection error: a test CI must run never skips unseen."""

@@ -4,6 +4,7 @@ oracle and the tests read the same files."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import lzma
@@ -52,6 +53,15 @@ def materialize(root: Path, families=tuple(FAMILY_DIRS)) -> dict[str, Path]:
                 _copy(MODELS / "qwen2-bpe", d)
         out[family] = d
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def processor(folder: str | Path):
+    """transformers' AutoProcessor of a checkpoint folder, offline, loaded once per process: the oracle many
+    tests call read-only (a large tokenizer.json takes seconds to parse each time)."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(folder), local_files_only=True)
 
 
 def video_variant(folder: Path, family: str, config: str) -> Path:

@@ -151,12 +151,36 @@ def draw(rng: random.Random, run: int) -> dict:
             "errno": "ENOSPC" if points == "write" and rng.random() < 0.3 else "EIO", "workers": rng.choice([1, 2])}
 
 
+def _cpu_ticks(pid: int) -> int | None:
+    """A process's user + system CPU time in clock ticks (/proc/PID/stat), None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) + int(fields[12])
+
+
+def _deadlocked_start(proc: subprocess.Popen, armed: Path, stall: float) -> bool:
+    """Wait for a start to arm (or end): True when it spent no CPU for ``stall`` seconds before that, the
+    preload's deadlock. A start that is only slow (a busy machine) keeps going: killing it at a fixed wall time
+    threw away its CPU and made it again, up to ten times under load."""
+    last, since = _cpu_ticks(proc.pid), time.monotonic()
+    while not armed.exists() and proc.poll() is None:
+        time.sleep(0.2)
+        now = _cpu_ticks(proc.pid)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since > stall:
+            return True
+    return False
+
+
 def faulty_runs(inp: Path, root: Path, faults: list[dict], start: float = 20, per_run: float = 120) -> dict[int, dict]:
     """The runs under `fiu-run -x`, as few processes as it takes: run -> {exit, line, starts}. libfiu's preload
     (it wraps malloc too) deadlocks now and then while Python loads pyarrow's library, before any fault is
-    on: a start that gives no sign within ``start`` seconds is killed and made again (``starts`` counts them).
-    A process that dies or hangs once armed gives its run ``crash`` (its exit and last stderr line) or
-    ``hang``; the runs after it go to a new process."""
+    on: a start that spends no CPU for ``start`` seconds before it arms is killed and made again (``starts``
+    counts them). A process that dies or hangs once armed gives its run ``crash`` (its exit and last stderr
+    line) or ``hang``; the runs after it go to a new process."""
     results: dict[int, dict] = {}
     starts = 0
     while pending := [f for f in faults if f["run"] not in results]:
@@ -166,21 +190,18 @@ def faulty_runs(inp: Path, root: Path, faults: list[dict], start: float = 20, pe
         proc = subprocess.Popen(["fiu-run", "-x", sys.executable, str(Path(__file__)), str(inp), str(root),
                                  json.dumps(pending)], text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
+        if _deadlocked_start(proc, armed, start) and starts < 10:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            continue
         try:
-            out_text, err_text = proc.communicate(timeout=start)
+            out_text, err_text = proc.communicate(timeout=per_run * len(pending))
         except subprocess.TimeoutExpired:
-            if not armed.exists() and starts < 10:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-                continue
-            try:
-                out_text, err_text = proc.communicate(timeout=per_run * len(pending))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGUSR1)  # faulthandler: the stacks, for the record
-                time.sleep(1)
-                os.killpg(proc.pid, signal.SIGKILL)
-                out_text, err_text = proc.communicate()
-                err_text += "\nhang"
+            os.killpg(proc.pid, signal.SIGUSR1)  # faulthandler: the stacks, for the record
+            time.sleep(1)
+            os.killpg(proc.pid, signal.SIGKILL)
+            out_text, err_text = proc.communicate()
+            err_text += "\nhang"
         for line in out_text.splitlines():
             if line.startswith("{"):
                 r = json.loads(line)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import sys
 import unicodedata
 from pathlib import Path
 
@@ -29,13 +28,10 @@ from pack_assets.core.counting.chunkcount import (
     tokenizer_rule,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from family_fixtures import materialize  # noqa: E402
-
 
 @pytest.fixture(scope="module")
-def gemma(tmp_path_factory) -> Path:
-    return materialize(tmp_path_factory.mktemp("chunks"), ("gemma3",))["gemma3"]
+def gemma(family_models) -> Path:
+    return family_models["gemma3"]
 
 
 @pytest.fixture(scope="module")
@@ -240,12 +236,12 @@ BYTE_LEVEL = ("qwen3", "internvl", "llava-onevision")
 
 
 @pytest.fixture(scope="module")
-def byte_level(tmp_path_factory) -> dict[str, Tokenizer]:
+def byte_level(family_models) -> dict[str, Tokenizer]:
     """The byte-level tokenizers of the fixtures, as the counters load them (a ``tokenizers.Tokenizer`` each)."""
     transformers = pytest.importorskip("transformers")
     from pack_assets.core.counting.profiles import bundled_tokenizer_file
 
-    dirs = materialize(tmp_path_factory.mktemp("bytelevel"), ("internvl", "llava-onevision"))
+    dirs = {f: family_models[f] for f in ("internvl", "llava-onevision")}
     out = {"qwen3": Tokenizer.from_file(str(bundled_tokenizer_file()))}
     for family, d in dirs.items():  # vocab.json + merges.txt: the tokenizers definition transformers builds
         out[family] = transformers.AutoTokenizer.from_pretrained(str(d)).backend_tokenizer

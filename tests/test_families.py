@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from family_fixtures import FAMILY_DIRS, materialize
+from family_fixtures import FAMILY_DIRS
 
 from pack_assets.core.counting.profiles import FAMILIES, profile_from_model_dir
 from pack_assets.core.counting.tokens import TokenCounter
@@ -20,8 +20,8 @@ ORACLE = Path(__file__).resolve().parent / "fixtures" / "oracle"
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory) -> dict[str, Path]:
-    return materialize(tmp_path_factory.mktemp("models"))
+def dirs(family_models) -> dict[str, Path]:
+    return family_models
 
 
 class _Counters(dict):

@@ -6,13 +6,13 @@ torchvision (InternVL / LLaVA-OneVision build a video processor)."""
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 
 import numpy as np
 import pytest
 from conftest import needs, write_tar
-from family_fixtures import VIDEOS, materialize, video_variant
+from family_fixtures import VIDEOS, video_variant
+from family_fixtures import processor as _processor
 from pack_helpers import family_samples, pack_shards, processor_conversation, rotated_jpeg
 
 pytestmark = needs(importlib.util.find_spec("torchvision") is None, "torchvision is not installed (extra `processor`)")
@@ -22,8 +22,8 @@ CLIP = (VIDEOS / "g40_80x60_ntsc.mov").read_bytes()  # 40 frames at 29.97 fps
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    return materialize(tmp_path_factory.mktemp("encoder_models"))
+def dirs(family_models):
+    return family_models
 
 
 def _messages(kinds: list[str], system: bool = True) -> list[dict]:
@@ -34,13 +34,6 @@ def _messages(kinds: list[str], system: bool = True) -> list[dict]:
         {"role": "user", "content": [{"type": "text", "text": "More?"}]},
         {"role": "assistant", "content": [{"type": "text", "text": "No more."}]},
     ]
-
-
-@functools.lru_cache(maxsize=4)
-def _processor(folder):
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(folder, local_files_only=True)
 
 
 def _oracle(folder, messages, media) -> dict:

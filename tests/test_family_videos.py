@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from family_fixtures import VIDEO_CONFIGS, VIDEOS, materialize, video_variant
+from family_fixtures import VIDEO_CONFIGS, VIDEOS, video_variant
 
 from pack_assets.core.counting.profiles import ProfileError, profile_from_model_dir
 from pack_assets.core.counting.tokens import TokenCounter
@@ -26,8 +26,8 @@ REFUSALS = {"exceeds": "video_sampling", "ZeroDivisionError": "video_sampling", 
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory) -> dict[str, Path]:
-    return materialize(tmp_path_factory.mktemp("models"), FAMILIES)
+def dirs(family_models) -> dict[str, Path]:
+    return {f: family_models[f] for f in FAMILIES}
 
 
 def _oracle(family: str) -> dict:
@@ -156,9 +156,8 @@ def test_unreadable_metadata_and_refusals_are_reasons_not_crashes(dirs):
     assert res.reason == "bad_video"
 
 
-def test_gemma3_takes_no_video():
-    gdirs = materialize(Path(__import__("tempfile").mkdtemp()), ("gemma3",))
-    counter = TokenCounter(profile_from_model_dir(gdirs["gemma3"]))
+def test_gemma3_takes_no_video(family_models):
+    counter = TokenCounter(profile_from_model_dir(family_models["gemma3"]))
     msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What?"}]},
             {"role": "assistant", "content": [{"type": "text", "text": "A ball."}]}]
     (res,) = counter.count_many([(msgs, [], [{"frames": 40, "fps": 10.0, "width": 64, "height": 48}])])

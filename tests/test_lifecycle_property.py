@@ -496,16 +496,19 @@ class Lifecycle(RuleBasedStateMachine):
     @contextlib.contextmanager
     def _dagster_home(self):
         """One DAGSTER_HOME per example, shared by `pack-assets run`, the sensors and the CLI, as on a
-        user's machine; set only while Dagster runs (other tests in the session must not see it)."""
+        user's machine; set only while Dagster runs (other tests in the session must not see it). The instance
+        is the one `pack-assets run` makes (orchestrate.instance_for: the project's dagster.yaml in a new home,
+        and the command process's Dagster settings, runenv.prepare_dagster_process, which spare each stored
+        event an fsync and a new SQLAlchemy engine; tests/test_dagster.py's runs use it too)."""
+        from pack_assets.runner.orchestrate import instance_for
+
         home = self.root / "dagster_home"
-        if not home.exists():
-            home.mkdir()
-            (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        home.mkdir(exist_ok=True)
         saved = os.environ.get("DAGSTER_HOME")
         os.environ["DAGSTER_HOME"] = str(home)
         try:
             if self.instance is None:
-                self.instance = dg.DagsterInstance.get()
+                self.instance = instance_for(home)
             yield self.instance
         finally:
             os.environ.pop("DAGSTER_HOME") if saved is None else os.environ.__setitem__("DAGSTER_HOME", saved)

@@ -186,13 +186,6 @@ _FAMILY_MAX_LEN = {"internvl": 1600, "llava-onevision": 2400, "gemma3": 700}
 _PIXEL_KEYS = ("pixel_values", "image_sizes", "batch_num_images", "pixel_values_videos")
 
 
-@pytest.fixture(scope="module")
-def family_dirs(tmp_path_factory):
-    from family_fixtures import materialize
-
-    return materialize(tmp_path_factory.mktemp("family_models"))
-
-
 def _family_alone(model, vocab, proc, sample: dict, ids: np.ndarray):
     """One sub-sample through the processor's own path (apply_chat_template with its media) and the model,
     no positions, no mask; its ids must be the encoder's."""
@@ -209,24 +202,24 @@ def _family_alone(model, vocab, proc, sample: dict, ids: np.ndarray):
 
 
 @pytest.mark.parametrize("family", ["internvl", "llava-onevision", "gemma3"])
-def test_family_pack_logits_equal_each_sub_sample_alone(family, family_dirs, tmp_path):
+def test_family_pack_logits_equal_each_sub_sample_alone(family, family_models, tmp_path):
     """Packs of text, images (one tiled 2:1) and videos, two a batch (the collator's padding included): the
     packed forward (1-D restarting positions, no mask; Gemma 3 the mask dict of masks.attention_mask) gives
     each sub-sample the logits it gets alone through the processor and the model."""
     import torch
+    from family_fixtures import processor
     from pack_helpers import family_samples
     from tiny_models import tiny_family_model
-    from transformers import AutoProcessor
 
     from pack_assets.core.counting.profiles import profile_from_model_dir
     from pack_assets.reader import PackCollator, PackEncoder, attention_mask
 
-    folder = family_dirs[family]
+    folder = family_models[family]
     write_tar(tmp_path / "in" / "f.tar", family_samples(videos=family != "gemma3"))
     profile = profile_from_model_dir(folder)
     packs = pack_shards(tmp_path / "in", tmp_path, profile, max_len=_FAMILY_MAX_LEN[family])
     encoded = [PackEncoder(profile).encode(p) for p in packs]
-    proc = AutoProcessor.from_pretrained(folder, local_files_only=True)
+    proc = processor(folder)
     pad = proc.tokenizer.pad_token_id
     model, vocab = tiny_family_model(folder, np.concatenate([r["input_ids"] for r in encoded] + [np.array([pad])]))
     window = getattr(model.config.get_text_config(), "sliding_window", None)

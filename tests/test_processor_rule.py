@@ -393,15 +393,13 @@ def test_run_refuses_before_any_shard_run_when_the_processor_cannot_be_built(gem
     assert not (tmp_path / "work" / "manifest").exists() and not (tmp_path / "out").exists()
 
 
-def test_an_image_size_checked_alone_is_checked_again_in_a_multi_image_sample(tmp_path):
+def test_an_image_size_checked_alone_is_checked_again_in_a_multi_image_sample(family_models):
     """LLaVA-OneVision expands one image by anyres but each of several by 729 + 1: the direct path's check
     of a size in a one-image sample does not vouch for that size among several (it over-counted ~4x)."""
-    from family_fixtures import materialize
-
     from pack_assets.core.counting.procount import ProcessorCounter
     from pack_assets.core.counting.profiles import processor_profile
 
-    counter = ProcessorCounter(processor_profile(materialize(tmp_path, ("llava-onevision",))["llava-onevision"]))
+    counter = ProcessorCounter(processor_profile(family_models["llava-onevision"]))
     one = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]},
            {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
     two = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "hi"}]},

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import image_bytes, needs, write_tar
-from family_fixtures import VIDEO_CONFIGS, VIDEOS, materialize, video_variant
+from family_fixtures import VIDEO_CONFIGS, VIDEOS, video_variant
+from family_fixtures import processor as _plain_processor
 
 from pack_assets.core.counting.counters import counter_for
 from pack_assets.core.counting.profiles import load_profile, processor_profile, profile_from_model_dir
@@ -76,9 +77,9 @@ def _qwen_folder(root: Path, family: str) -> Path:
     return d
 
 
-def _variant(root: Path, family: str, config: str) -> Path:
+def _variant(root: Path, families: dict[str, Path], family: str, config: str) -> Path:
     if family not in _VP:
-        return video_variant(materialize(root, (family,))[family], family, config)
+        return video_variant(families[family], family, config)
     base = _qwen_folder(root, family)
     cfg = CONFIGS[family][config]
     if cfg is None:
@@ -94,8 +95,11 @@ def _variant(root: Path, family: str, config: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("procvideo")
+def variant(tmp_path_factory, family_models):
+    """(family, config) -> the folder of that video config (the Qwen ones built here, the others beside the
+    session's family folders)."""
+    root = tmp_path_factory.mktemp("procvideo")
+    return lambda family, config: _variant(root, family_models, family, config)
 
 
 def _t(s: str) -> dict:
@@ -150,15 +154,9 @@ def _oracle(proc, msgs: list[dict], sizes: list, clips: list[str]):
     return len(out["input_ids"][0])
 
 
-def _plain_processor(folder: Path):
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(folder), local_files_only=True)
-
-
 @pytest.mark.parametrize(("family", "config"), CASES)
-def test_video_samples_equal_the_processor_on_real_frames(family, config, root):
-    folder = _variant(root, family, config)
+def test_video_samples_equal_the_processor_on_real_frames(family, config, variant):
+    folder = variant(family, config)
     counter = counter_for(processor_profile(folder))
     assert counter.profile.rule == "processor"
     proc = _plain_processor(folder)
@@ -191,14 +189,14 @@ def test_video_samples_equal_the_processor_on_real_frames(family, config, root):
 FAST_CASES = [(f, c) for f, c in CASES if f != "qwen2.5-vl" and (f, c) != ("qwen3-vl", "num_frames_8")]
 
 
-def test_a_qwen3_folder_sampling_by_num_frames_takes_the_processor_rule(root):
-    assert profile_from_model_dir(_variant(root, "qwen3-vl", "num_frames_8")).rule == "processor"
-    assert profile_from_model_dir(_variant(root, "qwen3-vl", "fps_10")).rule == "fast"
+def test_a_qwen3_folder_sampling_by_num_frames_takes_the_processor_rule(variant):
+    assert profile_from_model_dir(variant("qwen3-vl", "num_frames_8")).rule == "processor"
+    assert profile_from_model_dir(variant("qwen3-vl", "fps_10")).rule == "fast"
 
 
 @pytest.mark.parametrize(("family", "config"), FAST_CASES)
-def test_video_samples_equal_the_fast_rule(family, config, root):
-    folder = _variant(root, family, config)
+def test_video_samples_equal_the_fast_rule(family, config, variant):
+    folder = variant(family, config)
     fast_profile = profile_from_model_dir(folder)
     assert fast_profile.rule == "fast"
     fast, proc_rule = counter_for(fast_profile), counter_for(processor_profile(folder))
@@ -214,7 +212,7 @@ def test_video_samples_equal_the_fast_rule(family, config, root):
             family, config, clips, g, w)
 
 
-def test_a_broken_video_and_a_refused_video_are_reason_rows(root, tmp_path):
+def test_a_broken_video_and_a_refused_video_are_reason_rows(variant, tmp_path):
     """Through the shard stage: a truncated clip is `bad_video` in the manifest (as for the fast rules); a
     video the processor refuses (more frames asked than it has) is `processor_error` with its message; bad
     metadata is `bad_video` before any processor call."""
@@ -223,7 +221,7 @@ def test_a_broken_video_and_a_refused_video_are_reason_rows(root, tmp_path):
     from pack_assets.core.counting.token_lengths import run_token_lengths
     from pack_assets.core.scan import run_manifest
 
-    folder = _variant(root, "llava-onevision", "num_frames_8")
+    folder = variant("llava-onevision", "num_frames_8")
     msgs = [{"role": "user", "content": [VID, _t("What happens?")]},
             {"role": "assistant", "content": [_t("A gradient.")]}]
     members = []
@@ -253,19 +251,19 @@ def test_a_broken_video_and_a_refused_video_are_reason_rows(root, tmp_path):
     assert [getattr(r, "reason", r) for r in res] == ["bad_video"] * 5
 
 
-def test_video_status_says_how_videos_are_counted(root):
+def test_video_status_says_how_videos_are_counted(variant):
     from pack_assets.core.counting.procount import ProcessorCounter
 
-    status = ProcessorCounter(processor_profile(_variant(root, "qwen3-vl", "default"))).video_status()
+    status = ProcessorCounter(processor_profile(variant("qwen3-vl", "default"))).video_status()
     assert status.startswith("counted by Qwen3VLVideoProcessor") and "cached per video metadata" in status
 
 
-def test_qwen3_timestamps_follow_the_fps_in_the_cache_key(root):
+def test_qwen3_timestamps_follow_the_fps_in_the_cache_key(variant):
     """Two videos with the same frames and size but another frame rate: Qwen3-VL samples and timestamps them
     differently; the cache keeps them apart (each equals a fresh counter's whole call)."""
     from pack_assets.core.counting.procount import ProcessorCounter
 
-    folder = _variant(root, "qwen3-vl", "default")
+    folder = variant("qwen3-vl", "default")
     counter = ProcessorCounter(processor_profile(folder))
     msgs = [{"role": "user", "content": [VID, _t("When?")]}, {"role": "assistant", "content": "Now."}]
     a = {"frames": 120, "fps": 30.0, "width": 64, "height": 48, "duration": 4.0}
@@ -276,7 +274,7 @@ def test_qwen3_timestamps_follow_the_fps_in_the_cache_key(root):
     assert counter.fallbacks == 0 and counter.direct_counts >= 4
 
 
-def test_a_video_too_big_for_the_memory_budget_is_a_reason_row_before_any_processor_call(root, monkeypatch):
+def test_a_video_too_big_for_the_memory_budget_is_a_reason_row_before_any_processor_call(variant, monkeypatch):
     """The stand-in frames are virtual, but a video processor materializes the frames it keeps and its output
     for each: a sample whose videos (one processor call) would pass the budget is video_memory_budget with the
     figures, before the processor runs on them; sampling that keeps fewer frames brings it under; the videos
@@ -288,7 +286,7 @@ def test_a_video_too_big_for_the_memory_budget_is_a_reason_row_before_any_proces
             {"role": "assistant", "content": [{"type": "text", "text": "a thing"}]}]
 
     def count(family, config, frames, n_videos=1, size=(1920, 1080)):
-        pc = procount.ProcessorCounter(processor_profile(_variant(root, family, config)))  # a fresh cache
+        pc = procount.ProcessorCounter(processor_profile(variant(family, config)))  # a fresh cache
         m = copy.deepcopy(msgs)
         m[0]["content"] = [{"type": "video"}] * n_videos + m[0]["content"][1:]
         meta = {"frames": frames, "fps": 30.0, "width": size[0], "height": size[1], "duration": frames / 30}
@@ -313,15 +311,15 @@ def test_a_video_too_big_for_the_memory_budget_is_a_reason_row_before_any_proces
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-2", "inf"])
-def test_a_bad_video_budget_is_a_clear_error_when_the_counter_is_built(root, monkeypatch, value):
+def test_a_bad_video_budget_is_a_clear_error_when_the_counter_is_built(variant, monkeypatch, value):
     from pack_assets.core.counting import procount
 
     monkeypatch.setenv(procount.BUDGET_ENV, value)
     with pytest.raises(ValueError, match=procount.BUDGET_ENV):
-        procount.ProcessorCounter(processor_profile(_variant(root, "qwen2.5-vl", "fps_2")))
+        procount.ProcessorCounter(processor_profile(variant("qwen2.5-vl", "fps_2")))
 
 
-def test_a_full_video_cache_evicts_the_least_recently_used_and_never_turns_the_self_check_off(root, monkeypatch):
+def test_a_full_video_cache_evicts_the_least_recently_used_and_never_turns_the_self_check_off(variant, monkeypatch):
     """With room for 3 video replacements: A, B, X, then [B, A], then [B, A, C] (A and B used again, so X is the
     one evicted; C's first sight then evicts again). Every count equals the whole processor call and the
     direct path stays on (a FIFO eviction once dropped a replacement a checked sample still needed: KeyError,
@@ -329,7 +327,7 @@ def test_a_full_video_cache_evicts_the_least_recently_used_and_never_turns_the_s
     from pack_assets.core.counting import procount
 
     monkeypatch.setattr(procount, "_CACHE_MAX", 3)
-    pc = procount.ProcessorCounter(processor_profile(_variant(root, "qwen2.5-vl", "default")))
+    pc = procount.ProcessorCounter(processor_profile(variant("qwen2.5-vl", "default")))
     a, b, x, c = (_clip(n)[1] for n in ["lf_4.mp4", "g40_80x60_ntsc.mov", "g50_200x120_25fps.mp4",
                                          "g12_64x48_30fps.mp4"])
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import needs
 from exif_images import oriented_image
-from family_fixtures import materialize, qwen_folder
+from family_fixtures import qwen_folder
 
 try:
     import torchvision  # noqa: F401  (InternVL's, LLaVA-OneVision's and Qwen's processors need it)
@@ -23,12 +23,10 @@ FAMILIES = sorted(ORACLE["families"])
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("rotated-models")
-
-
-def _folder(models: Path, family: str) -> Path:
-    return qwen_folder(models, family) if family.startswith("qwen") else materialize(models, (family,))[family]
+def folder_of(tmp_path_factory, family_models):
+    """family -> its checkpoint folder (the Qwen ones built here, the others the session's)."""
+    models = tmp_path_factory.mktemp("rotated-models")
+    return lambda family: qwen_folder(models, family) if family.startswith("qwen") else family_models[family]
 
 
 def _records(tmp: Path, family: str) -> tuple[Path, list[int]]:
@@ -54,22 +52,22 @@ def test_the_oracle_turns_images_where_it_matters():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_family_fast_rule_counts_rotated_images_as_the_processor_does(family, models, tmp_path):
+def test_every_family_fast_rule_counts_rotated_images_as_the_processor_does(family, folder_of, tmp_path):
     from pack_assets.core.counting.count import count_records
     from pack_assets.core.counting.profiles import profile_from_model_dir
 
     path, want = _records(tmp_path, family)
-    fast = profile_from_model_dir(_folder(models, family))
+    fast = profile_from_model_dir(folder_of(family))
     assert fast.rule == "fast"
     assert [r.get("total_tokens", r.get("error")) for r in count_records(path, None, fast)] == want
 
 
 @processor_needed
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_processor_rule_counts_rotated_images_as_the_processor_does(family, models, tmp_path):
+def test_the_processor_rule_counts_rotated_images_as_the_processor_does(family, folder_of, tmp_path):
     from pack_assets.core.counting.count import count_records
     from pack_assets.core.counting.profiles import processor_profile
 
     path, want = _records(tmp_path, family)
-    got = count_records(path, None, processor_profile(_folder(models, family)))
+    got = count_records(path, None, processor_profile(folder_of(family)))
     assert [r.get("total_tokens", r.get("error")) for r in got] == want

@@ -24,9 +24,9 @@ CHECKPOINT = "Qwen2.5-VL-7B-Instruct"
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    """``packed/`` (Qwen2.5-VL packs of text, one- and two-image samples) and the checkpoint folder the recipes
-    name: a tiny random model from the real config (the real vocabulary: the packs' ids go in as they are) and
-    the processor built from the bundled tokenizer and the real preprocessor config."""
+    """``packed/`` (Qwen2.5-VL packs of text, one- and two-image samples, 200 tokens at most) and the checkpoint
+    folder the recipes name: a tiny random model from the real config (the real vocabulary: the packs' ids go in
+    as they are) and the processor built from the bundled tokenizer and the real preprocessor config."""
     from tiny_models import tiny_model
     from transformers import PreTrainedTokenizerFast, Qwen2_5_VLProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
@@ -36,7 +36,12 @@ def folder(tmp_path_factory):
     from pack_assets.core.counting.tokenizers import tokenizer_for
 
     root = tmp_path_factory.mktemp("trainers")
-    pack_shards(small_dataset(root / "in"), root, "qwen2.5-vl", max_len=450, out=root / "packed")
+    # short packs: the real vocabulary's output layer (152k rows) makes every trained token costly; the four
+    # packs the recipes' two steps of two take still hold a text, a one-image and two two-image samples, and
+    # a pack of two samples (checked below, so a change of the data or the planner cannot drop one unseen)
+    packs = pack_shards(small_dataset(root / "in"), root, "qwen2.5-vl", max_len=200, out=root / "packed")
+    taken = [[len(s["media"]) for s in p["samples"]] for p in packs[:4]]
+    assert {n for t in taken for n in t} == {0, 1, 2} and max(map(len, taken)) >= 2, taken
     model, _ = tiny_model("qwen2.5-vl", None)
     model.save_pretrained(root / CHECKPOINT)
     profile = load_profile("qwen2.5-vl")

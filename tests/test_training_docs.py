@@ -82,17 +82,16 @@ class _RealIds:
 
 
 @needs_torch
-def test_the_family_example_runs(tmp_path, monkeypatch):
+def test_the_family_example_runs(family_models, tmp_path, monkeypatch):
     """The InternVL / LLaVA-OneVision / Gemma 3 example on an InternVL packed folder (the fixture's config
     folder as the checkpoint, a tiny random model standing in for the user's)."""
     from conftest import write_tar
-    from family_fixtures import materialize
     from pack_helpers import family_samples
     from tiny_models import tiny_family_model
 
     from pack_assets.core.counting.profiles import profile_from_model_dir
 
-    folder = materialize(tmp_path, ("internvl",))["internvl"]
+    folder = family_models["internvl"]
     write_tar(tmp_path / "in" / "f.tar", family_samples())
     packs = pack_shards(
         tmp_path / "in", tmp_path, profile_from_model_dir(folder), max_len=1600, out=tmp_path / "packed"

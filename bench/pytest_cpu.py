@@ -1,0 +1,60 @@
+"""A pytest plugin: each test's CPU seconds (its setup, call and teardown; this process's and its waited-for
+children's user + system time), appended to ``$PYTEST_CPU_OUT`` as ``seconds<TAB>node id`` lines, the session's
+total last. For comparing the suite's CPU before and after a change in one sitting on a shared machine, where
+wall-clock durations say more about the load than about the test:
+
+    PYTHONPATH=.:bench PYTEST_CPU_OUT=/tmp/after.tsv python -m pytest -q -n 0 -p pytest_cpu tests/test_x.py
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+import pytest
+
+_SPENT: dict[str, float] = {}
+
+
+def _cpu() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _out() -> str:
+    return os.environ.get("PYTEST_CPU_OUT", "pytest_cpu.tsv")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    t = _cpu()
+    yield
+    _SPENT[item.nodeid] = _SPENT.get(item.nodeid, 0.0) + _cpu() - t
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    t = _cpu()
+    yield
+    _SPENT[item.nodeid] = _SPENT.get(item.nodeid, 0.0) + _cpu() - t
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    t = _cpu()
+    yield
+    _SPENT[item.nodeid] = _SPENT.get(item.nodeid, 0.0) + _cpu() - t
+    with open(_out(), "a", encoding="utf-8") as f:
+        f.write(f"{_SPENT[item.nodeid]:.2f}\t{item.nodeid}\n")
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_START] = _cpu()
+
+
+def pytest_sessionfinish(session):
+    with open(_out(), "a", encoding="utf-8") as f:
+        f.write(f"# session total {_cpu() - session.config.stash[_START]:.2f}\n")
+
+
+_START = pytest.StashKey[float]()
