@@ -7,12 +7,14 @@ process on a scanned and counted work folder: RSS and VmHWM (MB) after each step
 It plans from scratch when the work folder has no catalog (delete pack_assets.duckdb* and pack_plan.jsonl of a
 scratch copy first). Prints one JSON line last (issue 41: bench/results/plan_rss_i41_s47_10m.json).
 """
-import functools
 import json
 import sys
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_plan_rss import told  # noqa: E402
 
 from pack_assets.core import plan, report, store
 from pack_assets.core.counting.profiles import resolve_profile
@@ -41,21 +43,15 @@ def say(step):
 helpers = Helpers(2) if mode != "alone" else None  # forked while this process is single-threaded, as the command
 
 
-def wrap(mod, name):
-    f = getattr(mod, name)
-    @functools.wraps(f)
-    def g(*a, **k):
-        phase[0] = name
-        out = f(*a, **k)
-        say(name)
-        return out
-    setattr(mod, name, g)
+def entered(name):
+    phase[0] = name
+
 
 for name in ("ok_lengths", "split_overlong", "make_plan", "check_plan"):
-    wrap(plan, name)
+    told(plan, name, say, entered)
 for name in ("build_catalog", "save_plan"):
-    wrap(store, name)
-wrap(report, "start_what_if")
+    told(store, name, say, entered)
+told(report, "start_what_if", say, entered)
 threading.Thread(target=sampler, daemon=True).start()
 shards = sorted(p.name for p in (work / "manifest").iterdir() if p.is_dir())
 cfg, prof = PlanConfig(max_len=16384), resolve_profile("qwen3-vl", None, False, "")
