@@ -55,6 +55,20 @@ def synth(src: Path, dst: Path, n_shards: int, profile: str) -> None:
                                     schema=t.schema), d)
 
 
+def told(mod, name: str, say, before=None) -> None:
+    """``mod.name`` replaced by itself calling ``before(name)`` first (if given) and ``say(name)`` after."""
+    f = getattr(mod, name)
+
+    @functools.wraps(f)
+    def g(*a, **k):
+        if before is not None:
+            before(name)
+        out = f(*a, **k)
+        say(name)
+        return out
+    setattr(mod, name, g)
+
+
 def measure(work: Path, profile_name: str, max_len: int) -> dict:
     """run_plan on ``work``, the RSS and peak after each step (MB)."""
     from pack_assets.core import plan, store
@@ -71,20 +85,10 @@ def measure(work: Path, profile_name: str, max_len: int) -> dict:
         steps.append({"step": step, "rss_mb": round(rss / 1e6), "peak_mb": round(hwm / 1e3),
                       "s": round(time.perf_counter() - t0, 1)})
 
-    def wrap(mod, name: str) -> None:
-        f = getattr(mod, name)
-
-        @functools.wraps(f)
-        def g(*a, **k):
-            out = f(*a, **k)
-            say(name)
-            return out
-        setattr(mod, name, g)
-
     for name in ("ok_lengths", "split_overlong", "make_plan", "check_plan"):
-        wrap(plan, name)
+        told(plan, name, say)
     for name in ("build_catalog", "atomic_write_text", "save_plan"):
-        wrap(store, name)
+        told(store, name, say)
     shards = sorted(p.name for p in (work / "manifest").iterdir() if p.is_dir())
     say("start")
     s = plan.run_plan(work, shards, PlanConfig(max_len=max_len), resolve_profile(profile_name, None, False, ""))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 
 from pack_assets.core import plan as plan_mod
 from pack_assets.core import store
@@ -51,6 +52,19 @@ def test_the_table_writes_the_lines_and_catalog_rows_pack_objects_wrote(tmp_path
     assert dropped == sorted(plan.dropped, key=lambda d: d["sample_id"])
     assert "".join(_old_line(p) for p in back) == plan_mod.plan_jsonl(plan)
     assert [p.output_shard for p in back] == [p.output_shard for p in objects]
+
+
+def test_catalog_batches_are_bounded_in_members_and_hold_the_same_rows():
+    """A batch's ids pass through Python objects: at most ``members`` of them a batch (a pack bigger than that
+    alone), and the rows do not depend on where the batches break."""
+    packs = _plan().packs
+    whole = pa.Table.from_batches(list(packs.batches(step=len(packs), members=10**9)))
+    for members in (1, 30, 100):
+        got = list(packs.batches(members=members))
+        firsts = np.cumsum([0] + [b.num_rows for b in got])[:-1]
+        sizes = [int(packs.offsets[a + b.num_rows] - packs.offsets[a]) for a, b in zip(firsts, got)]
+        assert all(s <= members or b.num_rows == 1 for s, b in zip(sizes, got)), (members, sizes)
+        assert len(got) > 1 and pa.Table.from_batches(got).equals(whole)
 
 
 def test_a_prune_keeps_ids_and_shards_and_counts_what_it_removed():

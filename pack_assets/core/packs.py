@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 IDS = np.dtypes.StringDType()  # a sample id array: ids stored once in NumPy's arena, not as Python str objects
+BATCH_MEMBERS = 1 << 16  # ids per Arrow batch of `PackTable.batches` (at 10M samples, 16,384 packs held 5M)
 
 
 @dataclass
@@ -157,14 +158,19 @@ class PackTable:
                                    "total_token_len": total}) + "\n"
                        for p, mt, ids, lens, total in self.rows(start, len(self) if stop is None else stop))
 
-    def batches(self, step: int = 1 << 14) -> pa.RecordBatchReader:
+    def batches(self, step: int = 1 << 14, members: int = BATCH_MEMBERS) -> pa.RecordBatchReader:
         """The catalog's pack_plan rows (`store.PACK_PLAN_SCHEMA`'s columns; DuckDB casts them to its types),
-        made ``step`` packs at a time as the reader is read."""
-        return pa.RecordBatchReader.from_batches(_SCHEMA, self._batches(step))
+        made at most ``step`` packs and about ``members`` members (at least one pack) at a time as the reader
+        is read."""
+        return pa.RecordBatchReader.from_batches(_SCHEMA, self._batches(step, members))
 
-    def _batches(self, step: int) -> Iterator[pa.RecordBatch]:
-        for start in range(0, len(self), step):
-            stop = min(start + step, len(self))
+    def _batches(self, step: int, members: int) -> Iterator[pa.RecordBatch]:
+        start = 0
+        while start < len(self):
+            # the packs whose members end within ``members`` of this batch's first: a batch's ids pass through
+            # Python str and bytes objects (~0.2 KB an id), so its size is bounded in ids, not in packs
+            fit = int(np.searchsorted(self.offsets, self.offsets[start] + members, side="right")) - 1
+            stop = min(start + step, len(self), max(start + 1, fit))
             lo, hi = int(self.offsets[start]), int(self.offsets[stop])
             offs = self.offsets[start:stop + 1] - lo
             cols = [_strings([pack_id(n) for n in self.numbers[start:stop].tolist()]),
@@ -175,6 +181,7 @@ class PackTable:
                     pa.Array.from_buffers(pa.bool_(), stop - start, [None, pa.py_buffer(
                         np.packbits(self.overlong[start:stop], bitorder="little"))])]
             yield pa.RecordBatch.from_arrays(cols, schema=_SCHEMA)
+            start = stop
 
     def select(self, keep: np.ndarray) -> PackTable:
         """The packs with only the members where ``keep`` (per member) holds; a pack left empty is removed."""

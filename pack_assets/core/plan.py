@@ -518,9 +518,11 @@ def _saved(con, work: Path, plan: PlanResult, base: incremental.Base | None, inf
     path = work / "pack_plan.jsonl"
     record = incremental.write_plan_file(path, plan_jsonl_parts(plan)) if base is None \
         else incremental.append_plan_file(path, base, plan_jsonl_parts(plan))
-    store.save_plan(con, plan.packs.batches(), plan.dropped, info.as_dict(), pieces=[split_row(p) for p in pieces],
+    # the reader holds the only reference to the packs: they go once pack_plan's rows are in, before DuckDB makes
+    # pack_members and checks the plan (with its own memory, not beside the packs)
+    batches, plan.packs = plan.packs.batches(), None
+    store.save_plan(con, batches, plan.dropped, info.as_dict(), pieces=[split_row(p) for p in pieces],
                     multiple=config.multiple, append=base is not None)
-    plan.packs = None  # stored: the check below reads the catalog, with DuckDB's memory, not beside the packs
     violations = check_plan(con, config, since=None if base is None else base.next_number)
     if not violations:
         incremental.record_plan_file(con, record)

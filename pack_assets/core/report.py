@@ -389,9 +389,10 @@ def _max_lens(config: PlanConfig) -> list[int]:
     return sorted({config.max_len // 4, config.max_len // 2, config.max_len, config.max_len * 2})
 
 
-def _sweep_drawn(lengths: np.ndarray, config: PlanConfig, path: Path) -> dict:
+def _sweep_drawn(held: dict[str, np.ndarray] | Path, config: PlanConfig, path: Path) -> dict:
     """The sweep, and its fill figure drawn where it was simulated (one hand-off, not two); on the lengths the
     plan packs (each padded to the context-parallel multiple, core/cpad.py)."""
+    lengths = _lengths_held(held)["lengths"]
     lengths = padded(lengths, config.multiple) if config.multiple > 1 else lengths
     sim = simulate(lengths, _max_lens(config), sorted({config.algorithm, "bfd", "next_fit"}), config.caps,
                    seed=config.seed)
@@ -399,8 +400,40 @@ def _sweep_drawn(lengths: np.ndarray, config: PlanConfig, path: Path) -> dict:
     return sim
 
 
-def _distribution_drawn(groups: dict[str, np.ndarray], max_lens: list[int], path: Path) -> None:
-    draw_distribution(_length_distribution(groups, max_lens), path)
+def _distribution_drawn(held: dict[str, np.ndarray] | Path, max_lens: list[int], path: Path) -> None:
+    draw_distribution(_length_distribution(_by_media_type(_lengths_held(held)), max_lens), path)
+
+
+def _by_media_type(held: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    lengths, codes, types = held["lengths"], held["codes"], held["types"].tolist()
+    return {mt: lengths[codes == k] for k, mt in enumerate(types)} or {"all": lengths}
+
+
+def _lengths_held(held: dict[str, np.ndarray] | Path) -> dict[str, np.ndarray]:
+    """The sweep's lengths (and each one's media type as a code into ``types``), given as arrays or as the file
+    `start_what_if` saved them in."""
+    if isinstance(held, Path):
+        with np.load(held) as z:
+            return {k: z[k] for k in z.files}
+    return held
+
+
+def _held_for(rows: dict[str, np.ndarray], at: Path, pool: Executor | None) -> dict[str, np.ndarray] | Path:
+    """The lengths of ``rows`` and their media types as codes; for a pool, saved to ``at`` (its helper reads them
+    there): handed over as arrays, the command's process kept them (for a broken pool's fallback) and their
+    pickles while the plan went on, a few hundred MB at 10M samples (issue 41)."""
+    mtypes = rows["media_types"]
+    types = sorted(set(mtypes.tolist()))
+    codes = np.zeros(len(mtypes), np.int8 if len(types) < 128 else np.int32)
+    for k, mt in enumerate(types[1:], 1):
+        codes[mtypes == mt] = k
+    held = {"lengths": rows["lengths"], "codes": codes, "types": np.asarray(types, dtype=str)}
+    if pool is None:
+        return held
+    at.parent.mkdir(parents=True, exist_ok=True)
+    with open(at, "wb") as f:
+        np.savez(f, **held)
+    return at
 
 
 def start_what_if(work: Path, config: PlanConfig, rows: dict[str, np.ndarray], pool: Executor | None = None
@@ -409,18 +442,21 @@ def start_what_if(work: Path, config: PlanConfig, rows: dict[str, np.ndarray], p
     configured algorithm against bfd and next_fit, with its figure, and the length distribution's figure,
     each a job for ``pool`` (else done now) while the plan goes on; returns what then waits for them and
     writes ``what_if.json`` for the plan's fingerprint."""
-    lengths, mtypes = rows["lengths"].copy(), rows["media_types"]
-    media = {mt: lengths[mtypes == mt] for mt in sorted(set(mtypes.tolist()))} or {"all": lengths}
     plots = {name: work / "plots" / f"{name}.png" for name in ("length_distribution", "fill_vs_max_len")}
     # drawn under temporary names while the plan goes on, in place once it is made (a failed plan leaves the
     # last figures with the last what_if.json)
     drawn_at = {name: path.with_name(f".{path.stem}.what-if.png") for name, path in plots.items()}
-    sweep = run_aside(pool, _sweep_drawn, lengths, config, drawn_at["fill_vs_max_len"])
-    distribution = run_aside(pool, _distribution_drawn, media, _max_lens(config), drawn_at["length_distribution"])
+    held = _held_for(rows, work / "plots" / ".lengths.what-if.npz", pool)
+    sweep = run_aside(pool, _sweep_drawn, held, config, drawn_at["fill_vs_max_len"])
+    distribution = run_aside(pool, _distribution_drawn, held, _max_lens(config), drawn_at["length_distribution"])
 
     def finish(plan_fingerprint: str) -> WhatIf:
-        sim = sweep.result()
-        distribution.result()
+        try:
+            sim = sweep.result()
+            distribution.result()
+        finally:
+            if isinstance(held, Path):
+                held.unlink(missing_ok=True)
         for name, path in plots.items():
             safety.replace(drawn_at[name], path)
         what_if = WhatIf(plan_fingerprint, sim["results"], sim["recommended_max_len"],
