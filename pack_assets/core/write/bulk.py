@@ -8,11 +8,9 @@ one hash over every line ``ShardFingerprint`` takes. The bytes are ``pack_docume
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from bisect import bisect_right
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import accumulate, groupby
 
@@ -151,25 +149,15 @@ def group_table(con, queries: dict[str, str], query: str, group: list[str], rows
     return con.sql(f"{sql} ORDER BY {order}", params=group).to_arrow_table()
 
 
-def _side_by_side(con, group: list[str], asks: list[tuple]) -> list:
-    """`group_table` of each (queries, query, rows, order_by) of ``asks``, all run at once, each on a cursor of
-    its own (DuckDB runs them without the GIL; one alone leaves a core idle for part of its time)."""
-    with ThreadPoolExecutor(max_workers=len(asks), thread_name_prefix="rows") as pool:
-        def ask(queries: dict, query: str, rows: store.Staged | None, order_by: str):
-            with contextlib.closing(con.cursor()) as cur:
-                return group_table(cur, queries, query, group, rows, order_by)
-        return [f.result() for f in [pool.submit(ask, *a) for a in asks]]
-
-
 def group_columns(con, input_root, group: list[str], rows: store.Staged | None = None) -> Iterator[tuple[str, Columns]]:
     """Each shard of ``group`` with its columns, as `catalog_columns` gives them, from one read of each query for
     the whole group (its staged file, `store.staged(..., groups=)`, or one query): a writer's job reads the
     catalog once, not once per output shard. The rows stay Arrow until their shard is prepared: a job holds one
     shard's rows as Python objects at a time, and the next shard's are made while a thread fsyncs the one before."""
     queries = bulk_rows(con)
-    samples, members, conversations = map(_by_shard, _side_by_side(con, group, [
-        (queries, "samples", rows, "pack_id, position"), (queries, "members", rows, "pack_id, position, kind, i"),
-        (WRITE_CONVERSATIONS, "conversations", None, "")]))  # the conversations not staged: queried
+    samples = _by_shard(group_table(con, queries, "samples", group, rows, order_by="pack_id, position"))
+    members = _by_shard(group_table(con, queries, "members", group, rows, order_by="pack_id, position, kind, i"))
+    conversations = _by_shard(group_table(con, WRITE_CONVERSATIONS, "conversations", group))
     for name in group:
         sid, conv, sha = _lists(conversations.pop(name, None), 3)
         yield name, _columns(input_root, name, _lists(samples.pop(name, None), _SAMPLE_COLUMNS),
