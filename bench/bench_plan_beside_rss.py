@@ -2,10 +2,11 @@
 started beside it by `report.WhatIfBeside` through the command's helper processes), without Dagster, in a fresh
 process on a scanned and counted work folder: RSS and VmHWM (MB) after each step, and each step's sampled peak.
 
-    python bench/bench_plan_beside_rss.py pool <work>     # or: alone (run_plan only), inline (what-if, no pool)
+    python bench/bench_plan_beside_rss.py pool <work> [results]  # or: alone (run_plan only), inline (what-if, no pool)
 
 It plans from scratch when the work folder has no catalog (delete pack_assets.duckdb* and pack_plan.jsonl of a
-scratch copy first). Prints one JSON line last (issue 41: bench/results/plan_rss_i41_s47_10m.json).
+scratch copy first). Prints one JSON line last and, given ``results`` (a new file or a folder), writes it there
+(bench/common.py's `ResultsFile`; issue 41's figures: bench/results/plan_rss_i41_s47_10m.json).
 """
 import json
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_plan_rss import told  # noqa: E402
+from common import ResultsFile  # noqa: E402
 
 from pack_assets.core import plan, report, store
 from pack_assets.core.counting.profiles import resolve_profile
@@ -22,6 +24,7 @@ from pack_assets.core.settings import PlanConfig
 from pack_assets.runner.procs import Helpers
 
 mode, work = sys.argv[1], Path(sys.argv[2])
+results = ResultsFile(sys.argv[3], "plan_beside_rss") if len(sys.argv) > 3 else None
 
 
 def status(key):
@@ -65,7 +68,10 @@ else:
     phase[0] = "finish"
     w.finish(s.fingerprint)
 say("run_plan")
-print(json.dumps({"mode": mode, "samples": s.stats["samples"], "packs": s.packs, "fingerprint": s.fingerprint,
-                  "marks": marks, "phase_peaks_mb": peaks}))
+record = {"mode": mode, "samples": s.stats["samples"], "packs": s.packs, "fingerprint": s.fingerprint,
+          "marks": marks, "phase_peaks_mb": peaks}
+print(json.dumps(record))
+if results:
+    results.write(record)
 if helpers:
     helpers.close()
