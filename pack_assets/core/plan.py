@@ -518,9 +518,7 @@ def _saved(con, work: Path, plan: PlanResult, base: incremental.Base | None, inf
     path = work / "pack_plan.jsonl"
     record = incremental.write_plan_file(path, plan_jsonl_parts(plan)) if base is None \
         else incremental.append_plan_file(path, base, plan_jsonl_parts(plan))
-    # the reader holds the only reference to the packs: they go once pack_plan's rows are in, before DuckDB makes
-    # pack_members and checks the plan (with its own memory, not beside the packs)
-    batches, plan.packs = plan.packs.batches(), None
+    batches, plan.packs = plan.packs.batches(), None  # the reader's alone: gone once pack_plan's rows are in
     store.save_plan(con, batches, plan.dropped, info.as_dict(), pieces=[split_row(p) for p in pieces],
                     multiple=config.multiple, append=base is not None)
     violations = check_plan(con, config, since=None if base is None else base.next_number)
