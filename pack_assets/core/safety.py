@@ -73,13 +73,18 @@ def mkdtemp(prefix: str, dir: Path | str) -> str:
     return path
 
 
-def fsync_dir(path: Path | str) -> None:
-    """fsync a folder: the names renamed into (or out of) it last through a power cut."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def fsync_file(path: Path | str, flags: int = 0) -> None:
+    """fsync a file by its name (``flags``: added to the open's, e.g. ``os.O_DIRECTORY``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(path: Path | str) -> None:
+    """fsync a folder: the names renamed into (or out of) it last through a power cut."""
+    fsync_file(path, os.O_DIRECTORY)
 
 
 def replace(src: Path | str, dst: Path | str) -> None:
@@ -97,11 +102,7 @@ def fsync_tree(folder: Path) -> None:
     """fsync every file of a folder just written and the folder itself (before it is renamed into place)."""
     for p in folder.iterdir():
         if p.is_file():
-            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(p)
     fsync_dir(folder)
 
 

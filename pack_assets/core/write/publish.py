@@ -13,27 +13,19 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..safety import fsync_dir, mkstemp
+from ..safety import fsync_dir, fsync_file, mkstemp
 
 SYNC_THREADS = 16  # fsyncs of a batch in flight at once
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def fsync_all(paths: list[str]) -> None:
     """fsync every file of ``paths``, side by side; the first error raised."""
     if len(paths) <= 1:
         for p in paths:
-            _fsync(p)
+            fsync_file(p)
         return
     with ThreadPoolExecutor(max_workers=min(SYNC_THREADS, len(paths)), thread_name_prefix="fsync") as pool:
-        for f in [pool.submit(_fsync, p) for p in paths]:
+        for f in [pool.submit(fsync_file, p) for p in paths]:
             f.result()
 
 
