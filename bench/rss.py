@@ -1,7 +1,9 @@
 """Peak RSS of a `pack-assets run` per stage and per kind of process, for bench_e2e.py.
 
 `TreeSampler` reads /proc every ~0.2 s: every process under a root pid, its RSS (VmRSS) and its own peak
-(VmHWM, the kernel's high-water mark, exact whatever the sampling misses). After the run, `by_stage` puts each
+(VmHWM, the kernel's high-water mark, exact whatever the sampling misses), and its PSS (smaps_rollup: shared
+pages split between the processes that share them, so the tree's PSS summed is its real footprint, where
+its RSS summed counts a forked child's pages shared with its parent twice). After the run, `by_stage` puts each
 sample in the stage the run was in at that moment: the pack steps' spans from the Dagster event log
 (`step_spans`: STEP_START to STEP_SUCCESS, the run's own clock), the spans before them from the summary's
 `stage_seconds` laid end to end from the command's start. Kinds: `main` is the `pack-assets run` process (its
@@ -36,14 +38,25 @@ def _status(pid: int) -> tuple[int, int, int] | None:
     return int(f["PPid"]), kb("VmRSS"), kb("VmHWM")
 
 
+def _pss(pid: int) -> int:
+    """The process's PSS in bytes (0 for a process gone)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) * 1024 for line in text.splitlines() if line.startswith("Pss:")), 0)
+
+
 class TreeSampler(threading.Thread):
     """Samples the processes below `root` (not `root` itself) until `stop()`; `samples`: (wall time, {pid:
-    rss}); `procs`: pid → {parent, first (wall time first seen), hwm (its VmHWM when last seen)}."""
+    rss}); `pss`: (wall time, the tree's PSS summed); `procs`: pid → {parent, first (wall time first seen),
+    hwm (its VmHWM when last seen)}."""
 
     def __init__(self, root: int, every: float = 0.2) -> None:
         super().__init__(daemon=True)
         self.root, self.every, self.halt = root, every, threading.Event()
         self.samples: list[tuple[float, dict[int, int]]] = []
+        self.pss: list[tuple[float, int]] = []
         self.procs: dict[int, dict] = {}
 
     def run(self) -> None:
@@ -69,6 +82,7 @@ class TreeSampler(threading.Thread):
             rec["hwm"] = max(rec["hwm"], hwm)
             rss[pid] = r
         self.samples.append((now, rss))
+        self.pss.append((now, sum(_pss(pid) for pid in rss)))
 
     def stop(self) -> None:
         self.halt.set()
@@ -121,7 +135,8 @@ def stage_of(t: float, spans: list[tuple[str, float, float]]) -> str:
 
 def by_stage(sampler: TreeSampler, spans: list[tuple[str, float, float]]) -> dict:
     """Per stage: the peak RSS of the largest process of each kind, of each kind's processes summed, and of the
-    whole tree summed (bytes; from the samples); per kind, the largest VmHWM of its processes (whole run)."""
+    whole tree summed, RSS and PSS (bytes; from the samples); per kind, the largest VmHWM of its processes
+    (whole run)."""
     main = min((p for p, r in sampler.procs.items() if r["parent"] == sampler.root),
                key=lambda p: sampler.procs[p]["first"], default=None)
     kind = {p: "main" if p == main else _CHILD_KIND.get(stage_of(r["first"], spans), "helpers")
@@ -138,6 +153,9 @@ def by_stage(sampler: TreeSampler, spans: list[tuple[str, float, float]]) -> dic
             summed[k] = summed.get(k, 0) + r
         for k, s in summed.items():
             rec["summed"][k] = max(rec["summed"].get(k, 0), s)
+    for t, pss in sampler.pss:
+        rec = stages[stage_of(t, spans)]
+        rec["tree_pss_bytes"] = max(rec.get("tree_pss_bytes", 0), pss)
     hwm: dict[str, dict] = {}
     for pid, r in sampler.procs.items():
         h = hwm.setdefault(kind[pid], {"processes": 0, "largest_hwm_bytes": 0})
