@@ -44,6 +44,9 @@ def work_shard(flat: dict, shard: str, force: bool) -> int:
         with no_cyclic_gc():
             scanned = run_manifest(s.sources, s.work, shard, s.scan, force=force, keep=kept)
             run_token_lengths(s.work, shard, s.model_profile(), force=force, scanned=kept if kept.info else None)
+            # freed while the collector is still off: once back on, its first pass would walk every object the
+            # scan kept (all still in its youngest generation), for nothing
+            kept.samples.clear()
         return scanned.samples
     except Exception as e:
         raise RuntimeError(f"{type(e).__name__}: {e}") from None
