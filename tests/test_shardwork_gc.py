@@ -5,6 +5,7 @@ import gc
 
 from conftest import small_dataset
 
+from pack_assets.core.records import Sample
 from pack_assets.core.settings import Settings
 from pack_assets.runner.shardwork import work_shard
 
@@ -28,8 +29,6 @@ def test_a_shards_work_leaves_nothing_for_the_cycle_collector(tmp_path):
 def test_the_collectors_first_pass_after_a_shard_finds_no_sample_of_it(tmp_path):
     """The scan keeps the shard's samples for the count; they are freed before the collector comes back on, or its
     first pass walks them all (each one still in the youngest generation)."""
-    from pack_assets.core.records import Sample
-
     inp = small_dataset(tmp_path / "in", n_shards=1, per_shard=9)
     flat = Settings.from_flat({"input_dir": str(inp), "work_dir": str(tmp_path / "work"),
                                "output_dir": str(tmp_path / "out")}).flat()
