@@ -6,6 +6,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -16,14 +17,16 @@ from PIL import Image
 
 def pytest_configure(config: pytest.Config) -> None:
     """Hypothesis' storage (the constants it reads from the source files, written on every run, at collection
-    already) in a temporary folder of this process, removed at its end: not `.hypothesis/` in the checkout, so no
-    test writes outside its temporary folders. Its example database (written only when a test fails, for the
-    replay) keeps Hypothesis' default place: that path is fixed when Hypothesis is imported."""
-    from hypothesis.configuration import set_hypothesis_home_dir
-
+    already; the example database) in a temporary folder of this process, removed at its end: not `.hypothesis/`
+    in the checkout, so no test writes outside its temporary folders. Set on Hypothesis if it is imported (its
+    storage path is then fixed), else in the environment, which it reads when first imported."""
     home = tempfile.mkdtemp(prefix="pack_assets_hypothesis-")
     config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
-    set_hypothesis_home_dir(home)
+    if "hypothesis" in sys.modules:
+        from hypothesis.configuration import set_hypothesis_home_dir
+
+        set_hypothesis_home_dir(home)
+    os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = home
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
