@@ -5,11 +5,28 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
 from PIL import Image
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Hypothesis' storage (the constants it reads from the source files, written on every run, at collection
+    already; the example database) in a temporary folder of this process, removed at its end: not `.hypothesis/`
+    in the checkout, so no test writes outside its temporary folders. Set on Hypothesis if it is imported (its
+    storage path is then fixed), else in the environment, which it reads when first imported."""
+    home = tempfile.mkdtemp(prefix="pack_assets_hypothesis-")
+    config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
+    if "hypothesis" in sys.modules:
+        from hypothesis.configuration import set_hypothesis_home_dir
+
+        set_hypothesis_home_dir(home)
+    os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = home
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

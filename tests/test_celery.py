@@ -4,6 +4,7 @@ executed by the workers. Skips (saying so) where redis-server or dagster-celery 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -63,12 +64,15 @@ def test_shard_runs_execute_on_two_celery_workers(tmp_path, monkeypatch):
     logs = home / "celery-logs"
     monkeypatch.setenv("DAGSTER_HOME", str(home))  # DagsterInstance.get() below reads the same instance
     try:
-        deadline, audit = time.time() + 300, None
-        while time.time() < deadline and proc.poll() is None:
-            time.sleep(2)
-            if not (home / "dagster.yaml").exists() or not (home / "storage").exists():
-                continue
-            with dg.DagsterInstance.get() as instance:
+        deadline, audit, instance = time.time() + 300, None, None
+        with contextlib.ExitStack() as opened:
+            while time.time() < deadline and proc.poll() is None:
+                time.sleep(2)
+                if not (home / "dagster.yaml").exists() or not (home / "storage").exists():
+                    continue
+                # one instance for the whole wait (each query reads the storage afresh): a new one per poll
+                # loads its storages and config again
+                instance = instance or opened.enter_context(dg.DagsterInstance.get())
                 audit = instance.get_latest_materialization_event(dg.AssetKey("audit_report"))
                 runs = instance.get_runs()
                 # the audit's materialization comes before its check and the run's end: wait for every run to end

@@ -165,11 +165,29 @@ def _on_a_terminal(cmd: list[str], cwd: Path, env: dict) -> tuple[int, str]:
     return proc.wait(timeout=300), err.decode(errors="replace")
 
 
-def test_progress_of_the_whole_run_on_a_terminal(dataset, tmp_path):
-    """On a terminal: a start-up line, the shards' bar, then a bar per pack stage with its count."""
+@pytest.fixture(scope="module")
+def run_on_a_terminal(tmp_path_factory) -> tuple[int, str, str]:
+    """One `pack-assets run` as a user starts it (``python -m pack_assets.cli``: runpy runs the module as
+    ``__main__``, as ``-m`` does), stderr on a terminal; its exit code, stderr, and whether its own process had
+    imported pandas when it exited (an atexit handler: the command's exit runs them, then ``os._exit``).
+    Read-only, for the two tests below: one run where each started its own."""
+    from conftest import small_dataset
+
+    tmp_path = tmp_path_factory.mktemp("terminal_run")
+    dataset, flag = small_dataset(tmp_path / "in"), tmp_path / "pandas_imported"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    code, err = _on_a_terminal([sys.executable, "-m", "pack_assets.cli", "run", "--input", str(dataset), "--max-len",
-                                "1500", "--work", "work", "--output", "out", "--dagster-home", "home"], tmp_path, env)
+    argv = ["pack_assets.cli", "run", "--input", str(dataset), "--max-len", "1500", "--work", "work", "--output",
+            "out", "--dagster-home", "home"]
+    code = ("import atexit, runpy, sys; "
+            f"atexit.register(lambda: open({str(flag)!r}, 'w').write(str('pandas' in sys.modules))); "
+            f"sys.argv = {argv!r}; runpy.run_module('pack_assets.cli', run_name='__main__', alter_sys=True)")
+    rc, err = _on_a_terminal([sys.executable, "-c", code], tmp_path, env)
+    return rc, err, flag.read_text() if flag.exists() else "no atexit record"
+
+
+def test_progress_of_the_whole_run_on_a_terminal(run_on_a_terminal):
+    """On a terminal: a start-up line, the shards' bar, then a bar per pack stage with its count."""
+    code, err, _ = run_on_a_terminal
     assert code == 0, err[-3000:]
     shown = [s.strip() for s in re.split(r"[\r\n]+", err) if s.strip()]
     assert shown[1].startswith("start-up: 2 shard(s), 2 to scan and count"), shown
@@ -184,16 +202,13 @@ def test_progress_of_the_whole_run_on_a_terminal(dataset, tmp_path):
     assert order == sorted(order)
 
 
-def test_the_command_process_itself_never_imports_pandas(dataset, tmp_path):
+def test_the_command_process_itself_never_imports_pandas(run_on_a_terminal):
     """pyarrow imports pandas (~0.35 s, a tenth of a one-shard run) the first time it builds an array from
-    Python values or hands one to NumPy: the command's own process does neither (its helpers may)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    code = ("import sys; from pack_assets.cli import main; "
-            f"rc = main(['run', '--input', {str(dataset)!r}, '--max-len', '1500', '--work', 'work', '--output', 'out', "
-            "'--dagster-home', 'home']); print('RESULT', rc, 'pandas' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1] == "RESULT 0 False", proc.stdout[-2000:]
+    Python values or hands one to NumPy: the command's own process does neither (its helpers may), up to its
+    exit."""
+    code, err, pandas_imported = run_on_a_terminal
+    assert code == 0, err[-3000:]
+    assert pandas_imported == "False", err[-2000:]
 
 
 class _Stream(io.StringIO):

@@ -29,7 +29,8 @@ def out(dataset, tmp_path):
 def test_wids_reads_every_pack_by_index(out):
     wids = pytest.importorskip("wids")
     index = json.loads((out / "wids-index.json").read_text())
-    ds = wids.ShardListDataset(str(out / "wids-index.json"), transformations=[])
+    # wids copies each tar into its cache folder (by default /tmp/_wids_cache, kept after the run): the test's own
+    ds = wids.ShardListDataset(str(out / "wids-index.json"), transformations=[], cache_dir=str(out.parent / "wids"))
     assert len(ds) == sum(s["nsamples"] for s in index["shardlist"])
     keys = set()
     for i in range(len(ds)):

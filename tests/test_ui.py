@@ -28,13 +28,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _in_its_profile(profile: Path) -> dict:
+    """Chromium's environment with its temporary files in its profile folder, which the test removes: in /tmp,
+    a Chromium killed outright leaves an org.chromium.Chromium.* folder behind."""
+    profile.mkdir(parents=True)
+    return {**os.environ, "TMPDIR": str(profile)}
+
+
 def _dom(url: str, budget_ms: int = 25000) -> str:
     profile = Path(os.environ.get("TMPDIR", "/tmp")) / f"chromium-{os.getpid()}-{time.time_ns()}"
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
            f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", "--dump-dom", url]
     try:
-        return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120).stdout
+        return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120,
+                              env=_in_its_profile(profile)).stdout
     finally:
         shutil.rmtree(profile, ignore_errors=True)
 
@@ -75,7 +83,8 @@ def _images(url: str, markdowns: int) -> dict:
     proc = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                              "--disable-background-networking", "--disable-component-update", "--disable-sync",
                              f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env=_in_its_profile(profile))
     try:
         port_file, deadline = profile / "DevToolsActivePort", time.time() + 60
         while not (port_file.exists() and port_file.read_text().strip()) and time.time() < deadline:
