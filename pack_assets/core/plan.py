@@ -461,10 +461,10 @@ def _with_bound(plan: PlanResult, rows: dict[str, np.ndarray], dropped_ids: list
 
 
 def _planned(con, rows: dict[str, np.ndarray], pieces: list, config: PlanConfig, profile: ModelProfile,
-             plan_file: Path) -> tuple[PlanResult, str, incremental.Base | None]:
+             plan_file: Path, stamps: dict) -> tuple[PlanResult, str, incremental.Base | None]:
     """The plan (full, incremental, or appended to the stored one: then with its `incremental.Base`), and why."""
     info, why = _kept_settings(con, config, profile) if config.incremental else (None, "full plan")
-    base = incremental.appendable(con, store.read_plan_info(con), plan_file, config.pack_per_media_type) \
+    base = incremental.appendable(con, store.read_plan_info(con), plan_file, config.pack_per_media_type, stamps) \
         if info is not None and not pieces else None
     previous = None
     if base is not None:
@@ -481,7 +481,7 @@ def _planned(con, rows: dict[str, np.ndarray], pieces: list, config: PlanConfig,
 
 
 def _saved(con, work: Path, plan: PlanResult, base: incremental.Base | None, info: PlanInfo, pieces: list,
-           config: PlanConfig) -> list[dict]:
+           config: PlanConfig, stamps: dict) -> list[dict]:
     """pack_plan.jsonl and the plan's tables written (or appended to, given the stored plan's ``base``), the plan
     checked (an append: its new packs and the whole plan's counts); once clean, the plan file recorded."""
     path = work / "pack_plan.jsonl"
@@ -492,7 +492,7 @@ def _saved(con, work: Path, plan: PlanResult, base: incremental.Base | None, inf
                     multiple=config.multiple, append=base is not None)
     violations = check_plan(con, config, since=None if base is None else base.next_number)
     if not violations:
-        incremental.record_plan_file(con, record)
+        incremental.record_plan_file(con, record, stamps)
     return violations
 
 
@@ -555,15 +555,16 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
     with store.connect(work) as con:
         removed = left_since(con, removed, input_root)
         store.build_catalog(con, work, shards, profile.name)
+        stamps = incremental.manifest_stamps(con)  # (before the catalog is read: `incremental.appendable`)
         rows = ok_lengths(con)
         if on_lengths is not None:
             on_lengths(rows)
         rows, pieces = split_overlong(con, rows, config, profile)
-        plan, why, base = _planned(con, rows, pieces, config, profile, work / "pack_plan.jsonl")
+        plan, why, base = _planned(con, rows, pieces, config, profile, work / "pack_plan.jsonl", stamps)
         del rows  # the packs hold what they need of these: the rest goes before the saves
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed,
                           **input_stats(input_root, recursive), **split_stats(pieces))
         info = PlanInfo.of(plan.fingerprint, profile, shards, config, plan.stats)
-        violations = _saved(con, work, plan, base, info, pieces, config)
+        violations = _saved(con, work, plan, base, info, pieces, config, stamps)
     return PlanSummary(plan.fingerprint, work / "pack_plan.jsonl", why, plan.stats, len(shards), missing, removed,
                        violations)
