@@ -38,7 +38,8 @@ def pack_group(idx: np.ndarray, sample_ids, lengths: np.ndarray, n_media: np.nda
     kept_packs, kept_lens = (packs, lens) if all_kept else (packs[kept], lens[kept])
     order = np.argsort(kept_packs, kind="stable")
     members = order if every and all_kept else (idx if all_kept else idx[kept])[order]
-    bounds = np.flatnonzero(np.diff(kept_packs[order])) + 1
+    sizes = np.bincount(kept_packs) if len(kept_packs) else np.zeros(0, np.int64)
+    bounds = np.cumsum(sizes[sizes > 0])[:-1]  # where the pack number changes in that order (no sorted copy)
     del order
     groups = list(np.split(members, bounds)) if len(members) else []
     if config.group_size > 1:
