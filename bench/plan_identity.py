@@ -6,7 +6,8 @@ Each code gets its own copy of the inputs, work folder, output and Dagster home,
 first a full run, then ``--incremental`` reruns): one shard added, another added (two reruns in a row), a shard
 changed (its samples' counts change: their packs replanned), a shard removed, one added back. After every step:
 pack_plan.jsonl compared byte for byte (cmp), the plan tables (pack_plan, pack_members, dropped, split_pieces)
-row for row, plan_info but for its timing (``seconds``) and A's plan file record (``plan_file``), every output
+row for row, plan_info but for its timing (``seconds``) and A's records of its files (``plan_file``, and
+``manifest_stamps``: each file's inode and times, which differ between copies by nature), every output
 file byte for byte, and whether A's plan appended (a line from A's `plan._appended`, which the driver wraps).
 Small data (the tests' shards): seconds per run.
 """
@@ -84,12 +85,13 @@ def run(src: str, base: Path, incremental: bool) -> tuple[float, bool]:
 
 
 def tables(work: Path, src: str) -> dict:
-    """The plan tables' rows in key order and plan_info (without timing and the plan file record), read by ``src``."""
+    """The plan tables' rows in key order and plan_info (without timing and the records of files), read by ``src``."""
     code = ("import json, sys; from pathlib import Path; from pack_assets.core import store\n"
             "con = store.connect(Path(sys.argv[1]), read_only=True)\n"
             f"out = {{t: [list(map(str, r)) for r in con.execute(f'SELECT * FROM {{t}} ORDER BY {{k}}').fetchall()]"
             f" for t, k in {TABLES!r}.items()}}\n"
-            "info = store.read_plan_info(con); info.pop('plan_file', None); info['stats'].pop('seconds', None)\n"
+            "info = store.read_plan_info(con); info.pop('plan_file', None); info.pop('manifest_stamps', None)\n"
+            "info['stats'].pop('seconds', None)\n"
             "out['plan_info'] = info; print(json.dumps(out, sort_keys=True, default=str))")
     proc = subprocess.run([sys.executable, "-P", "-c", code, str(work)], env={**os.environ, "PYTHONPATH": src},
                           capture_output=True, text=True, check=True)

@@ -176,3 +176,33 @@ def test_a_kept_sample_whose_media_type_changed_is_planned_as_the_plan_reading_e
     for work in (appended, whole):  # neither records its plan file as checked: the next run writes it whole
         with store.connect(work, read_only=True) as con:
             assert incremental.PLAN_FILE not in store.read_plan_info(con)
+
+
+def _retyped_copy(two_planned: Path, work: Path) -> dict:
+    """A copy of the two planned shards with a packed sample's media type changed in its manifest (and counts);
+    the manifest stamps the stored plan recorded."""
+    with store.connect(two_planned, read_only=True) as con:
+        sample, mt = con.execute(
+            "SELECT pm.sample_id, p.media_type FROM pack_members pm JOIN pack_plan p USING (pack_id) "
+            "ORDER BY pm.pack_id, pm.position LIMIT 1").fetchall()[0]
+        recorded = store.read_plan_info(con)[incremental.MANIFEST_STAMPS]
+    shutil.copytree(two_planned, work)
+    _retype(work, sample, "video" if mt != "video" else "image")
+    return recorded
+
+
+def test_an_append_looks_up_media_types_only_in_the_shards_whose_manifest_changed(two_planned, tmp_path):
+    """The stored plan records each planned shard's manifest stamp; a shard whose stamp is the recorded one is
+    the file the stored plan's check read, so its members' media types are not read again (the cost of the
+    rerun after adding one shard). Shown by a retyped member whose shard is (falsely) given its recorded stamp:
+    not looked up, the append is taken; given its real stamp, it is refused."""
+    work = tmp_path / "work"
+    recorded = _retyped_copy(two_planned, work)
+    assert sorted(recorded) == SHARDS[:2] and all(recorded.values())
+    with store.connect(work) as con:
+        store.build_catalog(con, work, SHARDS, PROFILE.name)
+        info, stamps = store.read_plan_info(con), incremental.manifest_stamps(con)
+        assert stamps.keys() == set(SHARDS) and stamps != {**recorded, SHARDS[2]: stamps[SHARDS[2]]}
+        path = work / "pack_plan.jsonl"
+        assert incremental.appendable(con, info, path, True, stamps) is None
+        assert incremental.appendable(con, info, path, True, {**stamps, **recorded}) is not None

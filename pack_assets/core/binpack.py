@@ -102,10 +102,13 @@ def _put(buckets: dict[int, list[int]], rooms: list[int], room: int, p: int) -> 
 def _decreasing(lengths: np.ndarray, fits: np.ndarray, capacity: int) -> np.ndarray:
     """The items that fit, longest first, ties in index order: a stable sort on capacity - length, which
     fits 16 bits up to a capacity of 65,536 (NumPy's stable sort of 16-bit keys is a radix sort, O(n))."""
-    key = capacity - lengths[fits]
-    if capacity <= 1 << 16:
-        key = key.astype(np.uint16)
-    return fits[np.argsort(key, kind="stable")]
+    every = len(fits) == len(lengths)  # (then ``fits`` is every index: the sort's order is the answer, no copy)
+    chosen = lengths if every else lengths[fits]
+    # (16 bits computed as such, wrapping: no 64-bit key first)
+    key = np.subtract(np.uint16(capacity & 0xFFFF), chosen, dtype=np.uint16, casting="unsafe") if capacity <= 1 << 16 \
+        else capacity - chosen
+    order = np.argsort(key, kind="stable")
+    return order if every else fits[order]
 
 
 class _Rooms:
@@ -166,19 +169,27 @@ class _Rooms:
         return k - q * len(packs)
 
 
+_EVENTS = 1 << 14  # `_bfd_histogram`'s events turned into items' packs at once
+
+
 def _bfd_histogram(lengths: np.ndarray, capacity: int) -> np.ndarray:
     pack = np.full(len(lengths), -1, dtype=np.int64)
     fits = np.flatnonzero(lengths <= capacity)
     if len(fits) == 0:
         return pack
     order = _decreasing(lengths, fits, capacity)
-    counts = np.bincount(lengths[fits])
+    counts = np.bincount(lengths if len(fits) == len(lengths) else lengths[fits])
     sizes = np.flatnonzero(counts)[::-1]
     rooms = _Rooms(capacity)
     for s, k in zip(sizes.tolist(), counts[sizes].tolist()):
         rooms.place(s, k)
     del counts, fits
-    pack[order] = np.repeat(np.frombuffer(rooms.ev_pack, np.int64), np.frombuffer(rooms.ev_count, np.int64))
+    ev_pack, ev_count = np.frombuffer(rooms.ev_pack, np.int64), np.frombuffer(rooms.ev_count, np.int64)
+    at = 0
+    for a in range(0, len(ev_pack), _EVENTS):  # each item's pack, a slice of the events at a time (not all at once)
+        part = np.repeat(ev_pack[a:a + _EVENTS], ev_count[a:a + _EVENTS])
+        pack[order[at:at + len(part)]] = part
+        at += len(part)
     return pack
 
 
@@ -303,23 +314,36 @@ def _next_fit(lengths: np.ndarray, capacity: int, window: int, limits: _Limits) 
     return pack
 
 
+_CHAIN_CHUNK = 1 << 20  # starts whose ends `_next_fit_plain` turns into Python ints at once
+
+
 def _next_fit_plain(lengths: np.ndarray, capacity: int) -> np.ndarray:
     """``_next_fit`` with one item of look-ahead and no caps, in O(n log n) numpy plus one Python step per
     pack: a pack that starts at kept item j ends before the first item whose prefix sum passes
     ``sum(before j) + capacity``, so every start's end comes from one ``searchsorted``; the starts are then
     the chain from item 0 (docs/benchmarks.md has its time at 1M lengths)."""
     pack = np.full(len(lengths), -1, dtype=np.int64)
-    kept = np.flatnonzero(lengths <= capacity)
-    if not len(kept):
+    fit = lengths <= capacity
+    every = bool(fit.all())  # (then no index of every item, no copy of the lengths nor of their pack numbers)
+    kept = None if every else np.flatnonzero(fit)
+    n = len(lengths) if every else len(kept)
+    if not n:
         return pack
-    prefix = np.concatenate(([0], np.cumsum(lengths[kept])))
-    ends = (np.searchsorted(prefix, prefix[:-1] + capacity, side="right") - 1).tolist()
-    starts = np.zeros(len(kept), dtype=np.int64)
-    j, n = 0, len(kept)
-    while j < n:  # every kept item fits alone, so ends[j] > j
-        starts[j] = 1
-        j = ends[j]
-    pack[kept] = np.cumsum(starts) - 1
+    prefix = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths if every else lengths[kept], out=prefix[1:])
+    starts = np.zeros(n, dtype=np.int8)
+    j = 0
+    for a in range(0, n, _CHAIN_CHUNK):  # the ends in chunks: a list of every end held 36 B an item (issue 41)
+        b = min(n, a + _CHAIN_CHUNK)
+        ends = (np.searchsorted(prefix, prefix[a:b] + capacity, side="right") - 1).tolist()
+        while j < b:  # every kept item fits alone, so ends[j] > j
+            starts[j] = 1
+            j = ends[j - a]
+    del prefix
+    numbers = np.cumsum(starts, dtype=np.int64, out=pack if every else None)
+    numbers -= 1
+    if not every:
+        pack[kept] = numbers
     return pack
 
 
@@ -464,7 +488,8 @@ def assign(
 def lower_bounds(lengths: np.ndarray, capacity: int) -> tuple[int, int]:
     """L1 = ceil(Σℓ/C) and Martello–Toth L2 over the items that fit, in O(C) from the histogram."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    lengths = lengths[lengths <= capacity]
+    fit = lengths <= capacity
+    lengths = lengths if fit.all() else lengths[fit]  # (no copy of every length when all fit)
     if len(lengths) == 0:
         return 0, 0
     l1 = -(-int(lengths.sum()) // capacity)

@@ -1,7 +1,8 @@
 """The append-only incremental plan: when no sample of the stored plan changed, the rerun only appends.
 
 An incremental plan keeps every stored pack and plans the samples it does not hold after them. When none of
-the stored packs or drops changed (no sample gone, none recounted, none split, no member's media type changed),
+the stored packs or drops changed (no sample gone, none recounted, none split, no member's media type changed:
+looked up only in the shards whose manifest file is not the one the stored plan was made from, `manifest_stamps`),
 nothing of the stored plan needs to come into Python: `appendable` reads its figures (samples per pack, totals,
 the last pack and output shard) and `new_samples` finds the samples to plan by an anti-join in DuckDB. The
 tables then take the new rows (`store.save_plan(append=True)`), pack_plan.jsonl its new lines
@@ -30,23 +31,30 @@ from . import filedigest, safety, store
 from .packs import arrow_ints
 
 PLAN_FILE = "plan_file"  # plan_info's record of pack_plan.jsonl as the plan's run wrote it: bytes and xxh3
+# plan_info's record, beside it, of each planned shard's manifest samples file as the plan found it (`manifest_stamps`)
+MANIFEST_STAMPS = "manifest_stamps"
 _READ = 8 << 20
 
 _UNPLANNED = ("sample_id NOT IN (SELECT sample_id FROM pack_members) "
               "AND sample_id NOT IN (SELECT sample_id FROM dropped)")
-_OK_LENGTHS = "(SELECT sample_id, total_tokens FROM token_lengths WHERE status = 'ok')"
+_OK_LENGTHS = "(SELECT sample_id, {shard}total_tokens FROM token_lengths WHERE status = 'ok')"
 # a stored member or drop whose ok length in token_lengths is not the stored one now (gone, not ok, recounted);
 # {media}: a member whose media type (the catalog's, which the plan check reads) is not its pack's now
 _CHANGED = f"""SELECT
     EXISTS (SELECT 1 FROM pack_members pm JOIN pack_plan p USING (pack_id)
             LEFT JOIN {_OK_LENGTHS} t USING (sample_id){{join}}
             WHERE t.total_tokens IS DISTINCT FROM p.sample_token_lens[pm.position + 1]{{media}})
-    OR EXISTS (SELECT 1 FROM dropped d LEFT JOIN {_OK_LENGTHS} t USING (sample_id)
+    OR EXISTS (SELECT 1 FROM dropped d LEFT JOIN {_OK_LENGTHS.format(shard="")} t USING (sample_id)
                WHERE t.total_tokens IS DISTINCT FROM d.total_tokens)
     OR EXISTS (SELECT 1 FROM split_pieces)"""
-_RETYPED = {"join": "\n            LEFT JOIN (SELECT sample_id, media_type FROM manifest_samples) s USING (sample_id)",
-            "media": " OR s.media_type IS DISTINCT FROM p.media_type"}
-_LENGTHS_ONLY = {"join": "", "media": ""}
+_RETYPED = {"shard": "", "media": " OR s.media_type IS DISTINCT FROM p.media_type",
+            "join": "\n            LEFT JOIN (SELECT sample_id, media_type FROM manifest_samples) s USING (sample_id)"}
+# the media types of the members of the given shards only (those whose manifest changed since the stored plan)
+_RETYPED_IN = {"shard": "shard, ",
+               "media": " OR (list_contains($1, t.shard) AND s.media_type IS DISTINCT FROM p.media_type)",
+               "join": "\n            LEFT JOIN (SELECT sample_id, media_type FROM manifest_samples "
+                       "WHERE list_contains($1, shard)) s USING (sample_id)"}
+_LENGTHS_ONLY = {"shard": "", "join": "", "media": ""}
 
 
 @dataclass(frozen=True)
@@ -63,18 +71,22 @@ class Base:
     plan_file: dict  # the stored pack_plan.jsonl's bytes and xxh3
 
 
-def appendable(con, info: dict, path: Path, per_media_type: bool = True) -> Base | None:
+def appendable(con, info: dict, path: Path, per_media_type: bool = True, stamps: dict | None = None
+               ) -> Base | None:
     """The stored plan's figures when the rerun may append to it (its plan file recorded and unchanged, none of
     its samples changed since), else None. The caller has checked its settings and profile.
 
     What the whole plan's check (`plancheck.check_plan`) reads of a stored pack and an append checks only for
     the new packs must be unchanged: a member's ok length (so its place, padding and the pack's totals) and,
     with ``per_media_type`` (packs of one media type, `PlanConfig.pack_per_media_type`), its media type. (Without
-    it the media types enter only the groups' check, which an append runs over every pack.)"""
+    it the media types enter only the groups' check, which an append runs over every pack.) A media type is
+    looked up only for the members of shards whose ``stamps`` (`manifest_stamps`, taken before this plan read
+    the catalog) differ from those the stored plan recorded: a manifest file of the same stamp is the one the
+    stored plan's check read, which found every member's media type its pack's."""
     record = info.get(PLAN_FILE)
     if not record or _file_digest(path, record["bytes"]) != record["xxh3"]:
         return None
-    if con.execute(_CHANGED.format(**(_RETYPED if per_media_type else _LENGTHS_ONLY))).fetchall()[0][0]:
+    if con.execute(*_changed_query(info, per_media_type, stamps)).fetchall()[0][0]:
         return None
     col = con.sql("SELECT len(sample_ids)::BIGINT AS n FROM pack_plan ORDER BY pack_id").to_arrow_table().column(0)
     sizes = arrow_ints(col.combine_chunks()) if len(col) else np.zeros(0, np.int64)  # (no buffer when empty)
@@ -85,6 +97,34 @@ def appendable(con, info: dict, path: Path, per_media_type: bool = True) -> Base
     dropped = [r[0] for r in con.execute("SELECT sample_id FROM dropped").fetchall()]
     return Base(sizes, int(tokens), 0 if number is None else number + 1, 0 if shard is None else shard + 1,
                 int(shards), dropped, info["fingerprint"], record)
+
+
+def _changed_query(info: dict, per_media_type: bool, stamps: dict | None) -> tuple[str, list]:
+    """`_CHANGED` for `appendable`: with the media types of every member, of the members of the shards whose
+    manifest changed since the stored plan (when both plans' stamps are known), or none."""
+    recorded = info.get(MANIFEST_STAMPS)
+    if not per_media_type:
+        return _CHANGED.format(**_LENGTHS_ONLY), []
+    if stamps is None or recorded is None:
+        return _CHANGED.format(**_RETYPED), []
+    changed = sorted(shard for shard, stamp in stamps.items() if recorded.get(shard) != stamp)
+    return (_CHANGED.format(**_RETYPED_IN), [changed]) if changed else (_CHANGED.format(**_LENGTHS_ONLY), [])
+
+
+def manifest_stamps(con) -> dict[str, list | None]:
+    """Each shard of the catalog: its manifest samples file's size, mtime, inode and ctime (None when gone), what
+    `appendable` compares with the stored plan's record. Taken before the plan reads the catalog, so a file
+    changed after its stamp was taken differs from it the next time."""
+    rows = con.execute("SELECT shard, manifest_dir FROM catalog_shards").fetchall()
+    return {shard: _stamp(Path(folder) / "samples.parquet") for shard, folder in rows}
+
+
+def _stamp(path: Path) -> list | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]  # (a copy with its mtime kept still differs)
 
 
 def new_samples(con, sample_ids: np.ndarray) -> np.ndarray:
@@ -159,8 +199,10 @@ def append_plan_file(path: Path, base: Base, tail: Iterable[str]) -> dict:
     return counted.record()
 
 
-def record_plan_file(con, record: dict) -> None:
-    """plan_info's record of pack_plan.jsonl, once the plan in the tables passed its check."""
+def record_plan_file(con, record: dict, stamps: dict | None = None) -> None:
+    """plan_info's record of pack_plan.jsonl, once the plan in the tables passed its check; with the ``stamps``
+    of the manifests it was planned from (`manifest_stamps`)."""
     info = store.read_plan_info(con)
-    con.execute("UPDATE plan_info SET info = ?", [json.dumps({**info, PLAN_FILE: record})])
+    stamped = {MANIFEST_STAMPS: stamps} if stamps is not None else {}
+    con.execute("UPDATE plan_info SET info = ?", [json.dumps({**info, PLAN_FILE: record, **stamped})])
 

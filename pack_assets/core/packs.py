@@ -111,7 +111,7 @@ class PackTable:
         n = len(units)
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(np.fromiter((len(u[1]) for u in units), np.int64, n), out=offsets[1:])
-        members = np.concatenate([u[1] for u in units]).astype(np.int64) if n else np.zeros(0, np.int64)
+        members = np.concatenate([u[1] for u in units]).astype(np.int64, copy=False) if n else np.zeros(0, np.int64)
         mb = np.add.reduceat(media_bytes[members], offsets[:-1]) if n else np.zeros(0, np.int64)
         return cls(ids, members, lengths[members], offsets, np.asarray([u[0] for u in units], dtype=object),
                    np.arange(n, dtype=np.int64), np.zeros(n, np.int64), mb.astype(np.int64),

@@ -25,7 +25,8 @@ from .counting.profiles import ModelProfile, resolve_profile
 from .counting.token_lengths import token_lengths_are_current
 from .coverage import input_stats, left_since, tar_exists
 from .cpad import padded, padded_stats
-from .groups import make_groups, split_to_groups
+from .groups import make_groups
+from .packgroup import pack_group
 from .packs import IDS, Pack, PackTable, arrow_ints, from_batches, shard_name, shard_numbers
 from .plancheck import check_plan
 from .previous import changed_packs, current_lengths, numbers, prune_plan, read_plan
@@ -142,7 +143,8 @@ def make_plan(
     n_media = np.zeros(n, np.int64) if n_media is None else np.asarray(n_media, np.int64)
     vision_tokens = np.zeros(n, np.int64) if vision_tokens is None else np.asarray(vision_tokens, np.int64)
     mtypes = np.asarray(media_types, dtype=object)
-    plen = padded(lengths, config.multiple)  # what the packs hold once each sub-sample is padded (core/cpad.py)
+    # what the packs hold once each sub-sample is padded (core/cpad.py; unpadded: the lengths, not a copy)
+    plen = padded(lengths, config.multiple) if config.multiple > 1 else lengths
     kinds = None if config.pack_per_media_type else mtypes
 
     def drop_row(i: int, reason: str) -> dict:
@@ -164,39 +166,6 @@ def make_plan(
     stats = plan_stats(packs, dropped, per_type, balance, n, config)
     stats["seconds"] = time.perf_counter() - t0
     return PlanResult(packs, dropped, stats, fingerprint(config, profile, sample_ids, lengths))
-
-
-def pack_group(idx: np.ndarray, sample_ids, lengths: np.ndarray, n_media: np.ndarray, vision_tokens: np.ndarray,
-               config: PlanConfig, dropped: list[dict], raw: list, mt: str, drop_row=None, kinds=None
-               ) -> tuple[list[np.ndarray], dict]:
-    """Bin-pack one media type's items: their packs (item index arrays) and figures; what does not fit
-    goes to ``dropped`` (``drop_row(i, reason)`` makes its row), or alone to ``raw`` when overlong samples
-    are kept. ``lengths``: what each item takes in a pack (padded, with context parallelism); ``kinds``: each
-    item's media type when they differ (a mixed plan), for the groups of a world size."""
-    cap, caps = config.capacity, config.caps
-    lens = lengths[idx]
-    packs = assign(lens, cap, config.algorithm, caps, n_media[idx], vision_tokens[idx], config.seed)
-    kept = packs >= 0
-    for i in idx[~kept].tolist():
-        reason = "overlong" if lengths[i] > cap else "over_cap"
-        if reason == "overlong" and config.keep_overlong:
-            raw.append((mt, np.asarray([i]), True))
-            continue
-        dropped.append(drop_row(i, reason) if drop_row else
-                       {"sample_id": sample_ids[i], "total_tokens": int(lengths[i]), "reason": reason})
-    order = np.argsort(packs[kept], kind="stable")
-    members = idx[kept][order]
-    bounds = np.flatnonzero(np.diff(packs[kept][order])) + 1
-    groups = list(np.split(members, bounds)) if len(members) else []
-    if config.group_size > 1:
-        groups = split_to_groups(groups, lengths, config.group_size, kinds)
-    l1, l2 = lower_bounds(lens[kept], cap)
-    bound = max([l2] + [-(-int(tot) // c) for tot, c in (
-        (kept.sum(), caps.max_samples), (n_media[idx][kept].sum(), caps.max_media),
-        (vision_tokens[idx][kept].sum(), caps.max_vision_tokens)) if c])
-    fill = float(lens[kept].sum()) / (len(groups) * cap) if groups else 0.0
-    return groups, {"samples": len(idx), "packs": len(groups), "l1": l1, "l2": l2, "lower_bound": bound,
-                    "over_bound": len(groups) - bound, "fill": fill, "dropped": int((~kept).sum())}
 
 
 def _figures(packs: PackTable | list[Pack]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
@@ -492,10 +461,10 @@ def _with_bound(plan: PlanResult, rows: dict[str, np.ndarray], dropped_ids: list
 
 
 def _planned(con, rows: dict[str, np.ndarray], pieces: list, config: PlanConfig, profile: ModelProfile,
-             plan_file: Path) -> tuple[PlanResult, str, incremental.Base | None]:
+             plan_file: Path, stamps: dict) -> tuple[PlanResult, str, incremental.Base | None]:
     """The plan (full, incremental, or appended to the stored one: then with its `incremental.Base`), and why."""
     info, why = _kept_settings(con, config, profile) if config.incremental else (None, "full plan")
-    base = incremental.appendable(con, store.read_plan_info(con), plan_file, config.pack_per_media_type) \
+    base = incremental.appendable(con, store.read_plan_info(con), plan_file, config.pack_per_media_type, stamps) \
         if info is not None and not pieces else None
     previous = None
     if base is not None:
@@ -512,7 +481,7 @@ def _planned(con, rows: dict[str, np.ndarray], pieces: list, config: PlanConfig,
 
 
 def _saved(con, work: Path, plan: PlanResult, base: incremental.Base | None, info: PlanInfo, pieces: list,
-           config: PlanConfig) -> list[dict]:
+           config: PlanConfig, stamps: dict) -> list[dict]:
     """pack_plan.jsonl and the plan's tables written (or appended to, given the stored plan's ``base``), the plan
     checked (an append: its new packs and the whole plan's counts); once clean, the plan file recorded."""
     path = work / "pack_plan.jsonl"
@@ -523,7 +492,7 @@ def _saved(con, work: Path, plan: PlanResult, base: incremental.Base | None, inf
                     multiple=config.multiple, append=base is not None)
     violations = check_plan(con, config, since=None if base is None else base.next_number)
     if not violations:
-        incremental.record_plan_file(con, record)
+        incremental.record_plan_file(con, record, stamps)
     return violations
 
 
@@ -586,15 +555,16 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
     with store.connect(work) as con:
         removed = left_since(con, removed, input_root)
         store.build_catalog(con, work, shards, profile.name)
+        stamps = incremental.manifest_stamps(con)  # (before the catalog is read: `incremental.appendable`)
         rows = ok_lengths(con)
         if on_lengths is not None:
             on_lengths(rows)
         rows, pieces = split_overlong(con, rows, config, profile)
-        plan, why, base = _planned(con, rows, pieces, config, profile, work / "pack_plan.jsonl")
+        plan, why, base = _planned(con, rows, pieces, config, profile, work / "pack_plan.jsonl", stamps)
         del rows  # the packs hold what they need of these: the rest goes before the saves
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed,
                           **input_stats(input_root, recursive), **split_stats(pieces))
         info = PlanInfo.of(plan.fingerprint, profile, shards, config, plan.stats)
-        violations = _saved(con, work, plan, base, info, pieces, config)
+        violations = _saved(con, work, plan, base, info, pieces, config, stamps)
     return PlanSummary(plan.fingerprint, work / "pack_plan.jsonl", why, plan.stats, len(shards), missing, removed,
                        violations)

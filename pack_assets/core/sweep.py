@@ -27,9 +27,11 @@ def summarize(lengths: np.ndarray, capacity: int, algorithm: str, caps: Caps = C
     seconds = time.perf_counter() - t0
     kept = packs >= 0
     n_packs = int(packs.max()) + 1 if kept.any() else 0
-    l1, l2 = lower_bounds(lengths[kept], capacity)
+    every = bool(kept.all())  # then no copy of every length and pack (10M samples: 80 MB each)
+    kept_lengths = lengths if every else lengths[kept]
+    l1, l2 = lower_bounds(kept_lengths, capacity)
     bound = max(l2, -(-int(kept.sum()) // caps.max_samples) if caps.max_samples else 0)
-    spp = np.bincount(packs[kept]) if n_packs else np.zeros(0)
+    spp = np.bincount(packs if every else packs[kept]) if n_packs else np.zeros(0)
     out = {
         "algorithm": algorithm,
         "max_len": capacity,
@@ -38,7 +40,7 @@ def summarize(lengths: np.ndarray, capacity: int, algorithm: str, caps: Caps = C
         "lower_bound": bound,
         "lower_bound_l1": l1,
         "packs_over_bound": n_packs - bound,
-        "efficiency": float(lengths[kept].sum()) / (n_packs * capacity) if n_packs else 0.0,
+        "efficiency": float(kept_lengths.sum()) / (n_packs * capacity) if n_packs else 0.0,
         "dropped": int((~kept).sum()),
         "mean_samples_per_pack": float(spp.mean()) if n_packs else 0.0,
         "max_samples_per_pack": int(spp.max()) if n_packs else 0,
