@@ -57,14 +57,15 @@ class StreamShard:
                       + pc.fill_null(samples.column("n_extra"), 0).to_numpy()).astype(np.int64)
             firsts = pack_firsts(samples.column("pack_id"))
             self._cuts, self.n_packs = pack_cuts(firsts, batch or BATCH_SAMPLES), len(firsts) - 1
-            self._member_at = np.concatenate(([0], np.cumsum(counts))).tolist()
+            self._member_at = np.concatenate(([0], np.cumsum(counts)))
             order = pc.index_in(samples.column("sample_id"), value_set=conversations.column("sample_id")) \
                 if conversations is not None else pa.nulls(n, pa.int32())
             if order.null_count:
                 raise KeyError(f"{name}: a sample of this shard has no conversation in the catalog")
-            self._order, self._conversations = order, conversations
+            # one chunk: a take from several chunks concatenates them first, each batch again
+            self._order, self._conversations = order, conversations.combine_chunks()
         else:
-            self._cuts, self._member_at, self.n_packs = [0], [0], 0
+            self._cuts, self._member_at, self.n_packs = [0], np.zeros(1, dtype=np.int64), 0
         fp = ShardFingerprint(context)
         for cols in self._each(with_text=False):
             fp.text(fingerprint_text(cols))
@@ -77,7 +78,7 @@ class StreamShard:
         """Each batch's `bulk.Columns`; without ``with_text``, without the conversations (the fingerprint takes
         their sha256, which the catalog gives)."""
         for a, b in zip(self._cuts, self._cuts[1:]):
-            m0, m1 = self._member_at[a], self._member_at[b]
+            m0, m1 = int(self._member_at[a]), int(self._member_at[b])
             conv = self._conversations.take(self._order.slice(a, b - a))
             sid, sha = conv.column("sample_id").to_pylist(), conv.column(3).to_pylist()
             text = conv.column(2).to_pylist() if with_text else [None] * len(sid)
@@ -94,3 +95,4 @@ class StreamShard:
             parts += names
             yield packs
         self.layout, self.parts = merged(layouts), parts
+        self._samples = self._members = self._conversations = None  # written: its rows are not needed again

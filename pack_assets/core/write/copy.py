@@ -115,9 +115,13 @@ def _load(work: str, root, rows, piece_rows, context: dict, split: frozenset,
         for name in group:
             if name in split:
                 yield shard_job(con, root, name, piece_rows)
-            else:
-                got, samples, members, conversations = next(bulk)
-                yield StreamShard(got, root, samples, members, conversations, context)
+            else:  # (its tables not held here while it is written: the shard frees them as it goes)
+                yield StreamShard(*_with_root(next(bulk), root), context)
+
+
+def _with_root(tables: tuple, root) -> tuple:
+    """`bulk.group_tables`' (name, samples, members, conversations) as StreamShard takes them."""
+    return tables[0], root, *tables[1:]
 
 
 def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, workers: int = 0,
