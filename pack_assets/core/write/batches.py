@@ -67,8 +67,11 @@ class StreamShard:
         else:
             self._cuts, self._member_at, self.n_packs = [0], np.zeros(1, dtype=np.int64), 0
         fp = ShardFingerprint(context)
-        for cols in self._each(with_text=False):
+        self._kept = None  # a shard of one batch: its columns made once, for both passes
+        single = len(self._cuts) <= 2
+        for cols in self._each(with_text=single):
             fp.text(fingerprint_text(cols))
+            self._kept = cols if single else None
         self.fingerprint = fp.hexdigest()
         self.context = {**context, "shard_fingerprint": self.fingerprint}
         self.layout: Layout | None = None
@@ -89,7 +92,8 @@ class StreamShard:
     def batches(self) -> Iterator[list[BulkPack]]:
         """The shard's packs, a batch at a time; once they are all given, ``layout`` and ``parts`` are set."""
         layouts, parts = [], []
-        for cols in self._each(with_text=True):
+        kept, self._kept = self._kept, None
+        for cols in [kept] if kept is not None else self._each(with_text=True):
             packs, lay, names = build_packs(cols, self.context)
             layouts.append(lay)
             parts += names
