@@ -43,7 +43,7 @@ def pack_cuts(firsts: np.ndarray, batch: int) -> list[int]:
 
 
 class StreamShard:
-    """One output shard from its rows (`bulk.group_columns`' Arrow slices: output_shard first): its fingerprint
+    """One output shard from its rows (`bulk.group_tables`' Arrow slices: output_shard first): its fingerprint
     now, its packs batch by batch (`batches`); after them, its members' layout and part names for its index."""
 
     def __init__(self, name: str, input_root, samples: pa.Table | None, members: pa.Table | None,
