@@ -52,7 +52,12 @@ for name in ("check_sources", "written_key", "shard_digests", "current_shards", 
              "piece_shards"):
     wrap(copy, name, "setup", time.process_time)
 from pack_assets.core.write import bulk
-for mod, name, label in ((copy, "build_shard", "build_shard"), (copy, "write_shard", "write_shard"),
+try:  # a shard prepared a batch of packs at a time (s48): its two passes are what build_shard was
+    from pack_assets.core.write import batches
+except ImportError:
+    batches = None
+for mod, name, label in ((copy, "build_shard", "build_shard"), (batches, "fingerprint_text", "build_shard"),
+                         (batches, "build_packs", "build_shard"), (copy, "write_shard", "write_shard"),
                          (shard, "_source", "records json"), (shard, "_read", "preadv"),
                          (shard, "writev_all", "writev")):
     if hasattr(mod, name):

@@ -13,6 +13,7 @@ The modules, each on the ones before it:
 | `layout.py` | a shard's tar headers, paddings and member offsets built at once; its Energon index from them |
 | `places.py` | where a shard's bytes come from: one `pread` per sample's span, or a copy in kernel, all at once |
 | `bulk.py` | a copy-mode shard prepared in bulk from the catalog: documents, reads, members, fingerprint |
+| `batches.py` | a copy-mode shard from its Arrow rows, a batch of packs at a time (memory per batch, not shard) |
 | `record.py` | the writer's record of what it wrote: the next write and the audit trust it while it holds |
 | `shard.py` | one copy-mode output shard written atomically (`write_shard`) |
 | `space.py` | the plan's output bytes (a lower bound): a write that clearly does not fit is refused up front |

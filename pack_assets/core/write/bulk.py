@@ -90,6 +90,14 @@ class BulkShard:
     layout: Layout | None = None  # its members' (`layout.shard_index`)
     parts: list[str] = field(default_factory=list)  # each member's output name after its pack id and the dot
 
+    @property
+    def n_packs(self) -> int:
+        return len(self.packs)
+
+    def batches(self) -> Iterator[list[BulkPack]]:
+        """Its packs as one batch (as `batches.StreamShard` gives a shard's)."""
+        yield self.packs
+
 
 _SAMPLE_COLUMNS, _MEMBER_COLUMNS = 16, 8  # BULK_ROWS' columns after output_shard
 
@@ -149,19 +157,25 @@ def group_table(con, queries: dict[str, str], query: str, group: list[str], rows
     return con.sql(f"{sql} ORDER BY {order}", params=group).to_arrow_table()
 
 
-def group_columns(con, input_root, group: list[str], rows: store.Staged | None = None) -> Iterator[tuple[str, Columns]]:
-    """Each shard of ``group`` with its columns, as `catalog_columns` gives them, from one read of each query for
-    the whole group (its staged file, `store.staged(..., groups=)`, or one query): a writer's job reads the
-    catalog once, not once per output shard. The rows stay Arrow until their shard is prepared: a job holds one
-    shard's rows as Python objects at a time, and the next shard's are made while a thread fsyncs the one before."""
+def group_tables(con, group: list[str], rows: store.Staged | None = None) -> Iterator[tuple]:
+    """Each shard of ``group`` with its rows as Arrow slices (samples, members, conversations; each None where
+    it has none), from one read of each query for the whole group (its staged file, `store.staged(...,
+    groups=)`, or one query): a writer's job reads the catalog once, not once per output shard."""
     queries = bulk_rows(con)
     samples = _by_shard(group_table(con, queries, "samples", group, rows, order_by="pack_id, position"))
     members = _by_shard(group_table(con, queries, "members", group, rows, order_by="pack_id, position, kind, i"))
     conversations = _by_shard(group_table(con, WRITE_CONVERSATIONS, "conversations", group))
     for name in group:
-        sid, conv, sha = _lists(conversations.pop(name, None), 3)
-        yield name, _columns(input_root, name, _lists(samples.pop(name, None), _SAMPLE_COLUMNS),
-                             _lists(members.pop(name, None), _MEMBER_COLUMNS), dict(zip(sid, zip(conv, sha))))
+        yield name, samples.pop(name, None), members.pop(name, None), conversations.pop(name, None)
+
+
+def group_columns(con, input_root, group: list[str], rows: store.Staged | None = None) -> Iterator[tuple[str, Columns]]:
+    """Each shard of ``group`` with its columns, as `catalog_columns` gives them (`group_tables`' rows, made
+    Python lists shard by shard)."""
+    for name, samples, members, conversations in group_tables(con, group, rows):
+        sid, conv, sha = _lists(conversations, 3)
+        yield name, _columns(input_root, name, _lists(samples, _SAMPLE_COLUMNS), _lists(members, _MEMBER_COLUMNS),
+                             dict(zip(sid, zip(conv, sha))))
 
 
 def _columns(input_root, name: str, samples: list[list], members: list[list], conversations: dict) -> Columns:
@@ -200,15 +214,36 @@ def job_columns(job: ShardJob) -> Columns:
 def build_shard(name: str, cols: Columns, context: dict) -> BulkShard:
     """The shard's packs, column by column; ``context``: `_meta`'s without the shard fingerprint, which is
     computed here (one hash over the lines ShardFingerprint takes) and carried by every pack's `_meta`."""
+    fp = ShardFingerprint(context)
+    fp.text(fingerprint_text(cols))
+    context = {**context, "shard_fingerprint": fp.hexdigest()}
+    built, lay, parts = build_packs(cols, context)
+    return BulkShard(name, built, len(cols.pack_id), context["shard_fingerprint"], lay, parts)
+
+
+def _starts(cols: Columns) -> tuple[list[int], list[int]]:
+    """Each sample's first member (one more at the end) and each pack's first sample (one more at the end)."""
     starts = list(accumulate((a + b for a, b in zip(cols.n_media, cols.n_extra)), initial=0))
     packs = [i for i, p in enumerate(cols.pack_id) if i == 0 or p != cols.pack_id[i - 1]] + [len(cols.pack_id)]
+    return starts, packs
+
+
+def fingerprint_text(cols: Columns) -> str:
+    """The lines `ShardFingerprint` takes for these whole packs (`pack`'s, then `sub`'s per sample): fed batch
+    after batch of a shard's packs, the same hash as fed at once."""
+    starts, packs = _starts(cols)
+    lines = _lines(cols, starts)
+    return "".join(f"{cols.pack_id[a]}|{cols.media_type[a]}|{cols.total[a]}\n" + "".join(lines[a:b])
+                   for a, b in zip(packs, packs[1:]))
+
+
+def build_packs(cols: Columns, context: dict) -> tuple[list[BulkPack], Layout, list[str]]:
+    """These whole packs as the writer writes them, their members' layout and part names; ``context``: `_meta`'s,
+    the shard fingerprint included."""
+    starts, packs = _starts(cols)
     where = [k - packs[g] for g in range(len(packs) - 1) for k in range(packs[g], packs[g + 1])]  # in its pack
     out_names, parts = _output_names(cols, starts, where)
-    heads, closes, sources, lines = _samples(cols, starts, out_names, parts)
-    fp = ShardFingerprint(context)
-    fp.text("".join(f"{cols.pack_id[a]}|{cols.media_type[a]}|{cols.total[a]}\n" + "".join(lines[a:b])
-                    for a, b in zip(packs, packs[1:])))
-    context = {**context, "shard_fingerprint": fp.hexdigest()}
+    heads, closes, sources = _documents(cols, starts, out_names, parts)
     got = places(cols.record, cols.members, cols.path, cols.key, starts, packs, cols.exact)
     firsts = [starts[a] for a in packs]
     lay = layout(out_names, [m[2] for m in cols.members], firsts)
@@ -227,7 +262,7 @@ def build_shard(name: str, cols: Columns, context: dict) -> BulkShard:
             f'{closes[b - 1]}], "_meta": {meta_text(meta, context)}}}'.encode(),
             got.reads[got.first[a]:got.first[b]], got.records[a:b], got.members[m0:m1], out_names[m0:m1],
             lay.headers[m0:m1], lay.pads[m0:m1], lay.spans[g], any(p[0] < 0 for p in got.members[m0:m1])))
-    return BulkShard(name, built, len(cols.pack_id), context["shard_fingerprint"], lay, parts)
+    return built, lay, parts
 
 
 def _num(v) -> str:
@@ -255,43 +290,62 @@ def _output_names(cols: Columns, starts: list[int], where: list[int]) -> tuple[l
     return [f"{p}.{part}" for p, part in zip(pack_ids, parts)], parts
 
 
-def _samples(cols: Columns, starts: list[int], out_names: list[str], parts: list[str]) -> tuple[list, list, list, list]:
-    """Per sample: its document text up to its source record, after it, its `_meta` source, its
-    fingerprint line (`ShardFingerprint.sub`'s)."""
+def _member_texts(members: list[tuple]) -> tuple[list[str], list[str]]:
+    """Each member's name and sha256 as JSON (the catalog's types: names and digests str, offsets and sizes int,
+    so f-strings write what json.dumps does)."""
+    return [encode_str(m[0]) for m in members], ["null" if m[3] is None else encode_str(m[3]) for m in members]
+
+
+def _record_texts(rec: tuple | None) -> tuple[str, str]:
+    """A sample's record member as `_meta` lists it and as its fingerprint line keys it."""
+    if rec is None:
+        return "null", "-"
+    name, sha = encode_str(rec[0]), "null" if rec[3] is None else encode_str(rec[3])
+    return (f'{{"name": {name}, "offset": {rec[1]}, "size": {rec[2]}, "sha256": {sha}}}',
+            f"[{name}, {rec[1]}, {rec[2]}, {sha}]")
+
+
+def _lines(cols: Columns, starts: list[int]) -> list[str]:
+    """Per sample its fingerprint line (`ShardFingerprint.sub`'s)."""
     members = cols.members
-    # (the catalog's types: names and digests str, offsets and sizes int, so f-strings write what json.dumps does)
-    names = [encode_str(m[0]) for m in members]
-    shas = ["null" if m[3] is None else encode_str(m[3]) for m in members]
+    names, shas = _member_texts(members)
     keys = [f"[{n}, {m[1]}, {m[2]}, {h}]" for n, m, h in zip(names, members, shas)]
+    # the samples with a member of no digest: each found from its member's place (most shards have none)
+    unhashed = {bisect_right(starts, k) - 1 for k, m in enumerate(members) if m[3] is None}
+    lines = []
+    for s, (sid, tokens, stamp, conv, conv_sha, rec, n_media) in enumerate(zip(
+            cols.sample_id, cols.tokens, cols.stamp, cols.conversation, cols.conversation_sha256, cols.record,
+            cols.n_media)):
+        a, b, c = starts[s], starts[s] + n_media, starts[s + 1]
+        stamp = stamp if s in unhashed or (rec is not None and rec[3] is None) else ""
+        if not conv_sha:
+            conv_sha = hashlib.sha256(("null" if conv is None else conv).encode()).hexdigest()
+        keyed = "|".join([_record_texts(rec)[1], *keys[a:b], "+", *keys[b:c]])
+        lines.append(f"{sid}|{tokens}|{conv_sha}|{stamp}|{keyed}\n")
+    return lines
+
+
+def _documents(cols: Columns, starts: list[int], out_names: list[str], parts: list[str]) -> tuple[list, list, list]:
+    """Per sample: its document text up to its source record, after it, and its `_meta` source."""
+    members = cols.members
+    names, shas = _member_texts(members)
     listed = [f'{{"name": {n}, "offset": {m[1]}, "size": {m[2]}, "sha256": {h}, "output_name": {encode_str(o)}}}'
               for n, m, h, o in zip(names, members, shas, out_names)]
     # the document's media: each output name after its first dot (the part, unless a pack id holds a dot)
     parts = [encode_str(o.split(".", 1)[1]) for o in out_names] if any("." in p for p in set(cols.pack_id)) \
         else list(map(encode_str, parts))
-    # the samples with a member of no digest: each found from its member's place (most shards have none)
-    unhashed = {bisect_right(starts, k) - 1 for k, m in enumerate(members) if m[3] is None}
-    heads, closes, sources, lines = [], [], [], []
+    heads, closes, sources = [], [], []
     splits = cols.split or [None] * len(cols.sample_id)
-    for s, (sid, shard, key, tokens, stamp, conv, conv_sha, rec, n_media, split) in enumerate(zip(
-            cols.sample_id, cols.shard, cols.key, cols.tokens, cols.stamp, cols.conversation,
-            cols.conversation_sha256, cols.record, cols.n_media, splits)):
+    for s, (sid, shard, key, tokens, conv, rec, n_media, split) in enumerate(zip(
+            cols.sample_id, cols.shard, cols.key, cols.tokens, cols.conversation, cols.record, cols.n_media, splits)):
         a, b, c = starts[s], starts[s] + n_media, starts[s + 1]
-        conv = "null" if conv is None else conv
         sid_text = encode_str(sid)
-        if rec is None:
-            rec_listed, rec_key = "null", "-"
-        else:
-            name, sha = encode_str(rec[0]), "null" if rec[3] is None else encode_str(rec[3])
-            rec_listed = f'{{"name": {name}, "offset": {rec[1]}, "size": {rec[2]}, "sha256": {sha}}}'
-            rec_key = f"[{name}, {rec[1]}, {rec[2]}, {sha}]"
-        heads.append(f'{{"sample_id": {sid_text}, "token_len": {_num(tokens)}, "messages": {conv}, '
+        heads.append(f'{{"sample_id": {sid_text}, "token_len": {_num(tokens)}, '
+                     f'"messages": {"null" if conv is None else conv}, '
                      f'"media": [{", ".join(parts[a:b])}], "source": ')
         closes.append(f', "extra": [{", ".join(parts[b:c])}]}}' if c > b else "}")
         sources.append(f'{{"sample_id": {sid_text}, "shard": {_text(shard)}, "key": {_text(key)}, '
-                       f'"json_member": {rec_listed}, "media": [{", ".join(listed[a:b])}]'
+                       f'"json_member": {_record_texts(rec)[0]}, "media": [{", ".join(listed[a:b])}]'
                        + (f', "extra": [{", ".join(listed[b:c])}]' if c > b else "")
                        + (f', "split": {dumps(split)}}}' if split else "}"))
-        stamp = stamp if s in unhashed or (rec is not None and rec[3] is None) else ""
-        lines.append(f"{sid}|{tokens}|{conv_sha or hashlib.sha256(conv.encode()).hexdigest()}|{stamp}|"
-                     f"{'|'.join([rec_key, *keys[a:b], '+', *keys[b:c]])}\n")
-    return heads, closes, sources, lines
+    return heads, closes, sources

@@ -17,7 +17,8 @@ from pathlib import Path
 from .. import faults, owned, store
 from ..nogc import no_cyclic_gc
 from ..plan import PlanInfo
-from .bulk import BulkShard, build_shard, bulk_rows, group_columns
+from .batches import StreamShard
+from .bulk import bulk_rows, group_tables
 from .energon import LastIndex
 from .fingerprints import current_shards
 from .jobs import WRITE_ROWS, ShardJob, ShardResult, piece_shards, shard_job
@@ -103,15 +104,24 @@ def _each_written(args: list[tuple], workers: int) -> Iterator[ShardResult]:
 
 
 def _load(work: str, root, rows, piece_rows, context: dict, split: frozenset,
-          group: list[str]) -> Iterator[BulkShard | ShardJob]:
+          group: list[str]) -> Iterator[StreamShard | ShardJob]:
     """Picklable loader: a job's shards, from one read-only connection: those of whole samples prepared in bulk
-    from one read of the catalog for all of them; one holding a piece of a split sample as a job (its pieces'
-    conversations and `_meta` come from split_pieces, which the bulk queries do not read)."""
+    from one read of the catalog for all of them, and written a batch of packs at a time (`batches.py`); one
+    holding a piece of a split sample as a job (its pieces' conversations and `_meta` come from split_pieces,
+    which the bulk queries do not read)."""
     root = root if isinstance(root, dict) else Path(root)
     with store.connect(Path(work), read_only=True) as con:
-        bulk = group_columns(con, root, [n for n in group if n not in split], rows)
+        bulk = group_tables(con, [n for n in group if n not in split], rows)
         for name in group:
-            yield shard_job(con, root, name, piece_rows) if name in split else build_shard(*next(bulk), context)
+            if name in split:
+                yield shard_job(con, root, name, piece_rows)
+            else:  # (its tables not held here while it is written: the shard frees them as it goes)
+                yield StreamShard(*_with_root(next(bulk), root), context)
+
+
+def _with_root(tables: tuple, root) -> tuple:
+    """`bulk.group_tables`' (name, samples, members, conversations) as StreamShard takes them."""
+    return tables[0], root, *tables[1:]
 
 
 def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, workers: int = 0,

@@ -51,6 +51,17 @@ def layout(names: list[str], sizes: list[int], firsts: list[int]) -> Layout:
                   np.diff(before[first]).tolist())
 
 
+def merged(layouts: list[Layout]) -> Layout:
+    """One layout of a shard's batches of packs, in order, as far as `shard_index` reads it (without the
+    headers and paddings, written by then): each member's place is relative to its own pack's document."""
+    if not layouts:
+        return layout([], [], [0])
+    shift = np.cumsum([0] + [len(lay.sizes) for lay in layouts[:-1]]).tolist()
+    firsts = [0] + [f + s for lay, s in zip(layouts, shift) for f in lay.firsts[1:]]
+    columns = (np.concatenate([getattr(lay, k) for lay in layouts]) for k in ("header_len", "sizes", "rel"))
+    return Layout([], [], *columns, firsts, [x for lay in layouts for x in lay.spans])
+
+
 def shard_index(pack_ids: list[str], lay: Layout, parts: list[str], docs: list[tuple[int, int, int]],
                 end: int) -> Index:
     """The shard's Energon index from its layout and each pack's document as written: ``docs`` per pack (where

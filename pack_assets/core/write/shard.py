@@ -16,6 +16,7 @@ from pathlib import Path
 from .. import faults
 from ..safety import mkstemp  # temp files that end with the umask's mode, not mkstemp's 0600
 from ..tario import BLOCK, RECORD, first_pack_meta, member_header, padding
+from .batches import StreamShard
 from .bulk import BulkPack, BulkShard, build_shard, job_columns
 from .jobs import ShardJob, ShardResult, dumps, encode_str
 from .layout import shard_index
@@ -25,33 +26,36 @@ from .syscalls import SMALL_READ, Arena, Sources, copy_range, prefetch_aside, st
 WRITEBACK_EVERY = 8 << 20  # the disk's writing is started every this many bytes written (`start_writeback`)
 
 
-def write_shard(out_dir: str, job: BulkShard | ShardJob, context: dict) -> ShardResult:
+def write_shard(out_dir: str, job: StreamShard | BulkShard | ShardJob, context: dict) -> ShardResult:
     """Write one output shard atomically; skip it when a shard with the same content is already there
-    (a rerun after a crash, or the untouched shards of an incremental plan). ``job``: prepared in bulk
-    (`bulk.build_shard`, inside the writer process), or a ShardJob."""
+    (a rerun after a crash, or the untouched shards of an incremental plan). ``job``: prepared in bulk a
+    batch of packs at a time (`batches.StreamShard`) or at once (`bulk.build_shard`), inside the writer
+    process, or a ShardJob."""
     return end_shard(begin_shard(out_dir, job, context))
 
 
-def begin_shard(out_dir: str, job: BulkShard | ShardJob, context: dict) -> ShardResult | Unsynced:
+def begin_shard(out_dir: str, job: StreamShard | BulkShard | ShardJob, context: dict) -> ShardResult | Unsynced:
     """`write_shard` up to the fsync: the shard's bytes written under a temporary name (an Unsynced, which
     `end_shard` syncs and renames into place), or the result of a shard found already there."""
     t0 = time.perf_counter()
     if isinstance(job, ShardJob):
         job = build_shard(job.name, job_columns(job), context)
     final = Path(out_dir) / job.name
-    result = ShardResult(job.name, False, 0, len(job.packs), job.samples, fingerprint=job.fingerprint)
+    result = ShardResult(job.name, False, 0, job.n_packs, job.samples, fingerprint=job.fingerprint)
     if final.exists():
         meta = first_pack_meta(final)
         if meta and meta.get("shard_fingerprint") == job.fingerprint:
             return replace(result, skipped=True, bytes=final.stat().st_size, seconds=time.perf_counter() - t0)
-    sources, arena = Sources(), Arena()
-    prefetch = prefetch_aside([r[:3] for p in job.packs for r in p.reads]
-                              + [m[1:4] for p in job.packs for m in p.members if m[0] < 0])
+    sources, arena, prefetches, pack_ids = Sources(), Arena(), [], []
     fd, tmp = mkstemp(prefix=f".{job.name}.tmp-", dir=out_dir)
     out = _ShardFile(fd)
     try:
-        for pack in job.packs:
-            out.pack(pack, sources, arena)
+        for packs in job.batches():
+            prefetches.append(prefetch_aside([r[:3] for p in packs for r in p.reads]
+                                             + [m[1:4] for p in packs for m in p.members if m[0] < 0]))
+            for pack in packs:
+                out.pack(pack, sources, arena)
+                pack_ids.append(pack.pack_id)
         written = out.finish()
         what = _what(final, sources)  # before the sources close
     except BaseException as e:
@@ -60,9 +64,10 @@ def begin_shard(out_dir: str, job: BulkShard | ShardJob, context: dict) -> Shard
         raise
     finally:
         sources.close()
-        prefetch.join()
+        for prefetch in prefetches:
+            prefetch.join()
     return Unsynced(replace(result, bytes=written), fd, tmp, final, what, t0,
-                    ([p.pack_id for p in job.packs], job.layout, job.parts, out.docs, out.end))
+                    (pack_ids, job.layout, job.parts, out.docs, out.end))
 
 
 @dataclass(slots=True)

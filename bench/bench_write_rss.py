@@ -1,0 +1,98 @@
+"""The write stage's memory (issue 41): `run_write` of this code and of a baseline copy of the code on one
+counted and planned work folder, each in a fresh process, its process tree sampled (bench/rss.py: every 0.2 s,
+each process's RSS and VmHWM, the tree's PSS summed), and the two outputs compared file by file.
+
+    git archive main pack_assets | tar -x -C /tmp/base
+    python -P bench/bench_write_rss.py --work W --input IN --out /scratch/x --baseline-src /tmp/base
+
+``W``: a work folder that `pack-assets run` took to its plan (manifest, token_lengths, pack_plan; a copy: the
+writer's record and staged rows are written into it). At issue 41's 10M shape (tiny text samples, output
+shards of ~313k samples), 200 of /work/bench10m's shards (2M samples) give the same output shard as at 10M.
+Per code: the writer's main process's VmHWM, the largest writer process's VmHWM, the tree's RSS summed and
+PSS at their peaks, the wall seconds (not a speed figure: bench_write.py is), and whether the outputs are equal.
+Writes a new file under bench/results (--results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Results, machine  # noqa: E402
+from rss import TreeSampler  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+MB = 1 << 20
+
+WRITE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from pack_assets.core.write import run_write
+run_write(Path(sys.argv[3]), Path(sys.argv[2]), Path(sys.argv[4]), workers=int(sys.argv[5]))
+"""
+
+
+def measure(src: Path, work: Path, inp: Path, out: Path, workers: int) -> dict:
+    """One `run_write` in a fresh process, its tree sampled."""
+    shutil.rmtree(out, ignore_errors=True)
+    (work / "written_shards.json").unlink(missing_ok=True)  # a first write: nothing vouched for
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-P", "-c", WRITE, str(src), str(inp), str(work), str(out), str(workers)],
+                            stderr=subprocess.PIPE, text=True)
+    sampler = TreeSampler(os.getpid())
+    sampler.start()
+    err = proc.communicate()[1]
+    sampler.stop()
+    if proc.returncode != 0:
+        raise SystemExit(err[-3000:])
+    wall = time.perf_counter() - t0
+    main = sampler.procs.get(proc.pid, {}).get("hwm", 0)
+    writers = [p["hwm"] for pid, p in sampler.procs.items() if p["parent"] == proc.pid]
+    return {"wall_s": round(wall, 1), "main_hwm_mb": main // MB,
+            "largest_writer_hwm_mb": max(writers, default=0) // MB, "writer_processes": len(writers),
+            "tree_rss_peak_mb": max((sum(r.values()) for _, r in sampler.samples), default=0) // MB,
+            "tree_pss_peak_mb": max((p for _, p in sampler.pss), default=0) // MB}
+
+
+def same_files(a: Path, b: Path) -> bool:
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    if files != sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file()):
+        return False
+    return all(filecmp.cmp(a / f, b / f, shallow=False) for f in files)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", required=True, help="a counted and planned work folder (a copy: it is written to)")
+    ap.add_argument("--input", required=True, help="its input folder")
+    ap.add_argument("--out", required=True, help="scratch folder for the two outputs")
+    ap.add_argument("--baseline-src", required=True, help="a copy of the baseline's pack_assets' parent folder")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--results", default=None, help="results file or folder (default: a new file in bench/results)")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = Results(out, args.results, "write_rss")
+    results({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "label": args.label, "work": args.work,
+             "workers": args.workers})
+    got = {}
+    for name, src in (("this", REPO), ("baseline", Path(args.baseline_src))):
+        # the same folder name for both: wids-index.json and the owned-files list name it
+        got[name] = measure(src, Path(args.work), Path(args.input), out / name / "packed", args.workers)
+        results({"code": name, **got[name]})
+    results({"outputs_equal": same_files(out / "this" / "packed", out / "baseline" / "packed")})
+    for name in got:
+        shutil.rmtree(out / name, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
