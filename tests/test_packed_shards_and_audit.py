@@ -21,6 +21,7 @@ import xxhash
 from pack_assets import __version__
 from pack_assets.core import audit as audit_mod
 from pack_assets.core import filedigest, store, tario
+from pack_assets.core import recount as recount_mod
 from pack_assets.core.audit import run_audit
 from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.counting.token_lengths import run_token_lengths
@@ -307,8 +308,9 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
             for n in names:
                 assert catalog_columns(con, inp, n, rows) == catalog_columns(con, inp, n)
         with store.staged(work, audit_stage.AUDIT_ROWS, names[1:], con) as rows:
-            gathered = audit_stage._shard_expectations(con, names[1], rows)
-            assert gathered == audit_stage._shard_expectations(con, names[1])
+            plan, gathered = audit_stage._shard_expectations(con, names[1], rows)
+            plan_by_query, by_query = audit_stage._shard_expectations(con, names[1])
+            assert plan == plan_by_query and gathered.as_dicts() == by_query.as_dicts()
         with pytest.raises(FileNotFoundError):  # gone from under a reader: an error, never "no rows"
             catalog_columns(con, inp, names[0], rows)
         groups = [names[:1], names[1:]]  # a writer job's shards from one staged file, or from one query
@@ -615,7 +617,7 @@ def test_sampled_recount_catches_a_tampered_token_length(packed, monkeypatch, wh
             def refuse(*a, **k):
                 raise AssertionError("the audit's process counted: the recount was not handed to the helper")
 
-            monkeypatch.setattr(audit_mod, "counter_for", refuse)
+            monkeypatch.setattr(recount_mod, "counter_for", refuse)
         _tampered_recount(work, out, pool)
 
 

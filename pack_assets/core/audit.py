@@ -29,10 +29,9 @@ import duckdb
 from .. import __version__
 from . import faults, filedigest, packdoc, store
 from .aside import run_aside
+from .auditread import ShardExpectations, shard_table
 from .blend import check_blend
 from .counting import drift
-from .counting.counters import counter_for
-from .counting.profiles import ModelProfile, ProfileError
 from .coverage import not_counted
 from .cpad import pack_padded_len
 from .indexmode import INDEX_PART, SourceFiles, is_index_folder
@@ -41,6 +40,7 @@ from .plan import PlanConfig, PlanInfo
 from .plancheck import check_plan
 from .reasons import ReasonError
 from .recipe import expected_copies
+from .recount import recount
 from .report import audit_figures, write_report
 from .results import AuditResult
 from .settings import AUDIT_SCOPES
@@ -73,19 +73,15 @@ _BATCH_ROWS = {"conversations": 8192}
 
 
 def _shard_expectations(con, name: str, rows: store.Staged | None = None):
-    """The plan rows of one output shard and what the manifest says about their samples and members."""
+    """The plan rows of one output shard and what the manifest says about their samples and members
+    (`auditread.ShardExpectations`: a pack's rows built when it is checked)."""
     plan = {
         r[0]: {"media_type": r[1], "sample_ids": list(r[2]), "lens": list(r[3]), "total": r[4], "overlong": r[5]}
         for r in con.execute("SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, overlong "
                              "FROM pack_plan WHERE output_shard = ?", [name]).fetchall()
     }
-    conversations = dict(store.shard_rows(con, AUDIT_ROWS, "conversations", name, rows))
-    # (total_tokens, media_type, media count, vision_tokens, json_member, conversation, media_members, extra_members)
-    samples = {r[0]: (*r[1:6], conversations.get(r[0]), *r[6:]) for r in
-               store.shard_rows(con, AUDIT_ROWS, "samples", name, rows)}
-    members = {(r[0], r[1]): (r[2], r[3]) for r in store.shard_rows(con, AUDIT_ROWS, "members", name, rows)}
-    pieces, piece_members = piece_expectations(con, name, rows)  # split samples' pieces (core/split.py)
-    return plan, {**samples, **pieces}, {**members, **piece_members}
+    tables = (shard_table(con, AUDIT_ROWS, q, name, rows) for q in ("samples", "conversations", "members"))
+    return plan, ShardExpectations(*tables, *piece_expectations(con, name, rows))  # split samples' pieces (split.py)
 
 
 def _check_current(res: AuditResult, name: str, key: str, packed: dict, meta: dict, samples: dict,
@@ -260,7 +256,7 @@ def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig, rows: store.
     if not path.exists():
         res.add("missing_shard", f"{name} is in the plan but not in {out_dir}", shard=name)
         return res.violations, seen, counts, None
-    plan, samples, members = _shard_expectations(con, name, rows)
+    plan, expected = _shard_expectations(con, name, rows)
     packs = _pack_parts(path)
     try:
         with SourceFiles() as sources:
@@ -268,7 +264,9 @@ def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig, rows: store.
                 seen[key] += 1
                 if INDEX_PART in parts:
                     parts = _resolve_index(res, name, key, parts, sources)
-                counts.update(_check_pack(res, name, key, parts, plan.get(key), samples, members, config, digests))
+                expect = plan.get(key)
+                samples, members = expected.pack(expect["sample_ids"] if expect else [])
+                counts.update(_check_pack(res, name, key, parts, expect, samples, members, config, digests))
     except (tarfile.TarError, OSError) as e:
         res.add("unreadable_shard", f"{name}: {e}", shard=name)
     return res.violations, seen, counts, None if res.violations else filedigest.file_digest(path)
@@ -303,12 +301,15 @@ def _resolve_index(res: AuditResult, name: str, key: str, parts: dict, sources: 
 
 
 _worker_con: duckdb.DuckDBPyConnection | None = None
+WORKER_DUCKDB_MEMORY = "256MB"  # an audit worker's DuckDB (store.MEMORY_ENV, when set, bounds it instead)
 
 
 def _worker_init(work: str, gc_thresholds: tuple[int, ...]) -> None:
     global _worker_con
     gc.set_threshold(*gc_thresholds)  # as the parent collects (the CLI's are relaxed: runenv.relax_gc)
     _worker_con = store.connect(Path(work), read_only=True)
+    if not os.environ.get(store.MEMORY_ENV):  # its queries are one shard's plan rows: a cache of the catalog's
+        _worker_con.execute(f"SET memory_limit = '{WORKER_DUCKDB_MEMORY}'")  # blocks, up to 1 GB, held nothing
 
 
 def _audit_shard_in_worker(out_dir: str, name: str, config: PlanConfig, rows: store.Staged | None):
@@ -493,53 +494,6 @@ def _versions_aside(pool: Executor | None) -> Callable[[], dict[str, str | None]
     if _counting_versions.cache_info().currsize:
         return _counting_versions
     return run_aside(pool, _counting_versions).result
-
-
-def _recounted(profile: ModelProfile, rows: list[tuple]) -> list[int | None]:
-    """Each (conversation, image_sizes, videos) row's total tokens, None where it cannot be counted."""
-    counts = counter_for(profile).count_many((json.loads(c), sizes or [], json.loads(v or "[]"))
-                                             for c, sizes, v in rows)
-    return [None if isinstance(c, Exception) else c["total_tokens"] for c in counts]
-
-
-def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = frozenset(),
-            pool: Executor | None = None) -> Callable[[AuditResult], None]:
-    """Count again, from the manifest rows, the samples whose id hashes below ``fraction``, except those
-    packed in the ``trusted`` output shards (same content and profile as at a clean audit whose recount
-    covered at least this fraction: counting them again would give what it gave). Counted by ``pool`` (the
-    command's helpers: their tokenizer usually loaded already, by the shards they counted), else now, while
-    the caller reads the outputs back; returns what records the outcome in the audit's result."""
-    if fraction <= 0:
-        return lambda result: None
-    try:
-        profile = info.model_profile()
-    except ProfileError as e:
-        unavailable = str(e)
-        return lambda result: result.add("recount_unavailable", unavailable)
-    if profile.fingerprint != info.profile_fingerprint:
-        return lambda result: result.add("profile_changed",
-                                         f"profile {profile.name} files changed since the plan: recount the shards")
-    rows = con.execute(
-        "SELECT s.sample_id, s.conversation, s.image_sizes, s.videos, t.total_tokens FROM samples s "
-        "JOIN token_lengths t USING (sample_id) WHERE t.status = 'ok' AND (hash(s.sample_id) % 4294967296) < ? "
-        "AND s.sample_id NOT IN (SELECT pm.sample_id FROM pack_members pm JOIN pack_plan p USING (pack_id) "
-        "WHERE p.output_shard IN (SELECT unnest(?::VARCHAR[])))",
-        [int(fraction * 2**32), sorted(trusted)],
-    ).fetchall()
-    counted = run_aside(pool, _recounted, profile, [r[1:4] for r in rows])
-
-    def record(result: AuditResult) -> None:
-        bad = 0
-        for r, got in zip(rows, counted.result()):
-            if got != r[4]:
-                bad += 1
-                if bad <= 100:
-                    result.add("recount_mismatch", f"{r[0]}: stored {r[4]} tokens, recounted {got}", sample_id=r[0])
-        result.stats["recounted"] = len(rows)
-        result.stats["recount_fraction"] = fraction
-        result.stats["recount_skipped_shards"] = len(trusted)
-
-    return record
 
 
 @faults.names_full_disk(faults.WORK)
