@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow as pa
 
 from pack_assets.core import audit as audit_mod
-from pack_assets.core import store
+from pack_assets.core import recount, store
 from pack_assets.core.audit import AUDIT_ROWS
 
-N = 20_000
+N = 10_000
 TEXT = "a tiny sample of words " * 40  # ~900 bytes of conversation, as the 10M set's
 
 
@@ -27,7 +27,8 @@ def _catalog(con: duckdb.DuckDBPyConnection) -> None:
     conv = json.dumps([{"role": "user", "content": TEXT}, {"role": "assistant", "content": "ok"}])
     con.execute(f"""CREATE TABLE manifest_samples AS SELECT 'src-' || lpad(i::VARCHAR, 6, '0') || '/k' || i
                     AS sample_id, 'text' AS media_type, 'k' || i || '.json' AS json_member,
-                    []::VARCHAR[] AS media_members, []::VARCHAR[] AS extra_members, '{conv}' || i AS conversation FROM range({N}) t(i)""")
+                    []::VARCHAR[] AS media_members, []::VARCHAR[] AS extra_members, NULL::INTEGER[][] AS image_sizes,
+                    CASE WHEN i % 7 = 0 THEN '[]' END AS videos, '{conv}' || i AS conversation FROM range({N}) t(i)""")
     con.execute("CREATE VIEW samples AS SELECT * FROM manifest_samples")
     con.execute("CREATE TABLE token_lengths AS SELECT sample_id, 40 + hash(sample_id) % 90 AS total_tokens, "
                 "0 AS n_images, 0 AS n_videos, 0 AS vision_tokens, 'ok' AS status FROM manifest_samples")
@@ -90,3 +91,24 @@ def test_a_shard_s_expectations_hold_near_their_bytes_and_give_the_query_s_rows(
         assert got_samples.get(stray)[5] == conversations[stray]
         assert got_samples.get("nowhere", (None, None, 0, 0)) == (None, None, 0, 0)
         assert got_members.get(("nowhere", "x")) is None
+
+
+# the recount's one query before (core/recount.py): every sample's conversation read to pick a few of them
+_ONE_QUERY = """SELECT s.sample_id, s.conversation, s.image_sizes, s.videos, t.total_tokens FROM samples s
+    JOIN token_lengths t USING (sample_id) WHERE t.status = 'ok' AND (hash(s.sample_id) % 4294967296) < ?
+    AND s.sample_id NOT IN (SELECT pm.sample_id FROM pack_members pm JOIN pack_plan p USING (pack_id)
+    WHERE p.output_shard IN (SELECT unnest(?::VARCHAR[])))"""
+
+
+def test_the_recount_reads_the_rows_the_one_query_read_in_sample_id_order():
+    """Ids first, then only their rows: the rows the one query gave, now in sample id order by construction
+    (ORDER BY in both reads), so its violations come in that order whatever DuckDB's plan."""
+    con = duckdb.connect()
+    _catalog(con)
+    for fraction, trusted in ((0.05, frozenset()), (0.5, frozenset()), (1.0, frozenset({"o-0.tar"}))):
+        stored = recount.picked(con, fraction, trusted)
+        ids = [sid for sid, _ in stored]
+        rows = [(sid, *r, total) for (sid, total), r in zip(stored, recount.picked_rows(con, ids))]
+        assert ids == sorted(ids) and len(set(ids)) == len(ids)
+        assert rows == sorted(con.execute(_ONE_QUERY, [int(fraction * 2**32), sorted(trusted)]).fetchall())
+        assert (len(rows) == 0) == (fraction == 1.0)

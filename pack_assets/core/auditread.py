@@ -56,8 +56,8 @@ class ShardExpectations:
         ids = samples.column(0).to_pylist() if samples is not None else []
         self.index = {sid: i for i, sid in enumerate(ids)}  # a repeated id (a blend's copies): its last row
         self.columns = samples.columns[1:] if samples is not None else []  # chunked: taken from, never copied
-        self.conversation, self.conversation_at = _aligned(self.index, conversations)
-        self.member_columns, self.member_runs, self.orphans = _member_runs(self.index, members)
+        self.conversation, self.conversation_at = _aligned(self.index, len(ids), conversations)
+        self.member_columns, self.member_runs, self.orphans = _member_runs(self.index, len(ids), members)
 
     def _rows(self, at: list[int]) -> list[tuple]:
         if not at:
@@ -105,9 +105,9 @@ class ShardExpectations:
         return {**samples.found, **self.pieces}, {**members.found, **self.orphans, **self.piece_members}
 
 
-def _aligned(index: dict, conversations: pa.Table | None) -> tuple[pa.ChunkedArray | None, np.ndarray]:
-    """The conversations column and, per samples row, its row there (-1: none; a repeated id: its last)."""
-    at = np.full(len(index), -1, np.int64)
+def _aligned(index: dict, n: int, conversations: pa.Table | None) -> tuple[pa.ChunkedArray | None, np.ndarray]:
+    """The conversations column and, per samples row (``n``), its row there (-1: none; a repeated id: its last)."""
+    at = np.full(n, -1, np.int64)
     if conversations is None:
         return None, at
     for j, sid in enumerate(conversations.column(0).to_pylist()):
@@ -117,10 +117,10 @@ def _aligned(index: dict, conversations: pa.Table | None) -> tuple[pa.ChunkedArr
     return conversations.column(1), at
 
 
-def _member_runs(index: dict, members: pa.Table | None) -> tuple[list, np.ndarray, dict]:
+def _member_runs(index: dict, n: int, members: pa.Table | None) -> tuple[list, np.ndarray, dict]:
     """The members' columns sorted by sample id, each samples row's [start, end) in them, and the members of
     sample ids without a samples row, as a dict."""
-    runs = np.zeros((len(index), 2), np.int64)
+    runs = np.zeros((n, 2), np.int64)
     if members is None:
         return [], runs, {}
     members = members.take(pc.sort_indices(members.column(0)))
