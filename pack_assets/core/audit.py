@@ -29,7 +29,6 @@ import duckdb
 from .. import __version__
 from . import faults, filedigest, packdoc, store
 from .aside import run_aside
-from .auditread import ShardExpectations, shard_table
 from .blend import check_blend
 from .counting import drift
 from .coverage import not_counted
@@ -73,15 +72,19 @@ _BATCH_ROWS = {"conversations": 8192}
 
 
 def _shard_expectations(con, name: str, rows: store.Staged | None = None):
-    """The plan rows of one output shard and what the manifest says about their samples and members
-    (`auditread.ShardExpectations`: a pack's rows built when it is checked)."""
+    """The plan rows of one output shard and what the manifest says about their samples and members."""
     plan = {
         r[0]: {"media_type": r[1], "sample_ids": list(r[2]), "lens": list(r[3]), "total": r[4], "overlong": r[5]}
         for r in con.execute("SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, overlong "
                              "FROM pack_plan WHERE output_shard = ?", [name]).fetchall()
     }
-    tables = (shard_table(con, AUDIT_ROWS, q, name, rows) for q in ("samples", "conversations", "members"))
-    return plan, ShardExpectations(*tables, *piece_expectations(con, name, rows))  # split samples' pieces (split.py)
+    conversations = dict(store.shard_rows(con, AUDIT_ROWS, "conversations", name, rows))
+    # (total_tokens, media_type, media count, vision_tokens, json_member, conversation, media_members, extra_members)
+    samples = {r[0]: (*r[1:6], conversations.get(r[0]), *r[6:]) for r in
+               store.shard_rows(con, AUDIT_ROWS, "samples", name, rows)}
+    members = {(r[0], r[1]): (r[2], r[3]) for r in store.shard_rows(con, AUDIT_ROWS, "members", name, rows)}
+    pieces, piece_members = piece_expectations(con, name, rows)  # split samples' pieces (core/split.py)
+    return plan, {**samples, **pieces}, {**members, **piece_members}
 
 
 def _check_current(res: AuditResult, name: str, key: str, packed: dict, meta: dict, samples: dict,
@@ -256,7 +259,7 @@ def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig, rows: store.
     if not path.exists():
         res.add("missing_shard", f"{name} is in the plan but not in {out_dir}", shard=name)
         return res.violations, seen, counts, None
-    plan, expected = _shard_expectations(con, name, rows)
+    plan, samples, members = _shard_expectations(con, name, rows)
     packs = _pack_parts(path)
     try:
         with SourceFiles() as sources:
@@ -264,9 +267,7 @@ def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig, rows: store.
                 seen[key] += 1
                 if INDEX_PART in parts:
                     parts = _resolve_index(res, name, key, parts, sources)
-                expect = plan.get(key)
-                samples, members = expected.pack(expect["sample_ids"] if expect else [])
-                counts.update(_check_pack(res, name, key, parts, expect, samples, members, config, digests))
+                counts.update(_check_pack(res, name, key, parts, plan.get(key), samples, members, config, digests))
     except (tarfile.TarError, OSError) as e:
         res.add("unreadable_shard", f"{name}: {e}", shard=name)
     return res.violations, seen, counts, None if res.violations else filedigest.file_digest(path)
