@@ -21,6 +21,7 @@ import xxhash
 from pack_assets import __version__
 from pack_assets.core import audit as audit_mod
 from pack_assets.core import filedigest, store, tario
+from pack_assets.core import recount as recount_mod
 from pack_assets.core.audit import run_audit
 from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.counting.token_lengths import run_token_lengths
@@ -615,7 +616,7 @@ def test_sampled_recount_catches_a_tampered_token_length(packed, monkeypatch, wh
             def refuse(*a, **k):
                 raise AssertionError("the audit's process counted: the recount was not handed to the helper")
 
-            monkeypatch.setattr(audit_mod, "counter_for", refuse)
+            monkeypatch.setattr(recount_mod, "counter_for", refuse)
         _tampered_recount(work, out, pool)
 
 

@@ -31,8 +31,6 @@ from . import faults, filedigest, packdoc, store
 from .aside import run_aside
 from .blend import check_blend
 from .counting import drift
-from .counting.counters import counter_for
-from .counting.profiles import ModelProfile, ProfileError
 from .coverage import not_counted
 from .cpad import pack_padded_len
 from .indexmode import INDEX_PART, SourceFiles, is_index_folder
@@ -41,6 +39,7 @@ from .plan import PlanConfig, PlanInfo
 from .plancheck import check_plan
 from .reasons import ReasonError
 from .recipe import expected_copies
+from .recount import recount
 from .report import audit_figures, write_report
 from .results import AuditResult
 from .settings import AUDIT_SCOPES
@@ -303,12 +302,15 @@ def _resolve_index(res: AuditResult, name: str, key: str, parts: dict, sources: 
 
 
 _worker_con: duckdb.DuckDBPyConnection | None = None
+WORKER_DUCKDB_MEMORY = "256MB"  # an audit worker's DuckDB (store.MEMORY_ENV, when set, bounds it instead)
 
 
 def _worker_init(work: str, gc_thresholds: tuple[int, ...]) -> None:
     global _worker_con
     gc.set_threshold(*gc_thresholds)  # as the parent collects (the CLI's are relaxed: runenv.relax_gc)
     _worker_con = store.connect(Path(work), read_only=True)
+    if not os.environ.get(store.MEMORY_ENV):  # its queries are one shard's plan rows: a cache of the catalog's
+        _worker_con.execute(f"SET memory_limit = '{WORKER_DUCKDB_MEMORY}'")  # blocks, up to 1 GB, held nothing
 
 
 def _audit_shard_in_worker(out_dir: str, name: str, config: PlanConfig, rows: store.Staged | None):
@@ -493,53 +495,6 @@ def _versions_aside(pool: Executor | None) -> Callable[[], dict[str, str | None]
     if _counting_versions.cache_info().currsize:
         return _counting_versions
     return run_aside(pool, _counting_versions).result
-
-
-def _recounted(profile: ModelProfile, rows: list[tuple]) -> list[int | None]:
-    """Each (conversation, image_sizes, videos) row's total tokens, None where it cannot be counted."""
-    counts = counter_for(profile).count_many((json.loads(c), sizes or [], json.loads(v or "[]"))
-                                             for c, sizes, v in rows)
-    return [None if isinstance(c, Exception) else c["total_tokens"] for c in counts]
-
-
-def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = frozenset(),
-            pool: Executor | None = None) -> Callable[[AuditResult], None]:
-    """Count again, from the manifest rows, the samples whose id hashes below ``fraction``, except those
-    packed in the ``trusted`` output shards (same content and profile as at a clean audit whose recount
-    covered at least this fraction: counting them again would give what it gave). Counted by ``pool`` (the
-    command's helpers: their tokenizer usually loaded already, by the shards they counted), else now, while
-    the caller reads the outputs back; returns what records the outcome in the audit's result."""
-    if fraction <= 0:
-        return lambda result: None
-    try:
-        profile = info.model_profile()
-    except ProfileError as e:
-        unavailable = str(e)
-        return lambda result: result.add("recount_unavailable", unavailable)
-    if profile.fingerprint != info.profile_fingerprint:
-        return lambda result: result.add("profile_changed",
-                                         f"profile {profile.name} files changed since the plan: recount the shards")
-    rows = con.execute(
-        "SELECT s.sample_id, s.conversation, s.image_sizes, s.videos, t.total_tokens FROM samples s "
-        "JOIN token_lengths t USING (sample_id) WHERE t.status = 'ok' AND (hash(s.sample_id) % 4294967296) < ? "
-        "AND s.sample_id NOT IN (SELECT pm.sample_id FROM pack_members pm JOIN pack_plan p USING (pack_id) "
-        "WHERE p.output_shard IN (SELECT unnest(?::VARCHAR[])))",
-        [int(fraction * 2**32), sorted(trusted)],
-    ).fetchall()
-    counted = run_aside(pool, _recounted, profile, [r[1:4] for r in rows])
-
-    def record(result: AuditResult) -> None:
-        bad = 0
-        for r, got in zip(rows, counted.result()):
-            if got != r[4]:
-                bad += 1
-                if bad <= 100:
-                    result.add("recount_mismatch", f"{r[0]}: stored {r[4]} tokens, recounted {got}", sample_id=r[0])
-        result.stats["recounted"] = len(rows)
-        result.stats["recount_fraction"] = fraction
-        result.stats["recount_skipped_shards"] = len(trusted)
-
-    return record
 
 
 @faults.names_full_disk(faults.WORK)

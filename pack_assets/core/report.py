@@ -125,8 +125,11 @@ def audit_figures(con, work: Path, max_len: int, pool: Executor | None = None) -
     """The report's three figures, asked for as soon as the plan is known (``pool``'s processes draw them while
     the audit reads the outputs back); `write_report` waits for them."""
     plots = work / "plots"
-    lens = con.execute("SELECT media_type, list(total_tokens) FROM token_lengths WHERE status='ok' "
-                       "GROUP BY 1 ORDER BY 1").fetchall()
+    # each media type's lengths as one numpy column, not a Python int per sample (10M of them at 10M samples)
+    lens = [(mt, con.execute("SELECT total_tokens FROM token_lengths WHERE status='ok' "
+                             "AND media_type IS NOT DISTINCT FROM ?", [mt]).fetchnumpy()["total_tokens"])
+            for (mt,) in con.execute("SELECT DISTINCT media_type FROM token_lengths WHERE status='ok' ORDER BY 1"
+                                     ).fetchall()]
     fills = np.asarray([r[0] for r in con.execute("SELECT total_token_len FROM pack_plan ORDER BY pack_id").fetchall()])
     spp = np.asarray([r[0] for r in con.execute("SELECT len(sample_ids) FROM pack_plan ORDER BY pack_id").fetchall()])
     w = max(1, min(256, len(spp) // 8)) if len(spp) else 0
