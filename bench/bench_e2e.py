@@ -60,14 +60,21 @@ def main() -> None:
     ap.add_argument("--again", type=int, default=0,
                     help="then, this many times: remove the last new shard and rerun incrementally with the quick "
                          "audit, put it back and rerun the same way (both timed: repeats of the quick rerun)")
+    ap.add_argument("--keep-scan", action="store_true",
+                    help="keep work/manifest and work/token_lengths from an earlier run of the same set (the rest of "
+                         "work/ removed): the run finds its shards scanned and counted, and measures the later stages")
     ap.add_argument("--results", help="a new file or folder (default: a new bench/results/e2e_<UTC>.json)")
     args = ap.parse_args()
     out = Path(args.out)
     emit = Results(out, args.results, "e2e")
     n_shards = args.samples // args.per_shard
     inp = out / "shards"
-    for d in ("work", "packed", "dagster_home"):  # an earlier run's: the space it holds is counted free
-        shutil.rmtree(out / d, ignore_errors=True)
+    for d in ("packed", "dagster_home") if args.keep_scan else ("work", "packed", "dagster_home"):
+        shutil.rmtree(out / d, ignore_errors=True)  # an earlier run's: the space it holds is counted free
+    if args.keep_scan:
+        for p in (out / "work").glob("*"):
+            if p.name not in ("manifest", "token_lengths"):
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
     have = sum(p.stat().st_size for p in inp.glob("part-*.tar")) if inp.is_dir() else 0  # a set made before
     require_free(out, 2.2 * args.samples * (args.images * args.image_kb * 1024 + 600 + 2 * 36 * args.max_words) - have)
     t0 = time.perf_counter()
@@ -84,6 +91,7 @@ def main() -> None:
     cold = args.drop_caches and drop_caches()
     seconds, summary, peak, rss = run(cmd, out / "dagster_home")
     emit({"page_cache": "dropped before the run" if cold else "as the steps above left it",
+          "scan": "kept from an earlier run (--keep-scan)" if args.keep_scan else "made by this run",
           "full_run_s": round(seconds, 1), "samples_per_s": round(summary["samples"] / seconds), "peak_rss_bytes": peak,
           **{k: summary[k] for k in ("samples", "packed", "dropped", "rejected", "packs", "lower_bound", "fill",
                                      "violations", "stage_seconds")}, "rss": rss})
