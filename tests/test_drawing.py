@@ -143,3 +143,32 @@ time.sleep(60)
         raise KeyError("the command failed")
     assert started and not any(_alive(p) for p in started)
     assert sum(f.done() and not f.cancelled() and f.exception() is None for f in futures) <= 2
+
+
+def test_a_forked_helper_slow_to_start_does_not_hold_the_work_lock_after_the_command_leaves_it(tmp_path):
+    """The second helper is forked but not yet run (a loaded machine): it still holds its copy of the command's
+    lock descriptor until its start-up closes it, so `Helpers` returns only once every forked helper has."""
+    script = f"""
+import os, sys, time
+sys.path.insert(0, {str(REPO)!r})
+from pack_assets.runner.procs import Helpers
+from pack_assets.core.safety import work_lock
+forks = [0]
+os.register_at_fork(after_in_parent=lambda: forks.__setitem__(0, forks[0] + 1),
+                    after_in_child=lambda: forks[0] == 1 and time.sleep(3))
+with work_lock({str(tmp_path)!r}, "test"):
+    h = Helpers(2)
+    h.pool.submit(int).result()
+print(h.forked, flush=True)
+time.sleep(60)
+"""
+    from pack_assets.core.safety import work_lock
+
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().split() == ["True"]
+        with work_lock(tmp_path, "once the command left it", wait=0):
+            pass
+    finally:
+        proc.kill()
+        proc.wait()

@@ -30,9 +30,10 @@ def _watch(pid: int) -> None:
     os._exit(70)
 
 
-def _helper_init(forked: bool, command_pid: int, environ: dict[str, str]) -> None:
+def _helper_init(forked: bool, command_pid: int, environ: dict[str, str], let_go=None) -> None:
     if forked:
         forget_inherited_locks()
+        let_go.release()
     else:
         os.environ.clear()
         os.environ.update(environ)
@@ -54,9 +55,14 @@ class Helpers:
         else:
             ctx = multiprocessing.get_context("spawn")
         self.n, self.forked = n, forked
+        let_go = ctx.Semaphore(0) if forked else None
         self.pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_helper_init,
-                                        initargs=(forked, os.getpid(), dict(os.environ)))
+                                        initargs=(forked, os.getpid(), dict(os.environ), let_go))
         self.pool.submit(int)  # forked: every helper starts now, while this process is small and single-threaded
+        # and has closed its copies of the command's locks before the command can leave them: a helper not yet
+        # scheduled would hold a lock on after the command's `with` (a crashed one breaks the pool: not waited for)
+        for _ in range(n if forked else 0):
+            let_go.acquire(timeout=60)
 
     def close(self, terminate: bool = False) -> None:
         if terminate:
