@@ -7,6 +7,7 @@ to one hash: the same digest), once for the packs. The bytes are `bulk.build_sha
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import chain
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +28,12 @@ def pack_firsts(pack_id: pa.ChunkedArray | pa.Array) -> np.ndarray:
         return np.zeros(1, dtype=np.int64)
     changed = pc.not_equal(pack_id.slice(1), pack_id.slice(0, n - 1)).to_numpy(zero_copy_only=False)
     return np.concatenate(([0], np.flatnonzero(changed) + 1, [n])).astype(np.int64)
+
+
+def _counts(col: pa.ChunkedArray) -> np.ndarray:
+    """A count column as int64, null as 0 (numpy: `pc.fill_null`'s first call in a process costs a writer more
+    than the rest of a small shard's preparation)."""
+    return np.nan_to_num(col.to_numpy(), nan=0).astype(np.int64)
 
 
 def pack_cuts(firsts: np.ndarray, batch: int) -> list[int]:
@@ -53,8 +60,7 @@ class StreamShard:
         n = 0 if samples is None else samples.num_rows
         self.samples = n
         if n:
-            counts = (pc.fill_null(samples.column("n_media"), 0).to_numpy()
-                      + pc.fill_null(samples.column("n_extra"), 0).to_numpy()).astype(np.int64)
+            counts = _counts(samples.column("n_media")) + _counts(samples.column("n_extra"))
             firsts = pack_firsts(samples.column("pack_id"))
             self._cuts, self.n_packs = pack_cuts(firsts, batch or BATCH_SAMPLES), len(firsts) - 1
             self._member_at = np.concatenate(([0], np.cumsum(counts)))
@@ -74,6 +80,12 @@ class StreamShard:
             self._kept = cols if single else None
         self.fingerprint = fp.hexdigest()
         self.context = {**context, "shard_fingerprint": self.fingerprint}
+        # the first batch's packs built here, in the loader, as a whole shard's were: beside the fsync of the shard
+        # before, and its reads prefetched as soon as its writing starts
+        kept, self._kept = self._kept, None
+        self._rest = iter([kept]) if kept is not None else self._each(with_text=True)
+        first = next(self._rest, None)
+        self._first = None if first is None else build_packs(first, self.context)
         self.layout: Layout | None = None
         self.parts: list[str] = []
 
@@ -92,9 +104,8 @@ class StreamShard:
     def batches(self) -> Iterator[list[BulkPack]]:
         """The shard's packs, a batch at a time; once they are all given, ``layout`` and ``parts`` are set."""
         layouts, parts = [], []
-        kept, self._kept = self._kept, None
-        for cols in [kept] if kept is not None else self._each(with_text=True):
-            packs, lay, names = build_packs(cols, self.context)
+        first, self._first = self._first, None
+        for packs, lay, names in chain([first] if first else [], (build_packs(c, self.context) for c in self._rest)):
             layouts.append(lay)
             parts += names
             yield packs

@@ -62,6 +62,8 @@ class Columns:
     members: list = field(default_factory=list)
     split: list = field(default_factory=list)  # per sample: a piece's `_meta` split (core/split.py) or None; [] none
     exact: list = field(default_factory=list)  # per sample: `Sample.record_exact` (None: not known); [] none
+    # the members' and records' JSON texts, made once for both the fingerprint's lines and the documents
+    texts: tuple | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(slots=True)
@@ -290,10 +292,14 @@ def _output_names(cols: Columns, starts: list[int], where: list[int]) -> tuple[l
     return [f"{p}.{part}" for p, part in zip(pack_ids, parts)], parts
 
 
-def _member_texts(members: list[tuple]) -> tuple[list[str], list[str]]:
+def _texts(cols: Columns) -> tuple[list[str], list[str], list[tuple[str, str]]]:
     """Each member's name and sha256 as JSON (the catalog's types: names and digests str, offsets and sizes int,
-    so f-strings write what json.dumps does)."""
-    return [encode_str(m[0]) for m in members], ["null" if m[3] is None else encode_str(m[3]) for m in members]
+    so f-strings write what json.dumps does), and each sample's `_record_texts`; made once per columns."""
+    if cols.texts is None:
+        members = cols.members
+        cols.texts = ([encode_str(m[0]) for m in members], ["null" if m[3] is None else encode_str(m[3])
+                                                             for m in members], list(map(_record_texts, cols.record)))
+    return cols.texts
 
 
 def _record_texts(rec: tuple | None) -> tuple[str, str]:
@@ -308,19 +314,19 @@ def _record_texts(rec: tuple | None) -> tuple[str, str]:
 def _lines(cols: Columns, starts: list[int]) -> list[str]:
     """Per sample its fingerprint line (`ShardFingerprint.sub`'s)."""
     members = cols.members
-    names, shas = _member_texts(members)
+    names, shas, records = _texts(cols)
     keys = [f"[{n}, {m[1]}, {m[2]}, {h}]" for n, m, h in zip(names, members, shas)]
     # the samples with a member of no digest: each found from its member's place (most shards have none)
     unhashed = {bisect_right(starts, k) - 1 for k, m in enumerate(members) if m[3] is None}
     lines = []
-    for s, (sid, tokens, stamp, conv, conv_sha, rec, n_media) in enumerate(zip(
+    for s, (sid, tokens, stamp, conv, conv_sha, rec, n_media, rec_texts) in enumerate(zip(
             cols.sample_id, cols.tokens, cols.stamp, cols.conversation, cols.conversation_sha256, cols.record,
-            cols.n_media)):
+            cols.n_media, records)):
         a, b, c = starts[s], starts[s] + n_media, starts[s + 1]
         stamp = stamp if s in unhashed or (rec is not None and rec[3] is None) else ""
         if not conv_sha:
             conv_sha = hashlib.sha256(("null" if conv is None else conv).encode()).hexdigest()
-        keyed = "|".join([_record_texts(rec)[1], *keys[a:b], "+", *keys[b:c]])
+        keyed = "|".join([rec_texts[1], *keys[a:b], "+", *keys[b:c]])
         lines.append(f"{sid}|{tokens}|{conv_sha}|{stamp}|{keyed}\n")
     return lines
 
@@ -328,7 +334,7 @@ def _lines(cols: Columns, starts: list[int]) -> list[str]:
 def _documents(cols: Columns, starts: list[int], out_names: list[str], parts: list[str]) -> tuple[list, list, list]:
     """Per sample: its document text up to its source record, after it, and its `_meta` source."""
     members = cols.members
-    names, shas = _member_texts(members)
+    names, shas, records = _texts(cols)
     listed = [f'{{"name": {n}, "offset": {m[1]}, "size": {m[2]}, "sha256": {h}, "output_name": {encode_str(o)}}}'
               for n, m, h, o in zip(names, members, shas, out_names)]
     # the document's media: each output name after its first dot (the part, unless a pack id holds a dot)
@@ -336,8 +342,8 @@ def _documents(cols: Columns, starts: list[int], out_names: list[str], parts: li
         else list(map(encode_str, parts))
     heads, closes, sources = [], [], []
     splits = cols.split or [None] * len(cols.sample_id)
-    for s, (sid, shard, key, tokens, conv, rec, n_media, split) in enumerate(zip(
-            cols.sample_id, cols.shard, cols.key, cols.tokens, cols.conversation, cols.record, cols.n_media, splits)):
+    for s, (sid, shard, key, tokens, conv, rec_texts, n_media, split) in enumerate(zip(
+            cols.sample_id, cols.shard, cols.key, cols.tokens, cols.conversation, records, cols.n_media, splits)):
         a, b, c = starts[s], starts[s] + n_media, starts[s + 1]
         sid_text = encode_str(sid)
         heads.append(f'{{"sample_id": {sid_text}, "token_len": {_num(tokens)}, '
@@ -345,7 +351,7 @@ def _documents(cols: Columns, starts: list[int], out_names: list[str], parts: li
                      f'"media": [{", ".join(parts[a:b])}], "source": ')
         closes.append(f', "extra": [{", ".join(parts[b:c])}]}}' if c > b else "}")
         sources.append(f'{{"sample_id": {sid_text}, "shard": {_text(shard)}, "key": {_text(key)}, '
-                       f'"json_member": {_record_texts(rec)[0]}, "media": [{", ".join(listed[a:b])}]'
+                       f'"json_member": {rec_texts[0]}, "media": [{", ".join(listed[a:b])}]'
                        + (f', "extra": [{", ".join(listed[b:c])}]' if c > b else "")
                        + (f', "split": {dumps(split)}}}' if split else "}"))
     return heads, closes, sources
