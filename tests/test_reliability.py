@@ -34,7 +34,7 @@ KILL_POINTS = [
     ("pack_assets.core.report:simulate", 1),
     ("pack_assets.core.plan:plan_jsonl", 1),
     ("pack_assets.core.plan:check_plan", 1),
-    ("pack_assets.core.write.copy:StreamShard", 1, 1),
+    ("pack_assets.core.write.copy:build_shard", 1, 1),
     # a pack's document header, one per pack (the members' headers are built with the shard): killed with the
     # first output shard's first pack written, then with the first shard done and the second one's first written
     ("pack_assets.core.write.shard:member_header", 2, 1),

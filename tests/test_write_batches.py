@@ -49,15 +49,25 @@ def test_a_shard_written_in_batches_is_the_same_bytes_wherever_they_break(tmp_pa
         return real(cols, context)
 
     monkeypatch.setattr(batches, "build_packs", spy)
+    streamed: list[str] = []  # the output shards written batch by batch (one of at most a batch: whole)
+
+    class Streamed(batches.StreamShard):
+        def __init__(self, name, *a, **k):
+            streamed.append(name)
+            super().__init__(name, *a, **k)
+
+    monkeypatch.setattr(batches, "StreamShard", Streamed)
     outputs = {}
-    for batch in (10**6, 1, 9):  # the whole shard in one batch (as before batches), each pack alone, a few samples
+    for batch in (10**6, 1, 9):  # the whole shard at once (`bulk.build_shard`), each pack alone, a few samples
         monkeypatch.setattr(batches, "BATCH_SAMPLES", batch)
         seen.clear()
+        streamed.clear()
         run_write(work, inp, tmp_path / f"b{batch}" / "out", workers=1)  # (the folder name is in wids-index)
         outputs[batch] = _files(tmp_path / f"b{batch}" / "out")
         assert all(sum(b) <= batch or len(b) == 1 for b in seen), seen
-        shards = sum(n.endswith(".tar") for n in outputs[batch])
+        if batch == 10**6:
+            assert not streamed and not seen
         if batch == 9:  # shards broken up, and batches of several packs
-            assert len(seen) > shards >= 2 and any(len(b) > 1 for b in seen)
+            assert len(seen) > len(streamed) >= 1 and any(len(b) > 1 for b in seen)
     assert any(n.endswith(".tar") for n in outputs[1])
     assert outputs[1] == outputs[10**6] == outputs[9]

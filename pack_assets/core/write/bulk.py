@@ -175,9 +175,14 @@ def group_columns(con, input_root, group: list[str], rows: store.Staged | None =
     """Each shard of ``group`` with its columns, as `catalog_columns` gives them (`group_tables`' rows, made
     Python lists shard by shard)."""
     for name, samples, members, conversations in group_tables(con, group, rows):
-        sid, conv, sha = _lists(conversations, 3)
-        yield name, _columns(input_root, name, _lists(samples, _SAMPLE_COLUMNS), _lists(members, _MEMBER_COLUMNS),
-                             dict(zip(sid, zip(conv, sha))))
+        yield name, table_columns(input_root, name, samples, members, conversations)
+
+
+def table_columns(input_root, name: str, samples, members, conversations) -> Columns:
+    """One shard's `group_tables` rows as Columns (Python lists)."""
+    sid, conv, sha = _lists(conversations, 3)
+    return _columns(input_root, name, _lists(samples, _SAMPLE_COLUMNS), _lists(members, _MEMBER_COLUMNS),
+                    dict(zip(sid, zip(conv, sha))))
 
 
 def _columns(input_root, name: str, samples: list[list], members: list[list], conversations: dict) -> Columns:

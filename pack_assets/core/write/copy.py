@@ -17,8 +17,8 @@ from pathlib import Path
 from .. import faults, owned, store
 from ..nogc import no_cyclic_gc
 from ..plan import PlanInfo
-from .batches import StreamShard
-from .bulk import bulk_rows, group_tables
+from . import batches
+from .bulk import BulkShard, build_shard, bulk_rows, group_tables, table_columns
 from .energon import LastIndex
 from .fingerprints import current_shards
 from .jobs import WRITE_ROWS, ShardJob, ShardResult, piece_shards, shard_job
@@ -104,7 +104,7 @@ def _each_written(args: list[tuple], workers: int) -> Iterator[ShardResult]:
 
 
 def _load(work: str, root, rows, piece_rows, context: dict, split: frozenset,
-          group: list[str]) -> Iterator[StreamShard | ShardJob]:
+          group: list[str]) -> Iterator[BulkShard | batches.StreamShard | ShardJob]:
     """Picklable loader: a job's shards, from one read-only connection: those of whole samples prepared in bulk
     from one read of the catalog for all of them, and written a batch of packs at a time (`batches.py`); one
     holding a piece of a split sample as a job (its pieces' conversations and `_meta` come from split_pieces,
@@ -116,12 +116,16 @@ def _load(work: str, root, rows, piece_rows, context: dict, split: frozenset,
             if name in split:
                 yield shard_job(con, root, name, piece_rows)
             else:  # (its tables not held here while it is written: the shard frees them as it goes)
-                yield StreamShard(*_with_root(next(bulk), root), context)
+                yield _prepared(next(bulk), root, context)
 
 
-def _with_root(tables: tuple, root) -> tuple:
-    """`bulk.group_tables`' (name, samples, members, conversations) as StreamShard takes them."""
-    return tables[0], root, *tables[1:]
+def _prepared(tables: tuple, root, context: dict) -> BulkShard | batches.StreamShard:
+    """`bulk.group_tables`' (name, samples, members, conversations) of one shard: prepared whole when it is one
+    batch (no Arrow slicing per batch: the same bytes, as test_write_batches checks), else streamed."""
+    name, samples, members, conversations = tables
+    if samples is None or samples.num_rows <= batches.BATCH_SAMPLES:
+        return build_shard(name, table_columns(root, name, samples, members, conversations), context)
+    return batches.StreamShard(name, root, samples, members, conversations, context)
 
 
 def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, workers: int = 0,
