@@ -34,7 +34,7 @@ from pack_assets.core.write import copy as write_copy
 from pack_assets.core.write import energon, fingerprints, run_write, syscalls, write_context
 from pack_assets.core.write import record as write_record
 from pack_assets.core.write import shard as write_shard_mod
-from pack_assets.core.write.bulk import BULK_ROWS, catalog_columns, group_columns
+from pack_assets.core.write.bulk import BULK_ROWS, catalog_columns, group_tables, table_columns
 from pack_assets.core.write.fingerprints import current_shards
 from pack_assets.core.write.jobs import shard_job
 from pack_assets.runner.procs import Helpers
@@ -286,6 +286,11 @@ def test_unchanged_output_shards_are_found_without_loading_each_shard(dataset, t
     assert run_audit(work, out).ok
 
 
+def _group_columns(con, inp, group, rows=None) -> list[tuple]:
+    """A writer job's shards with their columns, from one read of the catalog for all of them (as `copy._load`)."""
+    return [(name, table_columns(inp, name, *tables)) for name, *tables in group_tables(con, group, rows)]
+
+
 def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_and_are_removed(packed, monkeypatch):
     import socket
 
@@ -316,7 +321,7 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
         with store.staged(work, BULK_ROWS, names, groups=groups) as rows:
             for g in groups:
                 each = [(n, catalog_columns(con, inp, n)) for n in g]
-                assert list(group_columns(con, inp, g, rows)) == each == list(group_columns(con, inp, g))
+                assert _group_columns(con, inp, g, rows) == each == _group_columns(con, inp, g)
     leftovers = sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*"))
     assert leftovers == sorted([live.name, elsewhere.name])
 

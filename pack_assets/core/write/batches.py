@@ -73,17 +73,13 @@ class StreamShard:
         else:
             self._cuts, self._member_at, self.n_packs = [0], np.zeros(1, dtype=np.int64), 0
         fp = ShardFingerprint(context)
-        self._kept = None  # a shard of one batch: its columns made once, for both passes
-        single = len(self._cuts) <= 2
-        for cols in self._each(with_text=single):
+        for cols in self._each(with_text=False):
             fp.text(fingerprint_text(cols))
-            self._kept = cols if single else None
         self.fingerprint = fp.hexdigest()
         self.context = {**context, "shard_fingerprint": self.fingerprint}
         # the first batch's packs built here, in the loader, as a whole shard's were: beside the fsync of the shard
         # before, and its reads prefetched as soon as its writing starts
-        kept, self._kept = self._kept, None
-        self._rest = iter([kept]) if kept is not None else self._each(with_text=True)
+        self._rest = self._each(with_text=True)
         first = next(self._rest, None)
         self._first = None if first is None else build_packs(first, self.context)
         self.layout: Layout | None = None

@@ -171,13 +171,6 @@ def group_tables(con, group: list[str], rows: store.Staged | None = None) -> Ite
         yield name, samples.pop(name, None), members.pop(name, None), conversations.pop(name, None)
 
 
-def group_columns(con, input_root, group: list[str], rows: store.Staged | None = None) -> Iterator[tuple[str, Columns]]:
-    """Each shard of ``group`` with its columns, as `catalog_columns` gives them (`group_tables`' rows, made
-    Python lists shard by shard)."""
-    for name, samples, members, conversations in group_tables(con, group, rows):
-        yield name, table_columns(input_root, name, samples, members, conversations)
-
-
 def table_columns(input_root, name: str, samples, members, conversations) -> Columns:
     """One shard's `group_tables` rows as Columns (Python lists)."""
     sid, conv, sha = _lists(conversations, 3)
