@@ -199,15 +199,19 @@ def _check_media(res: AuditResult, name: str, key: str, parts: dict, meta: dict,
     return Counter({k: n for k, n in counts.items() if n})
 
 
-def _pack_parts(path: Path):
+def _pack_parts(path: Path, hashed: filedigest.HashedReads | None = None):
     """(pack key, {part name: bytes}) for each pack of an output shard, as `tario.iter_pack_parts` gives
-    them, read with the scan's header reader (`iter_entries`) and one pread per member: tarfile's header
-    objects cost more than hashing small members. A broken archive raises tarfile.ReadError after the
-    packs before the break."""
+    them, read with the scan's header reader (`iter_entries`): tarfile's header objects cost more than hashing
+    small members. ``hashed``: the reads come from it (large chunks, hashed as read), and it is finished once
+    the last pack is given (its ``digest``, the shard's file digest, from this one read). A broken archive
+    raises tarfile.ReadError after the packs before the break."""
     with open(path, "rb") as f:
         fd, key, parts = f.fileno(), None, {}
+        if hashed is not None:
+            hashed.begin(fd)
+        pread = os.pread if hashed is None else hashed.pread
         try:
-            for e in iter_entries(f, os.fstat(fd).st_size):
+            for e in iter_entries(f, os.fstat(fd).st_size, pread=pread):
                 if e.kind == "break":
                     raise tarfile.ReadError(e.detail)
                 k, part = split_key(e.name)
@@ -215,11 +219,13 @@ def _pack_parts(path: Path):
                     yield key, parts
                     parts = {}
                 key = k
-                parts[part] = os.pread(fd, e.size, e.offset) if e.kind == "file" else None
+                parts[part] = pread(fd, e.size, e.offset) if e.kind == "file" else None
         except ReasonError as e:
             raise tarfile.ReadError(e.detail) from None
         if parts:
             yield key, parts
+        if hashed is not None:
+            hashed.finish()
 
 
 def _digests(parts: dict) -> dict[str, str]:
@@ -260,7 +266,8 @@ def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig, rows: store.
         res.add("missing_shard", f"{name} is in the plan but not in {out_dir}", shard=name)
         return res.violations, seen, counts, None
     plan, samples, members = _shard_expectations(con, name, rows)
-    packs = _pack_parts(path)
+    hashed = filedigest.HashedReads()  # the file digest from the same read as the checks, not a second one
+    packs = _pack_parts(path, hashed)
     try:
         with SourceFiles() as sources:
             for key, parts, digests in _hashed(packs, hasher) if hasher else ((k, p, None) for k, p in packs):
@@ -270,7 +277,7 @@ def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig, rows: store.
                 counts.update(_check_pack(res, name, key, parts, plan.get(key), samples, members, config, digests))
     except (tarfile.TarError, OSError) as e:
         res.add("unreadable_shard", f"{name}: {e}", shard=name)
-    return res.violations, seen, counts, None if res.violations else filedigest.file_digest(path)
+    return res.violations, seen, counts, None if res.violations else hashed.digest
 
 
 def _resolve_index(res: AuditResult, name: str, key: str, parts: dict, sources: SourceFiles) -> dict:

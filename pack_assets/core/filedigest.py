@@ -112,6 +112,52 @@ def file_digest(path: Path) -> str | None:
     return got[0] if got else None
 
 
+class HashedReads:
+    """The reads of a walk that goes through a file front to back (a tar walk: header, payload, the next header),
+    served from large chunks read in order into one buffer and hashed as they are read: the file's digest
+    (`file_digest`'s) comes from the same single read, and is of the very bytes the walk was given. `begin` with
+    the open file, `pread` as ``os.pread``, then `finish` at the walk's end: ``digest`` is set, unless the file
+    changed meanwhile."""
+
+    def __init__(self) -> None:
+        self.digest: str | None = None
+        self._fd, self._before, self._h = -1, None, xxhash.xxh3_128()
+        self._buf = bytearray(CHUNK)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0  # the buffer holds the file's bytes [_start, _end); all before _end are hashed
+
+    def begin(self, fd: int) -> None:
+        self._fd, self._before = fd, identity(os.fstat(fd))
+
+    def pread(self, fd: int, n: int, at: int) -> bytes:
+        """``os.pread(fd, n, at)`` for ``fd`` the file begun with, from the chunk held when it holds the range."""
+        if at < self._start or fd != self._fd:  # behind the walk (not its order): read again, already hashed
+            return os.pread(fd, n, at)
+        if at + n > self._end:
+            # from where the reads stopped (a gap before `at` is read and hashed too), or from `at` where the chunk
+            # held ends inside the range (the bytes before _end were hashed: skipped)
+            first = min(at, self._end)
+            if at + n - first > CHUNK:  # larger than a chunk: read whole, as os.pread would, nothing kept
+                data = os.pread(self._fd, at + n - first, first)
+                self._h.update(memoryview(data)[self._end - first:])
+                self._start = self._end = first + len(data)
+                return data[at - first:]
+            got = os.preadv(self._fd, [self._buf], first)
+            self._h.update(self._view[self._end - first:got])
+            self._start, self._end = first, first + got
+        lo = at - self._start
+        return bytes(self._view[lo:min(lo + n, self._end - self._start)])
+
+    def finish(self) -> str | None:
+        """Read and hash the rest of the file; ``digest``, None when the file is no longer the one begun with."""
+        while got := os.preadv(self._fd, [self._buf], self._end):
+            self._h.update(self._view[:got])
+            self._start, self._end = self._end, self._end + got
+        same = self._before is not None and identity(os.fstat(self._fd)) == self._before
+        self.digest = self._h.hexdigest() if same else None
+        return self.digest
+
+
 class EarlyDigests:
     """Output shards hashed ahead of the audit by a pool of threads of its own (`start`), each digest with the
     file's identity as it was read; `digest` gives one only while the file is still that file."""
