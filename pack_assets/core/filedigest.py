@@ -1,11 +1,11 @@
 """An output shard's whole-file digest, so that the default audit re-reads every shard without re-checking
 each one. A clean audit that read a shard in full (tar structure, every document against the plan, every
-member's sha256 against the manifest) records the digest of its bytes right after (`file_digest`, the file
-still in the page cache). The next audit re-reads a shard that is unchanged since (same size, mtime and content
-fingerprint as the record) only to hash it: where the digest is the recorded one, the bytes are the very
-bytes that passed; any other shard, or one whose bytes changed under the same size and mtime, is read in full
-(`vouched`). xxh3-128, not sha256: these digests guard against corruption and edits, not adversaries, and
-hashing must stay under the disk's read speed.
+member's sha256 against the manifest) records the digest of its bytes, taken from the same read as the checks
+(`HashedReads`: the bytes it checked, no second read). The next audit re-reads a shard that is unchanged since
+(same size, mtime and content fingerprint as the record) only to hash it: where the digest is the recorded one,
+the bytes are the very bytes that passed; any other shard, or one whose bytes changed under the same size and
+mtime, is read in full (`vouched`). xxh3-128, not sha256: these digests guard against corruption and edits, not
+adversaries, and hashing must stay under the disk's read speed.
 
 `EarlyDigests` hashes those shards ahead, while the plan and the writer run (`start_for`: `pack-assets run` starts
 it with the pack assets, not before: the cold import of Dagster and the recording of the shard runs, reads and
