@@ -81,31 +81,41 @@ def per_stage(line: list[tuple[float, float, float]], stage_seconds: dict[str, f
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--input", required=True, type=Path)
-    ap.add_argument("--out", required=True, type=Path, help="scratch: work, packed and dagster_home go under it")
-    ap.add_argument("--max-len", type=int, default=16384)
-    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/stage_cpu_<UTC>.json)")
-    args = ap.parse_args()
-    out = ResultsFile(args.results, "stage_cpu")
+def measured_run(input_dir: Path, scratch: Path, max_len: int) -> tuple[list[str], dict, dict]:
+    """One `pack-assets run` of ``input_dir`` (work, packed and dagster_home made anew under ``scratch``), its
+    process tree sampled: (the command, its summary, `per_stage`'s figures)."""
     for d in ("work", "packed", "dagster_home"):
-        shutil.rmtree(args.out / d, ignore_errors=True)
+        shutil.rmtree(scratch / d, ignore_errors=True)
     exe = str(Path(sys.executable).parent / "pack-assets")
-    cmd = [exe, "run", "--input", str(args.input), "--max-len", str(args.max_len), "--work", str(args.out / "work"),
-           "--output", str(args.out / "packed"), "--dagster-home", str(args.out / "dagster_home"), "--json"]
-    load0 = os.getloadavg()
+    cmd = [exe, "run", "--input", str(input_dir), "--max-len", str(max_len), "--work", str(scratch / "work"),
+           "--output", str(scratch / "packed"), "--dagster-home", str(scratch / "dagster_home"), "--json"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = sample_tree(proc)
     text = proc.stdout.read()
     if proc.returncode != 0:
         raise SystemExit(f"the run ended {proc.returncode}")
     summary = json.loads(text[text.index("{"):])
-    cores = os.cpu_count() or 1
+    return cmd, summary, per_stage(line, summary["stage_seconds"], os.cpu_count() or 1)
+
+
+def arguments(stem: str) -> argparse.Namespace:
+    """--input, --out (scratch), --max-len and --results (default: a new bench/results/<stem>_<UTC>.json)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--input", required=True, type=Path)
+    ap.add_argument("--out", required=True, type=Path, help="scratch: work, packed and dagster_home go under it")
+    ap.add_argument("--max-len", type=int, default=16384)
+    ap.add_argument("--results", help=f"a new file or folder (default: a new bench/results/{stem}_<UTC>.json)")
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = arguments("stage_cpu")
+    out = ResultsFile(args.results, "stage_cpu")
+    load0 = os.getloadavg()
+    cmd, summary, stages = measured_run(args.input, args.out, args.max_len)
     doc = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": cmd,
            "load_avg_at_start": load0, "load_avg_at_end": os.getloadavg(), "samples": summary["samples"],
-           "helpers_scan_count_seconds": summary.get("helpers_scan_count_seconds"),
-           "stages": per_stage(line, summary["stage_seconds"], cores)}
+           "helpers_scan_count_seconds": summary.get("helpers_scan_count_seconds"), "stages": stages}
     print(json.dumps(doc["stages"], indent=1))
     print(f"results: {out.write(doc)}")
 

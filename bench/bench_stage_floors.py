@@ -12,12 +12,10 @@ load average is recorded at the start and the end.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -26,7 +24,7 @@ from pathlib import Path
 import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_stage_cpu import per_stage, sample_tree  # noqa: E402
+from bench_stage_cpu import arguments, measured_run  # noqa: E402
 from common import ResultsFile, machine  # noqa: E402
 
 CHUNK = 8 << 20
@@ -70,12 +68,7 @@ def python_floor(make, files: list[Path]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--input", required=True, type=Path)
-    ap.add_argument("--out", required=True, type=Path, help="scratch: work, packed and dagster_home go under it")
-    ap.add_argument("--max-len", type=int, default=16384)
-    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/stage_floors_<UTC>.json)")
-    args = ap.parse_args()
+    args = arguments("stage_floors")
     out = ResultsFile(args.results, "stage_floors")
     files = sorted(p for p in args.input.rglob("*.tar"))
     load0 = os.getloadavg()
@@ -83,19 +76,8 @@ def main() -> None:
               "cat": command_floor(["cat"], files), "sha256sum": command_floor(["sha256sum"], files),
               "hashlib_sha256": python_floor(hashlib.sha256, files), "xxh3_128": python_floor(xxhash.xxh3_128, files)}
     print(json.dumps(floors))
-    for d in ("work", "packed", "dagster_home"):
-        shutil.rmtree(args.out / d, ignore_errors=True)
-    exe = str(Path(sys.executable).parent / "pack-assets")
-    cmd = [exe, "run", "--input", str(args.input), "--max-len", str(args.max_len), "--work", str(args.out / "work"),
-           "--output", str(args.out / "packed"), "--dagster-home", str(args.out / "dagster_home"), "--json"]
     evict(files)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    line = sample_tree(proc)
-    text = proc.stdout.read()
-    if proc.returncode != 0:
-        raise SystemExit(f"the run ended {proc.returncode}")
-    summary = json.loads(text[text.index("{"):])
-    stages = per_stage(line, summary["stage_seconds"], os.cpu_count() or 1)
+    cmd, summary, stages = measured_run(args.input, args.out, args.max_len)
     doc = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": cmd,
            "page_cache": "the input's pages evicted (posix_fadvise DONTNEED) before each floor and the run",
            "load_avg_at_start": load0, "load_avg_at_end": os.getloadavg(), "floors": floors,
