@@ -50,7 +50,8 @@ def test_the_recount_reads_the_rows_the_one_query_read_in_sample_id_order():
     for fraction, trusted in ((0.05, frozenset()), (0.5, frozenset()), (1.0, frozenset({"o-0.tar"}))):
         stored = recount.picked(con, fraction, trusted)
         ids = [sid for sid, _ in stored]
-        rows = [(sid, *r, total) for (sid, total), r in zip(stored, recount.picked_rows(con, ids))]
+        picked = recount.picked_rows(con, ids)
+        rows = [(*r.values(), total) for (_, total), r in zip(stored, picked.to_pylist())]
         assert ids == sorted(ids) and len(set(ids)) == len(ids)
         assert rows == sorted(con.execute(_ONE_QUERY, [int(fraction * 2**32), sorted(trusted)]).fetchall())
         assert (len(rows) == 0) == (fraction == 1.0)

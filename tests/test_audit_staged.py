@@ -62,10 +62,16 @@ def test_staged_conversations_catch_a_wrong_one_in_its_shard_as_the_query_per_sh
     real = store.Staged.rows
     monkeypatch.setattr(store.Staged, "rows", lambda self, con, query, shard, *a, **k:
                         read.append((query, shard)) or real(self, con, query, shard, *a, **k))
+    texts = []  # the output shards whose conversation texts were read: the audit holds digests (`audit._Texts`)
+    real_rows = store.shard_rows
+    monkeypatch.setattr(store, "shard_rows", lambda con, queries, query, shard, *a, **k: (
+        query != "texts" or not texts.append(shard)) and real_rows(con, queries, query, shard, *a, **k))
     one = run_audit(work, out, workers=1, recount_fraction=0)
     threads = run_audit(work, out, workers=2, recount_fraction=0)  # (processes: test_packed_shards_and_audit)
     # every shard's conversations from the staged files, none by a query of its own
     assert sorted(s for q, s in read if q == "conversations") == sorted([p.name for p in shards] * 2)
+    # their texts only for the shard whose packed conversation is not the manifest's, once per audit
+    assert texts == [shards[1].name] * 2
     stale = [(v["shard"], v["sample_id"]) for v in one.violations if v["check"] == "stale_conversation"]
     assert stale == [(shards[1].name, changed)]
     assert {v["check"] for v in one.violations} == {"stale_conversation"}

@@ -42,6 +42,29 @@ def test_the_walk_reads_what_json_loads_reads():
     assert packdoc.walk(empty, {}.get) == ({"sources": []}, {})
 
 
+def _digest(text: str) -> packdoc.Digest:
+    """The audit's expectation of a text as DuckDB gives it: unhex(sha256(text)), length(text)."""
+    import duckdb
+
+    with duckdb.connect() as con:
+        return packdoc.Digest(*con.execute("SELECT unhex(sha256(?)), length(?)", [text, text]).fetchall()[0])
+
+
+def test_a_conversation_known_by_its_digest_is_the_manifests_only_where_its_text_is():
+    """The audit holds each conversation's digest (DuckDB's, of the text the scan stored), not its text: the
+    walk takes the packed text as the manifest's exactly where the text expected would have been taken, non-ASCII
+    text included (a length in characters, as Python's)."""
+    body, conversations = _document(sids=("s/0", "s/1", "é/ü"))
+    digests = {sid: _digest(text) for sid, text in conversations.items()}
+    assert packdoc.walk(body, digests.get) == packdoc.walk(body, conversations.get)
+    assert all(m is packdoc.SAME for m in packdoc.walk(body, digests.get)[1].values())
+    other = json.dumps(MESSAGES[:1], ensure_ascii=False)
+    for wrong in (_digest(other), packdoc.Digest(_digest(other).sha256, len(conversations["s/0"])),
+                  packdoc.Digest(digests["s/0"].sha256, digests["s/0"].chars - 1)):
+        _, messages = packdoc.walk(body, dict.fromkeys(conversations, wrong).get)
+        assert [messages[s["sample_id"]] for s in json.loads(body)["samples"]] == [MESSAGES] * 3
+
+
 def test_every_sample_head_reads_as_json_loads_reads_it():
     """The head read at once (an id without escapes, an integer token_len) and every other head, walked value by
     value, give the ids and messages the parse gives."""

@@ -61,34 +61,61 @@ AUDIT_ROWS = {
                   LEFT JOIN token_lengths t USING (sample_id) WHERE {shards}""",
     "members": """SELECT p.output_shard, m.sample_id, m.name, m.sha256, m.size FROM pack_plan p
                   JOIN pack_members pm USING (pack_id) JOIN members m USING (sample_id) WHERE {shards}""",
-    "conversations": """SELECT p.output_shard, s.sample_id, s.conversation FROM pack_plan p
-                        JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
+    # each conversation's digest, not its text (`packdoc.Digest`): an output shard's texts were most of what an
+    # audit worker held, and most of the bytes staged
+    "conversations": """SELECT p.output_shard, s.sample_id, unhex(sha256(s.conversation)), length(s.conversation)
+                        FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
                         WHERE {shards}""",
     **AUDIT_PIECE_ROWS,
 }
-# the conversations' rows streamed a quarter as many at once as the others': each is kilobytes of text, and the
-# staging's batch, not the dataset, is what its memory holds
-_BATCH_ROWS = {"conversations": 8192}
+# the texts themselves, read for an output shard only where a packed conversation is not the manifest's text
+_TEXT_ROWS = {"texts": """SELECT p.output_shard, s.sample_id, s.conversation FROM pack_plan p
+                          JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
+                          WHERE {shards}"""}
+
+
+class _Texts:
+    """The manifest's conversation texts of one output shard, read the first time one is needed: a packed
+    conversation that is not the manifest's very text (stale, or in another layout) is compared parsed."""
+
+    def __init__(self, con, name: str) -> None:
+        self.con, self.name, self._texts = con, name, None
+
+    def __call__(self, sid: str, held: packdoc.Expected) -> str | None:
+        if held is None or isinstance(held, str):  # no text, or a split piece's own text
+            return held
+        if self._texts is None:
+            self._texts = dict(store.shard_rows(self.con, _TEXT_ROWS, "texts", self.name))
+        return self._texts.get(sid)
 
 
 def _shard_expectations(con, name: str, rows: store.Staged | None = None):
-    """The plan rows of one output shard and what the manifest says about their samples and members."""
+    """The plan rows of one output shard and what the manifest says about their samples and members: held by an
+    audit worker while it reads the shard, so each sample id is one string (the plan's) and no empty list is
+    one of its own."""
+    ids: dict[str, str] = {}
     plan = {
-        r[0]: {"media_type": r[1], "sample_ids": list(r[2]), "lens": list(r[3]), "total": r[4], "overlong": r[5]}
+        r[0]: {"media_type": r[1], "sample_ids": [ids.setdefault(s, s) for s in r[2]], "lens": list(r[3]),
+               "total": r[4], "overlong": r[5]}
         for r in con.execute("SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, overlong "
                              "FROM pack_plan WHERE output_shard = ?", [name]).fetchall()
     }
-    conversations = dict(store.shard_rows(con, AUDIT_ROWS, "conversations", name, rows))
-    # (total_tokens, media_type, media count, vision_tokens, json_member, conversation, media_members, extra_members)
-    samples = {r[0]: (*r[1:6], conversations.get(r[0]), *r[6:]) for r in
+    conversations = {sid: None if sha is None else packdoc.Digest(sha, chars)
+                     for sid, sha, chars in store.shard_rows(con, AUDIT_ROWS, "conversations", name, rows)}
+    # (total_tokens, media_type, media count, vision_tokens, json_member, conversation (`packdoc.Expected`),
+    # media_members, extra_members)
+    samples = {ids.get(r[0], r[0]): (*r[1:6], conversations.get(r[0]), r[6] or (), r[7] or ()) for r in
                store.shard_rows(con, AUDIT_ROWS, "samples", name, rows)}
-    members = {(r[0], r[1]): (r[2], r[3]) for r in store.shard_rows(con, AUDIT_ROWS, "members", name, rows)}
+    members = {(ids.get(r[0], r[0]), r[1]): (r[2], r[3])
+               for r in store.shard_rows(con, AUDIT_ROWS, "members", name, rows)}
     pieces, piece_members = piece_expectations(con, name, rows)  # split samples' pieces (core/split.py)
-    return plan, {**samples, **pieces}, {**members, **piece_members}
+    samples.update(pieces)
+    members.update(piece_members)
+    return plan, samples, members
 
 
 def _check_current(res: AuditResult, name: str, key: str, packed: dict, meta: dict, samples: dict,
-                   members: dict) -> None:
+                   members: dict, texts: _Texts) -> None:
     """Each packed sub-sample against the current manifest: its record member (sha256), normalized
     conversation (``packed``: sample id -> its messages, `packdoc.SAME` where the text is the manifest's) and
     member lists; an output older than its source fails here even when the bytes it copied are intact."""
@@ -103,7 +130,7 @@ def _check_current(res: AuditResult, name: str, key: str, packed: dict, meta: di
         if jm.get("name") != json_name or (current_sha is not None and jm.get("sha256") != current_sha):
             res.add("stale_conversation", f"{sid}: the packed record {jm.get('name')} ({jm.get('sha256')}) is not "
                     f"the current {json_name} ({current_sha})", shard=name, pack_id=key, sample_id=sid)
-        elif packed.get(sid) is not packdoc.SAME and packed.get(sid) != json.loads(conversation or "null"):
+        elif packed.get(sid) is not packdoc.SAME and packed.get(sid) != json.loads(texts(sid, conversation) or "null"):
             res.add("stale_conversation", f"{sid}: the packed messages differ from the manifest's conversation",
                     shard=name, pack_id=key, sample_id=sid)
         for kind, current in (("media", media_names), ("extra", extra_names)):
@@ -128,7 +155,7 @@ def _read_doc(data: bytes, samples: dict) -> tuple[dict, dict]:
 
 
 def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict | None, samples: dict,
-                members: dict, config: PlanConfig, digests: dict | None = None) -> Counter:
+                members: dict, texts: _Texts, config: PlanConfig, digests: dict | None = None) -> Counter:
     """One pack read back against its plan row; returns the media and extra members checked and their bytes.
     `digests`: sha256 hex of parts already hashed (`_hashed`); the others are hashed here."""
     max_len, pad = config.max_len, config.pad_multiple
@@ -162,7 +189,7 @@ def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict
             res.add("length_mismatch", f"{sid}: plan {n}, token_lengths {row[0]}", pack_id=key)
         if config.pack_per_media_type and row[1] != expect["media_type"]:
             res.add("mixed_media", f"{sid} is {row[1]} in a {expect['media_type']} pack", pack_id=key)
-    _check_current(res, name, key, packed, meta, samples, members)
+    _check_current(res, name, key, packed, meta, samples, members, texts)
     return _check_media(res, name, key, parts, meta, members, digests or {})
 
 
@@ -266,6 +293,7 @@ def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig, rows: store.
         res.add("missing_shard", f"{name} is in the plan but not in {out_dir}", shard=name)
         return res.violations, seen, counts, None
     plan, samples, members = _shard_expectations(con, name, rows)
+    texts = _Texts(con, name)
     hashed = filedigest.HashedReads()  # the file digest from the same read as the checks, not a second one
     packs = _pack_parts(path, hashed)
     try:
@@ -274,7 +302,8 @@ def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig, rows: store.
                 seen[key] += 1
                 if INDEX_PART in parts:
                     parts = _resolve_index(res, name, key, parts, sources)
-                counts.update(_check_pack(res, name, key, parts, plan.get(key), samples, members, config, digests))
+                counts.update(_check_pack(res, name, key, parts, plan.get(key), samples, members, texts, config,
+                                          digests))
     except (tarfile.TarError, OSError) as e:
         res.add("unreadable_shard", f"{name}: {e}", shard=name)
     return res.violations, seen, counts, None if res.violations else hashed.digest
@@ -309,15 +338,13 @@ def _resolve_index(res: AuditResult, name: str, key: str, parts: dict, sources: 
 
 
 _worker_con: duckdb.DuckDBPyConnection | None = None
-WORKER_DUCKDB_MEMORY = "256MB"  # an audit worker's DuckDB (store.MEMORY_ENV, when set, bounds it instead)
 
 
 def _worker_init(work: str, gc_thresholds: tuple[int, ...]) -> None:
     global _worker_con
     gc.set_threshold(*gc_thresholds)  # as the parent collects (the CLI's are relaxed: runenv.relax_gc)
-    _worker_con = store.connect(Path(work), read_only=True)
-    if not os.environ.get(store.MEMORY_ENV):  # its queries are one shard's plan rows: a cache of the catalog's
-        _worker_con.execute(f"SET memory_limit = '{WORKER_DUCKDB_MEMORY}'")  # blocks, up to 1 GB, held nothing
+    # its queries are one shard's plan rows: a cache of the catalog's blocks, up to 1 GB, held nothing
+    _worker_con = store.connect(Path(work), read_only=True, memory=store.WORKER_MEMORY)
 
 
 def _audit_shard_in_worker(out_dir: str, name: str, config: PlanConfig, rows: store.Staged | None):
@@ -436,7 +463,7 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
                     if shard in trusted)
     to_read = [n for n in shards if n not in trusted]
     counts: Counter = Counter()
-    with (store.staged(work, AUDIT_ROWS, to_read, con, batch_rows=_BATCH_ROWS) if work is not None and len(to_read) > 1
+    with (store.staged(work, AUDIT_ROWS, to_read, con) if work is not None and len(to_read) > 1
           else contextlib.nullcontext()) as rows:
         for done, (name, (violations, shard_seen, c, digest)) in enumerate(
                 zip(to_read, _shard_results(con, out_dir, to_read, config, work, workers, min_bytes, rows)), 1):

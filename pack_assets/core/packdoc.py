@@ -8,13 +8,19 @@ value is parsed in place (`JSONDecoder.raw_decode`), and the walk must end at th
 where it succeeds the bytes are one JSON document of exactly that shape, as `json.loads` would read it. A
 conversation equal to the expected text at its place is that very JSON value (the manifest's text is the
 scan's `json.dumps` of a list: valid JSON, and an array ends where its text ends); any other is parsed. Any
-other layout returns None: the caller parses the document."""
+other layout returns None: the caller parses the document.
+
+The expected text may be given as its `Digest` (sha256 of its UTF-8 and its length in characters): the text at
+its place is then the one whose digest it is. The audit holds an output shard's digests, not its texts.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable
+from typing import NamedTuple
 
 _DECODE = json.JSONDecoder().raw_decode
 # an entry's head as the writer gives it, read at once: an id with no escape (its text is its value, as the
@@ -28,6 +34,15 @@ class Same:
 
 
 SAME = Same()
+
+
+class Digest(NamedTuple):
+    """A text known by its sha256 (of its UTF-8) and its length in characters."""
+    sha256: bytes
+    chars: int
+
+
+Expected = str | Digest | None  # a sample's conversation text, or its digest, as the manifest holds it
 
 
 class _Layout(Exception):
@@ -47,7 +62,18 @@ def _value(text: str, pos: int):
         raise _Layout from None
 
 
-def _sample(text: str, pos: int, expected: Callable[[object], str | None], messages: dict) -> int:
+def _same_end(text: str, pos: int, want: Expected) -> int | None:
+    """Where the expected JSON text (an array or object) ends when it is the text at ``pos``, else None."""
+    if isinstance(want, str):
+        return pos + len(want) if want and want[0] in "[{" and text.startswith(want, pos) else None
+    if want is not None and text.startswith(("[", "{"), pos):
+        end = pos + want.chars
+        if hashlib.sha256(text[pos:end].encode("utf-8")).digest() == want.sha256:
+            return end
+    return None
+
+
+def _sample(text: str, pos: int, expected: Callable[[object], Expected], messages: dict) -> int:
     """One entry of ``samples``: its id and messages into ``messages`` (SAME, or the value parsed)."""
     head = _HEAD.match(text, pos)
     if head is not None:
@@ -56,9 +82,9 @@ def _sample(text: str, pos: int, expected: Callable[[object], str | None], messa
         sid, pos = _value(text, _expect(text, pos, '{"sample_id": '))
         _, pos = _value(text, _expect(text, pos, ', "token_len": '))
         pos = _expect(text, pos, ', "messages": ')
-    want = expected(sid) if isinstance(sid, str) else None
-    if want and want[0] in "[{" and text.startswith(want, pos):
-        value, pos = SAME, pos + len(want)
+    end = _same_end(text, pos, expected(sid)) if isinstance(sid, str) else None
+    if end is not None:
+        value, pos = SAME, end
     else:
         value, pos = _value(text, pos)
     if not isinstance(sid, (str, int, float, bool, type(None))):
@@ -71,7 +97,7 @@ def _sample(text: str, pos: int, expected: Callable[[object], str | None], messa
     return _expect(text, pos, "}")
 
 
-def walk(data: bytes, expected: Callable[[object], str | None]) -> tuple[dict, dict] | None:
+def walk(data: bytes, expected: Callable[[object], Expected]) -> tuple[dict, dict] | None:
     """(``_meta``, sample id -> its messages: SAME where the text is ``expected(sample id)``, else the parsed
     value) of a pack document in the writer's layout; None for any other bytes."""
     try:

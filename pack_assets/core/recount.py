@@ -3,7 +3,9 @@
 The samples are picked by their ids and stored counts alone, then only the picked rows' conversations are read:
 picking them from rows that carried every sample's conversation read the whole manifest's text for a small
 fraction of it. Both reads are ordered by sample id, so the recount's violations come in that order whatever
-DuckDB's plan (the query before had no order of its own).
+DuckDB's plan (the query before had no order of its own). The picked rows go to the counting process as one
+Arrow table: the command holds them until the count comes back, all through the outputs' read-back, and as
+Python tuples they were several times their text's size.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from concurrent.futures import Executor
+
+import pyarrow as pa
 
 from .aside import run_aside
 from .counting.counters import counter_for
@@ -36,16 +40,20 @@ def picked(con, fraction: float, trusted: frozenset[str] = frozenset()) -> list[
     return con.execute(_PICKED, [int(fraction * 2**32), sorted(trusted)]).fetchall()
 
 
-def picked_rows(con, ids: list[str]) -> list[tuple]:
-    """(conversation, image_sizes, videos) of each of ``ids`` (sample ids in order, as `picked` gives them)."""
-    rows = {r[0]: r[1:] for r in con.execute(_ROWS, [ids]).fetchall()}
-    return [rows[sid] for sid in ids]
+def picked_rows(con, ids: list[str]) -> pa.Table:
+    """(sample_id, conversation, image_sizes, videos) of each of ``ids`` (sample ids in order, as `picked` gives
+    them), as an Arrow table in that order."""
+    table = con.sql(_ROWS, params=[ids]).to_arrow_table()
+    if table.column(0).to_pylist() != ids:
+        raise KeyError("the recount's picked samples are not all in the manifest: the catalog changed while it read")
+    return table
 
 
-def _recounted(profile: ModelProfile, rows: list[tuple]) -> list[int | None]:
-    """Each (conversation, image_sizes, videos) row's total tokens, None where it cannot be counted."""
-    counts = counter_for(profile).count_many((json.loads(c), sizes or [], json.loads(v or "[]"))
-                                             for c, sizes, v in rows)
+def _recounted(profile: ModelProfile, rows: pa.Table) -> list[int | None]:
+    """Each picked row's (`picked_rows`) total tokens, None where it cannot be counted."""
+    conversations, sizes, videos = (rows.column(i).to_pylist() for i in (1, 2, 3))
+    counts = counter_for(profile).count_many((json.loads(c), s or [], json.loads(v or "[]"))
+                                             for c, s, v in zip(conversations, sizes, videos))
     return [None if isinstance(c, Exception) else c["total_tokens"] for c in counts]
 
 

@@ -326,14 +326,17 @@ FROM pack_members pm JOIN pack_plan p USING (pack_id) JOIN manifest_samples s US
 MEMORY_ENV = "PACK_ASSETS_DUCKDB_MEMORY"  # DuckDB's memory limit for the catalog (default 1GB; e.g. "4GB")
 
 
-def memory_limit() -> str:
-    return os.environ.get(MEMORY_ENV) or "1GB"
+WORKER_MEMORY = "256MB"  # a worker process's DuckDB (a writer's, an audit worker's): its queries are one job's rows
 
 
-def _configured(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+def memory_limit(default: str = "1GB") -> str:
+    return os.environ.get(MEMORY_ENV) or default
+
+
+def _configured(con: duckdb.DuckDBPyConnection, memory: str = "1GB") -> duckdb.DuckDBPyConnection:
     # DuckDB's own default limit is 80 % of RAM: the fingerprint query over 1M samples then held 5 GB where
     # it spills past a bound at the same speed. Its progress bar writes to stdout, into `run --json`.
-    limit = memory_limit()
+    limit = memory_limit(memory)
     try:
         con.execute(f"SET memory_limit = '{limit}'")
     except duckdb.Error as e:
@@ -366,8 +369,10 @@ def _open(work: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
     return duckdb.connect(str(path))
 
 
-def connect(work: Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    con = _configured(_open(work, read_only))
+def connect(work: Path, read_only: bool = False, memory: str = "1GB") -> duckdb.DuckDBPyConnection:
+    """The catalog. ``memory``: DuckDB's limit in this process unless MEMORY_ENV sets one (the limit is the
+    process's database instance's: every connection to the catalog in the process shares it)."""
+    con = _configured(_open(work, read_only), memory)
     # SQL reads only catalog tables and what is registered by name: a Python local must never stand in for
     # (or be shadowed by) a table of the same name, as `dropped` once was
     con.execute("SET python_enable_replacements = false")
