@@ -283,9 +283,15 @@ def _output_names(cols: Columns, starts: list[int], where: list[int]) -> tuple[l
     extra = j >= n_media
     bases = [m[0][m[0].rfind("/") + 1:] for m in cols.members]
     exts = [b[b.rfind(".") + 1:].lower() for b in bases]  # the whole name without a dot, as rsplit gives it
-    parts = [f"s{i:03d}_x{k:02d}" + (f".{e}" if e and "." in b else "") if x else f"s{i:03d}_{k:02d}.{e}"
-             for i, k, x, e, b in zip(np.asarray(where, dtype=np.int64)[owner].tolist(),
-                                      np.where(extra, j - n_media, j).tolist(), extra.tolist(), exts, bases)]
+    at, k = np.asarray(where, dtype=np.int64)[owner].tolist(), np.where(extra, j - n_media, j).tolist()
+    # "s{i:03d}_" and "{k:02d}" made once per value, not formatted per member
+    stems = [f"s{i:03d}_" for i in range(max(at, default=0) + 1)]
+    ks = [f"{n:02d}" for n in range(max(k, default=0) + 1)]
+    if not extra.any():
+        parts = [stems[i] + ks[n] + "." + e for i, n, e in zip(at, k, exts)]
+    else:
+        parts = [stems[i] + "x" + ks[n] + (f".{e}" if e and "." in b else "") if x else stems[i] + ks[n] + "." + e
+                 for i, n, x, e, b in zip(at, k, extra.tolist(), exts, bases)]
     pack_ids = [cols.pack_id[s] for s in owner.tolist()]
     return [f"{p}.{part}" for p, part in zip(pack_ids, parts)], parts
 
