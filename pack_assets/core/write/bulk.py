@@ -183,8 +183,10 @@ def _columns(input_root, name: str, samples: list[list], members: list[list], co
     (pack_id, media_type, total, position, sid, shard, key, tokens, stamp, rec_name, rec_offset, rec_size, rec_sha,
      n_media, n_extra, exact) = samples
     n_media, n_extra = [n or 0 for n in n_media], [n or 0 for n in n_extra]
-    owners = [(p, q) for p, q, a, b in zip(pack_id, position, n_media, n_extra) for _ in range(a + b)]
-    if owners != list(zip(members[0], members[1])):
+    # each member's (pack, position) is its sample's, sample after sample: compared column by column
+    counts = np.add(n_media, n_extra, dtype=np.int64) if n_media else np.zeros(0, dtype=np.int64)
+    if (len(members[0]) != int(counts.sum()) or members[1] != np.repeat(np.asarray(position), counts).tolist()
+            or members[0] != np.repeat(np.asarray(pack_id, dtype=object), counts).tolist()):
         raise KeyError(f"{name}: the catalog lacks a member some sample of this shard lists")
     paths = {s: str(store.source_tar(input_root, s)) for s in set(shard)}  # per source shard, not per sample
     conv = [conversations[s] for s in sid]
