@@ -283,8 +283,9 @@ def _output_names(cols: Columns, starts: list[int], where: list[int]) -> tuple[l
     j = np.arange(len(owner)) - np.asarray(starts[:-1], dtype=np.int64)[owner]
     n_media = np.asarray(cols.n_media, dtype=np.int64)[owner]
     extra = j >= n_media
-    bases = [m[0][m[0].rfind("/") + 1:] for m in cols.members]
-    exts = [b[b.rfind(".") + 1:].lower() for b in bases]  # the whole name without a dot, as rsplit gives it
+    # each name's extension: after its base name's last dot, else the whole base name (as rsplit gives it)
+    names = [m[0] for m in cols.members]
+    exts = [n[max(n.rfind("."), n.rfind("/")) + 1:].lower() for n in names]
     at, k = np.asarray(where, dtype=np.int64)[owner].tolist(), np.where(extra, j - n_media, j).tolist()
     # "s{i:03d}_" and "{k:02d}" made once per value, not formatted per member
     stems = [f"s{i:03d}_" for i in range(max(at, default=0) + 1)]
@@ -293,7 +294,7 @@ def _output_names(cols: Columns, starts: list[int], where: list[int]) -> tuple[l
         parts = [stems[i] + ks[n] + "." + e for i, n, e in zip(at, k, exts)]
     else:
         parts = [stems[i] + "x" + ks[n] + (f".{e}" if e and "." in b else "") if x else stems[i] + ks[n] + "." + e
-                 for i, n, x, e, b in zip(at, k, extra.tolist(), exts, bases)]
+                 for i, n, x, e, b in zip(at, k, extra.tolist(), exts, (n[n.rfind("/") + 1:] for n in names))]
     pack_ids = [cols.pack_id[s] for s in owner.tolist()]
     return [f"{p}.{part}" for p, part in zip(pack_ids, parts)], parts
 
