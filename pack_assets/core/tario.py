@@ -447,6 +447,9 @@ def writev_all(fd: int, bufs: list) -> None:
     while i < len(bufs):
         batch = bufs[i:i + IOV_MAX]
         n = os.writev(fd, batch)
+        if n == sum(map(len, batch)):  # the whole batch (the usual case): no walk over its buffers
+            i += len(batch)
+            continue
         for b in batch:
             if n >= len(b):
                 n -= len(b)

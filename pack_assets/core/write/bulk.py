@@ -183,8 +183,10 @@ def _columns(input_root, name: str, samples: list[list], members: list[list], co
     (pack_id, media_type, total, position, sid, shard, key, tokens, stamp, rec_name, rec_offset, rec_size, rec_sha,
      n_media, n_extra, exact) = samples
     n_media, n_extra = [n or 0 for n in n_media], [n or 0 for n in n_extra]
-    owners = [(p, q) for p, q, a, b in zip(pack_id, position, n_media, n_extra) for _ in range(a + b)]
-    if owners != list(zip(members[0], members[1])):
+    # each member's (pack, position) is its sample's, sample after sample: compared column by column
+    counts = np.add(n_media, n_extra, dtype=np.int64) if n_media else np.zeros(0, dtype=np.int64)
+    if (len(members[0]) != int(counts.sum()) or members[1] != np.repeat(np.asarray(position), counts).tolist()
+            or members[0] != np.repeat(np.asarray(pack_id, dtype=object), counts).tolist()):
         raise KeyError(f"{name}: the catalog lacks a member some sample of this shard lists")
     paths = {s: str(store.source_tar(input_root, s)) for s in set(shard)}  # per source shard, not per sample
     conv = [conversations[s] for s in sid]
@@ -281,11 +283,18 @@ def _output_names(cols: Columns, starts: list[int], where: list[int]) -> tuple[l
     j = np.arange(len(owner)) - np.asarray(starts[:-1], dtype=np.int64)[owner]
     n_media = np.asarray(cols.n_media, dtype=np.int64)[owner]
     extra = j >= n_media
-    bases = [m[0][m[0].rfind("/") + 1:] for m in cols.members]
-    exts = [b[b.rfind(".") + 1:].lower() for b in bases]  # the whole name without a dot, as rsplit gives it
-    parts = [f"s{i:03d}_x{k:02d}" + (f".{e}" if e and "." in b else "") if x else f"s{i:03d}_{k:02d}.{e}"
-             for i, k, x, e, b in zip(np.asarray(where, dtype=np.int64)[owner].tolist(),
-                                      np.where(extra, j - n_media, j).tolist(), extra.tolist(), exts, bases)]
+    # each name's extension: after its base name's last dot, else the whole base name (as rsplit gives it)
+    names = [m[0] for m in cols.members]
+    exts = [n[max(n.rfind("."), n.rfind("/")) + 1:].lower() for n in names]
+    at, k = np.asarray(where, dtype=np.int64)[owner].tolist(), np.where(extra, j - n_media, j).tolist()
+    # "s{i:03d}_" and "{k:02d}" made once per value, not formatted per member
+    stems = [f"s{i:03d}_" for i in range(max(at, default=0) + 1)]
+    ks = [f"{n:02d}" for n in range(max(k, default=0) + 1)]
+    if not extra.any():
+        parts = [stems[i] + ks[n] + "." + e for i, n, e in zip(at, k, exts)]
+    else:
+        parts = [stems[i] + "x" + ks[n] + (f".{e}" if e and "." in b else "") if x else stems[i] + ks[n] + "." + e
+                 for i, n, x, e, b in zip(at, k, extra.tolist(), exts, (n[n.rfind("/") + 1:] for n in names))]
     pack_ids = [cols.pack_id[s] for s in owner.tolist()]
     return [f"{p}.{part}" for p, part in zip(pack_ids, parts)], parts
 

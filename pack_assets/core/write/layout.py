@@ -35,7 +35,7 @@ def layout(names: list[str], sizes: list[int], firsts: list[int]) -> Layout:
     size = np.asarray(sizes, dtype=np.int64).reshape(-1)
     rows = header_rows(names, size) if names else None
     if rows is not None:
-        blob = memoryview(rows.tobytes())
+        blob = memoryview(rows).cast("B")  # the rows' own bytes, not a copy
         headers = [blob[i:i + BLOCK] for i in range(0, len(names) * BLOCK, BLOCK)]
         header_len = np.full(len(names), BLOCK, dtype=np.int64)
     else:  # long or non-ASCII names (PAX headers), or an empty shard
