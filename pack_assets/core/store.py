@@ -326,7 +326,7 @@ FROM pack_members pm JOIN pack_plan p USING (pack_id) JOIN manifest_samples s US
 MEMORY_ENV = "PACK_ASSETS_DUCKDB_MEMORY"  # DuckDB's memory limit for the catalog (default 1GB; e.g. "4GB")
 
 
-WORKER_MEMORY = "256MB"  # a worker process's DuckDB (a writer's, an audit worker's): its queries are one job's rows
+WORKER_MEMORY = "256MB"  # an audit worker's DuckDB: its queries are one output shard's rows
 
 
 def memory_limit(default: str = "1GB") -> str:

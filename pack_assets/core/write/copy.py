@@ -103,14 +103,14 @@ def _each_written(args: list[tuple], workers: int) -> Iterator[ShardResult]:
             yield from results
 
 
-def _load(work: str, root, rows, piece_rows, context: dict, split: frozenset, memory: str,
+def _load(work: str, root, rows, piece_rows, context: dict, split: frozenset,
           group: list[str]) -> Iterator[BulkShard | batches.StreamShard | ShardJob]:
     """Picklable loader: a job's shards, from one read-only connection: those of whole samples prepared in bulk
     from one read of the catalog for all of them, and written a batch of packs at a time (`batches.py`); one
     holding a piece of a split sample as a job (its pieces' conversations and `_meta` come from split_pieces,
-    which the bulk queries do not read). ``memory``: its DuckDB's limit (`store.connect`)."""
+    which the bulk queries do not read)."""
     root = root if isinstance(root, dict) else Path(root)
-    with store.connect(Path(work), read_only=True, memory=memory) as con:
+    with store.connect(Path(work), read_only=True) as con:
         bulk = group_tables(con, [n for n in group if n not in split], rows)
         for name in group:
             if name in split:
@@ -216,9 +216,7 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
           else contextlib.nullcontext() as rows,
           store.staged(work, WRITE_ROWS, split) if len(split) > 1 else contextlib.nullcontext() as piece_rows):
         root = input_root if isinstance(input_root, dict) else str(input_root)
-        # a writer process's queries are one job's rows; without a pool the loader shares this process's DuckDB
-        memory = store.WORKER_MEMORY if workers > 1 else "1GB"
-        loader = functools.partial(_load, str(work), root, rows, piece_rows, context, frozenset(split), memory)
+        loader = functools.partial(_load, str(work), root, rows, piece_rows, context, frozenset(split))
         results = write_all(out_dir, todo, context, workers=workers, progress=progress, loader=loader, done=done,
                             plan_fingerprint=info.fingerprint, last=last, samples=samples)
         if aside is not None:
