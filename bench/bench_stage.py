@@ -29,7 +29,7 @@ VARIANTS = ("per_shard", "staged", "copy_partition_by")
 
 
 def measure(variant: str, stage: str, work: Path, inp: Path, sample: int) -> dict:
-    from pack_assets.core import audit, store
+    from pack_assets.core import audit, expected, store
     from pack_assets.core.write import jobs as write
 
     queries = write.WRITE_ROWS if stage == "write" else audit.AUDIT_ROWS
@@ -41,7 +41,7 @@ def measure(variant: str, stage: str, work: Path, inp: Path, sample: int) -> dic
     def load(name: str, rows=None):
         if stage == "write":
             return write.shard_job(con, inp, name, rows)
-        return audit._shard_expectations(con, name, rows)
+        return expected.shard_expectations(con, name, rows)
 
     def per_shard(rows=None) -> list[float]:
         took = []

@@ -33,7 +33,7 @@ FUNCTIONS = {
              "appendable", "_appended", "new_samples", "append_plan_file", "record_plan_file"],
     "write": ["run_write", "check_sources", "shard_digests", "digest_keys", "write_all", "_write_group", "metadata",
               "finish", "record_written"],
-    "audit": ["run_audit", "audit", "vouched", "recount", "_shard_expectations", "_hashed", "per_shard",
+    "audit": ["run_audit", "audit", "vouched", "recount", "shard_expectations", "_hashed", "per_shard",
               "audit_figures", "current_stamps"],
     "other": ["instance_for", "_shards_run", "_helpers_done", "atomic_write_bytes", "fsync_dir"],
 }

@@ -9,7 +9,7 @@ import tarfile
 from pathlib import Path
 
 from pack_assets.core import audit as audit_mod
-from pack_assets.core import store
+from pack_assets.core import expected, store
 from pack_assets.core.audit import run_audit
 from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.counting.token_lengths import run_token_lengths
@@ -62,10 +62,9 @@ def test_staged_conversations_catch_a_wrong_one_in_its_shard_as_the_query_per_sh
     real = store.Staged.rows
     monkeypatch.setattr(store.Staged, "rows", lambda self, con, query, shard, *a, **k:
                         read.append((query, shard)) or real(self, con, query, shard, *a, **k))
-    texts = []  # the output shards whose conversation texts were read: the audit holds digests (`audit._Texts`)
-    real_rows = store.shard_rows
-    monkeypatch.setattr(store, "shard_rows", lambda con, queries, query, shard, *a, **k: (
-        query != "texts" or not texts.append(shard)) and real_rows(con, queries, query, shard, *a, **k))
+    texts = []  # the output shards whose conversation texts were read: the audit holds digests (`expected.ShardTexts`)
+    real_load = expected.ShardTexts._load
+    monkeypatch.setattr(expected.ShardTexts, "_load", lambda self: texts.append(self.name) or real_load(self))
     one = run_audit(work, out, workers=1, recount_fraction=0)
     threads = run_audit(work, out, workers=2, recount_fraction=0)  # (processes: test_packed_shards_and_audit)
     # every shard's conversations from the staged files, none by a query of its own
@@ -76,6 +75,9 @@ def test_staged_conversations_catch_a_wrong_one_in_its_shard_as_the_query_per_sh
     assert stale == [(shards[1].name, changed)]
     assert {v["check"] for v in one.violations} == {"stale_conversation"}
     assert (threads.violations, threads.stats) == (one.violations, one.stats)
+    # in worker processes (their DuckDB held to 256MB: the texts streamed), the same audit
+    processes = run_audit(work, out, workers=2, parallel_min_bytes=0, recount_fraction=0)
+    assert (processes.violations, processes.stats) == (one.violations, one.stats)
     with store.connect(work, read_only=True) as con:  # each shard's own query (no staged rows): the same audit
         config = PlanInfo.load(con).config
         alone, gathered = (audit_mod.audit(con, out, config, work=w, workers=1) for w in (None, work))

@@ -55,3 +55,22 @@ def test_audit_records_the_digest_of_the_bytes_it_checked(tmp_path):
         f.seek(600)
         f.write(bytes([f.read(1)[0] ^ 1]))
     assert filedigest.file_digest(path) != hashed.digest
+
+
+def test_a_skipped_payload_is_hashed_a_chunk_at_a_time_not_read_whole(tmp_path, monkeypatch):
+    """A gap the walk never reads (a payload it skips) larger than a chunk: hashed chunk by chunk, so a corrupt
+    header's huge size costs no memory; the digest is still the whole file's."""
+    monkeypatch.setattr(filedigest, "CHUNK", 4096)
+    path = tmp_path / "s.tar"
+    path.write_bytes(bytes(k % 251 for k in range(100_000)))
+    reads = []
+    real = os.pread
+    monkeypatch.setattr(filedigest.os, "pread", lambda fd, n, at: reads.append(n) or real(fd, n, at))
+    hashed = filedigest.HashedReads()
+    with open(path, "rb") as f:
+        hashed.begin(f.fileno())
+        assert hashed.pread(f.fileno(), 100, 0) == real(f.fileno(), 100, 0)
+        assert hashed.pread(f.fileno(), 512, 90_000) == real(f.fileno(), 512, 90_000)  # 90 KB skipped
+        hashed.finish()
+    assert max(reads, default=0) <= 4096 + 512
+    assert hashed.digest == filedigest.file_digest(path)

@@ -20,7 +20,7 @@ import xxhash
 
 from pack_assets import __version__
 from pack_assets.core import audit as audit_mod
-from pack_assets.core import filedigest, store, tario
+from pack_assets.core import expected, filedigest, store, tario
 from pack_assets.core import recount as recount_mod
 from pack_assets.core.audit import run_audit
 from pack_assets.core.counting.profiles import load_profile
@@ -313,8 +313,8 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
             for n in names:
                 assert catalog_columns(con, inp, n, rows) == catalog_columns(con, inp, n)
         with store.staged(work, audit_stage.AUDIT_ROWS, names[1:], con) as rows:
-            gathered = audit_stage._shard_expectations(con, names[1], rows)
-            assert gathered == audit_stage._shard_expectations(con, names[1])
+            gathered = expected.shard_expectations(con, names[1], rows)
+            assert gathered == expected.shard_expectations(con, names[1])
         with pytest.raises(FileNotFoundError):  # gone from under a reader: an error, never "no rows"
             catalog_columns(con, inp, names[0], rows)
         groups = [names[:1], names[1:]]  # a writer job's shards from one staged file, or from one query

@@ -33,8 +33,9 @@ from .blend import check_blend
 from .counting import drift
 from .coverage import not_counted
 from .cpad import pack_padded_len
+from .expected import AUDIT_ROWS, ShardTexts, shard_expectations
 from .indexmode import INDEX_PART, SourceFiles, is_index_folder
-from .outcomes import AUDIT_PIECE_ROWS, per_shard, piece_expectations
+from .outcomes import per_shard
 from .plan import PlanConfig, PlanInfo
 from .plancheck import check_plan
 from .reasons import ReasonError
@@ -51,71 +52,8 @@ from .write.current import current_stamps
 PARALLEL_MIN_BYTES = 1 << 30
 
 
-# what the audit reads per output shard besides its plan rows, gathered for every shard it reads at once
-# (store.staged): the conversations too, most of the bytes, so the manifest is scanned once for the whole audit
-# (by the query per shard, it was scanned once per output shard)
-AUDIT_ROWS = {
-    "samples": """SELECT p.output_shard, s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos,
-                         t.vision_tokens, s.json_member, s.media_members, s.extra_members
-                  FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
-                  LEFT JOIN token_lengths t USING (sample_id) WHERE {shards}""",
-    "members": """SELECT p.output_shard, m.sample_id, m.name, m.sha256, m.size FROM pack_plan p
-                  JOIN pack_members pm USING (pack_id) JOIN members m USING (sample_id) WHERE {shards}""",
-    # each conversation's digest, not its text (`packdoc.Digest`): an output shard's texts were most of what an
-    # audit worker held, and most of the bytes staged
-    "conversations": """SELECT p.output_shard, s.sample_id, unhex(sha256(s.conversation)), length(s.conversation)
-                        FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
-                        WHERE {shards}""",
-    **AUDIT_PIECE_ROWS,
-}
-# the texts themselves, read for an output shard only where a packed conversation is not the manifest's text
-_TEXT_ROWS = {"texts": """SELECT p.output_shard, s.sample_id, s.conversation FROM pack_plan p
-                          JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
-                          WHERE {shards}"""}
-
-
-class _Texts:
-    """The manifest's conversation texts of one output shard, read the first time one is needed: a packed
-    conversation that is not the manifest's very text (stale, or in another layout) is compared parsed."""
-
-    def __init__(self, con, name: str) -> None:
-        self.con, self.name, self._texts = con, name, None
-
-    def __call__(self, sid: str, held: packdoc.Expected) -> str | None:
-        if held is None or isinstance(held, str):  # no text, or a split piece's own text
-            return held
-        if self._texts is None:
-            self._texts = dict(store.shard_rows(self.con, _TEXT_ROWS, "texts", self.name))
-        return self._texts.get(sid)
-
-
-def _shard_expectations(con, name: str, rows: store.Staged | None = None):
-    """The plan rows of one output shard and what the manifest says about their samples and members: held by an
-    audit worker while it reads the shard, so each sample id is one string (the plan's) and no empty list is
-    one of its own."""
-    ids: dict[str, str] = {}
-    plan = {
-        r[0]: {"media_type": r[1], "sample_ids": [ids.setdefault(s, s) for s in r[2]], "lens": list(r[3]),
-               "total": r[4], "overlong": r[5]}
-        for r in con.execute("SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, overlong "
-                             "FROM pack_plan WHERE output_shard = ?", [name]).fetchall()
-    }
-    conversations = {sid: None if sha is None else packdoc.Digest(sha, chars)
-                     for sid, sha, chars in store.shard_rows(con, AUDIT_ROWS, "conversations", name, rows)}
-    # (total_tokens, media_type, media count, vision_tokens, json_member, conversation (`packdoc.Expected`),
-    # media_members, extra_members)
-    samples = {ids.get(r[0], r[0]): (*r[1:6], conversations.get(r[0]), r[6] or (), r[7] or ()) for r in
-               store.shard_rows(con, AUDIT_ROWS, "samples", name, rows)}
-    members = {(ids.get(r[0], r[0]), r[1]): (r[2], r[3])
-               for r in store.shard_rows(con, AUDIT_ROWS, "members", name, rows)}
-    pieces, piece_members = piece_expectations(con, name, rows)  # split samples' pieces (core/split.py)
-    samples.update(pieces)
-    members.update(piece_members)
-    return plan, samples, members
-
-
 def _check_current(res: AuditResult, name: str, key: str, packed: dict, meta: dict, samples: dict,
-                   members: dict, texts: _Texts) -> None:
+                   members: dict, texts: ShardTexts) -> None:
     """Each packed sub-sample against the current manifest: its record member (sha256), normalized
     conversation (``packed``: sample id -> its messages, `packdoc.SAME` where the text is the manifest's) and
     member lists; an output older than its source fails here even when the bytes it copied are intact."""
@@ -155,7 +93,7 @@ def _read_doc(data: bytes, samples: dict) -> tuple[dict, dict]:
 
 
 def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict | None, samples: dict,
-                members: dict, texts: _Texts, config: PlanConfig, digests: dict | None = None) -> Counter:
+                members: dict, texts: ShardTexts, config: PlanConfig, digests: dict | None = None) -> Counter:
     """One pack read back against its plan row; returns the media and extra members checked and their bytes.
     `digests`: sha256 hex of parts already hashed (`_hashed`); the others are hashed here."""
     max_len, pad = config.max_len, config.pad_multiple
@@ -283,17 +221,19 @@ def _hashed(packs, hasher: ThreadPoolExecutor):
 
 
 def _audit_shard(con, out_dir: Path, name: str, config: PlanConfig, rows: store.Staged | None = None,
-                 hasher: ThreadPoolExecutor | None = None) -> tuple[list[dict], Counter, Counter, str | None]:
+                 hasher: ThreadPoolExecutor | None = None, held_to: str | None = None
+                 ) -> tuple[list[dict], Counter, Counter, str | None]:
     """One output shard read back: its violations, the pack keys seen, media/extra members and bytes checked,
     and when it passed, its file's digest (`filedigest`: the next audit may hash it instead of checking it).
-    `hasher`: a thread that hashes each pack's members ahead (`_hashed`)."""
+    `hasher`: a thread that hashes each pack's members ahead (`_hashed`). ``held_to``: the memory limit ``con``'s
+    own DuckDB is held to (an audit worker's), lifted while it reads texts (`expected.ShardTexts`)."""
     res, seen, counts = AuditResult(), Counter(), Counter()
     path = out_dir / name
     if not path.exists():
         res.add("missing_shard", f"{name} is in the plan but not in {out_dir}", shard=name)
         return res.violations, seen, counts, None
-    plan, samples, members = _shard_expectations(con, name, rows)
-    texts = _Texts(con, name)
+    plan, samples, members = shard_expectations(con, name, rows)
+    texts = ShardTexts(con, name, held_to)
     hashed = filedigest.HashedReads()  # the file digest from the same read as the checks, not a second one
     packs = _pack_parts(path, hashed)
     try:
@@ -343,12 +283,13 @@ _worker_con: duckdb.DuckDBPyConnection | None = None
 def _worker_init(work: str, gc_thresholds: tuple[int, ...]) -> None:
     global _worker_con
     gc.set_threshold(*gc_thresholds)  # as the parent collects (the CLI's are relaxed: runenv.relax_gc)
-    # its queries are one shard's plan rows: a cache of the catalog's blocks, up to 1 GB, held nothing
+    # its queries read one output shard's staged rows and plan rows (its texts, where needed, streamed): a cache
+    # of the catalog's blocks, up to 1 GB, held nothing
     _worker_con = store.connect(Path(work), read_only=True, memory=store.WORKER_MEMORY)
 
 
 def _audit_shard_in_worker(out_dir: str, name: str, config: PlanConfig, rows: store.Staged | None):
-    return _audit_shard(_worker_con, Path(out_dir), name, config, rows)
+    return _audit_shard(_worker_con, Path(out_dir), name, config, rows, held_to=store.WORKER_MEMORY)
 
 
 def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, work: Path | None, workers: int,

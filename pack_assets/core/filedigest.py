@@ -115,7 +115,7 @@ def file_digest(path: Path) -> str | None:
 class HashedReads:
     """The reads of a walk that goes through a file front to back (a tar walk: header, payload, the next header),
     served from large chunks read in order into one buffer and hashed as they are read: the file's digest
-    (`file_digest`'s) comes from the same single read, and is of the very bytes the walk was given. `begin` with
+    (`file_digest`'s, of the whole file) comes from the same single read, which served the walk its bytes. `begin` with
     the open file, `pread` as ``os.pread``, then `finish` at the walk's end: ``digest`` is set, unless the file
     changed meanwhile."""
 
@@ -134,6 +134,12 @@ class HashedReads:
         if at < self._start or fd != self._fd:  # behind the walk (not its order): read again, already hashed
             return os.pread(fd, n, at)
         if at + n > self._end:
+            while at - self._end > CHUNK:  # a payload the walk skipped: hashed a chunk at a time, not held whole
+                got = os.preadv(self._fd, [self._buf], self._end)
+                if not got:
+                    break
+                self._h.update(self._view[:got])
+                self._start, self._end = self._end, self._end + got
             # from where the reads stopped (a gap before `at` is read and hashed too), or from `at` where the chunk
             # held ends inside the range (the bytes before _end were hashed: skipped)
             first = min(at, self._end)

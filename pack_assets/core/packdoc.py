@@ -66,7 +66,7 @@ def _same_end(text: str, pos: int, want: Expected) -> int | None:
     """Where the expected JSON text (an array or object) ends when it is the text at ``pos``, else None."""
     if isinstance(want, str):
         return pos + len(want) if want and want[0] in "[{" and text.startswith(want, pos) else None
-    if want is not None and text.startswith(("[", "{"), pos):
+    if want is not None and want.chars and text.startswith(("[", "{"), pos):
         end = pos + want.chars
         if hashlib.sha256(text[pos:end].encode("utf-8")).digest() == want.sha256:
             return end

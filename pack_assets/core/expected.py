@@ -1,0 +1,87 @@
+"""What the audit expects of one output shard: its plan rows, and the manifest's rows of its samples and members
+(`AUDIT_ROWS`, gathered for every shard the audit reads at once by `store.staged`), each conversation known by its
+digest (`packdoc.Digest`); the texts themselves are read only for a shard where a packed conversation is not the
+manifest's very text (`ShardTexts`)."""
+
+from __future__ import annotations
+
+from . import packdoc, store
+from .outcomes import AUDIT_PIECE_ROWS, piece_expectations
+
+# what the audit reads per output shard besides its plan rows, gathered for every shard it reads at once
+# (store.staged), so the manifest is scanned once for the whole audit (by the query per shard, it was scanned once
+# per output shard)
+AUDIT_ROWS = {
+    "samples": """SELECT p.output_shard, s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos,
+                         t.vision_tokens, s.json_member, s.media_members, s.extra_members
+                  FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
+                  LEFT JOIN token_lengths t USING (sample_id) WHERE {shards}""",
+    "members": """SELECT p.output_shard, m.sample_id, m.name, m.sha256, m.size FROM pack_plan p
+                  JOIN pack_members pm USING (pack_id) JOIN members m USING (sample_id) WHERE {shards}""",
+    # each conversation's digest, not its text (`packdoc.Digest`): an output shard's texts were most of what an
+    # audit worker held, and most of the bytes staged
+    "conversations": """SELECT p.output_shard, s.sample_id, unhex(sha256(s.conversation)), length(s.conversation)
+                        FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
+                        WHERE {shards}""",
+    **AUDIT_PIECE_ROWS,
+}
+# the texts themselves, read for an output shard only where a packed conversation is not the manifest's text
+_TEXT_ROWS = {"texts": """SELECT p.output_shard, s.sample_id, s.conversation FROM pack_plan p
+                          JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
+                          WHERE {shards}"""}
+_TEXT_BATCH = 2048  # rows of texts streamed at once
+
+
+class ShardTexts:
+    """The manifest's conversation texts of one output shard, read the first time one is needed: a packed
+    conversation that is not the manifest's very text (stale, or in another layout) is compared parsed."""
+
+    def __init__(self, con, name: str, held_to: str | None = None) -> None:
+        self.con, self.name, self.held_to, self._texts = con, name, held_to, None
+
+    def __call__(self, sid: str, held: packdoc.Expected) -> str | None:
+        if held is None or isinstance(held, str):  # no text, or a split piece's own text
+            return held
+        if self._texts is None:
+            self._texts = self._load()
+        return self._texts.get(sid)
+
+    def _load(self) -> dict[str, str | None]:
+        """Streamed, at the catalog's limit: a query of the whole manifest, which an audit worker's DuckDB (its
+        own, held to ``held_to`` for its staged rows) may not fit under that."""
+        texts: dict[str, str | None] = {}
+        sql = _TEXT_ROWS["texts"].replace("{shards}", "p.output_shard = ?")
+        if self.held_to:
+            self.con.execute(f"SET memory_limit = '{store.memory_limit()}'")
+        try:
+            for batch in self.con.sql(sql, params=[self.name]).to_arrow_reader(_TEXT_BATCH):
+                texts.update(zip(batch.column(1).to_pylist(), batch.column(2).to_pylist()))
+        finally:
+            if self.held_to:
+                self.con.execute(f"SET memory_limit = '{store.memory_limit(self.held_to)}'")
+        return texts
+
+
+def shard_expectations(con, name: str, rows: store.Staged | None = None):
+    """The plan rows of one output shard and what the manifest says about their samples and members: held by an
+    audit worker while it reads the shard, so each sample id is one string (the plan's) and no empty list is
+    one of its own."""
+    ids: dict[str, str] = {}
+    plan = {
+        r[0]: {"media_type": r[1], "sample_ids": [ids.setdefault(s, s) for s in r[2]], "lens": list(r[3]),
+               "total": r[4], "overlong": r[5]}
+        for r in con.execute("SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, overlong "
+                             "FROM pack_plan WHERE output_shard = ?", [name]).fetchall()
+    }
+    conversations = {sid: None if sha is None else packdoc.Digest(sha, chars)
+                     for sid, sha, chars in store.shard_rows(con, AUDIT_ROWS, "conversations", name, rows)}
+    # (total_tokens, media_type, media count, vision_tokens, json_member, conversation (`packdoc.Expected`),
+    # media_members, extra_members)
+    samples = {ids.get(r[0], r[0]): (*r[1:6], conversations.get(r[0]), r[6] or (), r[7] or ()) for r in
+               store.shard_rows(con, AUDIT_ROWS, "samples", name, rows)}
+    members = {(ids.get(r[0], r[0]), r[1]): (r[2], r[3])
+               for r in store.shard_rows(con, AUDIT_ROWS, "members", name, rows)}
+    pieces, piece_members = piece_expectations(con, name, rows)  # split samples' pieces (core/split.py)
+    samples.update(pieces)
+    members.update(piece_members)
+    return plan, samples, members
