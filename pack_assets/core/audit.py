@@ -278,6 +278,7 @@ def _resolve_index(res: AuditResult, name: str, key: str, parts: dict, sources: 
 
 
 _worker_con: duckdb.DuckDBPyConnection | None = None
+WORKER_DUCKDB_MEMORY = "256MB"  # an audit worker's DuckDB (store.MEMORY_ENV, when set, bounds it instead)
 
 
 def _worker_init(work: str, gc_thresholds: tuple[int, ...]) -> None:
@@ -285,11 +286,11 @@ def _worker_init(work: str, gc_thresholds: tuple[int, ...]) -> None:
     gc.set_threshold(*gc_thresholds)  # as the parent collects (the CLI's are relaxed: runenv.relax_gc)
     # its queries read one output shard's staged rows and plan rows (its texts, where needed, streamed): a cache
     # of the catalog's blocks, up to 1 GB, held nothing
-    _worker_con = store.connect(Path(work), read_only=True, memory=store.WORKER_MEMORY)
+    _worker_con = store.connect(Path(work), read_only=True, memory=WORKER_DUCKDB_MEMORY)
 
 
 def _audit_shard_in_worker(out_dir: str, name: str, config: PlanConfig, rows: store.Staged | None):
-    return _audit_shard(_worker_con, Path(out_dir), name, config, rows, held_to=store.WORKER_MEMORY)
+    return _audit_shard(_worker_con, Path(out_dir), name, config, rows, held_to=WORKER_DUCKDB_MEMORY)
 
 
 def _shard_results(con, out_dir: Path, shards: list[str], config: PlanConfig, work: Path | None, workers: int,

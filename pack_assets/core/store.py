@@ -323,10 +323,7 @@ SELECT pm.pack_id, pm.position, p.output_shard, p.media_type, p.total_token_len,
 FROM pack_members pm JOIN pack_plan p USING (pack_id) JOIN manifest_samples s USING (sample_id)"""
 
 
-MEMORY_ENV = "PACK_ASSETS_DUCKDB_MEMORY"  # DuckDB's memory limit for the catalog (default 1GB; e.g. "4GB")
-
-
-WORKER_MEMORY = "256MB"  # an audit worker's DuckDB: its queries are one output shard's rows
+MEMORY_ENV = "PACK_ASSETS_DUCKDB_MEMORY"  # the catalog's DuckDB limit (default: `connect`'s memory, 1GB; e.g. "4GB")
 
 
 def memory_limit(default: str = "1GB") -> str:
@@ -370,8 +367,6 @@ def _open(work: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
 
 
 def connect(work: Path, read_only: bool = False, memory: str = "1GB") -> duckdb.DuckDBPyConnection:
-    """The catalog. ``memory``: DuckDB's limit in this process unless MEMORY_ENV sets one (the limit is the
-    process's database instance's: every connection to the catalog in the process shares it)."""
     con = _configured(_open(work, read_only), memory)
     # SQL reads only catalog tables and what is registered by name: a Python local must never stand in for
     # (or be shadowed by) a table of the same name, as `dropped` once was

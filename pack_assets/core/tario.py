@@ -237,17 +237,19 @@ def _member(name: str, typeflag: bytes, data_at: int, size: int, file_size: int,
     return Entry(name, data_at, size, kind, header=header)
 
 
-def iter_entries(f, file_size: int, trailer: list[int] | None = None, pread=os.pread) -> Iterator[Entry]:
+def iter_entries(f, file_size: int, trailer: list[int] | None = None, pread=None) -> Iterator[Entry]:
     """Yield tar headers in order, reading 512-byte headers with ``pread`` and seeking past payloads.
 
     Handles ustar (with prefix), GNU long names and PAX path/size records, the formats ``tarfile`` and
     webdataset write; the test suite checks it against ``tarfile`` on every fixture archive. Where the
     archive breaks, one ``kind="break"`` entry (named after the member it broke in, if known) ends the
     stream; a file that is not a tar at all raises ReasonError. ``trailer`` receives the offset of the
-    end-of-archive blocks. ``pread``: reads as ``os.pread`` does (the audit's also hash what they read).
+    end-of-archive blocks. ``pread``: reads as ``os.pread`` does (the audit's also hash what they read); by
+    default ``os.pread`` as it is at the call.
     """
     _refuse_non_tar(f)
     fd = f.fileno()
+    pread = pread or os.pread
     pos, long_name, pax, start = 0, None, {}, None
     while True:
         if start is None:
