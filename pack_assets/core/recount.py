@@ -5,7 +5,7 @@ picking them from rows that carried every sample's conversation read the whole m
 fraction of it. Both reads are ordered by sample id, so the recount's violations come in that order whatever
 DuckDB's plan (the query before had no order of its own). The picked rows go to the counting process as one
 Arrow table: the command holds them until the count comes back, all through the outputs' read-back, and as
-Python tuples they were several times their text's size.
+Python tuples they were about twice their text's size.
 """
 
 from __future__ import annotations
