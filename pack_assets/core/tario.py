@@ -209,7 +209,7 @@ def _archive_end(buf: bytes, pos: int, trailer: list[int] | None) -> Entry | Non
 
 
 def _read_extended(fd, typeflag: bytes, data_at: int, size: int, file_size: int,
-                   next_pos: int, pread=os.pread) -> tuple[Entry | None, dict | None, str | None]:
+                   next_pos: int, pread) -> tuple[Entry | None, dict | None, str | None]:
     """An extended header's payload: (a break, or None), and the PAX records or the GNU long name it
     gives for the next member (None when it gives none)."""
     data = pread(fd, size, data_at) if data_at + size <= file_size else b""
