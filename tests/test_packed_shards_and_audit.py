@@ -30,13 +30,14 @@ from pack_assets.core.plan import PlanConfig, PlanInfo, run_plan
 from pack_assets.core.records import PackMeta, SourceRef
 from pack_assets.core.scan import manifest_is_current, run_manifest
 from pack_assets.core.settings import Settings
+from pack_assets.core.write import batches as write_batches
 from pack_assets.core.write import copy as write_copy
 from pack_assets.core.write import energon, fingerprints, run_write, syscalls, write_context
 from pack_assets.core.write import record as write_record
 from pack_assets.core.write import shard as write_shard_mod
-from pack_assets.core.write.bulk import BULK_ROWS, catalog_columns, group_tables, table_columns
+from pack_assets.core.write.bulk import BULK_ROWS, bulk_rows, catalog_columns, group_tables, table_columns
 from pack_assets.core.write.fingerprints import current_shards
-from pack_assets.core.write.jobs import shard_job
+from pack_assets.core.write.jobs import WRITE_CONVERSATIONS, shard_job
 from pack_assets.runner.procs import Helpers
 
 PROFILE = load_profile("qwen3-vl")
@@ -343,6 +344,54 @@ def test_rows_gathered_once_for_all_output_shards_equal_each_shards_own_query_an
     with pytest.raises(OSError, match="disk full"):
         run_write(work, inp, out, workers=1)
     assert sorted(p.name for p in work.glob(f"{store.STAGED_PREFIX}*")) == leftovers  # removed on a failure too
+
+
+class _SqlSpy:
+    """A connection that records the SQL run on it."""
+
+    def __init__(self, con, log: list[str]):
+        self._con, self._log = con, log
+
+    def sql(self, query, *a, **k):
+        self._log.append(query)
+        return self._con.sql(query, *a, **k)
+
+    def execute(self, query, *a, **k):
+        self._log.append(query)
+        return self._con.execute(query, *a, **k)
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
+
+
+def test_writer_jobs_read_their_conversations_staged_and_a_missing_one_is_an_error(packed, monkeypatch):
+    """The writer stages the conversations with its other rows: a job with staged rows queries no manifest row
+    (the conversations' join, once per job, scanned every manifest file), its shards are byte for byte those of
+    one unstaged job, and a sample the staged conversations lack is an error, never a shard without it."""
+    inp, work, out, _ = packed  # (written by one job: unstaged)
+    before = {p.name: sha(p) for p in out.iterdir() if p.is_file()}
+    sql: list[str] = []
+    real = write_copy.group_tables
+    monkeypatch.setattr(write_copy, "group_tables", lambda con, *a: real(_SqlSpy(con, sql), *a))
+    monkeypatch.setattr(write_copy, "GROUP_SAMPLES", 1)  # a job per output shard: more than one, so staged
+    shutil.rmtree(out)
+    run_write(work, inp, out, workers=1)
+    assert {p.name: sha(p) for p in out.iterdir() if p.is_file()} == before and len(before) > 2
+    assert sql and not [q for q in sql if "manifest_samples" in q and "LIMIT 0" not in q]  # (bulk_rows' columns)
+
+    with store.connect(work, read_only=True) as con:
+        name = con.execute("SELECT min(output_shard) FROM pack_plan").fetchall()[0][0]
+        sid = con.execute("SELECT min(sample_id) FROM pack_plan JOIN pack_members USING (pack_id) "
+                          "WHERE output_shard = ?", [name]).fetchall()[0][0]
+        lacking = WRITE_CONVERSATIONS["conversations"].replace(
+            "{shards}", "{shards} AND s.sample_id <> '" + sid.replace("'", "''") + "'")
+        context = write_context(PlanInfo.load(con))
+        with store.staged(work, {**bulk_rows(con), "conversations": lacking}, [name], groups=[[name]]) as rows:
+            (_, *tables), = group_tables(con, [name], rows)
+            with pytest.raises(KeyError):
+                table_columns(inp, name, *tables)
+            with pytest.raises(KeyError, match="no conversation"):
+                write_batches.StreamShard(name, inp, *tables, context, batch=1)
 
 
 def test_audit_passes_on_clean_output_and_counts_add_up(packed):

@@ -453,7 +453,7 @@ def shard_rows(con: duckdb.DuckDBPyConnection, queries: Mapping[str, str], query
 
 
 def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, shards: list[str], folder: Path,
-                 files: Mapping[str, str] | None = None) -> None:
+                 files: Mapping[str, str] | None = None, batch_rows: int = _STAGED_BATCH) -> None:
     """Stream the query's rows and file them by output shard, a Parquet file per shard, or per ``files`` (each
     shard's file, named after the first shard of its group; ``output_shard`` kept). Filed here, not by
     DuckDB's `COPY … PARTITION_BY`, which held its whole memory limit (1.2 GB at 1M samples,
@@ -461,7 +461,7 @@ def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, shards: list[str], fo
     at = {name: i for i, name in enumerate(shards)}
     writers: dict[str, pq.ParquetWriter] = {}
     try:
-        for batch in con.sql(sql).to_arrow_reader(_STAGED_BATCH):  # a relation streams; execute() holds every row
+        for batch in con.sql(sql).to_arrow_reader(batch_rows):  # a relation streams; execute() holds every row
             # each row's shard as its place in `shards`, by way of a dictionary: no pa.array, no to_numpy (both
             # make pyarrow import pandas, see `columns_relation`)
             codes = batch.column("output_shard").cast(pa.string()).dictionary_encode()  # (large or view strings)
@@ -486,13 +486,14 @@ def _stage_query(con: duckdb.DuckDBPyConnection, sql: str, shards: list[str], fo
 
 @contextlib.contextmanager
 def staged(work: Path, queries: Mapping[str, str], shards: list[str], con: duckdb.DuckDBPyConnection | None = None,
-           groups: list[list[str]] | None = None) -> Iterator[Staged]:
+           groups: list[list[str]] | None = None, batch_rows: Mapping[str, int] | None = None) -> Iterator[Staged]:
     """Run each query once per group of output shards into ``<work>/.staged-<host>-<pid>-*/<query>/``, removed on
     exit; ``con``: the caller's connection, else a read-only one closed before the rows are read. Each query
     selects ``output_shard`` from ``pack_plan p`` and filters with ``WHERE {shards}``. The same SELECT run per
     output shard (``WHERE output_shard = ?``, `shard_rows` without staging) scans every manifest file each
     time, so a stage's queries cost output shards × samples; gathered, a shard's rows are one small file.
-    ``groups`` (of ``shards``): one file per group instead, read back by `Staged.table` with a group's first."""
+    ``groups`` (of ``shards``): one file per group instead, read back by `Staged.table` with a group's first.
+    ``batch_rows``: rows streamed at once by the queries it names (wide rows: fewer, a batch's bytes kept small)."""
     host = socket.gethostname().replace("-", "_")
     for stale in work.glob(f"{STAGED_PREFIX}{host}-*"):  # a killed run's on this host (a live process's stay)
         pid = stale.name[len(f"{STAGED_PREFIX}{host}-"):].split("-", 1)[0]
@@ -509,7 +510,7 @@ def staged(work: Path, queries: Mapping[str, str], shards: list[str], con: duckd
                 names = ", ".join(map(_sql_text, group))
                 for name, sql in queries.items():
                     _stage_query(cur, sql.replace("{shards}", f"p.output_shard IN ({names})"), group, root / name,
-                                 files)
+                                 files, (batch_rows or {}).get(name, _STAGED_BATCH))
         yield Staged(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -1,9 +1,9 @@
-"""A copy-mode output shard prepared in bulk: from two catalog queries (a row per sample, a row per media or
-extra member, both in pack order) straight to what the writer writes, without a job object per sample or a
-dict per member. Per pack: the document's text around each sample's source record (everything of
-``jobs.pack_document``'s bytes but the records, which only the source tar holds), the reads (one ``pread``
-per sample's span of small members) and the members in output order; the shard's content fingerprint from
-one hash over every line ``ShardFingerprint`` takes. The bytes are ``pack_document``'s and
+"""A copy-mode output shard prepared in bulk: from three catalog queries (a row per sample, a row per media or
+extra member, both in pack order, and each sample's conversation) straight to what the writer writes, without
+a job object per sample or a dict per member. Per pack: the document's text around each sample's source record
+(everything of ``jobs.pack_document``'s bytes but the records, which only the source tar holds), the reads (one
+``pread`` per sample's span of small members) and the members in output order; the shard's content fingerprint
+from one hash over every line ``ShardFingerprint`` takes. The bytes are ``pack_document``'s and
 ``shard_fingerprint``'s (tests compare them); index mode keeps the job objects (its cost is the records)."""
 
 from __future__ import annotations
@@ -38,7 +38,13 @@ BULK_ROWS = {
                         UNION ALL SELECT sample_id, 1, unnest(extra_members), generate_subscripts(extra_members, 1)
                         FROM manifest_samples) x USING (sample_id)
                   JOIN members m USING (sample_id, name) WHERE {shards}""",
+    # staged with the rest: read per writer job, the join scanned every manifest file once per job and held its
+    # rows in the writer's DuckDB beside the job's (docs/benchmarks.md, issue 41)
+    **WRITE_CONVERSATIONS,
 }
+# rows streamed at once by the staging of the conversations: kilobytes each with real text, so a quarter of
+# store.staged's batch, as the audit's texts had before it staged digests
+STAGED_BATCHES = {"conversations": 8192}
 
 
 @dataclass(slots=True)
@@ -117,7 +123,7 @@ def catalog_columns(con, input_root, name: str, rows: store.Staged | None = None
     queries = bulk_rows(con)
     samples = store.shard_rows(con, queries, "samples", name, rows, order_by="pack_id, position")
     members = store.shard_rows(con, queries, "members", name, rows, order_by="pack_id, position, kind, i")
-    conversations = {r[0]: r[1:] for r in store.shard_rows(con, WRITE_CONVERSATIONS, "conversations", name)}
+    conversations = {r[0]: r[1:] for r in store.shard_rows(con, queries, "conversations", name, rows)}
     return _columns(input_root, name, _transposed(samples, _SAMPLE_COLUMNS), _transposed(members, _MEMBER_COLUMNS),
                     conversations)
 
@@ -162,11 +168,12 @@ def group_table(con, queries: dict[str, str], query: str, group: list[str], rows
 def group_tables(con, group: list[str], rows: store.Staged | None = None) -> Iterator[tuple]:
     """Each shard of ``group`` with its rows as Arrow slices (samples, members, conversations; each None where
     it has none), from one read of each query for the whole group (its staged file, `store.staged(...,
-    groups=)`, or one query): a writer's job reads the catalog once, not once per output shard."""
+    groups=)`, or one query): a writer's job reads the catalog once, not once per output shard. Staged, a
+    job reads no manifest file: a sample whose conversation the staging did not find is a KeyError."""
     queries = bulk_rows(con)
     samples = _by_shard(group_table(con, queries, "samples", group, rows, order_by="pack_id, position"))
     members = _by_shard(group_table(con, queries, "members", group, rows, order_by="pack_id, position, kind, i"))
-    conversations = _by_shard(group_table(con, WRITE_CONVERSATIONS, "conversations", group))
+    conversations = _by_shard(group_table(con, queries, "conversations", group, rows))
     for name in group:
         yield name, samples.pop(name, None), members.pop(name, None), conversations.pop(name, None)
 

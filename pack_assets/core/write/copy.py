@@ -18,7 +18,7 @@ from .. import faults, owned, store
 from ..nogc import no_cyclic_gc
 from ..plan import PlanInfo
 from . import batches
-from .bulk import BulkShard, build_shard, bulk_rows, group_tables, table_columns
+from .bulk import STAGED_BATCHES, BulkShard, build_shard, bulk_rows, group_tables, table_columns
 from .energon import LastIndex
 from .fingerprints import current_shards
 from .jobs import WRITE_ROWS, ShardJob, ShardResult, piece_shards, shard_job
@@ -212,7 +212,7 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
         if not now and workers > 1:
             digests, keys = shard_digests(con, record)
     with (keep, _digests(keep, record, not now and workers <= 1) as aside,
-          store.staged(work, queries, sum(whole, []), groups=whole) if len(whole) > 1
+          store.staged(work, queries, sum(whole, []), groups=whole, batch_rows=STAGED_BATCHES) if len(whole) > 1
           else contextlib.nullcontext() as rows,
           store.staged(work, WRITE_ROWS, split) if len(split) > 1 else contextlib.nullcontext() as piece_rows):
         root = input_root if isinstance(input_root, dict) else str(input_root)
