@@ -9,8 +9,10 @@ each process's RSS and VmHWM, the tree's PSS summed), and the two outputs compar
 writer's record and staged rows are written into it). At issue 41's 10M shape (tiny text samples, output
 shards of ~313k samples), 200 of /work/bench10m's shards (2M samples) give the same output shard as at 10M.
 Per code: the writer's main process's VmHWM, the largest writer process's VmHWM, the tree's RSS summed and
-PSS at their peaks, the wall seconds (not a speed figure: bench_write.py is), and whether the outputs are equal.
-Writes a new file under bench/results (--results).
+PSS at their peaks, the wall seconds, the CPU seconds of the whole tree (the writer processes' included), and
+whether the outputs are equal. ``--rounds N``: N runs of each code, the two alternating which goes first, for a
+paired CPU figure (this / baseline per round; a shared machine's wall seconds say little). Writes a new file
+under bench/results (--results).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from __future__ import annotations
 import argparse
 import filecmp
 import os
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -44,7 +48,7 @@ def measure(src: Path, work: Path, inp: Path, out: Path, workers: int) -> dict:
     """One `run_write` in a fresh process, its tree sampled."""
     shutil.rmtree(out, ignore_errors=True)
     (work / "written_shards.json").unlink(missing_ok=True)  # a first write: nothing vouched for
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _children_cpu()
     proc = subprocess.Popen([sys.executable, "-P", "-c", WRITE, str(src), str(inp), str(work), str(out), str(workers)],
                             stderr=subprocess.PIPE, text=True)
     sampler = TreeSampler(os.getpid())
@@ -53,13 +57,18 @@ def measure(src: Path, work: Path, inp: Path, out: Path, workers: int) -> dict:
     sampler.stop()
     if proc.returncode != 0:
         raise SystemExit(err[-3000:])
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0  # (its pool's processes, waited for, included)
     main = sampler.procs.get(proc.pid, {}).get("hwm", 0)
     writers = [p["hwm"] for pid, p in sampler.procs.items() if p["parent"] == proc.pid]
-    return {"wall_s": round(wall, 1), "main_hwm_mb": main // MB,
+    return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "main_hwm_mb": main // MB,
             "largest_writer_hwm_mb": max(writers, default=0) // MB, "writer_processes": len(writers),
             "tree_rss_peak_mb": max((sum(r.values()) for _, r in sampler.samples), default=0) // MB,
             "tree_pss_peak_mb": max((p for _, p in sampler.pss), default=0) // MB}
+
+
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def same_files(a: Path, b: Path) -> bool:
@@ -76,6 +85,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="scratch folder for the two outputs")
     ap.add_argument("--baseline-src", required=True, help="a copy of the baseline's pack_assets' parent folder")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each code, alternating which goes first")
     ap.add_argument("--label", default="")
     ap.add_argument("--results", default=None, help="results file or folder (default: a new file in bench/results)")
     args = ap.parse_args()
@@ -84,14 +94,21 @@ def main() -> None:
     results = Results(out, args.results, "write_rss")
     results({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "label": args.label, "work": args.work,
              "workers": args.workers})
-    got = {}
-    for name, src in (("this", REPO), ("baseline", Path(args.baseline_src))):
-        # the same folder name for both: wids-index.json and the owned-files list name it
-        got[name] = measure(src, Path(args.work), Path(args.input), out / name / "packed", args.workers)
-        results({"code": name, **got[name]})
-    results({"outputs_equal": same_files(out / "this" / "packed", out / "baseline" / "packed")})
-    for name in got:
-        shutil.rmtree(out / name, ignore_errors=True)
+    codes = (("this", REPO), ("baseline", Path(args.baseline_src)))
+    ratios = []
+    for r in range(args.rounds):
+        got = {}
+        for name, src in codes if r % 2 == 0 else codes[::-1]:
+            # the same folder name for both: wids-index.json and the owned-files list name it
+            got[name] = measure(src, Path(args.work), Path(args.input), out / name / "packed", args.workers)
+            results({"round": r, "code": name, **got[name]})
+        ratios.append(got["this"]["cpu_s"] / got["baseline"]["cpu_s"])
+        results({"round": r, "this_to_baseline_cpu": round(ratios[-1], 3),
+                 "outputs_equal": same_files(out / "this" / "packed", out / "baseline" / "packed")})
+        for name in got:
+            shutil.rmtree(out / name, ignore_errors=True)
+    if args.rounds > 1:
+        results({"this_to_baseline_cpu_median": round(statistics.median(ratios), 3)})
 
 
 if __name__ == "__main__":
