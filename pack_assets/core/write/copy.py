@@ -14,6 +14,8 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+import pyarrow as pa
+
 from .. import faults, owned, store
 from ..nogc import no_cyclic_gc
 from ..plan import PlanInfo
@@ -110,6 +112,9 @@ def _load(work: str, root, rows, piece_rows, context: dict, split: frozenset,
     holding a piece of a split sample as a job (its pieces' conversations and `_meta` come from split_pieces,
     which the bulk queries do not read)."""
     root = root if isinstance(root, dict) else Path(root)
+    # the last job's Arrow memory, freed, back to the system: Arrow's pool keeps it for reuse, but this job's
+    # DuckDB and Python objects do not come from it, so it stayed on top of them (docs/benchmarks.md, issue 41)
+    pa.default_memory_pool().release_unused()
     with store.connect(Path(work), read_only=True) as con:
         bulk = group_tables(con, [n for n in group if n not in split], rows)
         for name in group:
