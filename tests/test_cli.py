@@ -23,15 +23,27 @@ def ran(dataset, tmp_path, monkeypatch, capsys):
     return args, summary, tmp_path
 
 
-def test_run_through_dagster_prints_a_summary_and_reruns_incrementally(ran, capsys):
+def test_run_through_dagster_prints_a_summary_reruns_incrementally_and_force_rescans_every_shard(ran, capsys):
+    """The summary of a run; a rerun keeps every unchanged shard (its files untouched); --force does what its
+    help says: every shard scanned and counted again (its files rewritten), and the result unchanged. (One test:
+    the rerun and the forced run start from the same first run.)"""
     args, s, tmp = ran
     assert s["samples"] == 26 and s["rejected"] == 2 and s["violations"] == 0
     assert s["packed"] + s["dropped"] + s["rejected"] == s["samples"]
     assert s["packs"] >= s["lower_bound"] and s["shard_runs"] == 2
     assert (tmp / "dh" / "history").exists()  # runs recorded in the instance
-    assert main(args) == 0
+    work = tmp / "work"
+    files = [work / "manifest" / "part-000" / "samples.parquet",
+             work / "token_lengths" / "qwen3-vl" / "part-001" / "token_lengths.parquet"]
+    before = [f.stat().st_mtime_ns for f in files]
+    assert main(args) == 0  # unchanged shards: kept
     again = json.loads(capsys.readouterr().out)
     assert again["shard_runs"] == 0 and again["packs"] == s["packs"]
+    assert [f.stat().st_mtime_ns for f in files] == before
+    assert main([*args, "--force"]) == 0
+    forced = json.loads(capsys.readouterr().out)
+    assert forced["shard_runs"] == 2 and forced["packs"] == s["packs"] and forced["violations"] == 0
+    assert all(f.stat().st_mtime_ns != b for f, b in zip(files, before))
 
 
 def test_the_default_incremental_rerun_vouches_for_every_kept_shard_by_digests_it_took(ran, capsys, monkeypatch):
@@ -150,20 +162,3 @@ def test_errors_are_clear_not_tracebacks(tmp_path, capsys):
     assert main(["run", "--input", str(tmp_path / "nope"), "--max-len", "100",
                  "--dagster-home", str(tmp_path / "dh")]) == 2
     assert "does not exist" in capsys.readouterr().err
-
-
-def test_force_rescans_and_recounts_every_shard(ran, capsys):
-    """--force does what its help says: every shard scanned and counted again (its files rewritten), and the
-    result unchanged."""
-    args, s, tmp = ran
-    work = tmp / "work"
-    files = [work / "manifest" / "part-000" / "samples.parquet",
-             work / "token_lengths" / "qwen3-vl" / "part-001" / "token_lengths.parquet"]
-    before = [f.stat().st_mtime_ns for f in files]
-    assert main(args) == 0  # unchanged shards: kept
-    assert json.loads(capsys.readouterr().out)["shard_runs"] == 0
-    assert [f.stat().st_mtime_ns for f in files] == before
-    assert main([*args, "--force"]) == 0
-    forced = json.loads(capsys.readouterr().out)
-    assert forced["shard_runs"] == 2 and forced["packs"] == s["packs"] and forced["violations"] == 0
-    assert all(f.stat().st_mtime_ns != b for f, b in zip(files, before))

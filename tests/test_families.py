@@ -192,9 +192,15 @@ _PAS = json.loads((ORACLE / "gemma3_pan_and_scan.json").read_text(encoding="utf-
 
 
 @pytest.fixture(scope="module")
-def pas_counters(dirs, tmp_path_factory) -> dict[str, TokenCounter]:
-    tmp = tmp_path_factory.mktemp("pas")
-    return {s["name"]: TokenCounter(profile_from_model_dir(_pan_and_scan_dir(dirs, tmp, s["preprocessor_config"])))
+def pas_root(tmp_path_factory) -> Path:
+    """The module's pan-and-scan folders (read-only once written): a folder's tokenizer is loaded once per path
+    and process, so every test counting with the same settings reuses the first one's load."""
+    return tmp_path_factory.mktemp("pas")
+
+
+@pytest.fixture(scope="module")
+def pas_counters(dirs, pas_root) -> dict[str, TokenCounter]:
+    return {s["name"]: TokenCounter(profile_from_model_dir(_pan_and_scan_dir(dirs, pas_root, s["preprocessor_config"])))
             for s in _PAS["settings"]}
 
 
@@ -242,7 +248,7 @@ def test_pan_and_scan_whole_samples_count_what_the_processor_counts(pas_counters
         assert r["total_tokens"] == r["text_tokens"] + r["image_tokens"] and r["counted_by"] == "fast"
 
 
-def test_pan_and_scan_bad_settings_and_sizes_get_a_reason(dirs, tmp_path):
+def test_pan_and_scan_bad_settings_and_sizes_get_a_reason(dirs, tmp_path, pas_root):
     from pack_assets.core.counting.profiles import ProfileError
 
     for values, match in (({"do_pan_and_scan": "yes"}, "do_pan_and_scan"),
@@ -253,12 +259,12 @@ def test_pan_and_scan_bad_settings_and_sizes_get_a_reason(dirs, tmp_path):
             profile_from_model_dir(_pan_and_scan_dir(dirs, tmp_path, values))
     # off (false or null) is the plain fixed rule
     assert profile_from_model_dir(_pan_and_scan_dir(dirs, tmp_path, {"do_pan_and_scan": False})).media.crops == ()
-    counter = TokenCounter(profile_from_model_dir(_pan_and_scan_dir(dirs, tmp_path, {"do_pan_and_scan": True})))
+    counter = TokenCounter(profile_from_model_dir(_pan_and_scan_dir(dirs, pas_root, {"do_pan_and_scan": True})))
     (res,) = counter.count_many([_item(_PAS["single_image_messages"], [[0, 500]])])
     assert isinstance(res, ReasonError) and res.reason == "bad_image"
 
 
-def test_pan_and_scan_count_with_model_dir_reads_image_headers_and_gives_the_oracle(dirs, tmp_path):
+def test_pan_and_scan_count_with_model_dir_reads_image_headers_and_gives_the_oracle(dirs, tmp_path, pas_root):
     """`pack-assets count --model-dir` on the pan-and-scan folder: real image files of sizes with 0, 2, 3 and 4
     crops, their sizes read from the headers."""
     from conftest import image_bytes
@@ -278,7 +284,7 @@ def test_pan_and_scan_count_with_model_dir_reads_image_headers_and_gives_the_ora
         msgs[0]["content"][0]["image"] = str(tmp_path / f"{i}.png")
         recs.append({"messages": msgs})
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    folder = _pan_and_scan_dir(dirs, tmp_path, setting["preprocessor_config"])
+    folder = _pan_and_scan_dir(dirs, pas_root, setting["preprocessor_config"])
     got = count_records(tmp_path / "r.jsonl", None, None, str(folder))
     assert [g.get("total_tokens") for g in got] == [n for _, _, n in picked.values()], got
     assert all(g["counted_by"] == "fast" for g in got)
