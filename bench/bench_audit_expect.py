@@ -5,7 +5,7 @@ least of ``--best`` passes over the first ``--shards`` output shards (warm: one 
 expectations and shard outcomes (violations, counts, file digests) are hashed: they must be equal.
 
     python -P bench/bench_audit_expect.py --work <run>/work --packed <run>/packed --code <tree> --baseline <tree> \
-        [--shards 2] [--best 3] [--pairs 4] [--results <new file>]
+        [--shards 2] [--best 3] [--repeats 4] [--results <new file>]
 
 A tree is a folder holding ``pack_assets``. Thread CPU is what compares on a shared machine (wall seconds also hold
 other people's work); the load average is recorded before each trial.
@@ -13,16 +13,15 @@ other people's work); the load average is recorded before each trial.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_audit_cpu import medians, paired_parser  # noqa: E402
 from common import ResultsFile, machine  # noqa: E402
 
 TRIAL = r"""
@@ -63,7 +62,7 @@ print(json.dumps({
 """
 
 
-def trial(tree: Path, args: argparse.Namespace) -> dict:
+def trial(tree: Path, args) -> dict:
     load = os.getloadavg()[0]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run([sys.executable, "-P", "-c", TRIAL, str(args.work), str(args.packed), str(args.shards),
@@ -74,16 +73,11 @@ def trial(tree: Path, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--work", required=True, type=Path)
-    ap.add_argument("--packed", required=True, type=Path)
-    ap.add_argument("--code", required=True, type=Path)
-    ap.add_argument("--baseline", required=True, type=Path)
+    ap = paired_parser("audit_expect")  # --repeats: pairs of trials
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--best", type=int, default=3)
-    ap.add_argument("--pairs", type=int, default=4)
-    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/audit_expect_<UTC>.json)")
     args = ap.parse_args()
+    args.pairs = args.repeats
     out = ResultsFile(args.results, "audit_expect")
     doc = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "work": str(args.work),
            "packed": str(args.packed), "code": str(args.code), "baseline": str(args.baseline),
@@ -96,9 +90,8 @@ def main() -> None:
             out.write(doc)
     summary = {}
     for what in ("expectations_us", "audit_shard_us"):
-        med = {n: statistics.median(t[what] for t in doc["trials"] if t["code"] == n) for n in ("baseline", "code")}
         pairs = [{t["code"]: t[what] for t in doc["trials"] if t["pair"] == i} for i in range(args.pairs)]
-        summary[what] = {**med, "code/baseline": round(med["code"] / med["baseline"], 3),
+        summary[what] = {**medians(doc["trials"], what),
                          "pair_ratios": [round(p["code"] / p["baseline"], 3) for p in pairs]}
     for what in ("expectations_sha256", "outcome_sha256"):
         summary["same_" + what.split("_")[0]] = len({t[what] for t in doc["trials"]}) == 1
