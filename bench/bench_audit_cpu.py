@@ -106,15 +106,27 @@ def read_paths(packed: Path, rounds: int) -> dict:
             "same_digests": len(digests) == 1 and None not in next(iter(digests))}
 
 
-def main() -> None:
+def paired_parser(stem: str) -> argparse.ArgumentParser:
+    """The arguments of a bench that runs two code trees in turn on one finished run: --work, --packed, --code,
+    --baseline, --repeats and --results (default: a new bench/results/<stem>_<UTC>.json)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", required=True, type=Path)
     ap.add_argument("--packed", required=True, type=Path)
     ap.add_argument("--code", required=True, type=Path)
     ap.add_argument("--baseline", required=True, type=Path)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--results", help="a new file or folder (default: a new bench/results/audit_cpu_<UTC>.json)")
-    args = ap.parse_args()
+    ap.add_argument("--results", help=f"a new file or folder (default: a new bench/results/{stem}_<UTC>.json)")
+    return ap
+
+
+def medians(trials: list[dict], what: str) -> dict:
+    """Each code's median of ``what`` over its trials, and their ratio."""
+    med = {n: statistics.median(t[what] for t in trials if t["code"] == n) for n in ("baseline", "code")}
+    return {**med, "code/baseline": round(med["code"] / med["baseline"], 3)}
+
+
+def main() -> None:
+    args = paired_parser("audit_cpu").parse_args()
     out = ResultsFile(args.results, "audit_cpu")
     record = args.work / "audited_shards.json"
     saved = record.read_bytes() if record.exists() else None
@@ -135,8 +147,7 @@ def main() -> None:
     doc["load_avg_at_end"] = os.getloadavg()
     summary = {}
     for what in ("wall_s", "cpu_s", "main_cpu_s", "children_cpu_s"):
-        med = {n: statistics.median(t[what] for t in doc["trials"] if t["code"] == n) for n in ("baseline", "code")}
-        summary[what + "_median"] = {**med, "code/baseline": round(med["code"] / med["baseline"], 3)}
+        summary[what + "_median"] = medians(doc["trials"], what)
     summary["same_record"] = len({t["record_sha256"] for t in doc["trials"]}) == 1
     summary["verdicts"] = sorted({t["verdict"] for t in doc["trials"]})
     doc["summary"] = summary

@@ -58,10 +58,11 @@ def test_staged_conversations_catch_a_wrong_one_in_its_shard_as_the_query_per_sh
     shards = sorted(out.glob("*.tar"))
     assert len(shards) >= 3
     changed = _change_a_conversation(shards[1])
-    read = []  # (query, shard) read from the staged files
-    real = store.Staged.rows
-    monkeypatch.setattr(store.Staged, "rows", lambda self, con, query, shard, *a, **k:
-                        read.append((query, shard)) or real(self, con, query, shard, *a, **k))
+    read = []  # (query, shard) read from the staged files (as rows or as Arrow columns)
+    for how in ("rows", "table"):
+        real = getattr(store.Staged, how)
+        monkeypatch.setattr(store.Staged, how, lambda self, con, query, shard, *a, real=real, **k:
+                            read.append((query, shard)) or real(self, con, query, shard, *a, **k))
     texts = []  # the output shards whose conversation texts were read: the audit holds digests (`expected.ShardTexts`)
     real_load = expected.ShardTexts._load
     monkeypatch.setattr(expected.ShardTexts, "_load", lambda self: texts.append(self.name) or real_load(self))
@@ -83,3 +84,8 @@ def test_staged_conversations_catch_a_wrong_one_in_its_shard_as_the_query_per_sh
         alone, gathered = (audit_mod.audit(con, out, config, work=w, workers=1) for w in (None, work))
         assert (alone.violations, alone.stats) == (gathered.violations, gathered.stats)
         assert alone.violations == one.violations
+        # what a worker holds per shard, from the staged files (read as Arrow columns) as from its own queries
+        names = [p.name for p in shards]
+        with store.staged(work, expected.AUDIT_ROWS, names, con) as rows:
+            for name in names:
+                assert expected.shard_expectations(con, name, rows) == expected.shard_expectations(con, name)

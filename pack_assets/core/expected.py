@@ -62,6 +62,15 @@ class ShardTexts:
         return texts
 
 
+def _rows(con, query: str, name: str, rows: store.Staged | None):
+    """One output shard's rows of ``AUDIT_ROWS[query]`` (`store.shard_rows`), the staged ones read as Arrow columns
+    made Python lists: a column at a time costs less than DuckDB's tuples made row by row."""
+    if rows is None:
+        return store.shard_rows(con, AUDIT_ROWS, query, name)
+    table = rows.table(con, query, name)
+    return () if table is None else zip(*(column.to_pylist() for column in table.columns))
+
+
 def shard_expectations(con, name: str, rows: store.Staged | None = None):
     """The plan rows of one output shard and what the manifest says about their samples and members: held by an
     audit worker while it reads the shard, so each sample id is one string (the plan's) and no empty list is
@@ -74,13 +83,12 @@ def shard_expectations(con, name: str, rows: store.Staged | None = None):
                              "FROM pack_plan WHERE output_shard = ?", [name]).fetchall()
     }
     conversations = {sid: None if sha is None else packdoc.Digest(sha, chars)
-                     for sid, sha, chars in store.shard_rows(con, AUDIT_ROWS, "conversations", name, rows)}
+                     for sid, sha, chars in _rows(con, "conversations", name, rows)}
     # (total_tokens, media_type, media count, vision_tokens, json_member, conversation (`packdoc.Expected`),
     # media_members, extra_members)
-    samples = {ids.get(r[0], r[0]): (*r[1:6], conversations.get(r[0]), r[6] or (), r[7] or ()) for r in
-               store.shard_rows(con, AUDIT_ROWS, "samples", name, rows)}
-    members = {(ids.get(r[0], r[0]), r[1]): (r[2], r[3])
-               for r in store.shard_rows(con, AUDIT_ROWS, "members", name, rows)}
+    samples = {ids.get(r[0], r[0]): (*r[1:6], conversations.get(r[0]), r[6] or (), r[7] or ())
+               for r in _rows(con, "samples", name, rows)}
+    members = {(ids.get(sid, sid), member): (sha, size) for sid, member, sha, size in _rows(con, "members", name, rows)}
     pieces, piece_members = piece_expectations(con, name, rows)  # split samples' pieces (core/split.py)
     samples.update(pieces)
     members.update(piece_members)
