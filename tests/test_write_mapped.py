@@ -1,6 +1,7 @@
 """The copy writer's packs written over mapped sources (`core/write/mapped.py`): the same bytes as read and
-written, its maps bounded, and a source cut short before or while it is copied a clear error, no SIGBUS (which
-would kill this test process) and nothing left under a final or temporary name."""
+written, its maps unmapped as the bytes viewed reach their bound, and a source cut short before or while it is
+copied a clear error, no SIGBUS (which would kill this test process) and nothing left under a final or
+temporary name."""
 
 from __future__ import annotations
 
@@ -47,9 +48,14 @@ def test_packs_over_mapped_sources_are_the_bytes_read_and_written(planned, tmp_p
     assert writes, "no pack went over the maps"
     assert threaded and all(threaded), "a shard of such packs is written in the job's thread"
     n = len(writes)
-    monkeypatch.setattr(mapped.Maps.__init__, "__defaults__", (1,))  # one map at a time: flushed and unmapped
+    unmapped = []
+    real_close = mapped.Maps.close
+    monkeypatch.setattr(mapped.Maps, "close", lambda self: (unmapped.append(len(self.views)), real_close(self)))
+    monkeypatch.setattr(mapped.Maps.__init__, "__defaults__", (256, 1))  # each pack's views: the bound
     run_write(work, inp, tmp_path / "one_map", workers=1)
-    assert len(writes) > 2 * n  # each change of source writes what is queued
+    assert len(writes) > 2 * n  # before each pack, what is queued written and the maps unmapped
+    shards = len(list((tmp_path / "one_map").glob("*.tar")))
+    assert len(unmapped) > shards and min(unmapped) > 0  # unmapped within a shard, not only at its end
     monkeypatch.setattr(shard_mod, "mappable", lambda pack: False)
     run_write(work, inp, tmp_path / "read", workers=1)
     written = _bytes(tmp_path / "read")

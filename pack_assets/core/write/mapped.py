@@ -20,6 +20,10 @@ from .batches import StreamShard
 from .bulk import BulkPack, BulkShard
 from .places import EXACT
 
+# the bytes viewed in a shard's maps before they are all unmapped (what is queued written first): the pages the
+# kernel copied from stay in the writer's resident set while mapped, at most about this much of them
+MAPPED_BYTES = 64 << 20
+
 
 def mappable(pack: BulkPack) -> bool:
     """Whether the pack's bytes are all copied as the source holds them: no record to parse, no member copied
@@ -34,7 +38,7 @@ def in_one_call(job) -> bool:
     if isinstance(job, BulkShard):
         packs = job.packs
     elif isinstance(job, StreamShard):
-        packs = job._first[0] if job._first else []
+        packs = job.first_packs
     else:
         return False
     return bool(packs) and all(map(mappable, packs))
@@ -42,20 +46,26 @@ def in_one_call(job) -> bool:
 
 class Maps:
     """Read-only maps of source shards (path -> a memoryview of the whole file as it was when mapped), at most
-    ``limit`` at once; None for a source that cannot be mapped (an empty file, a filesystem without mmap):
-    its packs are read instead."""
+    ``limit`` at once, unmapped once ``max_bytes`` of them are viewed (`full`): the pages the kernel copies
+    from count in this process's resident set while they are mapped. None for a source that cannot be
+    mapped (an empty file, a filesystem without mmap): its packs are read instead."""
 
-    def __init__(self, limit: int = 256) -> None:
-        self.limit = limit
+    def __init__(self, limit: int = 256, max_bytes: int = MAPPED_BYTES) -> None:
+        self.limit, self.max_bytes, self.viewed = limit, max_bytes, 0
         self.views: dict[str, memoryview | None] = {}
 
-    def get(self, path: str) -> memoryview | None:
+    def view(self, path: str, offset: int, size: int) -> memoryview | None:
+        """The source's bytes at ``offset`` as a view of its map; None where it is not mapped or ends before."""
         if path not in self.views:
             self.views[path] = _mapped(path)
-        return self.views[path]
+        whole = self.views[path]
+        if whole is None or offset + size > len(whole):
+            return None
+        self.viewed += size
+        return whole[offset:offset + size]
 
     def full(self) -> bool:
-        return len(self.views) >= self.limit
+        return len(self.views) >= self.limit or self.viewed >= self.max_bytes
 
     def close(self) -> None:
         """Unmap every source (a map still viewed by a buffer not yet freed is left to be unmapped with it)."""
@@ -68,6 +78,7 @@ class Maps:
                 except BufferError:  # a view of it is still alive: unmapped when that is freed
                     pass
         self.views.clear()
+        self.viewed = 0
 
 
 def _mapped(path: str) -> memoryview | None:
@@ -98,13 +109,10 @@ class MappedQueue:
         if self.maps.full():
             self.flush()  # nothing queued views a map any more: all of them can go
             self.maps.close()
-        got = []
-        for path, offset, size, *_ in reads:
-            view = self.maps.get(path)
-            if view is None or offset + size > len(view):
-                return None
-            got.append(view[offset:offset + size])
-            self.sources.add(path)
+        got = [self.maps.view(*r[:3]) for r in reads]
+        if any(v is None for v in got):
+            return None
+        self.sources.update(r[0] for r in reads)
         return got
 
     def add(self, bufs: list) -> bool:
