@@ -21,8 +21,9 @@ from .bulk import BulkPack, BulkShard
 from .places import EXACT
 
 # the bytes viewed in a shard's maps before they are all unmapped (what is queued written first): the pages the
-# kernel copied from stay in the writer's resident set while mapped, at most about this much of them
-MAPPED_BYTES = 64 << 20
+# kernel copied from, and their neighbours it maps with them, stay in the writer's resident set while mapped
+# (docs/benchmarks.md: the peak RSS at a few bounds)
+MAPPED_BYTES = 16 << 20
 
 
 def mappable(pack: BulkPack) -> bool:
