@@ -23,7 +23,7 @@ from .places import EXACT
 # the bytes viewed in a shard's maps before they are all unmapped (what is queued written first): the pages the
 # kernel copied from, and their neighbours it maps with them, stay in the writer's resident set while mapped
 # (docs/benchmarks.md: the peak RSS at a few bounds)
-MAPPED_BYTES = 16 << 20
+MAPPED_BYTES = 32 << 20
 
 
 def mappable(pack: BulkPack) -> bool:
