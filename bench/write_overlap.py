@@ -1,18 +1,15 @@
 """How a writer's job overlaps its shards, three ways in one process on a set bench_write.py prepared (its --out
-folder: `set-*` and `work`), one writer process, in turn round after round (each first in one round of four):
+folder: `set-*` and `work`), one writer process, in turn round after round (each first in one round of three):
 
-- `mapped_thread`: this code's `copy._overlapped` (a thread writes, fsyncs and renames a shard whose packs are
-  all queued over mapped sources, `mapped.in_one_call`, while the next is prepared; session 50);
-- `sync_behind`: the overlap of sessions 46-49 (the job writes each shard, its packs still queued over the maps,
-  and a thread fsyncs and renames it while the next is prepared);
+- `sync_behind`: this code's `copy._overlapped` (the job writes each shard, a thread fsyncs and renames it
+  while the next is prepared);
 - `in_line`: each shard prepared, written and synced one after the other (`shard.write_shard`);
 - `thread_writes`: session 46's first overlap (a thread writes the whole shard while the next is prepared).
 
     python bench/write_overlap.py --data bench/out/write --rounds 9 --results bench/results/x.json
 
-Wall and CPU (the process's: every thread) of `run_write`, imports not; `--no-fsync`: every fsync of the
-process skipped (the disk's share of a shared machine's noise out; not what users run). A profile of one
-choice, not a timing of the stage as users run it."""
+Wall and CPU (the process's: every thread) of `run_write`, imports not. A profile of one choice, not a timing
+of the stage as users run it."""
 
 from __future__ import annotations
 
@@ -52,22 +49,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="bench/out/write", help="bench_write.py's --out (its set and work folder)")
     ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--no-fsync", action="store_true", help="skip every fsync (see above)")
     ap.add_argument("--results", help="a new file or folder (default: a new bench/results/write_overlap_<UTC>.json)")
     args = ap.parse_args()
     dest = ResultsFile(args.results, "write_overlap")
     data = Path(args.data).resolve()
     inp, work, out = next(p for p in sorted(data.glob("set-*")) if p.is_dir()), data / "work", data / "overlap"
-    if args.no_fsync:
-        os.fsync = lambda fd: None
-    overlapped, one_call = copy._overlapped, copy.in_one_call
-    ways = {"mapped_thread": overlapped, "sync_behind": overlapped, "in_line": in_line, "thread_writes": thread_writes}
+    ways = {"sync_behind": copy._overlapped, "in_line": in_line, "thread_writes": thread_writes}
     names = list(ways)
     got: dict[str, list] = {w: [] for w in ways}
     for r in range(args.rounds + 1):  # the first round untimed
-        for way in names[r % len(names):] + names[:r % len(names)]:
+        for way in names[r % 3:] + names[:r % 3]:
             copy._overlapped = ways[way]
-            copy.in_one_call = one_call if way == "mapped_thread" else (lambda job: False)
             shutil.rmtree(out, ignore_errors=True)
             t, c = time.perf_counter(), time.process_time()
             copy.run_write(work, inp, out, workers=1)
@@ -77,9 +69,6 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     med = {w: {k: round(statistics.median(x[k] for x in v), 3) for k in ("wall_s", "cpu_s")} | {
         "min_wall_s": min(x["wall_s"] for x in v)} for w, v in got.items()}
-    # round by round, this code's way over the one before it (session 49's): drift on a shared machine cancels
-    med["mapped_thread_to_sync_behind"] = {k: round(statistics.median(
-        a[k] / b[k] for a, b in zip(got["mapped_thread"], got["sync_behind"])), 3) for k in ("wall_s", "cpu_s")}
     dest.write({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "load_avg_at_end": os.getloadavg(),
                 "config": vars(args), "set": inp.name, "medians": med, "runs": got})
     print(med)

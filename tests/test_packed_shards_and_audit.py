@@ -31,7 +31,7 @@ from pack_assets.core.records import PackMeta, SourceRef
 from pack_assets.core.scan import manifest_is_current, run_manifest
 from pack_assets.core.settings import Settings
 from pack_assets.core.write import copy as write_copy
-from pack_assets.core.write import energon, fingerprints, mapped, run_write, syscalls, write_context
+from pack_assets.core.write import energon, fingerprints, run_write, syscalls, write_context
 from pack_assets.core.write import record as write_record
 from pack_assets.core.write import shard as write_shard_mod
 from pack_assets.core.write.bulk import BULK_ROWS, catalog_columns, group_tables, table_columns
@@ -154,17 +154,11 @@ def test_same_inputs_give_byte_identical_shards(dataset, tmp_path):
     assert (tmp_path / "w1" / "pack_plan.jsonl").read_bytes() == (tmp_path / "w2" / "pack_plan.jsonl").read_bytes()
 
 
-@pytest.mark.parametrize("how", ["read", "mapped"])
-def test_packs_larger_than_the_writers_read_buffer_are_written_byte_identical(packed, tmp_path, monkeypatch, how):
-    """The writer reads a pack's members into one reused buffer (packs it does not queue over mapped sources,
-    `mapped.py`: here all of them, ``read``); reads past its end get buffers of their own and the next pack a
-    larger one. It also starts the disk's writeback as it goes (here after every pack, or every write of what
-    is queued): the shards are the same bytes either way."""
+def test_packs_larger_than_the_writers_read_buffer_are_written_byte_identical(packed, tmp_path, monkeypatch):
+    """The writer reads a pack's members into one reused buffer; reads past its end get buffers of their own
+    and the next pack a larger one. It also starts the disk's writeback as it goes (here after every pack):
+    the shards are the same bytes either way."""
     inp, work, out, _ = packed
-    if how == "read":
-        monkeypatch.setattr(write_shard_mod, "mappable", lambda pack: False)
-    else:  # what is queued written every 8 buffers (else every IOV_MAX), each time followed by writeback advice
-        monkeypatch.setattr(mapped, "IOV_MAX", 8)
     sizes, advised = [], []
     real = syscalls.Arena.__init__
     real_writeback = write_shard_mod.start_writeback
@@ -177,8 +171,8 @@ def test_packs_larger_than_the_writers_read_buffer_are_written_byte_identical(pa
     monkeypatch.setattr(write_shard_mod, "WRITEBACK_EVERY", 1)
     monkeypatch.setattr(write_shard_mod, "start_writeback", lambda *a: (advised.append(a), real_writeback(*a)))
     run_write(work, inp, tmp_path / "small_buffer", workers=1)
-    assert sizes and all((len(a.buf) > 700) == (how == "read") for a in sizes)  # grown to the largest pack read
-    assert len(advised) > len(sizes)  # (one arena per shard, writeback after each pack or queue written)
+    assert sizes and all(len(a.buf) > 700 for a in sizes)  # each grew to the largest pack it met
+    assert len(advised) > len(sizes)  # (one arena per shard, writeback after each of its packs)
     assert {p.name: sha(p) for p in (tmp_path / "small_buffer").glob("*.tar")} == {p.name: sha(p)
                                                                                   for p in out.glob("*.tar")}
 

@@ -85,11 +85,6 @@ class StreamShard:
         self.layout: Layout | None = None
         self.parts: list[str] = []
 
-    @property
-    def first_packs(self) -> list[BulkPack]:
-        """The first batch's packs, built with the shard (none once `batches` has begun)."""
-        return self._first[0] if self._first else []
-
     def _each(self, with_text: bool) -> Iterator:
         """Each batch's `bulk.Columns`; without ``with_text``, without the conversations (the fingerprint takes
         their sha256, which the catalog gives)."""

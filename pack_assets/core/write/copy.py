@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -23,16 +22,12 @@ from .bulk import BulkShard, build_shard, bulk_rows, group_tables, table_columns
 from .energon import LastIndex
 from .fingerprints import current_shards
 from .jobs import WRITE_ROWS, ShardJob, ShardResult, piece_shards, shard_job
-from .mapped import in_one_call
 from .record import last_index, load_record, record_written, shard_digests, vouchable, vouched_shards, written_key
 from .shard import begin_shard, end_shard, write_shard
 from .shared import OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards, write_context
 from .space import OUTPUT, refuse_if_full, still_needed
 
 GROUP_SAMPLES = 16384  # samples a writer's job prepares from one read of the catalog (their rows held at once)
-# the switch interval while a thread writes a shard beside the one preparing the next (`_overlapped`): after each
-# of its os.writev calls the writing thread waits this long at most for the GIL (CPython's default: 5 ms)
-SWITCH_S = 0.0005
 
 
 def writer_workers(workers: int, shards: int) -> int:
@@ -79,43 +74,22 @@ def _write_group(args) -> list[ShardResult]:
         return _overlapped(out_dir, prepared, context)
 
 
-def _overlapped(out_dir: str, prepared: Iterator, context: dict, switch: float = SWITCH_S) -> list[ShardResult]:
-    """Each prepared shard written in order, the next prepared in this thread meanwhile. A shard whose packs
-    are all queued over mapped sources (`mapped.in_one_call`) is written, fsynced and renamed in a thread: it
-    takes the GIL back a few times a shard, after each os.writev of IOV_MAX buffers, and ``switch`` (seconds,
-    `sys.setswitchinterval`, for the job's duration) bounds how long it waits for it each time. Any other
-    shard is written in this thread, its fsync and rename in the other (a thread writing it would wait for the
-    GIL after each of its reads and writes). A shard's first byte is written once the one before is in place:
-    nothing is written after a shard fails, and one shard is prepared ahead at most."""
+def _overlapped(out_dir: str, prepared: Iterator, context: dict) -> list[ShardResult]:
+    """Each prepared shard written in this thread, in order, its fsync and rename in a thread while this one
+    prepares the next: the fsync releases the GIL for as long as the disk takes. (A thread that wrote the whole
+    shard would wait for the GIL after each of its reads and writes while this one prepared: no faster, more
+    CPU.) A shard's first byte is written once the one before is in place: nothing is written after a shard
+    fails, and one shard is prepared ahead at most."""
     results: list[ShardResult] = []
-    with (ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-write") as thread,
-          _switch_interval(switch)):
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-sync") as thread:
         pending = None
         for job in prepared:
             if pending is not None:
                 results.append(pending.result())
-            if in_one_call(job):
-                pending = thread.submit(_write_then_sync, out_dir, job, context)
-            else:
-                pending = thread.submit(end_shard, begin_shard(out_dir, job, context))
+            pending = thread.submit(end_shard, begin_shard(out_dir, job, context))
         if pending is not None:
             results.append(pending.result())
     return results
-
-
-def _write_then_sync(out_dir: str, job, context: dict) -> ShardResult:
-    return end_shard(begin_shard(out_dir, job, context))
-
-
-@contextlib.contextmanager
-def _switch_interval(seconds: float) -> Iterator[None]:
-    """The interpreter's thread switch interval at ``seconds`` (at most its own) for the block, then as it was."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(seconds, before))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
 
 
 def _each_written(args: list[tuple], workers: int) -> Iterator[ShardResult]:

@@ -20,7 +20,6 @@ from .batches import StreamShard
 from .bulk import BulkPack, BulkShard, build_shard, job_columns
 from .jobs import ShardJob, ShardResult, dumps, encode_str
 from .layout import shard_index
-from .mapped import MappedQueue, Maps, mappable
 from .places import EXACT, JSON
 from .syscalls import SMALL_READ, Arena, Sources, copy_range, prefetch_aside, start_writeback, writev_all
 
@@ -47,9 +46,9 @@ def begin_shard(out_dir: str, job: StreamShard | BulkShard | ShardJob, context: 
         meta = first_pack_meta(final)
         if meta and meta.get("shard_fingerprint") == job.fingerprint:
             return replace(result, skipped=True, bytes=final.stat().st_size, seconds=time.perf_counter() - t0)
-    sources, arena, prefetches, pack_ids, maps = Sources(), Arena(), [], [], Maps()
+    sources, arena, prefetches, pack_ids = Sources(), Arena(), [], []
     fd, tmp = mkstemp(prefix=f".{job.name}.tmp-", dir=out_dir)
-    out = _ShardFile(fd, MappedQueue(fd, maps))
+    out = _ShardFile(fd)
     try:
         for packs in job.batches():
             prefetches.append(prefetch_aside([r[:3] for p in packs for r in p.reads]
@@ -58,14 +57,12 @@ def begin_shard(out_dir: str, job: StreamShard | BulkShard | ShardJob, context: 
                 out.pack(pack, sources, arena)
                 pack_ids.append(pack.pack_id)
         written = out.finish()
-        what = _what(final, sources, maps)  # before the sources close
+        what = _what(final, sources)  # before the sources close
     except BaseException as e:
         _discard(fd, tmp)
-        faults.raise_device_fault(e, _what(final, sources, maps), "writing")
+        faults.raise_device_fault(e, _what(final, sources), "writing")
         raise
     finally:
-        out.queue.bufs.clear()  # (written, or dropped with the failed shard) before the maps go
-        maps.close()
         sources.close()
         for prefetch in prefetches:
             prefetch.join()
@@ -104,8 +101,8 @@ def end_shard(begun: ShardResult | Unsynced) -> ShardResult:
     return replace(begun.result, seconds=time.perf_counter() - begun.t0, index=shard_index(*begun.index))
 
 
-def _what(final: Path, sources: Sources, maps: Maps) -> str:
-    return f"{final} (from {', '.join(sorted(set(sources.files) | set(maps.views))) or 'its sources'})"
+def _what(final: Path, sources: Sources) -> str:
+    return f"{final} (from {', '.join(sorted(sources.files)) or 'its sources'})"
 
 
 def _discard(fd: int, tmp: str) -> None:
@@ -117,46 +114,36 @@ def _discard(fd: int, tmp: str) -> None:
 
 
 class _ShardFile:
-    """An output shard being written to ``fd``, pack after pack: a pack whose bytes are all the sources' as they
-    are goes to ``queue`` (`mapped.MappedQueue`: views of the mapped sources, one os.writev per IOV_MAX buffers);
-    any other pack's document, headers, records and small members are read and go out in one ``os.writev``
-    (the headers and paddings built with the shard, `layout.py`), media of the cut or more copied in kernel
-    between. The disk's writeback is started as the shard grows; each pack's place and document size are kept
-    for its Energon index (`layout.shard_index`)."""
+    """An output shard being written to ``fd``, pack after pack: a pack's document, headers, record and small
+    members go out in one ``os.writev`` (the headers and paddings built with the shard, `layout.py`), media of
+    the cut or more are copied in kernel between; the disk's writeback is started as the shard grows; each
+    pack's place and document size are kept for its Energon index (`layout.shard_index`)."""
 
-    def __init__(self, fd: int, queue: MappedQueue) -> None:
-        self.fd, self.queue = fd, queue
-        self.pos = 0  # bytes written or queued so far
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pos = 0  # bytes written so far
         self.end = 0  # where the last member ends (the tar's end-of-archive blocks follow)
         self.flushed = 0  # bytes whose writeback was started
         self.docs: list[tuple[int, int, int]] = []  # per pack: where it starts, its document's header and size
 
     def pack(self, pack: BulkPack, sources: Sources, arena: Arena) -> None:
-        got = self.queue.views(pack.reads) if mappable(pack) else None
-        queued = got is not None
-        if not queued:
-            self.queue.flush()  # what is queued goes first
-            got = [_read(sources, arena, *r) for r in pack.reads]
-        body = _body(pack, got, queued)
-        size = sum(map(len, body))
-        header = member_header(f"{pack.pack_id}.json", size)
-        self.docs.append((self.pos, len(header), size))
-        bufs = [header, *body, padding(size)]
-        written = True
+        got = [_read(sources, arena, *r) for r in pack.reads]
+        texts = [_source(got[r[0]][r[1]:r[2]], r[3]) if r is not None else b"null" for r in pack.records]
+        body = b"".join([x for pair in zip(pack.heads, texts) for x in pair] + [pack.tail])
+        header = member_header(f"{pack.pack_id}.json", len(body))
+        self.docs.append((self.pos, len(header), len(body)))
+        bufs = [header, body, padding(len(body))]
         if pack.copied:
             self._members(pack, got, bufs, sources, arena)
-        else:  # every member read or viewed: header, data, padding, member after member
-            members: list = [None] * (3 * len(pack.members))
-            members[0::3], members[2::3] = pack.headers, pack.pads
-            members[1::3] = [got[r][a:b] for r, a, b in pack.members]
-            bufs += members
-            if queued:
-                written = self.queue.add(bufs)
-            else:
-                writev_all(self.fd, bufs)
+        else:  # every member read: header, data, padding, member after member, in one os.writev
+            n = len(pack.members)
+            bufs += [None] * (3 * n)
+            bufs[3::3], bufs[5::3] = pack.headers, pack.pads
+            bufs[4::3] = [got[r][a:b] for r, a, b in pack.members]
+            writev_all(self.fd, bufs)
         arena.reset()
-        self.pos += len(header) + size + (-size % BLOCK) + pack.span
-        if written and self.pos - self.flushed >= WRITEBACK_EVERY:  # (all of it written: nothing queued)
+        self.pos += len(header) + len(body) + (-len(body) % BLOCK) + pack.span
+        if self.pos - self.flushed >= WRITEBACK_EVERY:
             start_writeback(self.fd, self.flushed, self.pos - self.flushed)
             self.flushed = self.pos
 
@@ -180,22 +167,11 @@ class _ShardFile:
 
     def finish(self) -> int:
         """The end-of-archive blocks, padded to a whole record (the file not yet synced): returns its size."""
-        self.queue.flush()
         self.end = self.pos
         tail = 2 * BLOCK
         tail += -(self.end + tail) % RECORD
         writev_all(self.fd, [bytes(tail)])
         return self.end + tail
-
-
-def _body(pack: BulkPack, got: list, viewed: bool) -> list:
-    """The pack's document (UTF-8) as buffers: its text around each sample's record; ``viewed``: the records
-    are views of mapped sources, written as they are without this process reading them (`mapped.py`), else
-    one bytes object."""
-    texts = [b"null" if r is None else got[r[0]][r[1]:r[2]] if viewed else _source(got[r[0]][r[1]:r[2]], r[3])
-             for r in pack.records]
-    parts = [x for pair in zip(pack.heads, texts) for x in pair] + [pack.tail]
-    return parts if viewed else [b"".join(parts)]
 
 
 def _read(sources: Sources, arena: Arena, path: str, offset: int, size: int, what: str, span: bool) -> memoryview:
