@@ -78,15 +78,7 @@ def test_staged_conversations_catch_a_wrong_one_in_its_shard_as_the_query_per_sh
     texts = []  # the output shards whose conversation texts were read: the audit holds digests (`expected.ShardTexts`)
     real_load = expected.ShardTexts._load
     monkeypatch.setattr(expected.ShardTexts, "_load", lambda self: texts.append(self.name) or real_load(self))
-    monkeypatch.delenv(store.MEMORY_ENV, raising=False)
-    limits = []  # the DuckDB limit each staging query ran under
-    real_query = store._stage_query
-    monkeypatch.setattr(store, "_stage_query",
-                        lambda cur, *a, **k: limits.append(_limit(cur)) or real_query(cur, *a, **k))
     one = run_audit(work, out, workers=1, recount_fraction=0)
-    # the command's audit joined its rows under its own DuckDB limit, lower than the catalog's 1 GB
-    assert len(limits) == len(expected.AUDIT_ROWS) and set(limits) == {_limit_of(audit_mod.AUDIT_DUCKDB_MEMORY)}
-    assert _limit_of(audit_mod.AUDIT_DUCKDB_MEMORY) != _limit_of("1GB")
     threads = run_audit(work, out, workers=2, recount_fraction=0)  # (processes: test_packed_shards_and_audit)
     # every shard's conversations from the staged files, none by a query of its own
     assert sorted(s for q, s in read if q == "conversations") == sorted([p.name for p in shards] * 2)
@@ -99,9 +91,19 @@ def test_staged_conversations_catch_a_wrong_one_in_its_shard_as_the_query_per_sh
     # in worker processes (their DuckDB held to 256MB: the texts streamed), the same audit
     processes = run_audit(work, out, workers=2, parallel_min_bytes=0, recount_fraction=0)
     assert (processes.violations, processes.stats) == (one.violations, one.stats)
+    monkeypatch.delenv(store.MEMORY_ENV, raising=False)
+    limits = []  # the DuckDB limit each staging query ran under
+    real_query = store._stage_query
+    monkeypatch.setattr(store, "_stage_query",
+                        lambda cur, *a, **k: limits.append(_limit(cur)) or real_query(cur, *a, **k))
     with store.connect(work, read_only=True) as con:  # each shard's own query (no staged rows): the same audit
         config = PlanInfo.load(con).config
+        held = _limit(con)
         alone, gathered = (audit_mod.audit(con, out, config, work=w, workers=1) for w in (None, work))
+        # the staging's joins under the audit's lower limit; the catalog's limit back for the reading
+        assert len(limits) == len(expected.AUDIT_ROWS) and set(limits) == {_limit_of(audit_mod.STAGING_DUCKDB_MEMORY)}
+        # (restored from its shown value: '953.6 MiB' set again shows '953.5 MiB')
+        assert _limit(con) == _limit_of(held) and held != _limit_of(audit_mod.STAGING_DUCKDB_MEMORY)
         assert (alone.violations, alone.stats) == (gathered.violations, gathered.stats)
         assert alone.violations == one.violations
         # what a worker holds per shard, from the staged files (read as Arrow columns) as from its own queries
