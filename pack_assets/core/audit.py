@@ -386,28 +386,6 @@ def _check_counts(res: AuditResult, per_shard: dict[str, dict], per_dataset: dic
                     f"{c['dropped']}")
 
 
-STAGING_DUCKDB_MEMORY = "512MB"  # the catalog's DuckDB while the audit stages its rows (store.MEMORY_ENV, when set)
-
-
-@contextlib.contextmanager
-def _staged(con: duckdb.DuckDBPyConnection, work: Path | None, shards: list[str]):
-    """`store.staged` of the audit's rows for ``shards`` (None: one shard or no work folder, each read by its own
-    query), under the staging's DuckDB limit, the catalog's restored before the rows are read. The staging joins
-    every planned sample with the manifest, spilling past any limit; at 10M samples they held all of the 1 GB
-    beside the command's helpers, the audit's peak (docs/benchmarks.md, issue 41)."""
-    if work is None or len(shards) <= 1:
-        yield None
-        return
-    held = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
-    with contextlib.ExitStack() as stack:
-        con.execute(f"SET memory_limit = '{store.memory_limit(STAGING_DUCKDB_MEMORY)}'")
-        try:
-            rows = stack.enter_context(store.staged(work, AUDIT_ROWS, shards, con))
-        finally:
-            con.execute(f"SET memory_limit = '{held}'")
-        yield rows
-
-
 def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, work: Path | None = None, workers: int = 0,
           min_bytes: int = PARALLEL_MIN_BYTES, trusted: frozenset[str] = frozenset(),
           repeats: dict[str, float] | None = None, progress: Callable[[int, int, int], None] | None = None,
@@ -427,7 +405,8 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
                     if shard in trusted)
     to_read = [n for n in shards if n not in trusted]
     counts: Counter = Counter()
-    with _staged(con, work, to_read) as rows:
+    with (store.staged(work, AUDIT_ROWS, to_read, con) if work is not None and len(to_read) > 1
+          else contextlib.nullcontext()) as rows:
         for done, (name, (violations, shard_seen, c, digest)) in enumerate(
                 zip(to_read, _shard_results(con, out_dir, to_read, config, work, workers, min_bytes, rows)), 1):
             if digest is not None and digests is not None:
