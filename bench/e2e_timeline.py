@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_stage_floors import evict  # noqa: E402
 from common import ResultsFile, machine  # noqa: E402
-from rss import _CHILD_KIND, stage_of, stage_spans, step_spans  # noqa: E402
+from rss import _CHILD_KIND, process_tree, stage_of, stage_spans, step_spans  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")
 CORES = os.cpu_count() or 1
@@ -94,11 +94,7 @@ class Timeline(threading.Thread):
         for name in os.listdir("/proc"):
             if name.isdigit() and (st := _stat(int(name))) is not None:
                 seen[int(name)] = st
-        tree, grew = {self.root}, True
-        while grew:
-            more = {p for p, (pp, _) in seen.items() if pp in tree and p not in tree}
-            tree |= more
-            grew = bool(more)
+        tree = process_tree(self.root, {p: st[0] for p, st in seen.items()})
         for pid in tree:
             if pid in seen:
                 self.procs.setdefault(pid, {"parent": seen[pid][0], "first": now})

@@ -47,6 +47,16 @@ def _pss(pid: int) -> int:
     return next((int(line.split()[1]) * 1024 for line in text.splitlines() if line.startswith("Pss:")), 0)
 
 
+
+def process_tree(root: int, parents: dict[int, int]) -> set[int]:
+    """``root`` and every descendant of it, whatever the depth, from each live process's parent (pid → ppid)."""
+    tree, grew = {root}, True
+    while grew:
+        more = {p for p, pp in parents.items() if pp in tree and p not in tree}
+        tree |= more
+        grew = bool(more)
+    return tree
+
 class TreeSampler(threading.Thread):
     """Samples the processes below `root` (not `root` itself) until `stop()`; `samples`: (wall time, {pid:
     rss}); `pss`: (wall time, the tree's PSS summed); `procs`: pid → {parent, first (wall time first seen),
@@ -70,11 +80,7 @@ class TreeSampler(threading.Thread):
         for name in os.listdir("/proc"):
             if name.isdigit() and (st := _status(int(name))) is not None:
                 seen[int(name)] = st
-        tree, grew = {self.root}, True
-        while grew:  # every descendant of root, whatever the depth
-            more = {p for p, (pp, _, _) in seen.items() if pp in tree and p not in tree}
-            tree |= more
-            grew = bool(more)
+        tree = process_tree(self.root, {p: st[0] for p, st in seen.items()})
         rss = {}
         for pid in tree - {self.root}:
             ppid, r, hwm = seen[pid]
