@@ -14,6 +14,7 @@ audit_report, `plan children` in pack_plan).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sqlite3
 import threading
@@ -59,14 +60,16 @@ def process_tree(root: int, parents: dict[int, int]) -> set[int]:
 
 class TreeSampler(threading.Thread):
     """Samples the processes below `root` (not `root` itself) until `stop()`; `samples`: (wall time, {pid:
-    rss}); `pss`: (wall time, the tree's PSS summed); `procs`: pid → {parent, first (wall time first seen),
-    hwm (its VmHWM when last seen)}."""
+    rss}); `pss`: (wall time, the tree's PSS summed), with ``keep_pss`` `pss_each` per process; `procs`: pid →
+    {parent, first (wall time first seen), hwm (its VmHWM when last seen)}."""
 
-    def __init__(self, root: int, every: float = 0.2) -> None:
+    def __init__(self, root: int, every: float = 0.2, keep_pss: bool = False) -> None:
         super().__init__(daemon=True)
         self.root, self.every, self.halt = root, every, threading.Event()
         self.samples: list[tuple[float, dict[int, int]]] = []
         self.pss: list[tuple[float, int]] = []
+        self.keep_pss = keep_pss  # also each process's PSS per sample (`pss_each`: (wall time, {pid: PSS}))
+        self.pss_each: list[tuple[float, dict[int, int]]] = []
         self.procs: dict[int, dict] = {}
 
     def run(self) -> None:
@@ -88,7 +91,10 @@ class TreeSampler(threading.Thread):
             rec["hwm"] = max(rec["hwm"], hwm)
             rss[pid] = r
         self.samples.append((now, rss))
-        self.pss.append((now, sum(_pss(pid) for pid in rss)))
+        each = {pid: _pss(pid) for pid in rss}
+        self.pss.append((now, sum(each.values())))
+        if self.keep_pss:
+            self.pss_each.append((now, each))
 
     def stop(self) -> None:
         self.halt.set()
@@ -170,3 +176,78 @@ def by_stage(sampler: TreeSampler, spans: list[tuple[str, float, float]]) -> dic
     order = [s for s, _, _ in spans] + ["other"]
     return {"stage_peaks": {s: stages[s] for s in order if s in stages}, "hwm_by_kind": hwm,
             "stage_spans_s": {s: round(b - a, 1) for s, a, b in spans}, "sample_every_s": sampler.every}
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fordblks", "uordblks", "fordblks_", "keepcost")]
+
+
+def _mallinfo2() -> dict[str, int]:
+    """glibc's heap: ``heap`` the bytes it has from the system (arenas + mmapped blocks), ``in_use`` allocated."""
+    try:
+        m = ctypes.CDLL(None).mallinfo2
+    except AttributeError:
+        return {}
+    m.restype = _Mallinfo2
+    info = m()
+    return {"heap": info.arena + info.hblkhd, "in_use": info.uordblks + info.hblkhd}
+
+
+def _own_memory() -> dict[str, int]:
+    """This process's PSS, its anonymous part (heap and mmaps, not file-backed pages) and RSS, in bytes."""
+    out = {}
+    try:
+        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+            key = line.split(":", 1)[0]
+            if key in ("Rss", "Pss", "Anonymous", "Pss_Anon", "Pss_File"):
+                out[key.lower()] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+class SelfProbe(threading.Thread):
+    """Inside the measured process: every ``every`` s its own memory broken down (`_own_memory`), glibc's heap
+    (`_mallinfo2`: Python's objects live there, pymalloc's arenas included), Arrow's pool (allocated bytes and
+    the pool's backend), DuckDB's buffer manager (``duckdb_memory()``, by a cursor of the connection `watch`
+    is given; not DuckDB's allocator's cached pages, which only the remainder shows), and the `phase` the
+    caller set last. `points`: dicts, one per sample."""
+
+    def __init__(self, every: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.every, self.halt, self.phase, self.cursor = every, threading.Event(), "start", None
+        self.points: list[dict] = []
+
+    def watch(self, con) -> None:
+        if self.cursor is None:
+            self.cursor = con.cursor()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            self.sample()
+            self.halt.wait(self.every)
+
+    def sample(self) -> None:
+        import pyarrow as pa
+
+        point = {"t": round(time.time(), 3), "phase": self.phase, **_own_memory(),
+                 **{f"malloc_{k}": v for k, v in _mallinfo2().items()},
+                 "arrow": pa.total_allocated_bytes(), "arrow_max": pa.default_memory_pool().max_memory()}
+        if self.cursor is not None:
+            try:
+                rows = self.cursor.execute("SELECT tag, memory_usage_bytes, temporary_storage_bytes "
+                                           "FROM duckdb_memory()").fetchall()
+                point["duckdb"] = sum(r[1] for r in rows)
+                point["duckdb_spilled"] = sum(r[2] for r in rows)
+                point["duckdb_tags"] = {r[0]: r[1] for r in rows if r[1] >= 1 << 20}
+            except Exception as e:  # noqa: BLE001 (the connection closed: nothing more to read)
+                point["duckdb_error"] = type(e).__name__
+                self.cursor = None
+        self.points.append(point)
+
+    def stop(self) -> list[dict]:
+        self.halt.set()
+        self.join()
+        self.sample()
+        return self.points

@@ -89,3 +89,37 @@ def test_staged_conversations_catch_a_wrong_one_in_its_shard_as_the_query_per_sh
         with store.staged(work, expected.AUDIT_ROWS, names, con) as rows:
             for name in names:
                 assert expected.shard_expectations(con, name, rows) == expected.shard_expectations(con, name)
+
+
+# the samples rows as the audit staged them before session 51: through the `samples` view (which joins every
+# sample's counts once more for a status the audit does not read), the manifest's rows the join's build side
+_SAMPLES_BY_VIEW = """SELECT p.output_shard, s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos,
+                             t.vision_tokens, s.json_member, s.media_members, s.extra_members
+                      FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
+                      LEFT JOIN token_lengths t USING (sample_id) WHERE {shards}"""
+
+
+def test_a_workers_expectations_are_the_samples_views_rows_each_name_held_once(dataset, tmp_path):
+    """The staged samples rows (planned samples joined to their counts, then to the manifest) are the rows the
+    `samples` view gave, staged or per shard; a worker holds each media type as one string and a sample's
+    json member name as one string for its row and its member (310k samples per output shard at 10M)."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    _packed(dataset, work, out)
+    names = sorted(p.name for p in out.glob("*.tar"))
+    assert len(names) >= 3
+    with store.connect(work, read_only=True) as con:
+        by_view = {**expected.AUDIT_ROWS, "samples": _SAMPLES_BY_VIEW}
+        for name in names:
+            assert sorted(store.shard_rows(con, expected.AUDIT_ROWS, "samples", name)) == \
+                sorted(store.shard_rows(con, by_view, "samples", name))
+        with store.staged(work, expected.AUDIT_ROWS, names, con) as rows, \
+                store.staged(work, by_view, names, con) as view_rows:
+            for name in names:
+                _, samples, members = expected.shard_expectations(con, name, rows)
+                assert (samples, members) == expected.shard_expectations(con, name, view_rows)[1:]
+                assert len({id(r[1]) for r in samples.values()}) == len({r[1] for r in samples.values()})
+                json_names = {sid: r[4] for sid, r in samples.items() if r[4]}
+                assert json_names
+                for sid, member in members:
+                    if member == json_names.get(sid):
+                        assert member is json_names[sid]

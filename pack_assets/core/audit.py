@@ -34,6 +34,7 @@ from .counting import drift
 from .coverage import not_counted
 from .cpad import pack_padded_len
 from .expected import AUDIT_ROWS, ShardTexts, shard_expectations
+from .handback import hand_back
 from .indexmode import INDEX_PART, SourceFiles, is_index_folder
 from .outcomes import per_shard
 from .plan import PlanConfig, PlanInfo
@@ -407,6 +408,7 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
     counts: Counter = Counter()
     with (store.staged(work, AUDIT_ROWS, to_read, con) if work is not None and len(to_read) > 1
           else contextlib.nullcontext()) as rows:
+        hand_back()  # what the staging freed, before the workers start beside this process
         for done, (name, (violations, shard_seen, c, digest)) in enumerate(
                 zip(to_read, _shard_results(con, out_dir, to_read, config, work, workers, min_bytes, rows)), 1):
             if digest is not None and digests is not None:
@@ -416,6 +418,7 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
             counts.update(c)
             if progress:
                 progress(done, len(to_read), counts["media"] + counts["extra"])
+    hand_back()
     _check_seen(con, res, seen)
     per_dataset = _per_dataset(con, repeats) if repeats is not None else {}
     # a blend holds copies, so its samples add up per dataset (read = ok + rejected, copies = packed + dropped)
@@ -491,6 +494,7 @@ def run_audit(work: Path, out_dir: Path, recount_fraction: float = 0.02, workers
     if scope not in AUDIT_SCOPES:
         raise ValueError(f"audit scope {scope!r}: expected one of {', '.join(AUDIT_SCOPES)}")
     versions = _versions_aside(pool)
+    hand_back()  # what the stages before freed (a run's command process holds their heaps)
     with store.connect(work, read_only=True) as con:
         info = PlanInfo.load(con)
         store.check_plan_tables(con)

@@ -12,10 +12,16 @@ from .outcomes import AUDIT_PIECE_ROWS, piece_expectations
 # (store.staged), so the manifest is scanned once for the whole audit (by the query per shard, it was scanned once
 # per output shard)
 AUDIT_ROWS = {
-    "samples": """SELECT p.output_shard, s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos,
+    # the planned samples joined to their counts first, then to the manifest's rows: each join's hash table is
+    # built on the planned side (narrow), the manifest's members lists stream through; the `samples` view (its
+    # status, which this does not read, from a second join of every count) and the manifest's rows as the build
+    # side held 1.5x this query's memory (docs/benchmarks.md, session 51)
+    "samples": """WITH planned AS (SELECT p.output_shard, pm.sample_id FROM pack_plan p
+                                   JOIN pack_members pm USING (pack_id) WHERE {shards})
+                  SELECT p.output_shard, s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos,
                          t.vision_tokens, s.json_member, s.media_members, s.extra_members
-                  FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
-                  LEFT JOIN token_lengths t USING (sample_id) WHERE {shards}""",
+                  FROM planned p LEFT JOIN token_lengths t USING (sample_id)
+                  JOIN manifest_samples s USING (sample_id)""",
     "members": """SELECT p.output_shard, m.sample_id, m.name, m.sha256, m.size FROM pack_plan p
                   JOIN pack_members pm USING (pack_id) JOIN members m USING (sample_id) WHERE {shards}""",
     # each conversation's digest, not its text (`packdoc.Digest`): an output shard's texts were most of what an
@@ -71,6 +77,11 @@ def _rows(con, query: str, name: str, rows: store.Staged | None):
     return () if table is None else zip(*(column.to_pylist() for column in table.columns))
 
 
+def _same(row: tuple | None, member: str) -> str:
+    """``member``, or its sample row's json_member where that is the same name (one string for both)."""
+    return row[4] if row is not None and row[4] == member else member
+
+
 def shard_expectations(con, name: str, rows: store.Staged | None = None):
     """The plan rows of one output shard and what the manifest says about their samples and members: held by an
     audit worker while it reads the shard, so each sample id is one string (the plan's) and no empty list is
@@ -85,10 +96,14 @@ def shard_expectations(con, name: str, rows: store.Staged | None = None):
     conversations = {sid: None if sha is None else packdoc.Digest(sha, chars)
                      for sid, sha, chars in _rows(con, "conversations", name, rows)}
     # (total_tokens, media_type, media count, vision_tokens, json_member, conversation (`packdoc.Expected`),
-    # media_members, extra_members)
-    samples = {ids.get(r[0], r[0]): (*r[1:6], conversations.get(r[0]), r[6] or (), r[7] or ())
+    # media_members, extra_members); each media type one string, not one per sample
+    types: dict = {}
+    samples = {ids.get(r[0], r[0]): (r[1], types.setdefault(r[2], r[2]), *r[3:6], conversations.get(r[0]),
+                                     r[6] or (), r[7] or ())
                for r in _rows(con, "samples", name, rows)}
-    members = {(ids.get(sid, sid), member): (sha, size) for sid, member, sha, size in _rows(con, "members", name, rows)}
+    del conversations
+    members = {(sid, _same(samples.get(sid), member)): (sha, size)
+               for sid, member, sha, size in ((ids.get(r[0], r[0]), *r[1:]) for r in _rows(con, "members", name, rows))}
     pieces, piece_members = piece_expectations(con, name, rows)  # split samples' pieces (core/split.py)
     samples.update(pieces)
     members.update(piece_members)
