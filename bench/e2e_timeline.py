@@ -5,7 +5,7 @@ seconds left idle, and the serial sections (the tree using about one core of two
 record has each run's CPU seconds of the whole tree per stage.
 
     python -P bench/e2e_timeline.py --input <shards> --out <scratch> [--code <tree> ...] [--rounds 1]
-        [--evict] [--max-len 16384] [--timeline] [--keep] [--results <new file>]
+        [--evict] [--max-len 16384] [--timeline] [--keep] [--pss] [--results <new file>]
 
 The input's pages are evicted before each run with --evict (posix_fadvise DONTNEED on those files only, as
 bench_stage_floors.py does). Stages: the summary's start-up and dagster-load from the command's start, the shard
@@ -31,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_stage_floors import evict  # noqa: E402
 from common import ResultsFile, machine  # noqa: E402
 from rss import _CHILD_KIND, process_tree, stage_of, stage_spans, step_spans  # noqa: E402
+
+MB = 1 << 20
 
 _TICK = os.sysconf("SC_CLK_TCK")
 CORES = os.cpu_count() or 1
@@ -64,6 +66,16 @@ def _runnable(pid: int) -> tuple[int, float]:
     return n, ready
 
 
+def _pss(pid: int) -> tuple[int, int]:
+    """(Pss, Pss_Anon) of a process in bytes, (0, 0) when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0, 0
+    f = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in text.splitlines()[1:] if ":" in line)}
+    return f.get("Pss", 0), f.get("Pss_Anon", 0)
+
+
 def _machine_busy() -> float:
     """The whole machine's busy CPU seconds (every core's time that is not idle or iowait)."""
     f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -75,9 +87,10 @@ class Timeline(threading.Thread):
     {pid: runnable threads}), `procs` pid → {parent, first (wall time first seen)}. A process that ended keeps
     its last CPU reading."""
 
-    def __init__(self, root: int, every: float = 0.25) -> None:
+    def __init__(self, root: int, every: float = 0.25, pss: bool = False) -> None:
         super().__init__(daemon=True)
-        self.root, self.every, self.halt = root, every, threading.Event()
+        self.root, self.every, self.halt, self.with_pss = root, every, threading.Event(), pss
+        self.pss: list[tuple[float, dict[int, tuple[int, int]]]] = []  # (wall time, {pid: (Pss, Pss_Anon)})
         self.points: list[tuple[float, float, dict[int, float], dict[int, int]]] = []
         self.procs: dict[int, dict] = {}
         self.last: dict[int, float] = {}
@@ -106,6 +119,8 @@ class Timeline(threading.Thread):
                 if n:
                     runnable[pid] = n
         self.points.append((now, _machine_busy(), dict(self.last), runnable, sum(self.ready.values())))
+        if self.with_pss:
+            self.pss.append((now, {pid: _pss(pid) for pid in tree if pid in seen}))
 
     def stop(self) -> None:
         self.halt.set()
@@ -169,6 +184,33 @@ def analyse(tl: Timeline, spans: list[tuple[str, float, float]]) -> dict:
                                    "cpu_s": round(tl.last.get(p, 0.0), 2)} for p, r in tl.procs.items()}}
 
 
+def memory(tl: Timeline, spans: list[tuple[str, float, float]]) -> dict:
+    """Per stage: the tree's PSS peak (MiB), when (s from the start), and each process's PSS and anonymous PSS at
+    that moment (by pid, with its kind); each process's own PSS peak in the stage; and the 5 s buckets of each
+    kind's PSS summed (the bucket's largest sample)."""
+    kind, t_start = kinds(tl, spans), tl.points[0][0] if tl.points else 0.0
+    stages: dict[str, dict] = {}
+    line: list = []
+    for t, by in tl.pss:
+        st = stage_of(t, spans)
+        total = sum(p for p, _ in by.values())
+        rec = stages.setdefault(st, {"tree_pss_peak_mb": -1, "own_peaks_mb": {}})
+        for pid, (p, _) in by.items():
+            key = f"{kind.get(pid, 'other')} {pid}"
+            rec["own_peaks_mb"][key] = max(rec["own_peaks_mb"].get(key, 0), p // MB)
+        if total // MB > rec["tree_pss_peak_mb"]:
+            rec.update(tree_pss_peak_mb=total // MB, at_s=round(t - t_start, 1), at_peak_mb={
+                f"{kind.get(pid, 'other')} {pid}": [p // MB, a // MB] for pid, (p, a) in sorted(by.items())})
+        if not line or t - t_start >= line[-1][0] + 5.0:
+            line.append([round(t - t_start, 1), st, {}])
+        per_kind: dict[str, int] = {}
+        for pid, (p, _) in by.items():
+            per_kind[kind.get(pid, "other")] = per_kind.get(kind.get(pid, "other"), 0) + p // MB
+        for k, v in per_kind.items():
+            line[-1][2][k] = max(line[-1][2].get(k, 0), v)
+    return {"pss_by_stage": stages, "pss_timeline_mb": line}
+
+
 def low_demand(line: list, below: float = 1.5, at_least: float = 1.0) -> list[dict]:
     """The spans of at least ``at_least`` s in which the tree's threads asked for fewer than ``below`` cores on
     average (a core idle on a quiet 2-core machine): where, for how long, and whose CPU it was."""
@@ -220,7 +262,7 @@ def one_run(code: Path | None, args: argparse.Namespace, tag: str) -> dict:
            "--dagster-home", str(scratch / "dagster_home"), "--json"]
     started, load0 = time.time(), os.getloadavg()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-    tl = Timeline(proc.pid)
+    tl = Timeline(proc.pid, pss=args.pss)
     tl.start()
     text, _ = proc.communicate()
     tl.stop()
@@ -233,7 +275,8 @@ def one_run(code: Path | None, args: argparse.Namespace, tag: str) -> dict:
             shutil.rmtree(scratch / d, ignore_errors=True)
     return {"code": str(code) if code else None, "load_avg_at_start": load0, "load_avg_at_end": os.getloadavg(),
             "seconds": summary["seconds"], "stage_seconds": summary["stage_seconds"], "samples": summary["samples"],
-            "verdict": summary["verdict"], "violations": summary["violations"], **analyse(tl, spans)}
+            "verdict": summary["verdict"], "violations": summary["violations"], **analyse(tl, spans),
+            **(memory(tl, spans) if args.pss else {})}
 
 
 def main() -> None:
@@ -246,6 +289,7 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=16384)
     ap.add_argument("--keep", action="store_true", help="keep each run's work, output and Dagster home (else removed)")
     ap.add_argument("--timeline", action="store_true", help="keep each run's timeline (5 s buckets) in the record")
+    ap.add_argument("--pss", action="store_true", help="each process's PSS too: the tree's peak per stage, whose")
     ap.add_argument("--results")
     args = ap.parse_args()
     out = ResultsFile(args.results, "e2e_timeline")
@@ -257,9 +301,13 @@ def main() -> None:
             rec = one_run(code, args, f"run{codes.index(code)}")
             if not args.timeline:
                 rec.pop("timeline_cores")
+                rec.pop("pss_timeline_mb", None)
             doc["runs"].append({"round": r, **rec})
             print(json.dumps({k: rec[k] for k in ("code", "seconds", "stage_seconds")}), flush=True)
             print(json.dumps(rec["stages"], indent=1), flush=True)
+            if args.pss:
+                print(json.dumps({k: {x: v[x] for x in ("tree_pss_peak_mb", "at_s", "at_peak_mb")}
+                                  for k, v in rec["pss_by_stage"].items()}), flush=True)
             out.write(doc)
     print(f"results: {out.path}")
 

@@ -3,7 +3,10 @@
 glibc's allocator keeps what Python and the libraries free on its heaps for reuse (it returns only a free top
 of the main heap on its own); Arrow's pool keeps its freed pages too. A process that goes on with less after a
 large phase then holds its peak through the next one: the audit's command held ~0.3 GiB of glibc heap with a
-quarter of it in use while its workers read the outputs (docs/benchmarks.md, issue 41, session 51).
+quarter of it in use while its workers read the outputs (docs/benchmarks.md, issue 41, session 51). Called by
+the audit between its phases, by each helper after its shard (it may then wait through the pack stages), by the
+command before the writer processes fork (they would share those pages) and by each writer job. Arrow's pool
+(mimalloc) gives back the calling thread's pages only: call it on the thread that did the work.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ..core.counting.profiles import ModelProfile
 from ..core.counting.token_lengths import run_token_lengths, token_lengths_are_current
+from ..core.handback import hand_back
 from ..core.nogc import no_cyclic_gc
 from ..core.preflight import listing
 from ..core.records import Scanned
@@ -47,6 +48,9 @@ def work_shard(flat: dict, shard: str, force: bool) -> int:
             # freed while the collector is still off: once back on, its first pass would walk every object the
             # scan kept (all still in its youngest generation), for nothing
             kept.samples.clear()
+        # what the shard's work freed, back to the system: a helper that has taken its last shard then waits
+        # through the pack stages (the write's above all) holding ~50 MB less (docs/benchmarks.md, issue 41)
+        hand_back()
         return scanned.samples
     except Exception as e:
         raise RuntimeError(f"{type(e).__name__}: {e}") from None

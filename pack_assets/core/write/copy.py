@@ -14,9 +14,8 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-import pyarrow as pa
-
 from .. import faults, owned, store
+from ..handback import hand_back
 from ..nogc import no_cyclic_gc
 from ..plan import PlanInfo
 from . import batches
@@ -114,7 +113,7 @@ def _load(work: str, root, rows, piece_rows, context: dict, split: frozenset,
     root = root if isinstance(root, dict) else Path(root)
     # the last job's Arrow memory, freed, back to the system: Arrow's pool keeps it for reuse, but this job's
     # DuckDB and Python objects do not come from it, so it stayed on top of them (docs/benchmarks.md, issue 41)
-    pa.default_memory_pool().release_unused()
+    hand_back()
     with store.connect(Path(work), read_only=True) as con:
         bulk = group_tables(con, [n for n in group if n not in split], rows)
         for name in group:
@@ -222,6 +221,8 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
           store.staged(work, WRITE_ROWS, split) if len(split) > 1 else contextlib.nullcontext() as piece_rows):
         root = input_root if isinstance(input_root, dict) else str(input_root)
         loader = functools.partial(_load, str(work), root, rows, piece_rows, context, frozenset(split))
+        if workers > 1:  # what the staging freed, not forked into the writers (they would share it, then copy it)
+            hand_back()
         results = write_all(out_dir, todo, context, workers=workers, progress=progress, loader=loader, done=done,
                             plan_fingerprint=info.fingerprint, last=last, samples=samples)
         if aside is not None:
