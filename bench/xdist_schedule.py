@@ -6,7 +6,7 @@ with each test taking its cost in seconds on its worker, and a worker's fixed st
 For comparing schedules and orders on a shared machine, where a whole run's wall clock says more about the load
 than about the order: each worker's busy seconds, the makespan and the seconds the first worker to finish waits.
 
-    python -P bench/xdist_schedule.py --costs run.tsv --order collect.txt [--slow-first tests/conftest.py]
+    python -P bench/xdist_schedule.py --costs run.tsv --order collect.txt [--wall] [--slow-first tests/conftest.py]
 """
 
 from __future__ import annotations
@@ -20,18 +20,19 @@ from pathlib import Path
 MIN_PENDING = 2  # xdist/scheduler/worksteal.py
 
 
-def read_costs(path: Path) -> dict[str, float]:
-    """node id -> CPU seconds (the last line for an id wins; `#` lines are the per-process totals)."""
+def read_costs(path: Path, wall: bool = False) -> dict[str, float]:
+    """node id -> CPU seconds, or with ``wall`` its wall seconds (end - start, the plugin's last two columns); the
+    last line for an id wins; `#` lines are the per-process totals."""
     out = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         if line and not line.startswith("#"):
             cols = line.split("\t")
-            out[cols[1]] = float(cols[0])
+            out[cols[1]] = float(cols[4]) - float(cols[3]) if wall else float(cols[0])
     return out
 
 
 def read_order(path: Path) -> list[str]:
-    return [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if "::" in ln and " " not in ln]
+    return [ln.rstrip("\n") for ln in path.read_text(encoding="utf-8").splitlines() if ln.startswith("tests/")]
 
 
 def simulate(order: list[str], cost: dict[str, float], nodes: int, dist: str, start: float = 0.0) -> dict:
@@ -121,10 +122,11 @@ def main() -> None:
     ap.add_argument("--costs", type=Path, required=True, help="a bench/pytest_cpu.py output (tsv)")
     ap.add_argument("--order", type=Path, required=True, help="`pytest --collect-only -q` output")
     ap.add_argument("--slow-first", type=Path, help="a conftest.py whose SLOW_FIRST list reorders the modules")
+    ap.add_argument("--wall", action="store_true", help="each test's wall seconds (end - start) instead of its CPU")
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--start", type=float, default=0.0, help="each worker's fixed start-up seconds (collection)")
     args = ap.parse_args()
-    cost, order = read_costs(args.costs), read_order(args.order)
+    cost, order = read_costs(args.costs, args.wall), read_order(args.order)
     if args.slow_first:
         order = slow_first(order, args.slow_first)
     total = sum(cost.get(t, 0.0) for t in order)
