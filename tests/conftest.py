@@ -67,12 +67,11 @@ def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 # Tests that look at the report's figures (their bytes, sizes, or the UI showing them): they draw them for real.
-# Every other test's runs draw a stand-in PNG (tests/figure_stand_in.py); commands run as subprocesses always
-# draw the real ones.
+# Every other test's runs draw a stand-in PNG (tests/figure_stand_in.py); `pack-assets` and `dagster` commands run
+# as subprocesses always draw the real ones.
 REAL_FIGURES = ("tests/test_drawing.py", "tests/test_ui.py",
                 "tests/test_packed_shards_and_audit.py::test_audit_passes_on_clean_output_and_counts_add_up",
                 "tests/test_cli.py::test_plan_and_simulate_on_a_lengths_file")
-FIGURES = ("draw_lengths", "draw_fill", "draw_reasons", "draw_distribution", "draw_fill_vs_max_len")
 
 
 @pytest.fixture(autouse=True)
@@ -87,7 +86,7 @@ def _figures_stand_in(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
 
     from pack_assets.core import report
 
-    for name in FIGURES:
+    for name in figure_stand_in.FIGURES:
         monkeypatch.setattr(report, name, figure_stand_in.draw)
 
 

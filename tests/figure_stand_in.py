@@ -3,11 +3,14 @@ pixels (tests/conftest.py swaps them in): a run of the tiny test inputs spends m
 `run_audit` and per what-if sweep drawing PNGs with matplotlib, in the test's process or in the command's
 helper processes. A module of its own, light to import: a helper process unpickles the function by its
 module's name, so the swap reaches the figures drawn there too. Tests that read figures keep the real
-functions (conftest.REAL_FIGURES), as does every command run as a subprocess."""
+functions (conftest.REAL_FIGURES), as does every `pack-assets` or `dagster` command run as a subprocess; the
+kill harnesses (fault_harness.py, lifecycle_harness.py) swap them in with `swap()`."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+FIGURES = ("draw_lengths", "draw_fill", "draw_reasons", "draw_distribution", "draw_fill_vs_max_len")
 
 # a valid 1 x 1 grey PNG: what the report links and inlines is still a PNG file at the figure's path
 PNG = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x00\x00\x00\x00:~\x9bU\x00\x00\x00"
@@ -21,3 +24,11 @@ def draw(data, path: Path) -> None:
     tmp = path.with_name(path.name + ".stand-in")
     tmp.write_bytes(PNG)
     tmp.replace(path)
+
+
+def swap() -> None:
+    """The report's figure functions replaced by `draw` in this process (a harness run as a subprocess)."""
+    from pack_assets.core import report
+
+    for name in FIGURES:
+        setattr(report, name, draw)
