@@ -18,12 +18,11 @@ PNG = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08
 
 
 def draw(data, path: Path) -> None:
-    """What a `draw_*` function leaves: a PNG file at ``path`` (its folder made), replaced whole."""
+    """What a `draw_*` function leaves: a PNG file at ``path`` (its folder made), written in place as matplotlib's
+    `savefig` writes it (no rename: tests/test_faults.py follows every rename to its folder's fsync)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".stand-in")
-    tmp.write_bytes(PNG)
-    tmp.replace(path)
+    path.write_bytes(PNG)
 
 
 def swap() -> None:
