@@ -29,6 +29,20 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = home
 
 
+# The modules holding the suite's longest tests, run first (each module's tests kept together and in their order,
+# the other modules after them in pytest's order): on several workers (pytest-xdist) the last tests handed out
+# are then short ones, so no worker runs a minute-long test alone at the end while the other waits.
+# bench/xdist_schedule.py replays the schedule from measured costs.
+SLOW_FIRST = ("test_lifecycle_property.py", "test_ui.py", "test_celery.py", "test_dagster.py", "test_faults.py",
+              "test_reliability.py", "test_packed_equals_unpacked.py", "test_trainers.py", "test_families.py",
+              "test_procount_videos.py", "test_processor_rule.py", "test_family_encoders.py", "test_chunkcount.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # a stable sort: the rest keep their order
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-snapshot", action="store_true", default=False,
                      help="rewrite tests/snapshots/asset_graph.json from the current definitions")
@@ -50,6 +64,30 @@ def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from family_fixtures import materialize
 
     return materialize(tmp_path_factory.mktemp("family_models"))
+
+
+# Tests that look at the report's figures (their bytes, sizes, or the UI showing them): they draw them for real.
+# Every other test's runs draw a stand-in PNG (tests/figure_stand_in.py); `pack-assets` and `dagster` commands run
+# as subprocesses always draw the real ones.
+REAL_FIGURES = ("tests/test_drawing.py", "tests/test_ui.py",
+                "tests/test_packed_shards_and_audit.py::test_audit_passes_on_clean_output_and_counts_add_up",
+                "tests/test_cli.py::test_plan_and_simulate_on_a_lengths_file")
+
+
+@pytest.fixture(autouse=True)
+def _figures_stand_in(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report's five figures drawn as a 1 x 1 PNG for the test, unless it is one of REAL_FIGURES: a PNG costs
+    ~0.25 CPU s with matplotlib, five per run of the tiny inputs, and most tests run the pipeline several times
+    without looking at one. In the test's process and in the command's helper processes (the swapped function
+    is pickled by its module's name, tests/figure_stand_in.py)."""
+    if request.node.nodeid.startswith(REAL_FIGURES):
+        return
+    import figure_stand_in
+
+    from pack_assets.core import report
+
+    for name in figure_stand_in.FIGURES:
+        monkeypatch.setattr(report, name, figure_stand_in.draw)
 
 
 def needs(missing: bool, reason: str) -> pytest.MarkDecorator:
