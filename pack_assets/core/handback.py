@@ -12,7 +12,6 @@ command before the writer processes fork (they would share those pages) and by e
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 
 import pyarrow as pa
@@ -22,7 +21,7 @@ import pyarrow as pa
 def _malloc_trim():
     """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
     try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or None).malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim  # the process's own symbols: no `find_library` subprocess
     except (OSError, AttributeError):
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
