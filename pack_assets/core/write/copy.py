@@ -111,8 +111,8 @@ def _load(work: str, root, rows, piece_rows, context: dict, split: frozenset,
     holding a piece of a split sample as a job (its pieces' conversations and `_meta` come from split_pieces,
     which the bulk queries do not read)."""
     root = root if isinstance(root, dict) else Path(root)
-    # the last job's Arrow memory, freed, back to the system: Arrow's pool keeps it for reuse, but this job's
-    # DuckDB and Python objects do not come from it, so it stayed on top of them (docs/benchmarks.md, issue 41)
+    # the last job's freed memory back to the system (Arrow's pool and glibc keep it for reuse, but this job's
+    # DuckDB and Python objects do not all come from them, so it stayed on top of them; docs/benchmarks.md, issue 41)
     hand_back()
     with store.connect(Path(work), read_only=True) as con:
         bulk = group_tables(con, [n for n in group if n not in split], rows)
