@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pack_assets.core.jsonform import SharedStrings, dumps, is_dumps_form
+from pack_assets.core.jsonform import dumps, is_dumps_form
 
 # characters escaped short, as \u00XX, or not at all (ASCII or not), and look-alikes of escapes
 _CHARS = ["a", " ", '"', "\\", "\n", "\t", "\r", "\b", "\f", "\x00", "\x07", "\x0b", "\x1f", "\x7e", "\x7f", "\x80",
@@ -64,35 +64,3 @@ def test_what_json_refuses_it_refuses():
     with pytest.raises(TypeError, match="not JSON serializable"):
         dumps({"a": object()})
     assert dumps("a\n") == json.dumps("a\n", ensure_ascii=False) and dumps(1.0) == "1.0"
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.dictionaries(_STRING, _VALUE, max_size=5), st.dictionaries(_STRING, _VALUE, max_size=3))
-def test_shared_strings_give_the_same_text_and_verdict(record, other):
-    """The scan's encoder escapes a string once per sample (the record's strings come back in its messages): each
-    dumps is still json.dumps's text, whether a string is escaped anew or taken from the memo, across values."""
-    shared = SharedStrings()
-    built_from = [record, {"m": [record, other]}, other]  # the second repeats every string of the first
-    for value in built_from:
-        assert shared.dumps(value) == json.dumps(value, ensure_ascii=False)
-        for text in _forms(value):
-            loaded = json.loads(text)
-            assert shared.is_dumps_form(text, loaded) == (json.dumps(loaded, ensure_ascii=False) == text), text
-    shared.forget()
-    assert shared.dumps(other) == json.dumps(other, ensure_ascii=False)
-
-
-def test_shared_strings_are_forgotten_and_equal_strings_escape_alike():
-    shared = SharedStrings()
-    rec = {"conversations": [{"from": "human", "value": "<image>\n\"q\" 中"}, {"from": "gpt", "value": "a\tb\x7f"}]}
-    text = json.dumps(rec, ensure_ascii=False)
-    assert shared.is_dumps_form(text, json.loads(text))
-    answer = "".join(list(rec["conversations"][1]["value"]))  # equal to the record's string, not the same object
-    messages = [{"role": "assistant", "content": [{"type": "text", "text": answer}]}]
-    assert shared.dumps(messages) == json.dumps(messages, ensure_ascii=False)
-    assert shared._escape.cache_info().hits > 0  # the answer (and keys) came from the memo
-    shared.forget()
-    assert shared._escape.cache_info().currsize == 0
-    assert shared.dumps("x\n") == json.dumps("x\n", ensure_ascii=False) and shared.dumps(2.5) == "2.5"
-    with pytest.raises(TypeError, match="not JSON serializable"):
-        shared.dumps({"a": object()})

@@ -382,19 +382,3 @@ def test_the_header_checksum_sums_every_byte_of_a_block():
     blocks = [bytes(512), b"\xff" * 512, b"\xff" * 256 + bytes(256)]
     blocks += [bytes(rng.randrange(256) for _ in range(512)) for _ in range(300)]
     assert [header_sum(b) for b in blocks] == [sum(b) for b in blocks]
-
-
-def test_conversation_and_record_form_are_json_dumps_with_strings_escaped_once_per_sample(tmp_path):
-    """The scan escapes each string of a sample once (the record's, then its messages', which share them):
-    every sample's conversation is still json.dumps of its messages and `record_exact` json.dumps's verdict,
-    for records in and out of that form and a sample whose strings equal the one before it."""
-    recs = [chat("<q> \"quoted\" 中文\ttab", "same\nanswer", images=1), chat("q2", "same\nanswer"),
-            {"messages": [{"role": "user", "content": "same\nanswer"}, {"role": "assistant", "content": "é\x7f"}]}]
-    texts = [json.dumps(recs[0], ensure_ascii=False), json.dumps(recs[1]), json.dumps(recs[2])]  # the last: \u escapes
-    members = [("a.json", texts[0]), ("a.jpg", image_bytes()), ("b.json", texts[1]), ("c.json", texts[2])]
-    samples, _ = scan(write_tar(tmp_path / "s.tar", members))
-    assert [s.status for s in samples] == ["ok"] * 3
-    for s, text in zip(samples, texts):
-        assert s.conversation == json.dumps(s.messages, ensure_ascii=False)
-        assert s.record_exact == (json.dumps(json.loads(text), ensure_ascii=False) == text)
-    assert [s.record_exact for s in samples] == [True, True, False]

@@ -9,7 +9,6 @@ with ``json.dumps`` on values built to break it.
 
 from __future__ import annotations
 
-import functools
 import json
 from json.encoder import c_encode_basestring, c_make_encoder
 
@@ -31,31 +30,3 @@ def dumps(value) -> str:
 def is_dumps_form(text: str, value) -> bool:
     """``json.dumps(value, ensure_ascii=False) == text``, ``value`` being ``json.loads(text)``."""
     return dumps(value) == text
-
-
-class SharedStrings:
-    """``dumps`` and ``is_dumps_form`` of values that share strings (a sample's record, then the messages made
-    from it, whose turns hold the record's own strings): each distinct string is escaped once until ``forget``.
-    The escaping is per character (about half the scan's JSON time: docs/benchmarks.md, issue 41), and an
-    escaped string is looked up by equality, so the text is the same as ``dumps``'s. ``forget`` between samples
-    keeps only one sample's strings."""
-
-    def __init__(self) -> None:
-        self._escape = functools.lru_cache(maxsize=None)(c_encode_basestring) if _ENCODE is not None else None
-        self._encode = c_make_encoder(None, _TEXT.default, self._escape, None, _TEXT.key_separator,
-                                      _TEXT.item_separator, _TEXT.sort_keys, _TEXT.skipkeys, _TEXT.allow_nan) \
-            if self._escape is not None else None
-
-    def forget(self) -> None:
-        if self._escape is not None:
-            self._escape.cache_clear()
-
-    def dumps(self, value) -> str:
-        """``dumps(value)``."""
-        if self._encode is None or type(value) not in (dict, list):
-            return _TEXT.encode(value)
-        return "".join(self._encode(value, 0))
-
-    def is_dumps_form(self, text: str, value) -> bool:
-        """``is_dumps_form(text, value)``."""
-        return self.dumps(value) == text

@@ -38,7 +38,6 @@ class _Reader:
 
     def __init__(self, f, options: ScanOptions):
         self.f, self.fd, self.options = f, f.fileno(), options
-        self.json = jsonform.SharedStrings()  # a sample's record and conversation escape each string once
 
     def read(self, e: Entry, limit: int | None = None) -> bytes:
         size = e.size if limit is None else min(e.size, limit)
@@ -143,7 +142,7 @@ def _hash_members(sample: Sample, entries: list[Entry], parts: _Parts, reader: _
 
 
 def _read_record(sample: Sample, entries: list[Entry], parts: _Parts, small: dict[str, bytes],
-                 options: ScanOptions, shared: jsonform.SharedStrings) -> tuple[dict, str | None]:
+                 options: ScanOptions) -> tuple[dict, str | None]:
     """The parsed JSON record (``{}`` without one) and the caption text (None without one)."""
     if parts.json is None and parts.caption is None:
         raise ReasonError("missing_json", f"members: {[e.name for e in entries][:8]}")
@@ -164,7 +163,7 @@ def _read_record(sample: Sample, entries: list[Entry], parts: _Parts, small: dic
         if not isinstance(record, dict):
             raise ReasonError("json_not_object", f"{name} holds a {type(record).__name__}")
         sample.json_member = name
-        sample.record_exact = shared.is_dumps_form(text, record)  # json.dumps(record, ensure_ascii=False)'s text
+        sample.record_exact = jsonform.is_dumps_form(text, record)  # json.dumps(record, ensure_ascii=False)'s text
     if parts.caption is not None:
         try:
             caption = small[parts.caption.name].decode("utf-8")
@@ -225,12 +224,11 @@ def classify(
 ) -> tuple[Sample, Rejection | None]:
     """One sample: members with offsets/hashes, its conversation and media metadata, or a reason."""
     sample = Sample(sample_id=f"{shard}/{key}", shard=shard, key=key)
-    reader.json.forget()  # the strings of the sample before
     try:
         _check_entries(entries, options)
         parts = _find_parts(entries)
         small = _hash_members(sample, entries, parts, reader, options)
-        record, caption = _read_record(sample, entries, parts, small, options, reader.json)
+        record, caption = _read_record(sample, entries, parts, small, options)
         messages = _conversation(record, caption, parts, options)
         _measure_images(sample, parts.images, small, reader)
         video_meta = _video_metas(parts.videos, reader)
@@ -244,7 +242,7 @@ def classify(
     # every other member (a .cls, a second JSON, an image the record does not name) travels with the sample
     used = {sample.json_member, *sample.media_members}
     sample.extra_members = [e.name for e in entries if e.name not in used]
-    sample.conversation = reader.json.dumps(messages)
+    sample.conversation = jsonform.dumps(messages)
     sample.messages = messages
     sample.videos = json.dumps(video_meta) if video_meta else "[]"
     return sample, None
