@@ -26,9 +26,11 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
+from ..chatkw import as_dict
 from ..reasons import ReasonError
 from .chunkcount import ChunkCounts, tokenizer_rule
 from .profiles import ModelProfile
+from .rendermemo import ShapeMemo, memo_for
 from .tokenizers import byte_level_chunk_rule, fast_counter_for, load_tokenizer, tokenizer_for
 from .vision import VideoCount, image_tokens, media_crops, media_image_tokens, sampled_frames, video_count
 
@@ -109,6 +111,11 @@ def _template(source: str) -> jinja2.Template:
     return template
 
 
+@functools.lru_cache(maxsize=8)  # per process: every shard's counter shares the shapes learned
+def _render_memo(source: str, template_vars: tuple, template_kwargs: str) -> ShapeMemo | None:
+    return memo_for(source, _environment, {**dict(template_vars), **as_dict(template_kwargs)})
+
+
 def _environment() -> _ChatSandbox:
     """The Jinja environment transformers' ``apply_chat_template`` renders with."""
 
@@ -174,7 +181,8 @@ class TokenCounter:
     equals it on any text), so the sums are the same either way.
     """
 
-    def __init__(self, profile: ModelProfile, backend: str = "auto", chunk_cache: bool = True):
+    def __init__(self, profile: ModelProfile, backend: str = "auto", chunk_cache: bool = True,
+                 render_memo: bool = True):
         if profile.rule == "processor":
             raise ValueError(f"{profile.name} is counted by its own processor (core/counting/procount.py), not the "
                              "fast rule: count with counters.counter_for(profile)")
@@ -183,6 +191,9 @@ class TokenCounter:
         self.template = _template(profile.chat_template)
         # as transformers renders: the tokenizer's named tokens, then chat_template_kwargs over them
         self._variables = {**dict(profile.template_vars), **profile.template_kwargs}
+        # plain messages rendered from their shape (core/counting/rendermemo.py): the same text, without a render
+        self._memo = _render_memo(profile.chat_template, profile.template_vars, profile.chat_template_kwargs) \
+            if render_memo else None
         self.fast = fast_counter_for(profile) if backend in ("auto", "tiktoken") else None
         if backend == "tiktoken" and self.fast is None:
             raise ValueError(f"the tokenizer of {profile.name} cannot run on tiktoken")
@@ -217,6 +228,10 @@ class TokenCounter:
     def render(self, messages: list[dict], tools: list | None = None) -> str:
         if tools is None and messages and messages[0].get("tools"):
             tools = messages[0]["tools"]  # the record's tools ride on the first message (see conversation.py)
+        if tools is None and self._memo is not None:
+            text = self._memo.render(messages)
+            if text is not None:
+                return text
         return self.template.render(messages=messages, tools=tools, add_generation_prompt=False, **self._variables)
 
     def _expand(self, text: str, image_sizes) -> tuple[str, int, int]:
