@@ -32,7 +32,7 @@ _MAX_SHAPES = 4096
 _CAPTURES = (nodes.AssignBlock, nodes.FilterBlock, nodes.Macro, nodes.CallBlock, nodes.Block, nodes.Include,
              nodes.Import, nodes.FromImport, nodes.Extends, nodes.Scope, nodes.OverlayScope,
              nodes.EvalContextModifier, nodes.ScopedEvalContextModifier)
-_UNSURE_NAMES = frozenset(("strftime_now", "lipsum", "caller", "super", "self", "loop_recurse"))
+_UNSURE_NAMES = frozenset(("strftime_now", "lipsum", "caller", "super", "self"))
 _MEDIA = frozenset(("image", "video"))
 _ROLE_CONTENT, _TYPE_TEXT, _TYPE = ("role", "content"), ("type", "text"), ("type",)
 
