@@ -11,14 +11,17 @@ shards of ~313k samples), 200 of /work/bench10m's shards (2M samples) give the s
 Per code: the writer's main process's VmHWM, the largest writer process's VmHWM, the tree's RSS summed and
 PSS at their peaks, the wall seconds, the CPU seconds of the whole tree (the writer processes' included), and
 whether the outputs are equal. ``--rounds N``: N runs of each code, the two alternating which goes first, for a
-paired CPU figure (this / baseline per round; a shared machine's wall seconds say little). Writes a new file
-under bench/results (--results).
+paired CPU figure (this / baseline per round; a shared machine's wall seconds say little). ``--job``: instead of
+the stage, its largest writer job alone (rows staged once by this code), each code in a fresh process: the job's
+CPU seconds and the process's VmRSS and VmHWM at the end of each phase (each query's rows read, the shard
+prepared, written). Writes a new file under bench/results (--results).
 """
 
 from __future__ import annotations
 
 import argparse
 import filecmp
+import json
 import os
 import resource
 import shutil
@@ -42,6 +45,67 @@ from pathlib import Path
 from pack_assets.core.write import run_write
 run_write(Path(sys.argv[3]), Path(sys.argv[2]), Path(sys.argv[4]), workers=int(sys.argv[5]))
 """
+
+# ``--job``: one writer job (`copy._load` then `copy._write_group`, as a writer process runs it) in a fresh process,
+# on rows staged once for both codes; the process's VmRSS and VmHWM read at each phase's end (VmHWM, the kernel's
+# high-water mark, is the peak up to then, exact whatever a sampler misses)
+JOB = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from pack_assets.core import store
+from pack_assets.core.plan import PlanInfo
+from pack_assets.core.write import batches, bulk, copy, shard, shared
+def status():
+    f = dict(line.split(":", 1) for line in open("/proc/self/status") if line.startswith(("VmRSS", "VmHWM")))
+    return {k: int(v.split()[0]) >> 10 for k, v in f.items()}
+phases = []
+def mark(name):
+    phases.append({"after": name, **status()})
+def wrapped(f, name):
+    def g(*a, **k):
+        got = f(*a, **k)
+        mark(name(*a) if callable(name) else name)
+        return got
+    return g
+bulk.group_table = wrapped(bulk.group_table, lambda con, queries, query, *a: f"read {query}")
+copy._prepared = wrapped(copy._prepared, "prepared (fingerprint, first batch)")
+shard.end_shard = wrapped(shard.end_shard, "written")
+work, rows, group, out = Path(sys.argv[2]), store.Staged(Path(sys.argv[4])), json.loads(sys.argv[5]), sys.argv[6]
+with store.connect(work, read_only=True) as con:
+    context = shared.write_context(PlanInfo.load(con))
+mark("start")
+t0 = time.process_time()
+done = copy._write_group((out, group, context, lambda g: copy._load(str(work), sys.argv[3], rows, None, context,
+                                                                     frozenset(), g)))
+print(json.dumps({"cpu_s": round(time.process_time() - t0, 2), "samples": sum(r.samples for r in done),
+                  "phases_mb": phases}))
+"""
+
+
+def one_job(codes: list, args: argparse.Namespace, out: Path, results) -> None:
+    """``--job``: the largest writer job of the work folder, each code in turn (--rounds, alternating)."""
+    sys.path.insert(0, str(REPO))
+    from pack_assets.core import store
+    from pack_assets.core.write.bulk import STAGED_BATCHES, bulk_rows
+    from pack_assets.core.write.copy import shard_samples, writer_groups
+    from pack_assets.core.write.shared import planned_shards
+    work = Path(args.work)
+    with store.connect(work, read_only=True) as con:
+        samples, queries = shard_samples(con), bulk_rows(con)
+        groups = writer_groups(planned_shards(con), args.workers, samples)
+    job = max(groups, key=lambda g: sum(samples[n] for n in g))
+    with store.staged(work, queries, sum(groups, []), groups=groups, batch_rows=STAGED_BATCHES) as rows:
+        for r in range(args.rounds):
+            for name, src in codes if r % 2 == 0 else codes[::-1]:
+                shutil.rmtree(out / name, ignore_errors=True)
+                (out / name).mkdir(parents=True)
+                got = subprocess.run([sys.executable, "-P", "-c", JOB, str(src), str(work), args.input, str(rows.root),
+                                      json.dumps(job), str(out / name)], capture_output=True, text=True)
+                if got.returncode != 0:
+                    raise SystemExit(got.stderr[-3000:])
+                results({"round": r, "code": name, "job": job, **json.loads(got.stdout)})
+            results({"round": r, "outputs_equal": same_files(out / "this", out / "baseline")})
 
 
 def measure(src: Path, work: Path, inp: Path, out: Path, workers: int) -> dict:
@@ -86,6 +150,7 @@ def main() -> None:
     ap.add_argument("--baseline-src", required=True, help="a copy of the baseline's pack_assets' parent folder")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1, help="runs of each code, alternating which goes first")
+    ap.add_argument("--job", action="store_true", help="one writer job's phases (JOB), not the stage")
     ap.add_argument("--label", default="")
     ap.add_argument("--results", default=None, help="results file or folder (default: a new file in bench/results)")
     args = ap.parse_args()
@@ -95,6 +160,9 @@ def main() -> None:
     results({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "label": args.label, "work": args.work,
              "workers": args.workers})
     codes = (("this", REPO), ("baseline", Path(args.baseline_src)))
+    if args.job:
+        one_job(list(codes), args, out, results)
+        return
     ratios = []
     for r in range(args.rounds):
         got = {}

@@ -76,6 +76,16 @@ def _pss(pid: int) -> tuple[int, int]:
     return f.get("Pss", 0), f.get("Pss_Anon", 0)
 
 
+def _hwm(pid: int) -> int:
+    """A process's VmHWM (the kernel's high-water mark of its RSS) in bytes, 0 when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    at = text.find("VmHWM:")
+    return int(text[at + 6:text.index("\n", at)].split()[0]) * 1024 if at >= 0 else 0
+
+
 def _machine_busy() -> float:
     """The whole machine's busy CPU seconds (every core's time that is not idle or iowait)."""
     f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -95,6 +105,7 @@ class Timeline(threading.Thread):
         self.procs: dict[int, dict] = {}
         self.last: dict[int, float] = {}
         self.ready: dict[int, float] = {}  # pid → its threads' runnable seconds (on a core or queued), last seen
+        self.hwm: dict[int, int] = {}  # pid → its VmHWM last seen (with pss)
 
     def run(self) -> None:
         while not self.halt.is_set():
@@ -121,6 +132,9 @@ class Timeline(threading.Thread):
         self.points.append((now, _machine_busy(), dict(self.last), runnable, sum(self.ready.values())))
         if self.with_pss:
             self.pss.append((now, {pid: _pss(pid) for pid in tree if pid in seen}))
+            for pid in tree:
+                if pid in seen and (h := _hwm(pid)):
+                    self.hwm[pid] = h
 
     def stop(self) -> None:
         self.halt.set()
@@ -186,8 +200,9 @@ def analyse(tl: Timeline, spans: list[tuple[str, float, float]]) -> dict:
 
 def memory(tl: Timeline, spans: list[tuple[str, float, float]]) -> dict:
     """Per stage: the tree's PSS peak (MiB), when (s from the start), and each process's PSS and anonymous PSS at
-    that moment (by pid, with its kind); each process's own PSS peak in the stage; and the 5 s buckets of each
-    kind's PSS summed (the bucket's largest sample)."""
+    that moment (by pid, with its kind); each process's own PSS peak in the stage; the 5 s buckets of each
+    kind's PSS summed (the bucket's largest sample); and each process's VmHWM as last seen (`vmhwm_mb`: the
+    kernel's high-water mark of its RSS, exact whatever the sampling misses)."""
     kind, t_start = kinds(tl, spans), tl.points[0][0] if tl.points else 0.0
     stages: dict[str, dict] = {}
     line: list = []
@@ -208,7 +223,8 @@ def memory(tl: Timeline, spans: list[tuple[str, float, float]]) -> dict:
             per_kind[kind.get(pid, "other")] = per_kind.get(kind.get(pid, "other"), 0) + p // MB
         for k, v in per_kind.items():
             line[-1][2][k] = max(line[-1][2].get(k, 0), v)
-    return {"pss_by_stage": stages, "pss_timeline_mb": line}
+    return {"pss_by_stage": stages, "pss_timeline_mb": line,
+            "vmhwm_mb": {f"{kind.get(pid, 'other')} {pid}": h // MB for pid, h in sorted(tl.hwm.items())}}
 
 
 def low_demand(line: list, below: float = 1.5, at_least: float = 1.0) -> list[dict]:
@@ -308,6 +324,7 @@ def main() -> None:
             if args.pss:
                 print(json.dumps({k: {x: v[x] for x in ("tree_pss_peak_mb", "at_s", "at_peak_mb")}
                                   for k, v in rec["pss_by_stage"].items()}), flush=True)
+                print(json.dumps({"vmhwm_mb": rec["vmhwm_mb"]}), flush=True)
             out.write(doc)
     print(f"results: {out.path}")
 

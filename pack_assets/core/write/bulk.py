@@ -132,9 +132,12 @@ def _transposed(rows: list[tuple], width: int) -> list[list]:
     return list(map(list, zip(*rows))) if rows else [[] for _ in range(width)]
 
 
-def _by_shard(table) -> dict:
-    """An Arrow table's rows (output_shard first, ordered by it) per output shard: slices of it, made Python lists
-    shard by shard (`_lists`) as each is prepared, not all of a job's at once."""
+def _by_shard(table, group: list[str]) -> dict:
+    """An Arrow table's rows (output_shard first, ordered by it) per output shard of ``group``: slices of it,
+    made Python lists shard by shard (`_lists`) as each is prepared, not all of a job's at once. A group of one
+    shard: the table as it is (in any order, `group_table`'s ``ordered``)."""
+    if len(group) == 1:
+        return {group[0]: table} if table.num_rows else {}
     runs, at = {}, 0
     for k, g in groupby(table.column(0).to_pylist()):
         n = sum(1 for _ in g)
@@ -150,11 +153,13 @@ def _lists(part, width: int) -> list[list]:
 
 
 def group_table(con, queries: dict[str, str], query: str, group: list[str], rows: store.Staged | None = None,
-                order_by: str = ""):
+                order_by: str = "", ordered: bool = True):
     """A group of output shards' rows of ``queries[query]``, ``output_shard`` first, ordered by it then by
     ``order_by``, as an Arrow table (its columns become Python lists one call each, not a tuple per row): from
-    the group's staged file (`store.staged(..., groups=)`), or by one query for the group."""
-    order = "output_shard" + (f", {order_by}" if order_by else "")
+    the group's staged file (`store.staged(..., groups=)`), or by one query for the group. Not ``ordered``, a
+    group of one shard's rows come in any order, as read: no sort, whose rows DuckDB would hold beside the
+    table (a 313k-sample shard's conversations: ~60 MiB more at the job's peak, docs/benchmarks.md)."""
+    order = "" if not ordered and len(group) == 1 else "output_shard" + (f", {order_by}" if order_by else "")
     if rows is not None:
         found = rows.table(con, query, group[0], order)
         if found is not None:
@@ -162,7 +167,7 @@ def group_table(con, queries: dict[str, str], query: str, group: list[str], rows
         sql, group = queries[query].replace("{shards}", "false"), []  # the query had no row for this group
     else:
         sql = queries[query].replace("{shards}", f"p.output_shard IN ({', '.join('?' * len(group))})")
-    return con.sql(f"{sql} ORDER BY {order}", params=group).to_arrow_table()
+    return con.sql(f"{sql} ORDER BY {order}" if order else sql, params=group).to_arrow_table()
 
 
 def group_tables(con, group: list[str], rows: store.Staged | None = None) -> Iterator[tuple]:
@@ -171,9 +176,11 @@ def group_tables(con, group: list[str], rows: store.Staged | None = None) -> Ite
     groups=)`, or one query): a writer's job reads the catalog once, not once per output shard. Staged, a
     job reads no manifest file: a sample whose conversation the staging did not find is a KeyError."""
     queries = bulk_rows(con)
-    samples = _by_shard(group_table(con, queries, "samples", group, rows, order_by="pack_id, position"))
-    members = _by_shard(group_table(con, queries, "members", group, rows, order_by="pack_id, position, kind, i"))
-    conversations = _by_shard(group_table(con, queries, "conversations", group, rows))
+    samples = _by_shard(group_table(con, queries, "samples", group, rows, order_by="pack_id, position"), group)
+    members = _by_shard(group_table(con, queries, "members", group, rows, order_by="pack_id, position, kind, i"),
+                        group)
+    # looked up by sample id (`_columns`, `batches.StreamShard`): a shard's in any order
+    conversations = _by_shard(group_table(con, queries, "conversations", group, rows, ordered=False), group)
     for name in group:
         yield name, samples.pop(name, None), members.pop(name, None), conversations.pop(name, None)
 
