@@ -148,8 +148,8 @@ time.sleep(60)
 
     started = []
     with pytest.raises(KeyError), Helpers(1) as helpers:
+        helpers.pool.submit(time.sleep, 60)  # (first: its fork waits for the fork server's imports)
         futures = [helpers.scan.submit(time.sleep, 0.5) for _ in range(20)]
-        helpers.pool.submit(time.sleep, 60)
         started = [*(helpers.scan._processes or {}), *(helpers.pool._processes or {})]
         raise KeyError("the command failed")
     assert started and not any(_alive(p) for p in started)
