@@ -3,7 +3,7 @@ this small process as the CLI forks its own) runs `shardwork.work_shard` on the 
 phase reports its PSS by mapping (glibc's [heap], other anonymous memory, files), pymalloc's arenas, glibc's
 mallinfo2, Arrow's pool, the modules imported and the objects the collector tracks.
 
-    python -P bench/helper_memory.py <input shards folder> <scratch work folder> <a> <b> > <results json>
+    python -P bench/helper_memory.py <input shards folder> <scratch work folder> <a> <b> [<new results file>]
 """
 import ctypes
 import gc
@@ -14,8 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from pack_assets.core.settings import Settings
-from pack_assets.runner import procs, shardwork
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pack_assets.core.settings import Settings  # noqa: E402
+from pack_assets.runner import procs, shardwork  # noqa: E402
 
 MB = 1 << 20
 
@@ -112,4 +113,9 @@ if __name__ == "__main__":
         out.append(h.pool.submit(trim_and_collect, "gc.collect + hand_back").result())
         from pack_assets.core import drawing
         out.append(h.pool.submit(after, "matplotlib warm", drawing._warm).result())
-    print(json.dumps(out, indent=1))
+    if len(sys.argv) > 5:
+        from common import ResultsFile
+
+        print(ResultsFile(sys.argv[5], "helper_memory").write(out))
+    else:
+        print(json.dumps(out, indent=1))
