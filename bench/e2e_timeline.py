@@ -273,7 +273,9 @@ def one_run(code: Path | None, args: argparse.Namespace, tag: str) -> dict:
     env = dict(os.environ)
     if code is not None:
         env["PYTHONPATH"] = str(code)
-    cmd = [sys.executable, "-m", "pack_assets.cli", "run", "--input", str(args.input), "--max-len",
+    # -P: `python -m` puts the working folder first on sys.path, so run from a checkout every --code would import
+    # that checkout's package whatever PYTHONPATH says
+    cmd = [sys.executable, "-P", "-m", "pack_assets.cli", "run", "--input", str(args.input), "--max-len",
            str(args.max_len), "--work", str(scratch / "work"), "--output", str(scratch / "packed"),
            "--dagster-home", str(scratch / "dagster_home"), "--json"]
     started, load0 = time.time(), os.getloadavg()

@@ -71,15 +71,17 @@ def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 # as subprocesses always draw the real ones.
 REAL_FIGURES = ("tests/test_drawing.py", "tests/test_ui.py",
                 "tests/test_packed_shards_and_audit.py::test_audit_passes_on_clean_output_and_counts_add_up",
-                "tests/test_cli.py::test_plan_and_simulate_on_a_lengths_file")
+                "tests/test_cli.py::test_plan_and_simulate_on_a_lengths_file",
+                "tests/test_dagster.py::test_shard_workers_scan_before_dagster_and_the_runs_record_every_shard")
 
 
 @pytest.fixture(autouse=True)
 def _figures_stand_in(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """The report's five figures drawn as a 1 x 1 PNG for the test, unless it is one of REAL_FIGURES: a PNG costs
     ~0.25 CPU s with matplotlib, five per run of the tiny inputs, and most tests run the pipeline several times
-    without looking at one. In the test's process and in the command's helper processes (the swapped function
-    is pickled by its module's name, tests/figure_stand_in.py)."""
+    without looking at one. In the test's process and for the figures it hands to the command's helper processes
+    (the swapped function is pickled by its module's name, tests/figure_stand_in.py); not for the what-if's two,
+    which a side helper draws with its own module's functions (forked from a fork server: no swap there)."""
     if request.node.nodeid.startswith(REAL_FIGURES):
         return
     import figure_stand_in

@@ -306,9 +306,11 @@ def test_shard_workers_scan_before_dagster_and_the_runs_record_every_shard(tmp_p
     assert work.todo == ["part-000", "part-001", "part-002"] and shardwork.helpers_for(work, 2) == 2
     with Helpers(2) as helpers:
         shardwork.start(work, settings, helpers)
+        scanners = list(helpers.scan._processes)
         instance = instance_for(tmp_path / "dh")
         lines = []
-        summary = run_pipeline(settings, instance, log=lines.append, work=work)
+        summary = run_pipeline(settings, instance, log=lines.append, work=work, pool=helpers.pool)
+        assert scanners and not any(Path(f"/proc/{p}").exists() for p in scanners)  # ended with the shards
     assert summary["shard_runs"] == 3 and summary["jobs"] == 2 and summary["violations"] == 0
     assert summary["samples"] == 30 and summary["rejected"] == 3
     done = [ln for ln in lines if "scanned and counted" in ln]  # as the two helpers finish them
@@ -330,6 +332,14 @@ def test_shard_workers_scan_before_dagster_and_the_runs_record_every_shard(tmp_p
                             jobs=1)
     assert ((other / "work" / "pack_plan.jsonl").read_text() == (tmp_path / "work" / "pack_plan.jsonl").read_text())
     assert in_steps["packs"] == summary["packs"]
+    # the side work (the what-if sweep, the audit's recount and figures) done by the side helpers: as in line
+    audited = [json.loads((w / "audited_shards.json").read_text()) for w in (tmp_path / "work", other / "work")]
+    assert in_steps["violations"] == 0 and audited[0]["versions"] == audited[1]["versions"]
+    assert audited[0]["recount_fraction"] == audited[1]["recount_fraction"] > 0
+    plots = sorted(p.name for p in (tmp_path / "work" / "plots").glob("*.png"))
+    assert len(plots) >= 5 and plots == sorted(p.name for p in (other / "work" / "plots").glob("*.png"))
+    for name in plots:
+        assert (tmp_path / "work" / "plots" / name).read_bytes() == (other / "work" / "plots" / name).read_bytes(), name
 
 
 def test_a_shard_step_that_fails_in_the_run_with_the_pack_assets_stops_before_the_plan(tmp_path, monkeypatch):

@@ -38,11 +38,3 @@ def run_aside(pool: Executor | None, fn: Callable, *args) -> Aside:
     except Exception as e:
         done.set_exception(e)
     return Aside(done, fn, args)
-
-
-def warm_aside(pool: Executor | None, fn: Callable, n: int = 1) -> None:
-    """Have ``n`` of the pool's processes run fn() now (its imports); nothing without a pool."""
-    if pool is not None:
-        with contextlib.suppress(BrokenExecutor, RuntimeError):
-            for _ in range(n):
-                pool.submit(fn)

@@ -2,10 +2,9 @@
 processes, runner/procs.py).
 
 Drawing costs matplotlib's import and a good part of a second per figure, all holding the GIL. `pack-assets
-run` gives it to its helpers once they have scanned the shards: they import matplotlib (`warm()`) while
-Dagster records the shards and the plan is made, and draw the audit's figures while the audit reads the
-outputs back. The caller computes what a figure shows (small arrays: histograms, not samples) and sends
-that with the path."""
+run` gives it to its side helpers, each forked for its task from a server that imported matplotlib once: they
+draw the what-if figures while the plan is made and the audit's while the audit reads the outputs back. The
+caller computes what a figure shows (small arrays: histograms, not samples) and sends that with the path."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .aside import Aside, run_aside, warm_aside
+from .aside import Aside, run_aside
 
 
 @dataclass
@@ -39,18 +38,3 @@ class Drawn:
 def draw(pool: Executor | None, fn: Callable, data, path: Path) -> Drawn:
     """fn(data, path) by ``pool``, else now (its errors raised by `wait()`)."""
     return Drawn(run_aside(pool, fn, data, path), path)
-
-
-def _warm() -> None:
-    """Import matplotlib and draw one figure (fonts, Agg) before the first is asked for."""
-    import io
-
-    from matplotlib.figure import Figure
-
-    Figure(figsize=(1, 1)).subplots().figure.savefig(io.BytesIO(), format="png", dpi=20)
-
-
-def warm(pool: Executor | None, n: int = 1) -> None:
-    """Have ``n`` of the pool's processes import matplotlib now (nothing without a pool): called once the shards
-    are done, so the import takes a core the scan no longer needs."""
-    warm_aside(pool, _warm, n)

@@ -62,8 +62,8 @@ def recount(con, info: PlanInfo, fraction: float, trusted: frozenset[str] = froz
     """Count again, from the manifest rows, the samples whose id hashes below ``fraction``, except those
     packed in the ``trusted`` output shards (same content and profile as at a clean audit whose recount
     covered at least this fraction: counting them again would give what it gave). Counted by ``pool`` (the
-    command's helpers: their tokenizer usually loaded already, by the shards they counted), else now, while
-    the caller reads the outputs back; returns what records the outcome in the audit's result."""
+    command's side helpers: one that loads the tokenizer for it and then ends), else now, while the caller
+    reads the outputs back; returns what records the outcome in the audit's result."""
     if fraction <= 0:
         return lambda result: None
     try:

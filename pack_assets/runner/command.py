@@ -23,9 +23,10 @@ def run(settings: Settings, shards: list[str], home: Path, command: str = "run",
     bars = StageBars()
     with work_lock(settings.work, f"pack-assets {command}"):  # a second run on this work folder refuses
         work = shardwork.find(settings, force=force, shards=shards)
-        # helper processes, forked now: they scan and count the shards while Dagster is imported below, then
-        # simulate the what-if sweep, recount the audit's samples and draw the report's figures
-        with Helpers(shardwork.helpers_for(work, jobs)) as helpers:
+        # helper processes: scanners forked now, which scan and count the shards while Dagster is imported
+        # below and then end; side helpers (from a fork server), which simulate the what-if sweep, recount the
+        # audit's samples and draw the report's figures
+        with Helpers(shardwork.helpers_for(work, jobs), scan=bool(work.todo)) as helpers:
             shardwork.start(work, settings, helpers, force=force)
             if ensure_dagster_yaml(home):
                 print(f"new Dagster home {home}: wrote dagster.yaml (telemetry off, concurrency pools)",

@@ -13,7 +13,7 @@ from pathlib import Path
 import dagster as dg
 
 from .. import events
-from ..core import drawing, filedigest, store
+from ..core import filedigest, store
 from ..core.plan import PlanSummary
 from ..core.results import AuditResult
 from ..core.settings import Settings
@@ -159,23 +159,19 @@ def _sync_partitions(instance: dg.DagsterInstance, root: Path, shards: list[str]
 
 def _shard_runs(todo: list[str], order: list[str], jobs: int, flat: dict, progress_log,
                 instance: dg.DagsterInstance | None = None, work: ShardWork | None = None,
-                then_pack=None, pack_assets: list | None = None, pool: Executor | None = None
-                ) -> dg.ExecuteInProcessResult | None:
+                then_pack=None, pack_assets: list | None = None) -> dg.ExecuteInProcessResult | None:
     """Scan and count the shards of `todo`: one Dagster run per range of consecutive partitions in this
     process (--jobs 1), or ranges of a few shards each spread over `jobs` worker processes, started once.
     With `work` (the shard stages under way in the command's helper processes), each range's run follows as
     soon as the helpers are done with its shards, in this process; when they did every shard of the last
     range, its run goes on with the pack assets (one run fewer: Dagster's run set-up and events), after
-    `then_pack()`, and its result is returned (else None). ``pack_assets``: those assets, built for this run;
-    ``pool``: the helpers, which import matplotlib once the shards are done."""
+    `then_pack()`, and its result is returned (else None). ``pack_assets``: those assets, built for this run."""
     with ShardProgress(len(todo), log=progress_log) as progress:
         if work is not None and work.running and todo:
             batches = _batches(todo, order, BATCH_MAX)
             for i, keys in enumerate(batches):
                 by_helpers = _helpers_done(work, keys, progress, progress_log)
                 last = i == len(batches) - 1
-                if last:
-                    drawing.warm(pool, work.jobs)  # the shards are done: the helpers' cores are free for matplotlib
                 # the last run goes on with the pack assets when its steps only record what the helpers wrote
                 pack = then_pack is not None and last and len(by_helpers) == len(keys)
                 if pack:
@@ -240,8 +236,8 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
     helper processes when `shardwork.start` gave them the shards; the shard runs then record what the
     helpers wrote. `log`: where a library caller wants plain progress lines; without one, the command's own
     progress on a terminal (nothing off one; the caller shows the pack stages: progress.StageBars). `pool`:
-    where the pack stages' side work runs (`defs.assets.pack_stage_assets`): the command's helpers, whose
-    shards `work` holds, or none (in line)."""
+    where the pack stages' side work runs (`defs.assets.pack_stage_assets`): the command's side helpers
+    (`procs.Helpers.pool`), or none (in line)."""
     progress_log = log
     log = log or _on_terminal
     t0 = time.perf_counter() if started is None else started
@@ -251,8 +247,6 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
     removed = _sync_partitions(instance, root, shards, log)
     profile = settings.model_profile()
     jobs = work.jobs if work.running else max(1, min(jobs or default_jobs(len(todo)), len(todo)))
-    if not (work.running and todo):
-        drawing.warm(pool)  # no helper is scanning: a core is free for matplotlib
     t_shards = time.perf_counter()
     order = list(instance.get_dynamic_partitions(source_shards.name))  # the order a partition range follows
     # a shard whose files are current but that Dagster never recorded (its command stopped between the two)
@@ -270,7 +264,7 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
     with filedigest.EarlyDigests() as early:  # closed even when the plan or the write fails
         pack_assets = pack_stage_assets(pool, early)
         result = _shard_runs(todo + late, order, jobs, settings.flat(), progress_log, instance, work, then_pack,
-                             pack_assets, pool)
+                             pack_assets)
         if result is None:  # the shard runs did not go on with the pack assets
             then_pack()
             result = _materialize(pack_assets, instance=instance, resources=_resources(settings), run_config=QUIET)

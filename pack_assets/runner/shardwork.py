@@ -67,6 +67,7 @@ class ShardWork:
     started_at: float | None = None  # time.perf_counter() when the helpers were given them
     ended_at: float | None = None  # when the last of them was done (ended or failed)
     _futures: dict[str, Future] = field(default_factory=dict)
+    _end: Callable[[], None] | None = None  # ends the helpers once every shard is done (`start`)
 
     def _ended(self, _: Future) -> None:  # (in the pool's thread, as each ends)
         self.ended_at = time.perf_counter()
@@ -79,6 +80,9 @@ class ShardWork:
             del self._futures[key]
             err = fut.exception()
             on_done(key, None if err else fut.result(), err)
+        if not self._futures and self._end is not None:  # the last shard: its scanners are done
+            self._end, end = None, self._end
+            end()
 
 
 def find(settings: Settings, force: bool = False, shards: list[str] | None = None) -> ShardWork:
@@ -94,12 +98,13 @@ def helpers_for(work: ShardWork, jobs: int = 0) -> int:
 
 
 def start(work: ShardWork, settings: Settings, helpers: Helpers, force: bool = False) -> ShardWork:
-    """Hand the shards that need work to the helpers, in shard order."""
+    """Hand the shards that need work to the helpers' scanners, in shard order; they end once `wait` has seen
+    the last shard done (the side helpers, `helpers.pool`, then take the pack stages' side work)."""
     if work.todo:
         flat = settings.flat()
         work.started_at = time.perf_counter()
-        work._futures = {k: helpers.pool.submit(work_shard, flat, k, force) for k in work.todo}
-        work.jobs, work.running = helpers.n, True
+        work._futures = {k: helpers.scan.submit(work_shard, flat, k, force) for k in work.todo}
+        work.jobs, work.running, work._end = helpers.n, True, helpers.end_scan
         for fut in work._futures.values():
             fut.add_done_callback(work._ended)
     return work
