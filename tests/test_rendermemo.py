@@ -55,7 +55,7 @@ def _check(source: str, messages: list[dict], variables: dict | None = None) -> 
 
 
 @pytest.mark.parametrize("name", sorted(_TEMPLATES))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(messages=_MESSAGES)
 def test_the_memo_gives_the_templates_own_render(name, messages):
     _check(_TEMPLATES[name], messages)
