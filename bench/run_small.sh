@@ -10,6 +10,6 @@ src=$1; d=$2; input=${4:-bench/out/photos}
 rm -rf "$d/work" "$d/packed"
 if [ "$3" = 1 ]; then rm -rf "$d/dagster_home" "$d/cache"; sync; echo 3 > /proc/sys/vm/drop_caches; fi
 mkdir -p "$d"
-PYTHONPATH=$src PACK_ASSETS_CACHE=$d/cache exec "${PYTHON:-python3}" -m pack_assets.cli run \
+PYTHONPATH=$src PACK_ASSETS_CACHE=$d/cache exec "${PYTHON:-python3}" -P -m pack_assets.cli run \
   --input "$input" --max-len 8192 --profile qwen2.5-vl --algorithm bfd \
   --work "$d/work" --output "$d/packed" --dagster-home "$d/dagster_home" --json
