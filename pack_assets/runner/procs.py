@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import forkserver
 
 from ..core.safety import forget_inherited_locks, pid_alive
 
@@ -89,8 +90,6 @@ class Helpers:
                                         initargs=(False, os.getpid(), dict(os.environ)),
                                         max_tasks_per_child=1 if served else None)
         if served:  # the server's imports now, beside the scan, not when the plan's work comes
-            from multiprocessing import forkserver
-
             forkserver.ensure_running()
 
     def end_scan(self) -> None:
