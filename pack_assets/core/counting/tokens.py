@@ -26,7 +26,6 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
-from ..chatkw import as_dict
 from ..reasons import ReasonError
 from .chunkcount import ChunkCounts, tokenizer_rule
 from .profiles import ModelProfile
@@ -112,8 +111,14 @@ def _template(source: str) -> jinja2.Template:
 
 
 @functools.lru_cache(maxsize=8)  # per process: every shard's counter shares the shapes learned
-def _render_memo(source: str, template_vars: tuple, template_kwargs: str) -> ShapeMemo | None:
-    return memo_for(source, _environment, {**dict(template_vars), **as_dict(template_kwargs)})
+def _render_memo(profile: ModelProfile) -> ShapeMemo | None:
+    return memo_for(profile.chat_template, _environment, _variables(profile))
+
+
+def _variables(profile: ModelProfile) -> dict:
+    """What the template is rendered with besides messages and tools, as transformers renders: the tokenizer's
+    named tokens, then chat_template_kwargs over them."""
+    return {**dict(profile.template_vars), **profile.template_kwargs}
 
 
 def _environment() -> _ChatSandbox:
@@ -189,11 +194,9 @@ class TokenCounter:
         self.profile = profile
         self._use_chunks = chunk_cache  # False: every text through the tokenizer (benchmarks' "before")
         self.template = _template(profile.chat_template)
-        # as transformers renders: the tokenizer's named tokens, then chat_template_kwargs over them
-        self._variables = {**dict(profile.template_vars), **profile.template_kwargs}
+        self._variables = _variables(profile)
         # plain messages rendered from their shape (core/counting/rendermemo.py): the same text, without a render
-        self._memo = _render_memo(profile.chat_template, profile.template_vars, profile.chat_template_kwargs) \
-            if render_memo else None
+        self._memo = _render_memo(profile) if render_memo else None
         self.fast = fast_counter_for(profile) if backend in ("auto", "tiktoken") else None
         if backend == "tiktoken" and self.fast is None:
             raise ValueError(f"the tokenizer of {profile.name} cannot run on tiktoken")
