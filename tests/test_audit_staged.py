@@ -123,3 +123,37 @@ def test_a_workers_expectations_are_the_samples_views_rows_each_name_held_once(d
                 for sid, member in members:
                     if member == json_names.get(sid):
                         assert member is json_names[sid]
+
+
+def test_the_audit_stages_its_rows_under_a_lower_duckdb_limit_then_puts_the_catalogs_back(dataset, tmp_path,
+                                                                                         monkeypatch):
+    """At 10M samples the staging filled the catalog's 1GB beside the side helpers' recount (the audit stage's
+    peak): it runs held to `audit.STAGING_MEMORY`, or to the limit the user set (store.MEMORY_ENV); the audit's
+    later queries have the catalog's limit again, and the audit passes."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    _packed(dataset, work, out)
+    staged, counts, seen = store.staged, audit_mod.per_shard, []
+
+    def limit(con) -> str:
+        return con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+
+    def spy(work, queries, shards, con=None, **kw):
+        seen.append(limit(con))
+        return staged(work, queries, shards, con, **kw)
+
+    def per_shard(con):
+        seen.append(limit(con))
+        return counts(con)
+
+    def as_duckdb_says(*limits: str) -> list[str]:
+        with store.connect(work, read_only=True) as con:
+            return [limit(con.execute(f"SET memory_limit = '{m}'")) for m in limits]
+
+    monkeypatch.setattr(store, "staged", spy)
+    monkeypatch.setattr(audit_mod, "per_shard", per_shard)
+    assert run_audit(work, out).ok
+    assert seen == as_duckdb_says(audit_mod.STAGING_MEMORY, "1GB")
+    monkeypatch.setenv(store.MEMORY_ENV, "2GB")
+    seen.clear()
+    assert run_audit(work, out, scope="all", digests=False).ok
+    assert seen == as_duckdb_says("2GB", "2GB")  # the user's limit, while staging too

@@ -235,6 +235,24 @@ def test_simulate_recommends_a_max_length():
     assert sim["recommended_max_len"] in (4096, 16384)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 300), max_size=400), st.sampled_from([1, 37, 64, 250, 1000]),
+       st.sampled_from(["bfd", "next_fit"]))
+def test_the_what_if_sweep_counts_the_packs_the_planner_makes(lengths, capacity, algorithm):
+    """The sweep's figures come from the packs' sizes alone (no item's pack held: 8 B a sample at 10M); they are
+    those of the planner's real assignment, over-capacity items dropped as it drops them."""
+    from pack_assets.core.binpack import pack_sizes
+    from pack_assets.core.sweep import summarize
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    packs = assign(lengths, capacity, algorithm)
+    kept = packs >= 0
+    assert pack_sizes(lengths, capacity, algorithm).tolist() == np.bincount(packs[kept]).tolist()
+    full, lean = summarize(lengths, capacity, algorithm), summarize(lengths, capacity, algorithm, assignment=False)
+    assert "assignment" not in lean and (full.pop("assignment") == packs).all()
+    assert {k: v for k, v in full.items() if k != "seconds"} == {k: v for k, v in lean.items() if k != "seconds"}
+
+
 def test_incremental_packing_stays_within_a_tenth_of_a_percent_of_a_full_replan():
     from pack_assets.core.plan import extend_plan
 

@@ -20,11 +20,12 @@ import os
 import queue
 import tarfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 from .. import __version__
 from . import faults, filedigest, packdoc, store
@@ -357,13 +358,22 @@ def _per_dataset(con: duckdb.DuckDBPyConnection, repeats: dict[str, float]) -> d
             for r in rows}
 
 
+def _mark_seen(con: duckdb.DuckDBPyConnection, pack_ids) -> None:
+    """The packs an audit found in the outputs, as a temporary table (audit_seen) its SQL checks join against."""
+    con.execute("CREATE OR REPLACE TEMP TABLE audit_seen (pack_id VARCHAR)")  # (also ends a result left open)
+    # one registered column, not executemany: a row per INSERT took seconds for the packs of 1M samples
+    with store.columns_relation(con, "audit_seen_rows", [list(pack_ids)], pa.schema([("pack_id", pa.string())])) \
+            as rel:
+        con.execute(f"INSERT INTO audit_seen {rel}")
+
+
 def _check_seen(con: duckdb.DuckDBPyConnection, res: AuditResult, seen: Counter) -> None:
     """The packs read back (`seen`) against the plan: each once, none missing, no planned sample lost."""
     for p, n in sorted(seen.items()):
         if n > 1:
             res.add("duplicate_pack", f"pack {p} appears {n} times", pack_id=p)
             res.add("duplicate_sample", f"the samples of pack {p} appear {n} times", pack_id=p)
-    store.mark_audit_seen(con, seen)
+    _mark_seen(con, seen)
     missing = con.execute("SELECT pack_id, output_shard FROM pack_plan "
                           "WHERE pack_id NOT IN (SELECT pack_id FROM audit_seen) ORDER BY pack_id").fetchall()
     for p, shard in missing[:100]:
@@ -387,6 +397,24 @@ def _check_counts(res: AuditResult, per_shard: dict[str, dict], per_dataset: dic
                     f"{c['dropped']}")
 
 
+# the command's DuckDB while it stages the rows the audit reads (beside it, side helpers recount and draw): at
+# 10M samples it filled the catalog's 1GB, the audit stage's peak; past this it spills (docs/benchmarks.md)
+STAGING_MEMORY = "512MB"
+
+
+@contextlib.contextmanager
+def _staged(con, work: Path | None, to_read: list[str]) -> Iterator[store.Staged | None]:
+    """The rows of every output shard to read, staged at once (`store.staged`) with ``con``'s DuckDB held to
+    STAGING_MEMORY (or the catalog's limit when set, store.MEMORY_ENV); None for one shard or no work folder."""
+    if work is None or len(to_read) <= 1:
+        yield None
+        return
+    with contextlib.ExitStack() as stack:
+        with store.held_to(con, store.memory_limit(STAGING_MEMORY)):
+            rows = stack.enter_context(store.staged(work, AUDIT_ROWS, to_read, con))
+        yield rows
+
+
 def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, work: Path | None = None, workers: int = 0,
           min_bytes: int = PARALLEL_MIN_BYTES, trusted: frozenset[str] = frozenset(),
           repeats: dict[str, float] | None = None, progress: Callable[[int, int, int], None] | None = None,
@@ -406,8 +434,7 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
                     if shard in trusted)
     to_read = [n for n in shards if n not in trusted]
     counts: Counter = Counter()
-    with (store.staged(work, AUDIT_ROWS, to_read, con) if work is not None and len(to_read) > 1
-          else contextlib.nullcontext()) as rows:
+    with _staged(con, work, to_read) as rows:
         hand_back()  # what the staging freed, before the workers start beside this process
         for done, (name, (violations, shard_seen, c, digest)) in enumerate(
                 zip(to_read, _shard_results(con, out_dir, to_read, config, work, workers, min_bytes, rows)), 1):

@@ -99,16 +99,16 @@ def _put(buckets: dict[int, list[int]], rooms: list[int], room: int, p: int) -> 
         b.append(p)
 
 
-def _decreasing(lengths: np.ndarray, fits: np.ndarray, capacity: int) -> np.ndarray:
-    """The items that fit, longest first, ties in index order: a stable sort on capacity - length, which
-    fits 16 bits up to a capacity of 65,536 (NumPy's stable sort of 16-bit keys is a radix sort, O(n))."""
-    every = len(fits) == len(lengths)  # (then ``fits`` is every index: the sort's order is the answer, no copy)
-    chosen = lengths if every else lengths[fits]
+def _decreasing(lengths: np.ndarray, fits: np.ndarray | None, capacity: int) -> np.ndarray:
+    """The items that fit (``fits``; None: every item), longest first, ties in index order: a stable sort on
+    capacity - length, which fits 16 bits up to a capacity of 65,536 (NumPy's stable sort of 16-bit keys is a
+    radix sort, O(n))."""
+    chosen = lengths if fits is None else lengths[fits]
     # (16 bits computed as such, wrapping: no 64-bit key first)
     key = np.subtract(np.uint16(capacity & 0xFFFF), chosen, dtype=np.uint16, casting="unsafe") if capacity <= 1 << 16 \
         else capacity - chosen
     order = np.argsort(key, kind="stable")
-    return order if every else fits[order]
+    return order if fits is None else fits[order]
 
 
 class _Rooms:
@@ -172,18 +172,26 @@ class _Rooms:
 _EVENTS = 1 << 14  # `_bfd_histogram`'s events turned into items' packs at once
 
 
-def _bfd_histogram(lengths: np.ndarray, capacity: int) -> np.ndarray:
-    pack = np.full(len(lengths), -1, dtype=np.int64)
-    fits = np.flatnonzero(lengths <= capacity)
-    if len(fits) == 0:
-        return pack
-    order = _decreasing(lengths, fits, capacity)
-    counts = np.bincount(lengths if len(fits) == len(lengths) else lengths[fits])
+def _bfd_rooms(counts: np.ndarray, capacity: int) -> _Rooms:
+    """BFD of the items that fit, given as their length histogram: its events, longest items first."""
     sizes = np.flatnonzero(counts)[::-1]
     rooms = _Rooms(capacity)
     for s, k in zip(sizes.tolist(), counts[sizes].tolist()):
         rooms.place(s, k)
-    del counts, fits
+    return rooms
+
+
+def _bfd_histogram(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    pack = np.full(len(lengths), -1, dtype=np.int64)
+    fit = lengths <= capacity
+    # every item fits (the usual case): no index of every item (8 B each, beside the pack numbers and the order)
+    fits = None if fit.all() else np.flatnonzero(fit)
+    del fit
+    if fits is not None and len(fits) == 0:
+        return pack
+    order = _decreasing(lengths, fits, capacity)
+    rooms = _bfd_rooms(np.bincount(lengths if fits is None else lengths[fits]), capacity)
+    del fits
     ev_pack, ev_count = np.frombuffer(rooms.ev_pack, np.int64), np.frombuffer(rooms.ev_count, np.int64)
     at = 0
     for a in range(0, len(ev_pack), _EVENTS):  # each item's pack, a slice of the events at a time (not all at once)
@@ -314,24 +322,24 @@ def _next_fit(lengths: np.ndarray, capacity: int, window: int, limits: _Limits) 
     return pack
 
 
-_CHAIN_CHUNK = 1 << 20  # starts whose ends `_next_fit_plain` turns into Python ints at once
+_CHAIN_CHUNK = 1 << 20  # starts whose ends `_next_fit_starts` turns into Python ints at once
 
 
-def _next_fit_plain(lengths: np.ndarray, capacity: int) -> np.ndarray:
-    """``_next_fit`` with one item of look-ahead and no caps, in O(n log n) numpy plus one Python step per
-    pack: a pack that starts at kept item j ends before the first item whose prefix sum passes
-    ``sum(before j) + capacity``, so every start's end comes from one ``searchsorted``; the starts are then
-    the chain from item 0 (docs/benchmarks.md has its time at 1M lengths)."""
-    pack = np.full(len(lengths), -1, dtype=np.int64)
+def _next_fit_starts(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """``_next_fit`` with one item of look-ahead and no caps, as its packs' starts: the kept items (None: every
+    item) and a 0/1 per kept item, 1 where a pack starts. In O(n log n) numpy plus one Python step per pack: a
+    pack that starts at kept item j ends before the first item whose prefix sum passes ``sum(before j) +
+    capacity``, so every start's end comes from one ``searchsorted``; the starts are then the chain from item 0
+    (docs/benchmarks.md has its time at 1M lengths)."""
     fit = lengths <= capacity
     every = bool(fit.all())  # (then no index of every item, no copy of the lengths nor of their pack numbers)
     kept = None if every else np.flatnonzero(fit)
     n = len(lengths) if every else len(kept)
+    starts = np.zeros(n, dtype=np.int8)
     if not n:
-        return pack
+        return kept, starts
     prefix = np.zeros(n + 1, np.int64)
     np.cumsum(lengths if every else lengths[kept], out=prefix[1:])
-    starts = np.zeros(n, dtype=np.int8)
     j = 0
     for a in range(0, n, _CHAIN_CHUNK):  # the ends in chunks: a list of every end held 36 B an item (issue 41)
         b = min(n, a + _CHAIN_CHUNK)
@@ -339,12 +347,36 @@ def _next_fit_plain(lengths: np.ndarray, capacity: int) -> np.ndarray:
         while j < b:  # every kept item fits alone, so ends[j] > j
             starts[j] = 1
             j = ends[j - a]
-    del prefix
-    numbers = np.cumsum(starts, dtype=np.int64, out=pack if every else None)
+    return kept, starts
+
+
+def _next_fit_plain(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    pack = np.full(len(lengths), -1, dtype=np.int64)
+    kept, starts = _next_fit_starts(lengths, capacity)
+    if not len(starts):
+        return pack
+    numbers = np.cumsum(starts, dtype=np.int64, out=pack if kept is None else None)
     numbers -= 1
-    if not every:
+    if kept is not None:
         pack[kept] = numbers
     return pack
+
+
+def pack_sizes(lengths: np.ndarray, capacity: int, algorithm: str) -> np.ndarray | None:
+    """Items per pack, in pack number order, of `assign`'s packing without caps, found without each item's pack
+    where the algorithm allows it (BFD from its length histogram, with no sort; next fit from its packs'
+    starts), so a what-if sweep holds no assignment of every item (8 B an item); None for the others. The
+    items it drops are those over ``capacity``, as `assign`'s."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if algorithm == "next_fit":
+        _, starts = _next_fit_starts(lengths, capacity)
+        return np.diff(np.flatnonzero(starts), append=len(starts))
+    if algorithm != "bfd":
+        return None
+    fit = lengths <= capacity
+    rooms = _bfd_rooms(np.bincount(lengths if fit.all() else lengths[fit]), capacity)
+    return np.bincount(np.frombuffer(rooms.ev_pack, np.int64), weights=np.frombuffer(rooms.ev_count, np.int64),
+                       minlength=rooms.n_packs).astype(np.int64)
 
 
 def _renumber(pack: np.ndarray) -> np.ndarray:

@@ -8,7 +8,6 @@ the Σℓ² (attention cost) balance of each group of W consecutive packs.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import json
@@ -503,15 +502,6 @@ _OK_BATCH = 1 << 17  # rows fetched at once
 SORT_MEMORY = "256MB"
 
 
-@contextlib.contextmanager
-def _sort_memory(con) -> Iterator[None]:
-    con.execute(f"SET memory_limit = '{SORT_MEMORY}'")
-    try:
-        yield
-    finally:
-        con.execute(f"SET memory_limit = '{store.memory_limit()}'")
-
-
 def ok_lengths(con) -> dict[str, np.ndarray]:
     """make_plan's inputs, one entry per ok sample in sample id order, from the catalog. Fetched in batches of
     Arrow, not the whole result at once (held in DuckDB and again as numpy: docs/benchmarks.md, issue 41);
@@ -526,7 +516,7 @@ def ok_lengths(con) -> dict[str, np.ndarray]:
     names = ["sample_ids", "media_types", "lengths", "media_bytes", "n_media", "vision_tokens"]
     rows = {k: np.asarray([], IDS if k == "sample_ids" else np.int64) for k in names}
     at = 0
-    with _sort_memory(con):
+    with store.held_to(con, SORT_MEMORY):
         for batch in result.to_arrow_reader(_OK_BATCH):
             if any(c.null_count for c in batch.columns):  # (a NULL is never taken for 0)
                 raise ValueError("token_lengths has an ok row with a NULL count: count its shard again (--force)")

@@ -4,11 +4,24 @@ media type, caps, context-parallel padding and groups."""
 
 from __future__ import annotations
 
-from . import store
+import contextlib
+from collections.abc import Iterator
+
 from .cpad import check_padded
 from .groups import check_groups
 from .settings import PlanConfig
 from .split import plan_checks
+
+
+@contextlib.contextmanager
+def _samples_snapshot(con, name: str = "plan_check_samples") -> Iterator[str]:
+    """The samples view's status and media type per sample as a temporary table for the block (the view joins
+    manifest and token_lengths over every Parquet file: a check reading it often reads this once), then dropped."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT sample_id, status, media_type FROM samples")
+    try:
+        yield name
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 def check_plan(con, config: PlanConfig, since: int | None = None) -> list[dict]:
@@ -20,7 +33,7 @@ def check_plan(con, config: PlanConfig, since: int | None = None) -> list[dict]:
     if since is not None:
         return _found(_appended_checks(con, config, since))
     # the samples view read once, not three times (it was half of the check's time at 1M samples)
-    with store.samples_snapshot(con) as samples:
+    with _samples_snapshot(con) as samples:
         ok, members, distinct, dropped, both, lost = con.execute(
             f"""SELECT
                  (SELECT count(*) FROM {samples} WHERE status = 'ok'),

@@ -409,6 +409,8 @@ def _distribution_drawn(held: dict[str, np.ndarray] | Path, max_lens: list[int],
 
 def _by_media_type(held: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     lengths, codes, types = held["lengths"], held["codes"], held["types"].tolist()
+    if len(types) == 1:  # (no copy of every length)
+        return {types[0]: lengths}
     return {mt: lengths[codes == k] for k, mt in enumerate(types)} or {"all": lengths}
 
 

@@ -12,8 +12,8 @@ gather them into ``<work>/pack_assets.duckdb`` as views, next to the tables the 
 Views over the Parquet files: manifest_samples, members, shards, token_lengths, rejected, samples (status
 and reason after both scan and count). Tables the plan writes (or appends to) in one transaction: pack_plan,
 pack_members, dropped, split_pieces (over-long samples split, core/split.py), plan_info (one JSON row), and the
-view lineage. Temporary tables: the plan check's snapshot of samples (`samples_snapshot`) and the audit's
-audit_seen. Beside the catalog, the one other schema the tool writes: Megatron-Energon's
+view lineage. Temporary tables: the plan check's snapshot of samples (core/plancheck.py) and the audit's
+audit_seen (core/audit.py). Beside the catalog, the one other schema the tool writes: Megatron-Energon's
 ``index.sqlite`` in an output folder (`ENERGON_INDEX_TABLES`, SQLite).
 """
 
@@ -346,6 +346,16 @@ def _configured(con: duckdb.DuckDBPyConnection, memory: str = "1GB") -> duckdb.D
     return con
 
 
+@contextlib.contextmanager
+def held_to(con: duckdb.DuckDBPyConnection, memory: str) -> Iterator[None]:
+    """``con``'s DuckDB held to ``memory`` for the block (a query spills past it), then to the catalog's limit."""
+    con.execute(f"SET memory_limit = '{memory}'")
+    try:
+        yield
+    finally:
+        con.execute(f"SET memory_limit = '{memory_limit()}'")
+
+
 # what DuckDB says of a catalog file it cannot open at all (an I/O error while it was written, a bad sector)
 UNREADABLE = ("Could not read enough bytes", "not a valid DuckDB database file", "Corrupt database file")
 
@@ -565,25 +575,6 @@ def save_plan(con: duckdb.DuckDBPyConnection, packs: list[dict] | pa.RecordBatch
         except BaseException:
             con.execute("ROLLBACK")  # the old plan stays, and the connection is usable (to unregister, too)
             raise
-
-
-@contextlib.contextmanager
-def samples_snapshot(con: duckdb.DuckDBPyConnection, name: str = "plan_check_samples") -> Iterator[str]:
-    """The samples view's status and media type per sample as a temporary table for the block (the view joins
-    manifest and token_lengths over every Parquet file: a check reading it often reads this once), then dropped."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT sample_id, status, media_type FROM samples")
-    try:
-        yield name
-    finally:
-        con.execute(f"DROP TABLE IF EXISTS {name}")
-
-
-def mark_audit_seen(con: duckdb.DuckDBPyConnection, pack_ids) -> None:
-    """The packs an audit found in the outputs, as a temporary table its SQL checks join against."""
-    con.execute("CREATE OR REPLACE TEMP TABLE audit_seen (pack_id VARCHAR)")  # (also ends a result left open)
-    # one registered column, not executemany: a row per INSERT took seconds for the packs of 1M samples
-    with columns_relation(con, "audit_seen_rows", [list(pack_ids)], pa.schema([("pack_id", pa.string())])) as rel:
-        con.execute(f"INSERT INTO audit_seen {rel}")
 
 
 # Megatron-Energon's index of an output folder (``.nv-meta/index.sqlite``, SQLite), as `energon prepare` makes
