@@ -68,8 +68,8 @@ def test_staged_conversations_catch_a_wrong_one_in_its_shard_as_the_query_per_sh
     monkeypatch.setattr(expected.ShardTexts, "_load", lambda self: texts.append(self.name) or real_load(self))
     one = run_audit(work, out, workers=1, recount_fraction=0)
     threads = run_audit(work, out, workers=2, recount_fraction=0)  # (processes: test_packed_shards_and_audit)
-    # every shard's conversations from the staged files, none by a query of its own
-    assert sorted(s for q, s in read if q == "conversations") == sorted([p.name for p in shards] * 2)
+    # every shard's conversations (their digests, in its samples rows) from the staged files, none by a query of its own
+    assert sorted(s for q, s in read if q == "samples") == sorted([p.name for p in shards] * 2)
     # their texts only for the shard whose packed conversation is not the manifest's, once per audit
     assert texts == [shards[1].name] * 2
     stale = [(v["shard"], v["sample_id"]) for v in one.violations if v["check"] == "stale_conversation"]
@@ -94,7 +94,8 @@ def test_staged_conversations_catch_a_wrong_one_in_its_shard_as_the_query_per_sh
 # the samples rows as the audit staged them before session 51: through the `samples` view (which joins every
 # sample's counts once more for a status the audit does not read), the manifest's rows the join's build side
 _SAMPLES_BY_VIEW = """SELECT p.output_shard, s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos,
-                             t.vision_tokens, s.json_member, s.media_members, s.extra_members
+                             t.vision_tokens, s.json_member, s.media_members, s.extra_members,
+                             unhex(sha256(s.conversation)), length(s.conversation)
                       FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN samples s USING (sample_id)
                       LEFT JOIN token_lengths t USING (sample_id) WHERE {shards}"""
 

@@ -18,7 +18,7 @@ from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.plan import PlanConfig, run_plan
 from pack_assets.core.scan import run_manifest
 from pack_assets.core.write import publish, run_write
-from pack_assets.core.write.record import WRITTEN, load_record, shard_digests
+from pack_assets.core.write.record import DIGEST_FORMAT, WRITTEN, load_record, shard_digests
 
 PROFILE = load_profile("qwen3-vl")
 
@@ -107,3 +107,45 @@ def test_digests_recorded_beside_a_first_write_equal_those_computed_before_it(pr
     assert run_write(work, inp, out, workers=1).written == 0
     assert (out / ".nv-meta" / "index.sqlite").read_bytes() == index
     assert json.loads((work / WRITTEN).read_text())["digests"] == record["digests"]
+
+
+# the digest query as DIGEST_FORMAT 2 was first written: DuckDB's md5_number_lower and md5_number_upper, each value
+# hashed twice
+_DIGESTS_AS_FIRST_WRITTEN = """
+WITH mem AS (SELECT sample_id, bit_xor(md5_number_lower(m)) AS lo, bit_xor(md5_number_upper(m)) AS hi,
+                    bool_or(unhashed) AS unhashed
+             FROM (SELECT sample_id, concat_ws(',', to_json(name), "offset", size, coalesce(sha256, '-')) AS m,
+                          sha256 IS NULL AS unhashed
+                   FROM members WHERE sample_id IN (SELECT sample_id FROM pack_members))
+             GROUP BY sample_id),
+lines AS (SELECT p.output_shard, p.pack_id,
+                 concat_ws('|', to_json(p.pack_id), p.media_type, p.total_token_len, pm.position, to_json(pm.sample_id),
+                           t.total_tokens, s.conv, to_json(s.json_member), to_json(s.media_members),
+                           to_json(s.extra_members), coalesce(mem.lo || ':' || mem.hi, ''),
+                           CASE WHEN mem.unhashed THEN coalesce(sh.size || ':' || sh.mtime_ns, '') END) AS line
+          FROM pack_plan p JOIN pack_members pm USING (pack_id)
+          JOIN (SELECT sample_id, shard, json_member, media_members, extra_members, md5(conversation) AS conv
+                FROM manifest_samples) s USING (sample_id)
+          JOIN token_lengths t USING (sample_id) LEFT JOIN mem USING (sample_id)
+          LEFT JOIN shards sh ON sh.shard = s.shard)
+SELECT output_shard, bit_xor(md5_number_lower(line)) || ':' || bit_xor(md5_number_upper(line)),
+       count(DISTINCT pack_id), count(*)
+FROM lines GROUP BY 1"""
+
+
+def test_the_catalog_digests_are_those_the_records_of_earlier_versions_hold(prepared, tmp_path):
+    """The digest is computed with one md5 a value now; a record an earlier version wrote (the same
+    DIGEST_FORMAT) must still vouch for its shards, so every digest is the one the first form gives: whole, and
+    for the shards a partial record leaves to compute."""
+    inp, work = prepared
+    with store.connect(work, read_only=True) as con:
+        first = {r[0]: (r[1], r[2], r[3]) for r in con.execute(_DIGESTS_AS_FIRST_WRITTEN).fetchall()}
+        digests, keys = shard_digests(con, None)
+        one = sorted(keys)[0]
+        hashed_members = con.execute("SELECT count(*) FROM members WHERE sha256 IS NOT NULL").fetchall()[0][0]
+        partial, _ = shard_digests(con, {"digest_format": DIGEST_FORMAT, "digests": {one: first[one][0]},
+                                         "digest_keys": {one: keys[one]}})
+    assert len(first) >= 2 and hashed_members  # (images among them: their members' md5s XORed per sample)
+    assert digests == first and partial == first
+    run_write(work, inp, tmp_path / "out", workers=1)
+    assert load_record(work)["digests"] == {n: d[0] for n, d in first.items()}

@@ -15,20 +15,18 @@ AUDIT_ROWS = {
     # the planned samples joined to their counts first, then to the manifest's rows: each join's hash table is
     # built on the planned side (narrow), the manifest's members lists stream through; the `samples` view (its
     # status, which this does not read, from a second join of every count) and the manifest's rows as the build
-    # side held 1.5x this query's memory (docs/benchmarks.md, session 51)
+    # side held 1.5x this query's memory (docs/benchmarks.md, session 51). Each conversation as its digest, not its
+    # text (`packdoc.Digest`: an output shard's texts were most of what an audit worker held), in the same rows (a
+    # query of its own scanned and joined the manifest a second time)
     "samples": """WITH planned AS (SELECT p.output_shard, pm.sample_id FROM pack_plan p
                                    JOIN pack_members pm USING (pack_id) WHERE {shards})
                   SELECT p.output_shard, s.sample_id, t.total_tokens, s.media_type, t.n_images + t.n_videos,
-                         t.vision_tokens, s.json_member, s.media_members, s.extra_members
+                         t.vision_tokens, s.json_member, s.media_members, s.extra_members,
+                         unhex(sha256(s.conversation)), length(s.conversation)
                   FROM planned p LEFT JOIN token_lengths t USING (sample_id)
                   JOIN manifest_samples s USING (sample_id)""",
     "members": """SELECT p.output_shard, m.sample_id, m.name, m.sha256, m.size FROM pack_plan p
                   JOIN pack_members pm USING (pack_id) JOIN members m USING (sample_id) WHERE {shards}""",
-    # each conversation's digest, not its text (`packdoc.Digest`): an output shard's texts were most of what an
-    # audit worker held, and most of the bytes staged
-    "conversations": """SELECT p.output_shard, s.sample_id, unhex(sha256(s.conversation)), length(s.conversation)
-                        FROM pack_plan p JOIN pack_members pm USING (pack_id) JOIN manifest_samples s USING (sample_id)
-                        WHERE {shards}""",
     **AUDIT_PIECE_ROWS,
 }
 # the texts themselves, read for an output shard only where a packed conversation is not the manifest's text
@@ -93,15 +91,12 @@ def shard_expectations(con, name: str, rows: store.Staged | None = None):
         for r in con.execute("SELECT pack_id, media_type, sample_ids, sample_token_lens, total_token_len, overlong "
                              "FROM pack_plan WHERE output_shard = ?", [name]).fetchall()
     }
-    conversations = {sid: None if sha is None else packdoc.Digest(sha, chars)
-                     for sid, sha, chars in _rows(con, "conversations", name, rows)}
     # (total_tokens, media_type, media count, vision_tokens, json_member, conversation (`packdoc.Expected`),
     # media_members, extra_members); each media type one string, not one per sample
     types: dict = {}
-    samples = {ids.get(r[0], r[0]): (r[1], types.setdefault(r[2], r[2]), *r[3:6], conversations.get(r[0]),
-                                     r[6] or (), r[7] or ())
+    samples = {ids.get(r[0], r[0]): (r[1], types.setdefault(r[2], r[2]), *r[3:6],
+                                     None if r[8] is None else packdoc.Digest(r[8], r[9]), r[6] or (), r[7] or ())
                for r in _rows(con, "samples", name, rows)}
-    del conversations
     members = {(sid, _same(samples.get(sid), member)): (sha, size)
                for sid, member, sha, size in ((ids.get(r[0], r[0]), *r[1:]) for r in _rows(con, "members", name, rows))}
     pieces, piece_members = piece_expectations(con, name, rows)  # split samples' pieces (core/split.py)

@@ -53,9 +53,17 @@ def written_key(con, info: PlanInfo, context: dict) -> str:
 # lists are the manifest's own (the `samples` view's join adds only a status, not hashed). DIGEST_FORMAT:
 # bumped when the lines change (a record of another format vouches for nothing and refutes nothing).
 DIGEST_FORMAT = 2
-_DIGEST_ROWS = """
-WITH mem AS (SELECT sample_id, bit_xor(md5_number_lower(m)) AS lo, bit_xor(md5_number_upper(m)) AS hi,
-                    bool_or(unhashed) AS unhashed
+
+
+def _halves(md5: str) -> str:
+    """A 128-bit md5 (or an XOR of them) as DuckDB's `md5_number_lower(x) || ':' || md5_number_upper(x)` prints it:
+    its high 64 bits, then its low 64. The two functions each hash x again and slice its bits as text (DuckDB 2.0);
+    XOR commutes with the halves, so one md5 a value, XORed whole, gives the same digest."""
+    return f"(({md5}) >> 64)::UBIGINT || ':' || (({md5}) & 18446744073709551615::UHUGEINT)::UBIGINT"
+
+
+_DIGEST_ROWS = f"""
+WITH mem AS (SELECT sample_id, bit_xor(md5_number(m)) AS h, bool_or(unhashed) AS unhashed
              FROM (SELECT sample_id, concat_ws(',', to_json(name), "offset", size, coalesce(sha256, '-')) AS m,
                           sha256 IS NULL AS unhashed
                    FROM members WHERE sample_id IN (SELECT sample_id FROM pack_members /*only_members*/))
@@ -63,15 +71,14 @@ WITH mem AS (SELECT sample_id, bit_xor(md5_number_lower(m)) AS lo, bit_xor(md5_n
 lines AS (SELECT p.output_shard, p.pack_id,
                  concat_ws('|', to_json(p.pack_id), p.media_type, p.total_token_len, pm.position, to_json(pm.sample_id),
                            t.total_tokens, s.conv, to_json(s.json_member), to_json(s.media_members),
-                           to_json(s.extra_members), coalesce(mem.lo || ':' || mem.hi, ''),
+                           to_json(s.extra_members), coalesce({_halves('mem.h')}, ''),
                            CASE WHEN mem.unhashed THEN coalesce(sh.size || ':' || sh.mtime_ns, '') END) AS line
           FROM pack_plan p JOIN pack_members pm USING (pack_id)
           JOIN (SELECT sample_id, shard, json_member, media_members, extra_members, md5(conversation) AS conv
                 FROM manifest_samples /*only_ids*/) s USING (sample_id)
           JOIN (SELECT * FROM token_lengths /*only_ids*/) t USING (sample_id) LEFT JOIN mem USING (sample_id)
           LEFT JOIN shards sh ON sh.shard = s.shard /*only*/)
-SELECT output_shard, bit_xor(md5_number_lower(line)) || ':' || bit_xor(md5_number_upper(line)),
-       count(DISTINCT pack_id), count(*)
+SELECT output_shard, {_halves('bit_xor(md5_number(line))')}, count(DISTINCT pack_id), count(*)
 FROM lines GROUP BY 1"""
 # What a shard's digest is computed from, found far more cheaply than the digest itself: its plan lines
 # (pack, position, sample) hashed, and the source shards its samples come from. With the stat stamps of those
