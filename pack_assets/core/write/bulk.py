@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate, groupby
 
 import numpy as np
+import pyarrow.compute as pc
 
 from .. import store
 from .fingerprints import ShardFingerprint
@@ -153,13 +154,14 @@ def _lists(part, width: int) -> list[list]:
 
 
 def group_table(con, queries: dict[str, str], query: str, group: list[str], rows: store.Staged | None = None,
-                order_by: str = "", ordered: bool = True):
+                order_by: str | None = "", ordered: bool = True):
     """A group of output shards' rows of ``queries[query]``, ``output_shard`` first, ordered by it then by
     ``order_by``, as an Arrow table (its columns become Python lists one call each, not a tuple per row): from
     the group's staged file (`store.staged(..., groups=)`), or by one query for the group. Not ``ordered``, a
     group of one shard's rows come in any order, as read: no sort, whose rows DuckDB would hold beside the
     table (a 313k-sample shard's conversations: ~60 MiB more at the job's peak, docs/benchmarks.md)."""
-    order = "" if not ordered and len(group) == 1 else "output_shard" + (f", {order_by}" if order_by else "")
+    order = "" if order_by is None or not ordered and len(group) == 1 else \
+        "output_shard" + (f", {order_by}" if order_by else "")
     if rows is not None:
         found = rows.table(con, query, group[0], order)
         if found is not None:
@@ -176,13 +178,30 @@ def group_tables(con, group: list[str], rows: store.Staged | None = None) -> Ite
     groups=)`, or one query): a writer's job reads the catalog once, not once per output shard. Staged, a
     job reads no manifest file: a sample whose conversation the staging did not find is a KeyError."""
     queries = bulk_rows(con)
-    samples = _by_shard(group_table(con, queries, "samples", group, rows, order_by="pack_id, position"), group)
-    members = _by_shard(group_table(con, queries, "members", group, rows, order_by="pack_id, position, kind, i"),
+    samples = group_table(con, queries, "samples", group, rows, order_by="pack_id, position")
+    members = _by_shard(in_sample_order(samples, group_table(con, queries, "members", group, rows, order_by=None)),
                         group)
+    samples = _by_shard(samples, group)
     # looked up by sample id (`_columns`, `batches.StreamShard`): a shard's in any order
     conversations = _by_shard(group_table(con, queries, "conversations", group, rows, ordered=False), group)
     for name in group:
         yield name, samples.pop(name, None), members.pop(name, None), conversations.pop(name, None)
+
+
+def in_sample_order(samples, members):
+    """``members`` (BULK_ROWS' members rows, in any order) in the order of ``samples`` (its samples rows, ordered by
+    output shard, pack and position): each sample's media then extra members, each in the manifest's order. What
+    DuckDB's sort by (output_shard, pack_id, position, kind, i) gives, by integer keys in numpy: the strings are
+    compared once per pack, not per member (that sort was a third of the members' query, docs/benchmarks.md)."""
+    if members is None or members.num_rows <= 1 or samples is None:
+        return members
+    packs = pc.unique(samples.column("pack_id"))  # in the samples' order (first seen first)
+    rank = pc.index_in(members.column("pack_id"), value_set=packs)
+    if rank.null_count:  # none: both come from one plan
+        raise KeyError("a member's pack is not among its shard's samples in the catalog")
+    rank = rank.to_numpy(zero_copy_only=False)
+    keys = [members.column(k).to_numpy(zero_copy_only=False) for k in ("i", "kind", "position")]
+    return members.take(np.lexsort((*keys, rank)))
 
 
 def table_columns(input_root, name: str, samples, members, conversations) -> Columns:
