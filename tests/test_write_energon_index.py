@@ -1,0 +1,71 @@
+"""The Energon index (index.sqlite) as readers find it, however the writer inserts its rows: a tar's parts
+inserted many rows a statement (`energon.insert_parts`) give the file a statement per row gives, byte for byte
+(the output is deterministic and compared across versions), and the rows in their order; and the writer's
+members, read from the catalog in any order and put in their samples' order in numpy (`bulk.in_sample_order`),
+come out as DuckDB's sort gave them."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from pack_assets.core import store
+from pack_assets.core.write import bulk, energon
+
+
+def _parts(n: int, seed: int) -> list[tuple]:
+    return [(i // 5, f"s{i % 5:03d}_{seed:02d}.jpg" if i % 5 else "json", 512 * (3 * i + 1), 16000 + (i * 37) % 999)
+            for i in range(n)]
+
+
+def _index(path: Path, insert) -> None:
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA synchronous = OFF")
+    db.execute("PRAGMA journal_mode = OFF")
+    for sql in store.ENERGON_INDEX_TABLES:
+        db.execute(sql)
+    for tar_id, n in enumerate([0, 1, energon.PARTS_PER_INSERT, 2 * energon.PARTS_PER_INSERT + 7, 3]):
+        insert(db, tar_id, _parts(n, tar_id))
+    for sql in store.ENERGON_INDEX_INDEXES:
+        db.execute(sql)
+    db.commit()
+    db.close()
+
+
+def test_parts_inserted_many_a_statement_make_the_file_one_a_statement_makes(tmp_path):
+    one = tmp_path / "one.sqlite"
+    _index(one, lambda db, tar_id, parts: db.executemany("INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)",
+                                                         [(tar_id, *p) for p in parts]))
+    many = tmp_path / "many.sqlite"
+    _index(many, energon.insert_parts)
+    assert many.read_bytes() == one.read_bytes()
+    with sqlite3.connect(many) as db:
+        rows = db.execute("SELECT * FROM sample_parts ORDER BY rowid").fetchall()
+        types = db.execute("SELECT DISTINCT typeof(tar_file_id), typeof(sample_index), typeof(part_name), "
+                           "typeof(content_byte_offset), typeof(content_byte_size) FROM sample_parts").fetchall()
+    assert rows == [(t, *p) for t, n in enumerate([0, 1, energon.PARTS_PER_INSERT, 2 * energon.PARTS_PER_INSERT + 7,
+                                                    3]) for p in _parts(n, t)]
+    assert types == [("integer", "integer", "text", "integer", "integer")]
+
+
+def _members(rows: list[tuple]) -> pa.Table:
+    names = ["output_shard", "pack_id", "position", "kind", "i", "name", "offset", "size", "sha256"]
+    return pa.table({k: [r[j] for r in rows] for j, k in enumerate(names)})
+
+
+def test_members_in_any_order_come_out_in_their_samples_order():
+    # samples as the catalog orders them: output shard, pack, position (pack ids not in string order per shard
+    # would not happen; any order of the packs is followed as the samples give it)
+    samples = pa.table({"output_shard": ["a", "a", "a", "b", "b"], "pack_id": ["p2", "p2", "p10", "p1", "p1"],
+                        "position": [0, 1, 0, 0, 1]})
+    want = [("a", "p2", 0, 0, 1, "x.0.jpg", 0, 1, None), ("a", "p2", 0, 0, 2, "x.1.jpg", 9, 1, None),
+            ("a", "p2", 0, 1, 1, "x.cls", 5, 1, None), ("a", "p2", 1, 0, 1, "y.jpg", 3, 1, "h"),
+            ("a", "p10", 0, 1, 1, "z.npy", 7, 1, None), ("b", "p1", 0, 0, 1, "u.jpg", 2, 1, None),
+            ("b", "p1", 1, 0, 1, "v.0.jpg", 4, 1, None), ("b", "p1", 1, 0, 2, "v.1.jpg", 6, 1, None)]
+    shuffled = [want[k] for k in (5, 2, 7, 0, 4, 6, 1, 3)]
+    assert bulk.in_sample_order(samples, _members(shuffled)).to_pylist() == _members(want).to_pylist()
+    with pytest.raises(KeyError):
+        bulk.in_sample_order(samples, _members([*shuffled, ("b", "p9", 0, 0, 1, "w.jpg", 1, 1, None)]))
