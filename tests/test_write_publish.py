@@ -107,3 +107,36 @@ def test_digests_recorded_beside_a_first_write_equal_those_computed_before_it(pr
     assert run_write(work, inp, out, workers=1).written == 0
     assert (out / ".nv-meta" / "index.sqlite").read_bytes() == index
     assert json.loads((work / WRITTEN).read_text())["digests"] == record["digests"]
+
+
+# the digest query of format 2 as first written: each line's and member's md5 computed twice, once per half
+_DIGESTS_TWO_MD5 = """
+WITH mem AS (SELECT sample_id, bit_xor(md5_number_lower(m)) AS lo, bit_xor(md5_number_upper(m)) AS hi,
+                    bool_or(unhashed) AS unhashed
+             FROM (SELECT sample_id, concat_ws(',', to_json(name), "offset", size, coalesce(sha256, '-')) AS m,
+                          sha256 IS NULL AS unhashed
+                   FROM members WHERE sample_id IN (SELECT sample_id FROM pack_members))
+             GROUP BY sample_id),
+lines AS (SELECT p.output_shard, p.pack_id,
+                 concat_ws('|', to_json(p.pack_id), p.media_type, p.total_token_len, pm.position, to_json(pm.sample_id),
+                           t.total_tokens, s.conv, to_json(s.json_member), to_json(s.media_members),
+                           to_json(s.extra_members), coalesce(mem.lo || ':' || mem.hi, ''),
+                           CASE WHEN mem.unhashed THEN coalesce(sh.size || ':' || sh.mtime_ns, '') END) AS line
+          FROM pack_plan p JOIN pack_members pm USING (pack_id)
+          JOIN (SELECT sample_id, shard, json_member, media_members, extra_members, md5(conversation) AS conv
+                FROM manifest_samples) s USING (sample_id)
+          JOIN token_lengths t USING (sample_id) LEFT JOIN mem USING (sample_id)
+          LEFT JOIN shards sh ON sh.shard = s.shard)
+SELECT output_shard, bit_xor(md5_number_lower(line)) || ':' || bit_xor(md5_number_upper(line)),
+       count(DISTINCT pack_id), count(*)
+FROM lines GROUP BY 1"""
+
+
+def test_the_digests_are_format_2s_each_md5_computed_once(prepared):
+    """A writer's record from before keeps vouching: the digests of one md5 per line and member, its halves
+    taken from it, are those of the query that computed each half apart (DIGEST_FORMAT unchanged)."""
+    _, work = prepared
+    with store.connect(work, read_only=True) as con:
+        digests, _ = shard_digests(con, None)
+        before = {r[0]: (r[1], r[2], r[3]) for r in con.execute(_DIGESTS_TWO_MD5).fetchall()}
+    assert len(digests) >= 2 and digests == before
