@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from .. import store
 from .fingerprints import ShardFingerprint
-from .jobs import WRITE_CONVERSATIONS, ShardJob, dumps, encode_str, meta_text
+from .jobs import WRITE_CONVERSATIONS, ShardJob, dumps, encode_str, meta_closer
 from .layout import Layout, layout
 from .places import places
 
@@ -109,6 +109,7 @@ class BulkShard:
 
 
 _SAMPLE_COLUMNS, _MEMBER_COLUMNS = 16, 8  # BULK_ROWS' columns after output_shard
+_ORDER_ONLY = frozenset({"kind", "i"})  # members' columns that only order them
 
 
 def bulk_rows(con) -> dict[str, str]:
@@ -147,10 +148,11 @@ def _by_shard(table, group: list[str]) -> dict:
 
 
 def _lists(part, width: int) -> list[list]:
-    """A shard's slice (`_by_shard`) as Python lists, column by column, without output_shard."""
+    """A shard's slice (`_by_shard`) as Python lists, column by column, without output_shard; a members slice's
+    ``kind`` and ``i`` (its order only, `in_sample_order`) as None, not made lists."""
     if part is None:
         return [[] for _ in range(width)]
-    return [part.column(i).to_pylist() for i in range(1, part.num_columns)]
+    return [None if k in _ORDER_ONLY else part.column(k).to_pylist() for k in part.column_names[1:]]
 
 
 def group_table(con, queries: dict[str, str], query: str, group: list[str], rows: store.Staged | None = None,
@@ -283,6 +285,7 @@ def build_packs(cols: Columns, context: dict) -> tuple[list[BulkPack], Layout, l
     firsts = [starts[a] for a in packs]
     lay = layout(out_names, [m[2] for m in cols.members], firsts)
     sample_ids = list(map(encode_str, cols.sample_id))
+    meta_text = meta_closer(context)
     built = []
     for g, (a, b) in enumerate(zip(packs, packs[1:])):
         pid, kind = encode_str(cols.pack_id[a]), _text(cols.media_type[a])
@@ -294,7 +297,7 @@ def build_packs(cols: Columns, context: dict) -> tuple[list[BulkPack], Layout, l
             cols.pack_id[a],
             [f'{{"pack_id": {pid}, "media_type": {kind}, "samples": [{heads[a]}'.encode(),
              *(f"{closes[k - 1]}, {heads[k]}".encode() for k in range(a + 1, b))],
-            f'{closes[b - 1]}], "_meta": {meta_text(meta, context)}}}'.encode(),
+            f'{closes[b - 1]}], "_meta": {meta_text(meta)}}}'.encode(),
             got.reads[got.first[a]:got.first[b]], got.records[a:b], got.members[m0:m1], out_names[m0:m1],
             lay.headers[m0:m1], lay.pads[m0:m1], lay.spans[g], any(p[0] < 0 for p in got.members[m0:m1])))
     return built, lay, parts
