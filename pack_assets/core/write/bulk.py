@@ -12,7 +12,7 @@ import hashlib
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import accumulate, groupby
+from itertools import accumulate
 
 import numpy as np
 import pyarrow.compute as pc
@@ -141,8 +141,8 @@ def _by_shard(table, group: list[str]) -> dict:
     if len(group) == 1:
         return {group[0]: table} if table.num_rows else {}
     runs, at = {}, 0
-    for k, g in groupby(table.column(0).to_pylist()):
-        n = sum(1 for _ in g)
+    counts = pc.value_counts(table.column(0))  # each shard's rows, in the order first seen: the table's
+    for k, n in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
         runs[k], at = table.slice(at, n), at + n
     return runs
 
