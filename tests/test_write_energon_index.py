@@ -6,7 +6,10 @@ come out as DuckDB's sort gave them."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -69,3 +72,29 @@ def test_members_in_any_order_come_out_in_their_samples_order():
     assert bulk.in_sample_order(samples, _members(shuffled)).to_pylist() == _members(want).to_pylist()
     with pytest.raises(KeyError):
         bulk.in_sample_order(samples, _members([*shuffled, ("b", "p9", 0, 0, 1, "w.jpg", 1, 1, None)]))
+
+
+def test_integer_columns_as_numpy_from_their_buffers():
+    col = pa.chunked_array([pa.array([5, 6, 7, 8], pa.int32()).slice(1), pa.array([], pa.int32()),
+                            pa.array([-1, 2**40], pa.int64()).cast(pa.int32(), safe=False).slice(0, 1)])
+    assert bulk._ints(col).tolist() == [6, 7, 8, -1]
+    assert bulk._ints(pa.array([3, 4], pa.uint8())).tolist() == [3, 4]
+    with pytest.raises(TypeError):
+        bulk._ints(pa.array([1, None]))
+
+
+def test_putting_members_in_order_does_not_import_pandas():
+    """Arrow's to_numpy and take of a numpy array import pandas on their first call: ~0.4 s of a fresh writer's
+    first shard (`pack-assets write` in a process of its own), for nothing."""
+    code = ("import sys, duckdb\n"
+            "from pack_assets.core.write import bulk, run_write\n"
+            "s = duckdb.sql(\"SELECT 'a' AS output_shard, unnest(['p', 'q']) AS pack_id, 0 AS position\")\n"
+            "s = s.to_arrow_table()\n"
+            "m = duckdb.sql(\"SELECT 'a' AS output_shard, unnest(['q', 'p']) AS pack_id, 0 AS position, 0 AS kind, \"\n"
+            "               \"1::BIGINT AS i\").to_arrow_table()\n"
+            "before = 'pandas' in sys.modules\n"
+            "assert bulk.in_sample_order(s, m).column('pack_id').to_pylist() == ['p', 'q']\n"
+            "print(before, 'pandas' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(bulk.__file__).parents[3])})
+    assert out.stdout.strip() == "False False"
