@@ -211,6 +211,8 @@ def _ints(col) -> np.ndarray:
     array) import pandas on their first call in a process, ~0.4 s of a fresh writer's first shard."""
     parts = []
     for c in col.chunks if isinstance(col, pa.ChunkedArray) else [col]:
+        if not len(c):
+            continue
         if not pa.types.is_integer(c.type) or c.null_count:
             raise TypeError(f"not an integer column without nulls: {c.type}, {c.null_count} nulls")
         width = c.type.bit_width // 8

@@ -181,6 +181,8 @@ def _reads(sources: Sources, arena: Arena, reads: list[tuple]) -> list[memoryvie
     for path, offset, size, what, span in reads:
         fd = fds.get(path)
         if fd is None:
+            if len(fds) >= sources.limit - 1:  # the next open could close one of them (the LRU's oldest): forgotten
+                fds.clear()
             fd = fds[path] = sources.get(path).fileno()
         buf = pread(fd, size, offset)
         if len(buf) != size:

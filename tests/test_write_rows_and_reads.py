@@ -1,8 +1,9 @@
-"""The Energon index (index.sqlite) as readers find it, however the writer inserts its rows: a tar's parts
-inserted many rows a statement (`energon.insert_parts`) give the file a statement per row gives, byte for byte
-(the output is deterministic and compared across versions), and the rows in their order; and the writer's
-members, read from the catalog in any order and put in their samples' order in numpy (`bulk.in_sample_order`),
-come out as DuckDB's sort gave them."""
+"""The writer's rows and reads. The Energon index (index.sqlite) as readers find it, however the writer inserts
+its rows: a tar's parts inserted many rows a statement (`energon.insert_parts`) give the file a statement per row
+gives, byte for byte (the output is deterministic and compared across versions), and the rows in their order. The
+writer's members, read from the catalog in any order and put in their samples' order in numpy
+(`bulk.in_sample_order`), come out as DuckDB's sort gave them, without importing pandas. A pack's reads, each
+source's descriptor looked up once, read the right bytes when the sources kept open are fewer than its sources."""
 
 from __future__ import annotations
 
@@ -98,3 +99,25 @@ def test_putting_members_in_order_does_not_import_pandas():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(Path(bulk.__file__).parents[3])})
     assert out.stdout.strip() == "False False"
+
+
+def test_a_packs_reads_from_more_sources_than_are_kept_open_read_each_ones_bytes(tmp_path):
+    """A pack's reads look each source's descriptor up once, but never keep one the sources' LRU has closed
+    (and whose number a later open may reuse for another file)."""
+    from pack_assets.core.write.shard import _reads
+    from pack_assets.core.write.syscalls import Arena, Sources
+
+    paths, data = [], []
+    for k in range(6):
+        paths.append(str(tmp_path / f"src-{k}.tar"))
+        data.append(bytes((37 * k + j) % 256 for j in range(200)))
+        Path(paths[-1]).write_bytes(data[-1])
+    order = (0, 1, 2, 3, 4, 5, 0, 3, 1, 5, 2, 4, 0)
+    sources = Sources(limit=3)
+    try:
+        got = _reads(sources, Arena(), [(paths[k], 100 + k, 3, f"s{k}", True) for k in order])
+        assert [bytes(g) for g in got] == [data[k][100 + k:103 + k] for k in order]
+        with pytest.raises(OSError, match="ends early"):
+            _reads(sources, Arena(), [(paths[0], 198, 5, "s0", True)])
+    finally:
+        sources.close()
