@@ -419,12 +419,18 @@ def header_rows(names: list[str], sizes) -> np.ndarray | None:
     by_length = lengths[order]
     cuts = [0, *(np.flatnonzero(np.diff(by_length)) + 1).tolist(), n]
     at = 0
+    # the checksum: the template's, each name's bytes (the rest of its field is the template's zeros) and its size
+    # field's digits, summed from the names and digits, not from the 512-byte rows
+    total = np.empty(n, dtype=np.int64)
     for a, b in zip(cuts, cuts[1:]):
         width = int(by_length[a])
-        rows[order[a:b], :width] = chars[at:at + (b - a) * width].reshape(b - a, width)
+        block = chars[at:at + (b - a) * width].reshape(b - a, width)
+        rows[order[a:b], :width] = block
+        total[order[a:b]] = block.sum(axis=1, dtype=np.int64)
         at += (b - a) * width
-    rows[:, 124:135] = (sizes[:, None] >> _OCTAL_SIZE & 7) + 48
-    total = _TEMPLATE_SUM + rows[:, :100].sum(axis=1, dtype=np.int64) + rows[:, 124:135].sum(axis=1, dtype=np.int64)
+    digits = sizes[:, None] >> _OCTAL_SIZE & 7
+    rows[:, 124:135] = digits + 48
+    total += _TEMPLATE_SUM + 48 * len(_OCTAL_SIZE) + digits.sum(axis=1)
     rows[:, 148:154] = (total[:, None] >> _OCTAL_SUM & 7) + 48
     rows[:, 154:156] = (0, 32)
     return rows

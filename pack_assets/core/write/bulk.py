@@ -12,13 +12,15 @@ import hashlib
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import accumulate, groupby
+from itertools import accumulate
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import store
 from .fingerprints import ShardFingerprint
-from .jobs import WRITE_CONVERSATIONS, ShardJob, dumps, encode_str, meta_text
+from .jobs import WRITE_CONVERSATIONS, ShardJob, dumps, encode_str, meta_closer
 from .layout import Layout, layout
 from .places import places
 
@@ -108,6 +110,7 @@ class BulkShard:
 
 
 _SAMPLE_COLUMNS, _MEMBER_COLUMNS = 16, 8  # BULK_ROWS' columns after output_shard
+_ORDER_ONLY = frozenset({"kind", "i"})  # members' columns that only order them
 
 
 def bulk_rows(con) -> dict[str, str]:
@@ -139,27 +142,29 @@ def _by_shard(table, group: list[str]) -> dict:
     if len(group) == 1:
         return {group[0]: table} if table.num_rows else {}
     runs, at = {}, 0
-    for k, g in groupby(table.column(0).to_pylist()):
-        n = sum(1 for _ in g)
+    counts = pc.value_counts(table.column(0))  # each shard's rows, in the order first seen: the table's
+    for k, n in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
         runs[k], at = table.slice(at, n), at + n
     return runs
 
 
 def _lists(part, width: int) -> list[list]:
-    """A shard's slice (`_by_shard`) as Python lists, column by column, without output_shard."""
+    """A shard's slice (`_by_shard`) as Python lists, column by column, without output_shard; a members slice's
+    ``kind`` and ``i`` (its order only, `in_sample_order`) as None, not made lists."""
     if part is None:
         return [[] for _ in range(width)]
-    return [part.column(i).to_pylist() for i in range(1, part.num_columns)]
+    return [None if k in _ORDER_ONLY else part.column(k).to_pylist() for k in part.column_names[1:]]
 
 
 def group_table(con, queries: dict[str, str], query: str, group: list[str], rows: store.Staged | None = None,
-                order_by: str = "", ordered: bool = True):
+                order_by: str | None = "", ordered: bool = True):
     """A group of output shards' rows of ``queries[query]``, ``output_shard`` first, ordered by it then by
     ``order_by``, as an Arrow table (its columns become Python lists one call each, not a tuple per row): from
     the group's staged file (`store.staged(..., groups=)`), or by one query for the group. Not ``ordered``, a
     group of one shard's rows come in any order, as read: no sort, whose rows DuckDB would hold beside the
     table (a 313k-sample shard's conversations: ~60 MiB more at the job's peak, docs/benchmarks.md)."""
-    order = "" if not ordered and len(group) == 1 else "output_shard" + (f", {order_by}" if order_by else "")
+    order = "" if order_by is None or not ordered and len(group) == 1 else \
+        "output_shard" + (f", {order_by}" if order_by else "")
     if rows is not None:
         found = rows.table(con, query, group[0], order)
         if found is not None:
@@ -176,13 +181,44 @@ def group_tables(con, group: list[str], rows: store.Staged | None = None) -> Ite
     groups=)`, or one query): a writer's job reads the catalog once, not once per output shard. Staged, a
     job reads no manifest file: a sample whose conversation the staging did not find is a KeyError."""
     queries = bulk_rows(con)
-    samples = _by_shard(group_table(con, queries, "samples", group, rows, order_by="pack_id, position"), group)
-    members = _by_shard(group_table(con, queries, "members", group, rows, order_by="pack_id, position, kind, i"),
+    samples = group_table(con, queries, "samples", group, rows, order_by="pack_id, position")
+    members = _by_shard(in_sample_order(samples, group_table(con, queries, "members", group, rows, order_by=None)),
                         group)
+    samples = _by_shard(samples, group)
     # looked up by sample id (`_columns`, `batches.StreamShard`): a shard's in any order
     conversations = _by_shard(group_table(con, queries, "conversations", group, rows, ordered=False), group)
     for name in group:
         yield name, samples.pop(name, None), members.pop(name, None), conversations.pop(name, None)
+
+
+def in_sample_order(samples, members):
+    """``members`` (BULK_ROWS' members rows, in any order) in the order of ``samples`` (its samples rows, ordered by
+    output shard, pack and position): each sample's media then extra members, each in the manifest's order. What
+    DuckDB's sort by (output_shard, pack_id, position, kind, i) gives, by integer keys in numpy: the strings are
+    compared once per pack, not per member (that sort was a third of the members' query, docs/benchmarks.md)."""
+    if members is None or members.num_rows <= 1 or samples is None:
+        return members
+    packs = pc.unique(samples.column("pack_id"))  # in the samples' order (first seen first)
+    rank = pc.index_in(members.column("pack_id"), value_set=packs)
+    if rank.null_count:  # none: both come from one plan
+        raise KeyError("a member's pack is not among its shard's samples in the catalog")
+    order = np.lexsort((*(_ints(members.column(k)) for k in ("i", "kind", "position")), _ints(rank)))
+    return members.take(pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order.astype(np.int64))]))
+
+
+def _ints(col) -> np.ndarray:
+    """An integer column without nulls as numpy, from its buffers: Arrow's ``to_numpy`` (and ``take`` of a numpy
+    array) import pandas on their first call in a process, ~0.4 s of a fresh writer's first shard."""
+    parts = []
+    for c in col.chunks if isinstance(col, pa.ChunkedArray) else [col]:
+        if not len(c):
+            continue
+        if not pa.types.is_integer(c.type) or c.null_count:
+            raise TypeError(f"not an integer column without nulls: {c.type}, {c.null_count} nulls")
+        width = c.type.bit_width // 8
+        kind = "i" if pa.types.is_signed_integer(c.type) else "u"
+        parts.append(np.frombuffer(c.buffers()[1], dtype=f"{kind}{width}", count=len(c), offset=c.offset * width))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def table_columns(input_root, name: str, samples, members, conversations) -> Columns:
@@ -264,6 +300,7 @@ def build_packs(cols: Columns, context: dict) -> tuple[list[BulkPack], Layout, l
     firsts = [starts[a] for a in packs]
     lay = layout(out_names, [m[2] for m in cols.members], firsts)
     sample_ids = list(map(encode_str, cols.sample_id))
+    meta_text = meta_closer(context)
     built = []
     for g, (a, b) in enumerate(zip(packs, packs[1:])):
         pid, kind = encode_str(cols.pack_id[a]), _text(cols.media_type[a])
@@ -275,7 +312,7 @@ def build_packs(cols: Columns, context: dict) -> tuple[list[BulkPack], Layout, l
             cols.pack_id[a],
             [f'{{"pack_id": {pid}, "media_type": {kind}, "samples": [{heads[a]}'.encode(),
              *(f"{closes[k - 1]}, {heads[k]}".encode() for k in range(a + 1, b))],
-            f'{closes[b - 1]}], "_meta": {meta_text(meta, context)}}}'.encode(),
+            f'{closes[b - 1]}], "_meta": {meta_text(meta)}}}'.encode(),
             got.reads[got.first[a]:got.first[b]], got.records[a:b], got.members[m0:m1], out_names[m0:m1],
             lay.headers[m0:m1], lay.pads[m0:m1], lay.spans[g], any(p[0] < 0 for p in got.members[m0:m1])))
     return built, lay, parts

@@ -221,10 +221,17 @@ def _meta(job: PackJob, sources: list[str], context: dict) -> str:
 
 def meta_text(meta: str, context: dict) -> str:
     """`_meta` from the text of its fixed keys (``meta``, not closed) and the context's items after them."""
+    return meta_closer(context)(meta)
+
+
+def meta_closer(context: dict):
+    """`meta_text` for one context, made once (a shard's packs share it): the context's JSON is made here, not
+    per pack."""
     if _META_FIXED & context.keys():  # a context key would replace a fixed one in place, as the dict merge does
-        return dumps({**json.loads(meta + "}"), **context})
+        return lambda meta: dumps({**json.loads(meta + "}"), **context})
     rest = dumps(context)[1:-1]
-    return meta + (f", {rest}}}" if rest else "}")
+    end = f", {rest}}}" if rest else "}"
+    return lambda meta: meta + end
 
 
 def _member_json(m: dict | None) -> str:

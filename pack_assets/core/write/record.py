@@ -51,35 +51,31 @@ def written_key(con, info: PlanInfo, context: dict) -> str:
 # string_agg ran out of DuckDB's memory at 1M samples, and the fingerprint query hands every sample to Python:
 # docs/benchmarks.md). Conversations are hashed before the joins, as in the fingerprint query; they and the member
 # lists are the manifest's own (the `samples` view's join adds only a status, not hashed). DIGEST_FORMAT:
-# bumped when the lines change (a record of another format vouches for nothing and refutes nothing).
+# bumped when the lines change (a record of another format vouches for nothing and refutes nothing). Each line's
+# and member's md5 is computed once (`md5_number`, 128 bits), its halves taken from it: its high 64 bits are what
+# `md5_number_lower` gives and its low 64 bits `md5_number_upper`'s (DuckDB's names), so the digests are those of
+# format 2 when each was computed twice, in half the query's CPU (docs/benchmarks.md, issue 41).
 DIGEST_FORMAT = 2
-
-
-def _halves(md5: str) -> str:
-    """A 128-bit md5 (or an XOR of them) as DuckDB's `md5_number_lower(x) || ':' || md5_number_upper(x)` prints it:
-    its high 64 bits, then its low 64. The two functions each hash x again and slice its bits as text (DuckDB 2.0);
-    XOR commutes with the halves, so one md5 a value, XORed whole, gives the same digest."""
-    return f"(({md5}) >> 64)::UBIGINT || ':' || (({md5}) & 18446744073709551615::UHUGEINT)::UBIGINT"
-
-
-_DIGEST_ROWS = f"""
-WITH mem AS (SELECT sample_id, bit_xor(md5_number(m)) AS h, bool_or(unhashed) AS unhashed
-             FROM (SELECT sample_id, concat_ws(',', to_json(name), "offset", size, coalesce(sha256, '-')) AS m,
-                          sha256 IS NULL AS unhashed
-                   FROM members WHERE sample_id IN (SELECT sample_id FROM pack_members /*only_members*/))
-             GROUP BY sample_id),
+_DIGEST_ROWS = """
+WITH mem AS (SELECT sample_id, (x >> 64)::UBIGINT || ':' || (x & $low)::UBIGINT AS lo_hi, unhashed
+             FROM (SELECT sample_id, bit_xor(md5_number(m)) AS x, bool_or(unhashed) AS unhashed
+                   FROM (SELECT sample_id, concat_ws(',', to_json(name), "offset", size, coalesce(sha256, '-')) AS m,
+                                sha256 IS NULL AS unhashed
+                         FROM members WHERE sample_id IN (SELECT sample_id FROM pack_members /*only_members*/))
+                   GROUP BY sample_id)),
 lines AS (SELECT p.output_shard, p.pack_id,
                  concat_ws('|', to_json(p.pack_id), p.media_type, p.total_token_len, pm.position, to_json(pm.sample_id),
                            t.total_tokens, s.conv, to_json(s.json_member), to_json(s.media_members),
-                           to_json(s.extra_members), coalesce({_halves('mem.h')}, ''),
+                           to_json(s.extra_members), coalesce(mem.lo_hi, ''),
                            CASE WHEN mem.unhashed THEN coalesce(sh.size || ':' || sh.mtime_ns, '') END) AS line
           FROM pack_plan p JOIN pack_members pm USING (pack_id)
           JOIN (SELECT sample_id, shard, json_member, media_members, extra_members, md5(conversation) AS conv
                 FROM manifest_samples /*only_ids*/) s USING (sample_id)
           JOIN (SELECT * FROM token_lengths /*only_ids*/) t USING (sample_id) LEFT JOIN mem USING (sample_id)
           LEFT JOIN shards sh ON sh.shard = s.shard /*only*/)
-SELECT output_shard, {_halves('bit_xor(md5_number(line))')}, count(DISTINCT pack_id), count(*)
-FROM lines GROUP BY 1"""
+SELECT output_shard, (x >> 64)::UBIGINT || ':' || (x & $low)::UBIGINT, packs, samples
+FROM (SELECT output_shard, bit_xor(md5_number(line)) AS x, count(DISTINCT pack_id) AS packs, count(*) AS samples
+      FROM lines GROUP BY 1)""".replace("$low", "18446744073709551615::UHUGEINT")
 # What a shard's digest is computed from, found far more cheaply than the digest itself: its plan lines
 # (pack, position, sample) hashed, and the source shards its samples come from. With the stat stamps of those
 # sources' catalog files (size, mtime, inode, ctime), they key the digest: where the key is the one recorded,

@@ -127,7 +127,7 @@ class _ShardFile:
         self.docs: list[tuple[int, int, int]] = []  # per pack: where it starts, its document's header and size
 
     def pack(self, pack: BulkPack, sources: Sources, arena: Arena) -> None:
-        got = [_read(sources, arena, *r) for r in pack.reads]
+        got = _reads(sources, arena, pack.reads)
         texts = [_source(got[r[0]][r[1]:r[2]], r[3]) if r is not None else b"null" for r in pack.records]
         body = b"".join([x for pair in zip(pack.heads, texts) for x in pair] + [pack.tail])
         header = member_header(f"{pack.pack_id}.json", len(body))
@@ -174,13 +174,34 @@ class _ShardFile:
         return self.end + tail
 
 
+def _reads(sources: Sources, arena: Arena, reads: list[tuple]) -> list[memoryview]:
+    """A pack's reads (`bulk.BulkPack.reads`) into the arena, in order, each source's descriptor looked up once
+    per pack (a pack reads ~25 samples' spans, from a few sources); a source that ends early is an error."""
+    got, fds, pread = [], {}, arena.pread
+    for path, offset, size, what, span in reads:
+        fd = fds.get(path)
+        if fd is None:
+            if len(fds) >= sources.limit - 1:  # the next open could close one of them (the LRU's oldest): forgotten
+                fds.clear()
+            fd = fds[path] = sources.get(path).fileno()
+        buf = pread(fd, size, offset)
+        if len(buf) != size:
+            _ends_early(path, offset, size, what, span, len(buf))
+        got.append(buf)
+    return got
+
+
 def _read(sources: Sources, arena: Arena, path: str, offset: int, size: int, what: str, span: bool) -> memoryview:
     """One of a pack's reads (`bulk.BulkPack.reads`) into the arena; a source that ends early is an error."""
     buf = arena.pread(sources.get(path).fileno(), size, offset)
     if len(buf) != size:
-        raise OSError(f"{path}: sample {what} ends early ({len(buf)} of {size} bytes at offset {offset})" if span
-                      else f"{path}: {what} ends early ({len(buf)} of {size} bytes)")
-    return memoryview(buf)
+        _ends_early(path, offset, size, what, span, len(buf))
+    return buf
+
+
+def _ends_early(path: str, offset: int, size: int, what: str, span: bool, got: int) -> None:
+    raise OSError(f"{path}: sample {what} ends early ({got} of {size} bytes at offset {offset})" if span
+                  else f"{path}: {what} ends early ({got} of {size} bytes)")
 
 
 def _source(raw, how: int) -> bytes | memoryview:

@@ -101,10 +101,11 @@ class Arena:
     def __init__(self, size: int = 1 << 20) -> None:
         self.buf, self.used, self.wanted = memoryview(bytearray(size)), 0, 0
 
-    def pread(self, fd: int, n: int, offset: int) -> bytes | memoryview:
+    def pread(self, fd: int, n: int, offset: int) -> memoryview:
+        """``n`` bytes of ``fd`` at ``offset`` (fewer at its end), viewed: slicing them copies nothing."""
         self.wanted += n
         if self.used + n > len(self.buf):
-            return os.pread(fd, n, offset)
+            return memoryview(os.pread(fd, n, offset))
         view = self.buf[self.used:self.used + n]
         self.used += n
         return view[:os.preadv(fd, [view], offset)]
