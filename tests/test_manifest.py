@@ -442,3 +442,31 @@ def test_the_header_checksum_sums_every_byte_of_a_block():
     blocks = [bytes(512), b"\xff" * 512, b"\xff" * 256 + bytes(256)]
     blocks += [bytes(rng.randrange(256) for _ in range(512)) for _ in range(300)]
     assert [header_sum(b) for b in blocks] == [sum(b) for b in blocks]
+
+
+_RECORD_TEXTS = [
+    '{"conversations": [{"from": "human", "value": "Hi"}]}',  # json.dumps' form: the scanner's direct read
+    '{"a":1}',  # no whitespace at all: direct as well
+    ' {"a": 1}', '{"a": 1}\n', '\ufeff{"a": 1}', '\t[1]\r\n',  # whitespace around it, a BOM: json.loads
+    '{"a": 1} {"b": 2}', '{"a": 1}x', '{"a": ', '{"a": "\x01"}', '', ' ', 'nul', '"s"', '{"a": NaN}', '[1, 2]',
+]
+
+
+@pytest.mark.parametrize("text", _RECORD_TEXTS)
+def test_a_record_is_decoded_as_json_loads_decodes_it(tmp_path, text):
+    """The scan's record is json.loads' value, and a document json.loads refuses gets its error as the detail,
+    whether the decoder's scanner read it directly or json.loads did."""
+    from pack_assets.core.scan import _loads
+
+    try:
+        want = ("ok", json.loads(text))
+    except json.JSONDecodeError as e:
+        want = ("invalid_json", f"k.json: {e}")
+    try:
+        got = ("ok", _loads(text, "k.json"))
+    except ReasonError as e:
+        got = (e.reason, e.detail)
+    assert got == want
+    samples, rejections = scan(write_tar(tmp_path / "r.tar", [("k.json", text)]))
+    if want[0] == "invalid_json":
+        assert [(r.reason, r.detail) for r in rejections] == [want]
