@@ -299,6 +299,66 @@ def test_a_header_summed_as_signed_chars_is_read_as_tarfile_reads_it(tmp_path):
     assert e.value.reason == "not_a_tar"
 
 
+def _respelled(header: bytes, size: bytes | None, checksum: str, off: int = 0) -> bytes:
+    """The header with its size field replaced (None: kept) and its checksum (plus ``off``) in another spelling."""
+    h = bytearray(header)
+    if size is not None:
+        h[124:136] = size
+    h[148:156] = b" " * 8
+    h[148:156] = (checksum % (sum(h) + off)).encode("ascii")
+    assert len(h) == 512
+    return bytes(h)
+
+
+# (size field, checksum field): the usual spellings take the header reader's direct reads, the others its general
+# one (tarfile's rule: up to the first NUL, stripped, octal; base-256 when the high bit is set)
+_SPELLINGS = [
+    (None, "%06o\0 "),  # the usual ones (tarfile writes them)
+    (b"%011o " % 700, "%06o\0 "),  # a size ending in a space, not a NUL
+    (b"  %09o\0" % 700, "%07o\0"),  # leading spaces; a seven-digit checksum
+    (b"%o\0" % 700 + bytes(12 - len(b"%o\0" % 700)), " %05o\0 "),  # a short size field; a space-led checksum
+    (b"\x80" + (700).to_bytes(11, "big"), "%06o  "),  # GNU base-256 size; a checksum without a NUL
+    (b"%011o\0" % 700, "%08o"),  # eight digits, no terminator at all
+]
+
+
+@pytest.mark.parametrize("size, checksum", _SPELLINGS)
+def test_header_fields_in_any_spelling_tarfile_reads(tmp_path, size, checksum):
+    """The size and checksum fields are read as tarfile reads them, whichever of their spellings a writer used."""
+    path = tmp_path / "spelled.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+        add(tf, "a/k.json", "x" * 700)
+        add(tf, "a/k.jpg", "y" * 10)
+    data = bytearray(path.read_bytes())
+    data[:512] = _respelled(bytes(data[:512]), size, checksum)
+    path.write_bytes(bytes(data))
+    assert _our_view(path) == _tarfile_view(path) == [("a/k.json", 0, 512, 700), ("a/k.jpg", 1536, 2048, 10)]
+    data[:512] = _respelled(bytes(data[:512]), size, checksum, 1)  # a wrong sum: no archive
+    path.write_bytes(bytes(data))
+    with open(path, "rb") as f:
+        with pytest.raises(ReasonError) as e:
+            list(iter_entries(f, path.stat().st_size))
+    assert e.value.reason == "not_a_tar"
+
+
+def test_an_all_zero_block_ends_the_archive_and_zero_bytes_with_a_sum_do_not(tmp_path):
+    """The end-of-archive blocks are told from a member header by their checksum: an all-zero block never
+    matches one (stored 0 against 256), so the walk stops there, and members after it are not read."""
+    path = tmp_path / "z.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+        add(tf, "a/k.json", "{}")
+    data = path.read_bytes()
+    trailer: list[int] = []
+    with open(path, "rb") as f:
+        assert [e.name for e in iter_entries(f, len(data), trailer)] == ["a/k.json"]
+    assert trailer == [1024]
+    path.write_bytes(data[:1024] + bytes(512) + data[:1024] + bytes(1024))  # a member after one zero block
+    trailer = []
+    with open(path, "rb") as f:
+        assert [e.name for e in iter_entries(f, path.stat().st_size, trailer)] == ["a/k.json"]
+    assert trailer == [1024] and [n for n, *_ in _tarfile_view(path)] == ["a/k.json"]
+
+
 def test_header_reader_agrees_with_tarfile_on_real_fixture_archives():
     tars = sorted((Path(__file__).resolve().parent / "fixtures" / "datasets").glob("**/*.tar"))
     assert len(tars) >= 4
@@ -382,3 +442,31 @@ def test_the_header_checksum_sums_every_byte_of_a_block():
     blocks = [bytes(512), b"\xff" * 512, b"\xff" * 256 + bytes(256)]
     blocks += [bytes(rng.randrange(256) for _ in range(512)) for _ in range(300)]
     assert [header_sum(b) for b in blocks] == [sum(b) for b in blocks]
+
+
+_RECORD_TEXTS = [
+    '{"conversations": [{"from": "human", "value": "Hi"}]}',  # json.dumps' form: the scanner's direct read
+    '{"a":1}',  # no whitespace at all: direct as well
+    ' {"a": 1}', '{"a": 1}\n', '\ufeff{"a": 1}', '\t[1]\r\n',  # whitespace around it, a BOM: json.loads
+    '{"a": 1} {"b": 2}', '{"a": 1}x', '{"a": ', '{"a": "\x01"}', '', ' ', 'nul', '"s"', '{"a": NaN}', '[1, 2]',
+]
+
+
+@pytest.mark.parametrize("text", _RECORD_TEXTS)
+def test_a_record_is_decoded_as_json_loads_decodes_it(tmp_path, text):
+    """The scan's record is json.loads' value, and a document json.loads refuses gets its error as the detail,
+    whether the decoder's scanner read it directly or json.loads did."""
+    from pack_assets.core.scan import _loads
+
+    try:
+        want = ("ok", json.loads(text))
+    except json.JSONDecodeError as e:
+        want = ("invalid_json", f"k.json: {e}")
+    try:
+        got = ("ok", _loads(text, "k.json"))
+    except ReasonError as e:
+        got = (e.reason, e.detail)
+    assert got == want
+    samples, rejections = scan(write_tar(tmp_path / "r.tar", [("k.json", text)]))
+    if want[0] == "invalid_json":
+        assert [(r.reason, r.detail) for r in rejections] == [want]

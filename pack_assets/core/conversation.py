@@ -55,9 +55,10 @@ _READ_KEYS = frozenset(("role", "from", "content", "value", "tools"))
 _ROLE_CONTENT = frozenset(("role", "content"))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MediaRefs:
-    """Media the record itself names (LLaVA ``image``/``images``/``video``/``videos`` fields)."""
+    """Media the record itself names (LLaVA ``image``/``images``/``video``/``videos`` fields). (Not frozen: the
+    scan makes two per sample, and a frozen dataclass's __init__ sets each field through object.__setattr__.)"""
 
     images: list[str]
     videos: list[str]
@@ -83,8 +84,11 @@ def _as_list(value) -> list[str]:
 
 def media_refs(record: dict) -> MediaRefs:
     """Record-level media fields; for a kind the record has none of, the names its inline parts give."""
-    images = _as_list(record.get("image")) + _as_list(record.get("images"))
-    videos = _as_list(record.get("video")) + _as_list(record.get("videos"))
+    get = record.get  # (the fields are mostly absent: no call for those)
+    images = [*_as_list(image), *_as_list(get("images"))] if (image := get("image")) is not None \
+        else _as_list(get("images"))
+    videos = [*_as_list(video), *_as_list(get("videos"))] if (video := get("video")) is not None \
+        else _as_list(get("videos"))
     if not images or not videos:
         inline = inline_refs(record)
         images, videos = images or inline.images, videos or inline.videos
@@ -115,7 +119,9 @@ def inline_refs(record: dict) -> MediaRefs:
     turns = _turns(record)
     for t in turns if isinstance(turns, list) else []:
         content = t.get("content") if isinstance(t, dict) else None
-        for item in content if isinstance(content, list) else []:
+        if not isinstance(content, list):  # (a ShareGPT turn's "value", a string content: no part names media)
+            continue
+        for item in content:
             p = _part(item) if isinstance(item, dict) else None
             if p is not None and p["type"] in out:
                 ref = _part_ref(item, p["type"])
@@ -146,7 +152,24 @@ def _split_placeholders(text: str) -> list[dict]:
         return [{"type": "text", "text": text}]
     parts: list[dict] = []
     pos = 0
-    for m in _PLACEHOLDER.finditer(text):
+    at, misses = text.find("<"), 0
+    # each "<" found by str.find (memchr), as the regex's matches: a placeholder holds no other "<", so two never
+    # overlap; a text with many other "<" (markup, code) goes to the regex's one pass instead
+    while at >= 0 and misses < 8:
+        if text.startswith("<image>", at) or text.startswith("<video>", at):
+            if at > pos:
+                parts.append({"type": "text", "text": text[pos:at]})
+            parts.append({"type": text[at + 1 : at + 6]})
+            pos = at + 7
+            at = text.find("<", pos)
+        else:
+            misses += 1
+            at = text.find("<", at + 1)
+    if at < 0:
+        if pos < len(text) or not parts:
+            parts.append({"type": "text", "text": text[pos:]})
+        return parts
+    for m in _PLACEHOLDER.finditer(text, at):  # the rest by the regex, from the "<" the loop stopped at
         if m.start() > pos:
             parts.append({"type": "text", "text": text[pos : m.start()]})
         parts.append({"type": m.group(0)[1:-1]})
@@ -212,14 +235,16 @@ def _turn(role_raw, content, extra: dict, as_given: bool) -> dict:
     """One message. ``as_given``: an HF "messages" turn, whose string content stays a string when it holds no
     placeholder (templates may test ``content is string``: Qwen3's text template renders a list as "", Qwen3-Omni's
     finds the last query only among strings); ShareGPT ``value`` text becomes typed parts, as before."""
-    role = ROLE_MAP.get(str(role_raw).lower())
+    low = str(role_raw).lower()
+    role = ROLE_MAP.get(low)
     if role is None:
         raise ReasonError("unknown_role", f"unknown role {role_raw!r}")
-    calls = _function_call(content) if str(role_raw).lower() == "function_call" else None
+    calls = _function_call(content) if low == "function_call" else None
     if calls:
         content, extra = "", {**extra, "tool_calls": calls}
     keep = as_given and isinstance(content, str) and not _PLACEHOLDER.search(content)
-    msg = {"role": role, "content": content if keep else _content(content)}
+    msg = {"role": role, "content": content if keep else
+           _split_placeholders(content) if type(content) is str else _content(content)}  # (_content's, one call less)
     if not extra.keys() <= _READ_KEYS:  # (most turns have only keys read here: no generator for them)
         msg.update((k, v) for k, v in extra.items() if k not in _READ_KEYS)
     if msg.get("tool_calls") and not keep and not any(p.get("text") or p["type"] != "text" for p in msg["content"]):
@@ -263,9 +288,26 @@ def _rendered(message: dict):
     yield from _kept(message)
 
 
+def _has_lt(content) -> bool:
+    """Whether a message's content holds a "<" in its text (``_texts``' strings), or is of a kind it does not read."""
+    if type(content) is str:
+        return "<" in content
+    if type(content) is not list:
+        return True
+    for p in content:
+        if type(p) is not dict or p["type"] == "text" and (type(p.get("text")) is not str or "<" in p["text"]):
+            return True
+    return False
+
+
 def _check_media_tokens(messages: list[dict]) -> None:
     # one search over every string first (no token holds "\0"); only a hit walks the messages to name it. Every
-    # token starts with "<": a text without one (most) needs no regex
+    # token starts with "<": a text without one (most) needs no regex, and plain messages without one need no join
+    for m in messages:
+        if m.keys() != _ROLE_CONTENT or _has_lt(m["content"]):
+            break
+    else:
+        return
     texts: list[str] = []
     for m in messages:
         texts += _texts(m["content"])
@@ -311,9 +353,12 @@ def normalize(record: dict, caption: str | None = None) -> list[dict]:
         # a caption sample: the media is the prompt, the caption the answer
         messages.append({"role": "user", "content": []})
         messages.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
-    if not any(m["role"] in ("user", "assistant") for m in messages):
+    for m in messages:
+        if m["role"] in ("user", "assistant"):
+            break
+    else:
         raise ReasonError("no_conversation", "conversation has no user or assistant turn")
-    tools = record_tools(record)
+    tools = record_tools(record) if "tools" in record else None  # (None for an absent key too)
     if tools:
         messages[0]["tools"] = tools
     _check_media_tokens(messages)

@@ -29,6 +29,7 @@ from .settings import ScanOptions
 from .tario import Entry, RangeFile, group_by_key, is_meta_member, is_unsafe_name, iter_entries, split_key
 
 CAPTION_EXTS = frozenset({"txt", "caption", "cap"})
+_SCAN_ONCE = json.JSONDecoder().scan_once  # json.loads' decoder's: the value at an index and where it ends
 _CHUNK = 1 << 20
 _IMAGE_PREFIX = 16 << 10
 
@@ -68,6 +69,8 @@ def _ext(part: str) -> str:
 def _resolve_refs(refs: list[str], members: list[tuple[Entry, str]], kind: str) -> list[tuple[Entry, str]]:
     """Order media members by the names the record gives; positional when none of the names resolve."""
     if not refs:
+        return members
+    if len(refs) == 1 == len(members) and refs[0] == members[0][1]:  # one member, named by its part: no table
         return members
     by_name: dict[str, tuple[Entry, str]] = {}
     for e, part in members:
@@ -156,10 +159,7 @@ def _read_record(sample: Sample, entries: list[Entry], parts: _Parts, small: dic
             text = small[name].decode("utf-8")
         except UnicodeDecodeError as e:
             raise ReasonError("invalid_utf8", f"{name}: {e}") from None
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ReasonError("invalid_json", f"{name}: {e}") from None
+        record = _loads(text, name)
         if not isinstance(record, dict):
             raise ReasonError("json_not_object", f"{name} holds a {type(record).__name__}")
         sample.json_member = name
@@ -172,6 +172,22 @@ def _read_record(sample: Sample, entries: list[Entry], parts: _Parts, small: dic
         if parts.json is None:
             sample.json_member = parts.caption.name
     return record, caption
+
+
+def _loads(text: str, name: str):
+    """``json.loads(text)``: a document with no whitespace around it (json.dumps writes none) is decoded by the
+    decoder's scanner straight away, without ``loads``' checks and its two whitespace matches; anything else
+    (whitespace, a BOM, bad JSON) by ``json.loads`` itself, which gives the same value or the same error."""
+    try:
+        value, end = _SCAN_ONCE(text, 0)
+        if end == len(text):
+            return value
+    except (StopIteration, ValueError):  # (JSONDecodeError is a ValueError)
+        pass
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ReasonError("invalid_json", f"{name}: {e}") from None
 
 
 def _conversation(record: dict, caption: str | None, parts: _Parts, options: ScanOptions) -> list[dict]:

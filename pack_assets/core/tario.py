@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from zlib import adler32
 
 import numpy as np
 
@@ -106,6 +107,17 @@ def _number(field: bytes) -> int:
     return int(field, 8) if field else 0
 
 
+def _size_field(buf: bytes) -> int:
+    """``_number`` of a header's size field; the usual one (eleven octal digits then NUL) read directly. ``int``
+    strips the same whitespace as ``bytes.strip`` and refuses a NUL or a byte >= 0x80: those go to ``_number``."""
+    if buf[135] == 0:
+        try:
+            return int(buf[124:135], 8)
+        except ValueError:
+            pass
+    return _number(buf[124:136])
+
+
 def _text(field: bytes) -> str:
     return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
@@ -122,8 +134,11 @@ def header_sum(buf: bytes) -> int:
 
 
 def _checksum_matches(buf: bytes, stored: int) -> bool:
-    # the signed sum only when the usual one fails: it costs more than the rest of a header's parsing
-    return stored == header_sum(buf) - sum(buf[148:156]) + 256 or stored == _signed_checksum(buf)
+    # the signed sum only when the usual one fails: it costs more than the rest of a header's parsing. The
+    # unsigned one is the bytes outside the checksum field (three Adler-32 low halves: each run's byte sum stays
+    # below 65521) plus the field as 8 spaces (256)
+    unsigned = (adler32(buf[:148]) & 0xFFFF) + (adler32(buf[156:256]) & 0xFFFF) + (adler32(buf[256:]) & 0xFFFF) + 253
+    return stored == unsigned or stored == _signed_checksum(buf)
 
 
 def _header_name(buf: bytes) -> str:
@@ -184,6 +199,11 @@ def _refuse_non_tar(f) -> None:
 
 
 def _stored_checksum(buf: bytes) -> int:
+    try:
+        if buf[154] == 0:  # the usual field, six octal digits then NUL (and a space): what _number gives, or a
+            return int(buf[148:154], 8)  # ValueError for anything else (a NUL, base-256, no digits), then _number
+    except ValueError:
+        pass
     try:
         return _number(buf[148:156])
     except ValueError:
@@ -255,7 +275,9 @@ def iter_entries(f, file_size: int, trailer: list[int] | None = None, pread=None
         if start is None:
             start = pos
         buf = pread(fd, BLOCK, pos)
-        if len(buf) < BLOCK or buf.count(0) == BLOCK or not _checksum_matches(buf, _stored_checksum(buf)):
+        # (no count of zero bytes here: an all-zero block fails the checksum, stored 0 against 256, and
+        # `_archive_end` tells the end-of-archive blocks from a break)
+        if len(buf) < BLOCK or not _checksum_matches(buf, _stored_checksum(buf)):
             end = _archive_end(buf, pos, trailer)
             if end is not None:
                 yield end
@@ -263,7 +285,7 @@ def iter_entries(f, file_size: int, trailer: list[int] | None = None, pread=None
         typeflag, data_at = buf[156:157], pos + BLOCK
         extended = typeflag in _EXTENDED
         try:
-            size = _number(buf[124:136])
+            size = _size_field(buf)
             if size < 0:
                 raise ValueError(f"negative size {size}")
         except ValueError as e:
