@@ -9,7 +9,8 @@ code, each piece in a fresh process (python -P), the two codes alternating in ea
 - ``digests``: the writer's catalog digests of every output shard (`write.record.shard_digests`, no record): CPU,
   wall and VmHWM (at the catalog's DuckDB limit).
 - ``staging``: the audit's rows staged for every output shard (`store.staged` of `expected.AUDIT_ROWS`) as the
-  code's `audit.audit` stages them (held to its `STAGING_MEMORY` where the code has one, else the catalog's 1GB).
+  code's `audit.audit` stages them (held to its `STAGING_MEMORY` where the code has one, else the catalog's 1GB);
+  its answer is the count of staged samples rows (one per planned sample; the codes' queries differ).
 
 Each piece's result is compared between the codes (the packs per max length and algorithm; the digests; the
 staged rows' count), so a faster piece that gives other answers shows. CPU is the process's (DuckDB's threads
@@ -61,15 +62,12 @@ else:
         from pack_assets.core.expected import AUDIT_ROWS
         shards = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
         staged = getattr(audit, "_staged", None)
-        if staged is not None:
-            with staged(con, work, shards) as rows:
-                files = sorted(rows.root.rglob("*.parquet"))
-                rows_n = sum(con.execute(f"SELECT count(*) FROM read_parquet('{f}')").fetchall()[0][0] for f in files)
-        else:
-            with store.staged(work, AUDIT_ROWS, shards, con) as rows:
-                files = sorted(rows.root.rglob("*.parquet"))
-                rows_n = sum(con.execute(f"SELECT count(*) FROM read_parquet('{f}')").fetchall()[0][0] for f in files)
-        out["answer"] = {"queries": sorted(AUDIT_ROWS), "rows": rows_n}
+        with (staged(con, work, shards) if staged is not None else store.staged(work, AUDIT_ROWS, shards, con)) as rows:
+            out["wall_s_staged"] = round(time.perf_counter() - t, 2)
+            files = sorted((rows.root / "samples").rglob("*.parquet"))
+            count = "SELECT count(*) FROM read_parquet('{}')"
+            out["answer"] = {"samples_rows": sum(con.execute(count.format(f)).fetchall()[0][0] for f in files)}
+        out["queries"] = sorted(AUDIT_ROWS)
 out.update(wall_s=round(time.perf_counter() - t, 2), cpu_s=round(time.process_time() - c, 2),
            hwm_before_mib=round(before / 2**20, 1), hwm_mib=round(hwm() / 2**20, 1))
 print(json.dumps(out))
