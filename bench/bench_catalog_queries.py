@@ -9,7 +9,7 @@ code, each piece in a fresh process (python -P), the two codes alternating in ea
 - ``digests``: the writer's catalog digests of every output shard (`write.record.shard_digests`, no record): CPU,
   wall and VmHWM (at the catalog's DuckDB limit).
 - ``staging``: the audit's rows staged for every output shard (`store.staged` of `expected.AUDIT_ROWS`) as the
-  code's `audit.audit` stages them (held to its `STAGING_MEMORY` where the code has one, else the catalog's 1GB);
+  code's `audit.audit` stages them (held to its `BESIDE_MEMORY` where the code has one, else the catalog's 1GB);
   its answer is the count of staged samples rows (one per planned sample; the codes' queries differ).
 
 Each piece's result is compared between the codes (the packs per max length and algorithm; the digests; the

@@ -126,17 +126,21 @@ def test_a_workers_expectations_are_the_samples_views_rows_each_name_held_once(d
                         assert member is json_names[sid]
 
 
-def test_the_audit_stages_its_rows_under_a_lower_duckdb_limit_then_puts_the_catalogs_back(dataset, tmp_path,
-                                                                                         monkeypatch):
-    """At 10M samples the staging filled the catalog's 1GB beside the side helpers' recount (the audit stage's
-    peak): it runs held to `audit.STAGING_MEMORY`, or to the limit the user set (store.MEMORY_ENV); the audit's
-    later queries have the catalog's limit again, and the audit passes."""
+def test_the_audit_checks_and_stages_under_a_lower_duckdb_limit_then_puts_the_catalogs_back(dataset, tmp_path,
+                                                                                            monkeypatch):
+    """At 10M samples the plan's checks and the staging each filled the catalog's 1GB beside the side helpers'
+    recount (the audit stage's peak): they run held to `audit.BESIDE_MEMORY`, or to the limit the user set
+    (store.MEMORY_ENV); the audit's later queries have the catalog's limit again, and the audit passes."""
     work, out = tmp_path / "work", tmp_path / "out"
     _packed(dataset, work, out)
-    staged, counts, seen = store.staged, audit_mod.per_shard, []
+    checks, staged, counts, seen = audit_mod.check_plan, store.staged, audit_mod.per_shard, []
 
     def limit(con) -> str:
         return con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+
+    def check_plan(con, config):
+        seen.append(limit(con))
+        return checks(con, config)
 
     def spy(work, queries, shards, con=None, **kw):
         seen.append(limit(con))
@@ -150,11 +154,12 @@ def test_the_audit_stages_its_rows_under_a_lower_duckdb_limit_then_puts_the_cata
         with store.connect(work, read_only=True) as con:
             return [limit(con.execute(f"SET memory_limit = '{m}'")) for m in limits]
 
+    monkeypatch.setattr(audit_mod, "check_plan", check_plan)
     monkeypatch.setattr(store, "staged", spy)
     monkeypatch.setattr(audit_mod, "per_shard", per_shard)
     assert run_audit(work, out).ok
-    assert seen == as_duckdb_says(audit_mod.STAGING_MEMORY, "1GB")
+    assert seen == as_duckdb_says(audit_mod.BESIDE_MEMORY, audit_mod.BESIDE_MEMORY, "1GB")
     monkeypatch.setenv(store.MEMORY_ENV, "2GB")
     seen.clear()
     assert run_audit(work, out, scope="all", digests=False).ok
-    assert seen == as_duckdb_says("2GB", "2GB")  # the user's limit, while staging too
+    assert seen == as_duckdb_says("2GB", "2GB", "2GB")  # the user's limit, while checking and staging too

@@ -397,20 +397,21 @@ def _check_counts(res: AuditResult, per_shard: dict[str, dict], per_dataset: dic
                     f"{c['dropped']}")
 
 
-# the command's DuckDB while it stages the rows the audit reads (beside it, side helpers recount and draw): at
-# 10M samples it filled the catalog's 1GB, the audit stage's peak; past this it spills (docs/benchmarks.md)
-STAGING_MEMORY = "512MB"
+# the command's DuckDB for the plan's checks and the staging of the rows the audit reads, while side helpers recount
+# and draw beside it: at 10M samples each filled the catalog's 1GB, the audit stage's peak; past this they spill
+# (docs/benchmarks.md)
+BESIDE_MEMORY = "512MB"
 
 
 @contextlib.contextmanager
 def _staged(con, work: Path | None, to_read: list[str]) -> Iterator[store.Staged | None]:
     """The rows of every output shard to read, staged at once (`store.staged`) with ``con``'s DuckDB held to
-    STAGING_MEMORY (or the catalog's limit when set, store.MEMORY_ENV); None for one shard or no work folder."""
+    BESIDE_MEMORY (or the catalog's limit when set, store.MEMORY_ENV); None for one shard or no work folder."""
     if work is None or len(to_read) <= 1:
         yield None
         return
     with contextlib.ExitStack() as stack:
-        with store.held_to(con, store.memory_limit(STAGING_MEMORY)):
+        with store.held_to(con, store.memory_limit(BESIDE_MEMORY)):
             rows = stack.enter_context(store.staged(work, AUDIT_ROWS, to_read, con))
         yield rows
 
@@ -426,7 +427,8 @@ def audit(con: duckdb.DuckDBPyConnection, out_dir: Path, config: PlanConfig, wor
     planned packs count as seen. ``repeats``: a blend's plan (dataset -> repeat), counted per dataset.
     ``progress(shards read, shards to read, members re-hashed)`` after each output shard. ``digests``: given
     each shard's file digest that was read and passed."""
-    res = AuditResult(violations=check_plan(con, config) if repeats is None else check_blend(con, config, repeats))
+    with store.held_to(con, store.memory_limit(BESIDE_MEMORY)):
+        res = AuditResult(violations=check_plan(con, config) if repeats is None else check_blend(con, config, repeats))
     shards = [r[0] for r in con.execute("SELECT DISTINCT output_shard FROM pack_plan ORDER BY 1").fetchall()]
     seen: Counter = Counter()
     if trusted:
