@@ -165,11 +165,7 @@ def _split_placeholders(text: str) -> list[dict]:
         else:
             misses += 1
             at = text.find("<", at + 1)
-    if at < 0:
-        if pos < len(text) or not parts:
-            parts.append({"type": "text", "text": text[pos:]})
-        return parts
-    for m in _PLACEHOLDER.finditer(text, at):  # the rest by the regex, from the "<" the loop stopped at
+    for m in _PLACEHOLDER.finditer(text, at) if at >= 0 else ():  # the rest by the regex, from where the loop stopped
         if m.start() > pos:
             parts.append({"type": "text", "text": text[pos : m.start()]})
         parts.append({"type": m.group(0)[1:-1]})
