@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import faults, owned, store
@@ -115,7 +115,7 @@ def _load(work: str, root, rows, piece_rows, context: dict, split: frozenset,
     # DuckDB and Python objects do not all come from them, so it stayed on top of them; docs/benchmarks.md, issue 41)
     hand_back()
     with store.connect(Path(work), read_only=True) as con:
-        bulk = group_tables(con, [n for n in group if n not in split], rows)
+        bulk = _job_tables(con, [n for n in group if n not in split], rows)
         for name in group:
             if name in split:
                 yield shard_job(con, root, name, piece_rows)
@@ -172,6 +172,55 @@ def _digests(con, record: dict | None, aside: bool) -> Iterator[Future | None]:
         yield thread.submit(shard_digests, con.cursor(), record)
 
 
+def _found(con, work: Path, out_dir: Path, names: list[str], context: dict,
+           digests: dict) -> tuple[list[ShardResult], set[str], dict[str, int]]:
+    """The planned shards found current on disk (vouched for by the writer's record, else by their fingerprint),
+    those holding a piece of a split sample, and each shard's samples (`shard_samples`)."""
+    done, refuted = vouched_shards(work, out_dir, context, digests)
+    # neither the catalog digest nor the fingerprint query covers the pieces of split samples: a shard
+    # that holds one is not vouched for, recorded or found current here (current_shards leaves it out);
+    # write_shard compares its fingerprint, built from the pieces, with the one on disk
+    pieces = piece_shards(con)
+    samples = shard_samples(con)
+    done = [r for r in done if r.shard not in pieces]
+    # the rest of what is on disk (not as the writer left it, or no record of it) by its fingerprint
+    done += current_shards(con, out_dir, context, only=set(names) - {r.shard for r in done} - refuted)
+    return done, pieces, samples
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """One job's catalog rows, read in a thread (`_read_ahead`): `bulk.group_tables`' tuples for ``group``."""
+    group: list[str]
+    tables: Future
+
+
+def _read_ahead(stack: contextlib.ExitStack, keep, whole: list[list[str]]) -> _Ahead | None:
+    """Where this process writes one job of whole samples (unstaged, ``keep`` open): its catalog rows read in a
+    thread, on a cursor of ``keep``, while the stage's checks and the output folder's claim run in this one
+    (DuckDB reads them without the GIL, and on one core at a time: docs/benchmarks.md, issue 41); else None.
+    The thread is joined when ``stack`` closes."""
+    if keep is None or len(whole) != 1:
+        return None
+    thread = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="catalog-rows"))
+
+    def read() -> list[tuple]:
+        with keep.cursor() as cur:
+            return list(group_tables(cur, whole[0]))
+    return _Ahead(whole[0], thread.submit(read))
+
+
+def _job_tables(con, names: list[str], rows) -> Iterator[tuple]:
+    """`bulk.group_tables` of a job's shards of whole samples: read ahead (``rows`` an _Ahead of them: each
+    shard's tables let go of as it is given), else read now, from the staged rows or by the queries."""
+    if isinstance(rows, _Ahead) and rows.group == names:
+        tables = rows.tables.result()
+        while tables:
+            yield tables.pop(0)
+        return
+    yield from group_tables(con, names, None if isinstance(rows, _Ahead) else rows)
+
+
 @faults.names_full_disk({"out_dir": OUTPUT, **faults.WORK}, still_needed)
 def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
               progress: Progress | None = None) -> WriteSummary:
@@ -179,46 +228,42 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
     input folder, or a recipe's roots (dataset name -> folder) for one of its epochs."""
     t0 = time.perf_counter()
     check_roots(input_root, work, out_dir)
-    with store.connect(work, read_only=True) as con:
-        info = PlanInfo.load(con)
-        check_sources(con, input_root)
-        names = planned_shards(con)
-        context = write_context(info)
-        key = written_key(con, info, context)
-        record = load_record(work)
-        # the catalog digests decide now only where the record could vouch for a shard on disk; else (a first
-        # write, an emptied folder) they are needed only for the record written at the end: computed beside
-        # the write when nothing is forked from this process (`_digests`)
-        now = vouchable(record, out_dir, names)
-        digests, keys = shard_digests(con, record) if now else ({}, {})
-        done, refuted = vouched_shards(work, out_dir, context, digests)
-        # neither the catalog digest nor the fingerprint query covers the pieces of split samples: a shard
-        # that holds one is not vouched for, recorded or found current here (current_shards leaves it out);
-        # write_shard compares its fingerprint, built from the pieces, with the one on disk
-        pieces = piece_shards(con)
-        samples = shard_samples(con)
-        done = [r for r in done if r.shard not in pieces]
-        # the rest of what is on disk (not as the writer left it, or no record of it) by its fingerprint
-        done += current_shards(con, out_dir, context, only=set(names) - {r.shard for r in done} - refuted)
-        skip = {r.shard for r in done}
-        last = last_index(work, out_dir, skip)
-        todo = [n for n in names if n not in skip]
-        refuse_if_full(work, out_dir, todo, con)  # before the first byte, when the plan's bytes clearly do not fit
-        split = [n for n in todo if n in pieces]
-        workers = writer_workers(workers, len(todo))
-        # each job's shards of whole samples in one staged file (none when one job holds them all: it queries)
-        whole = [g for g in ([n for n in group if n not in pieces] for group in writer_groups(todo, workers, samples))
-                 if g]
-        queries = bulk_rows(con)
-        # no pool (nothing forked from this process): a connection kept open across the write, so that the job's
-        # own shares its DuckDB instance instead of opening the catalog again
-        keep = store.connect(work, read_only=True) if workers <= 1 else contextlib.nullcontext()
-        if not now and workers > 1:
-            digests, keys = shard_digests(con, record)
-    with (keep, _digests(keep, record, not now and workers <= 1) as aside,
-          store.staged(work, queries, sum(whole, []), groups=whole, batch_rows=STAGED_BATCHES) if len(whole) > 1
-          else contextlib.nullcontext() as rows,
-          store.staged(work, WRITE_ROWS, split) if len(split) > 1 else contextlib.nullcontext() as piece_rows):
+    with contextlib.ExitStack() as stack:
+        with store.connect(work, read_only=True) as con:
+            info = PlanInfo.load(con)
+            names = planned_shards(con)
+            context = write_context(info)
+            record = load_record(work)
+            # the catalog digests decide now only where the record could vouch for a shard on disk; else (a first
+            # write, an emptied folder) they are needed only for the record written at the end: computed beside
+            # the write when nothing is forked from this process (`_digests`)
+            now = vouchable(record, out_dir, names)
+            digests, keys = shard_digests(con, record) if now else ({}, {})
+            done, pieces, samples = _found(con, work, out_dir, names, context, digests)
+            skip = {r.shard for r in done}
+            todo = [n for n in names if n not in skip]
+            split = [n for n in todo if n in pieces]
+            workers = writer_workers(workers, len(todo))
+            # each job's shards of whole samples in one staged file (none when one job holds them all: it queries)
+            whole = [g for g in ([n for n in group if n not in pieces]
+                                 for group in writer_groups(todo, workers, samples)) if g]
+            # no pool (nothing forked from this process): a connection kept open across the write, so that the
+            # job's own shares its DuckDB instance instead of opening the catalog again
+            keep = stack.enter_context(store.connect(work, read_only=True)) if workers <= 1 else None
+            ahead = _read_ahead(stack, keep, whole)  # the checks below (nothing written yet) beside the reads
+            check_sources(con, input_root)
+            key = written_key(con, info, context)
+            last = last_index(work, out_dir, skip)
+            refuse_if_full(work, out_dir, todo, con)  # before the first byte, when the plan's bytes clearly do not fit
+            queries = bulk_rows(con)
+            if not now and workers > 1:
+                digests, keys = shard_digests(con, record)
+        aside = stack.enter_context(_digests(keep, record, not now and workers <= 1))
+        rows = stack.enter_context(store.staged(work, queries, sum(whole, []), groups=whole,
+                                                batch_rows=STAGED_BATCHES) if len(whole) > 1
+                                   else contextlib.nullcontext(ahead))
+        piece_rows = stack.enter_context(store.staged(work, WRITE_ROWS, split) if len(split) > 1
+                                         else contextlib.nullcontext())
         root = input_root if isinstance(input_root, dict) else str(input_root)
         loader = functools.partial(_load, str(work), root, rows, piece_rows, context, frozenset(split))
         if workers > 1:  # what the staging freed, not forked into the writers (they would share it, then copy it)
