@@ -29,7 +29,6 @@ from .settings import ScanOptions
 from .tario import Entry, RangeFile, group_by_key, is_meta_member, is_unsafe_name, iter_entries, split_key
 
 CAPTION_EXTS = frozenset({"txt", "caption", "cap"})
-_SCAN_ONCE = json.JSONDecoder().scan_once  # json.loads' decoder's: the value at an index and where it ends
 _CHUNK = 1 << 20
 _IMAGE_PREFIX = 16 << 10
 
@@ -159,11 +158,11 @@ def _read_record(sample: Sample, entries: list[Entry], parts: _Parts, small: dic
             text = small[name].decode("utf-8")
         except UnicodeDecodeError as e:
             raise ReasonError("invalid_utf8", f"{name}: {e}") from None
-        record = _loads(text, name)
+        record, exact = _loads(text, small[name], name)
         if not isinstance(record, dict):
             raise ReasonError("json_not_object", f"{name} holds a {type(record).__name__}")
         sample.json_member = name
-        sample.record_exact = jsonform.is_dumps_form(text, record)  # json.dumps(record, ensure_ascii=False)'s text
+        sample.record_exact = exact  # json.dumps(record, ensure_ascii=False)'s text
     if parts.caption is not None:
         try:
             caption = small[parts.caption.name].decode("utf-8")
@@ -174,18 +173,11 @@ def _read_record(sample: Sample, entries: list[Entry], parts: _Parts, small: dic
     return record, caption
 
 
-def _loads(text: str, name: str):
-    """``json.loads(text)``: a document with no whitespace around it (json.dumps writes none) is decoded by the
-    decoder's scanner straight away, without ``loads``' checks and its two whitespace matches; anything else
-    (whitespace, a BOM, bad JSON) by ``json.loads`` itself, which gives the same value or the same error."""
+def _loads(text: str, utf8: bytes, name: str) -> tuple[object, bool]:
+    """(``json.loads(text)``, whether ``text`` is json.dumps' of that dict), by `jsonform.loads_form` (``utf8``:
+    the text's UTF-8): the same value or the same error."""
     try:
-        value, end = _SCAN_ONCE(text, 0)
-        if end == len(text):
-            return value
-    except (StopIteration, ValueError):  # (JSONDecodeError is a ValueError)
-        pass
-    try:
-        return json.loads(text)
+        return jsonform.loads_form(text, utf8)
     except json.JSONDecodeError as e:
         raise ReasonError("invalid_json", f"{name}: {e}") from None
 
@@ -258,7 +250,7 @@ def classify(
     # every other member (a .cls, a second JSON, an image the record does not name) travels with the sample
     used = {sample.json_member, *sample.media_members}
     sample.extra_members = [e.name for e in entries if e.name not in used]
-    sample.conversation = jsonform.dumps(messages)
+    sample.conversation = jsonform.dumps(messages, (parts.json or parts.caption).size)  # (about as long)
     sample.messages = messages
     sample.videos = json.dumps(video_meta) if video_meta else "[]"
     return sample, None
