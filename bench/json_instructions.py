@@ -8,7 +8,7 @@ pack document of an output shard (as the audit's `packdoc.walk` reads it: from i
 
 Ways (``--ways``, default all): ``scan_once`` (json's scanner: the scan's read before session 54),
 ``orjson_loads`` (orjson alone: not json's value for every text), ``loads_form`` (jsonform's, the scan's now),
-``dumps_c`` (json's C encoder, json's quoting), ``dumps_long`` (jsonform.dumps with the long-text hint: orjson
+``dumps_c`` (json's C encoder, json's quoting), ``dumps_long`` (jsonform.dumps with the long-strings hint: orjson
 quotes the long strings), ``meta_raw_decode`` and ``meta_loads`` (the ``_meta`` object by json's scanner and by
 jsonform.loads). Load on the machine does not move the counts; hash randomization is fixed (PYTHONHASHSEED=0).
 """
@@ -71,7 +71,7 @@ else:
             jsonform.dumps(v)
     elif way == "dumps_long":
         for v in values:
-            jsonform.dumps(v, jsonform.LONG_TEXT)
+            jsonform.dumps(v, True)
     docs = texts
 print("docs", len(docs))
 """

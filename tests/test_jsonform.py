@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pack_assets.core.jsonform import LONG_TEXT, dumps, is_dumps_form, loads, loads_form
+from pack_assets.core.jsonform import dumps, is_dumps_form, loads, loads_form, long_strings
 
 # characters escaped short, as \u00XX, or not at all (ASCII or not), and look-alikes of escapes
 _CHARS = ["a", " ", '"', "\\", "\n", "\t", "\r", "\b", "\f", "\x00", "\x07", "\x0b", "\x1f", "\x7e", "\x7f", "\x80",
@@ -132,8 +132,8 @@ def test_loads_gives_json_loads_value_with_its_types(value):
 def test_dumps_gives_json_dumps_text_on_odd_values(value):
     for v in (value, [value], {"k": value}, {"k" * 70: [value, "x" * 70]}):
         want = json.dumps(v, ensure_ascii=False)
-        assert dumps(v) == want and dumps(v, LONG_TEXT) == want
-        assert is_dumps_form(want, json.loads(want)) and is_dumps_form(want + " " * LONG_TEXT, v) is False
+        assert dumps(v) == want and dumps(v, True) == want
+        assert is_dumps_form(want, json.loads(want)) and is_dumps_form(want + " " * 3000, v) is False
 
 
 _PIECES = list('{}[]:," \t\n\r\x0b\x0c\xa0\ufeff\\u0123456789.eE+-truefalsnNIiy\x00\x1f\x7f\u2028') + [
@@ -165,11 +165,11 @@ def test_loads_on_the_known_differences_of_the_two_decoders(text):
 def test_dumps_every_character_as_json():
     """Each character alone, and every one in long strings (which orjson quotes in a long text), as json writes it."""
     chars = "".join(map(chr, range(0x110000)))
-    for size in (0, LONG_TEXT):
-        assert dumps(list(chars), size) == json.dumps(list(chars), ensure_ascii=False)
+    for long in (False, True):
+        assert dumps(list(chars), long) == json.dumps(list(chars), ensure_ascii=False)
         for at in range(0, len(chars), 0x1000):
             value = {chars[at:at + 80]: [chars[at:at + 0x1000], chars[at + 3:at + 70]]}
-            assert dumps(value, size) == json.dumps(value, ensure_ascii=False), hex(at)
+            assert dumps(value, long) == json.dumps(value, ensure_ascii=False), hex(at)
 
 
 def test_dumps_on_values_orjson_writes_otherwise():
@@ -185,4 +185,11 @@ def test_dumps_on_values_orjson_writes_otherwise():
     for value in ([1e-05, 1e16, long], [float("nan"), float("inf"), long], [2**64, -2**63 - 1, long],
                   [(1, 2), long], [S(long), S("a")], {S(long): I(3)}, {"a": {1: 2, long: None}},
                   [True, False, None, long], {long: "\ud800" + long}, {"k": long + "\udfff"}):
-        assert dumps(value, LONG_TEXT) == json.dumps(value, ensure_ascii=False), value
+        assert dumps(value, True) == json.dumps(value, ensure_ascii=False), value
+
+
+def test_long_strings_tells_a_conversation_from_many_short_strings():
+    talk = json.dumps({"conversations": [{"from": "human", "value": "describe it " * 30}] * 2})
+    tags = json.dumps({"tags": ["a", "bb", "ccc"] * 100, "text": "describe it " * 30})
+    assert long_strings(talk) and long_strings(talk.encode())
+    assert not long_strings(tags) and not long_strings('{"a": "' + "x" * 100 + '"}')

@@ -3,11 +3,13 @@
 Encoding. ``JSONEncoder.encode`` builds a new C encoder on every call (and a dict for the cycle check, and two
 Python frames around it): a fixed cost the scan paid twice per sample (the conversation, the record's test). The
 encoder built here is the one ``encode`` builds for ``ensure_ascii=False``, without the cycle check: the same text
-for any value without a cycle (a parsed record, the messages made from one). For a long text (the caller's hint)
-a second one quotes each long string by orjson, whose quoting is json's ``c_encode_basestring``'s for every string
-it accepts (it refuses a lone surrogate: that one goes to json's) and runs several times faster on long ones; the
-call per string costs more than it saves on short ones, which stay json's. Separators, numbers and the rest are
-json's C encoder's in both: orjson cannot write json's ``", "`` and ``": "`` layout, nor its floats (``1e-05``).
+for any value without a cycle (a parsed record, the messages made from one). Where the strings are long (the
+caller's hint, `long_strings` of the text read) a second one quotes each long string by orjson, whose quoting is
+json's ``c_encode_basestring``'s for every string it accepts (it refuses a lone surrogate: that one goes to
+json's) and runs several times faster on long ones; its call per string (a Python function's) costs more than
+json's quoting of a short one, which is why a text of many short strings keeps json's quoting throughout.
+Separators, numbers and the rest are json's C encoder's in both: orjson cannot write json's ``", "`` and
+``": "`` layout, nor its floats (``1e-05``).
 
 Decoding (`loads`, `loads_form`). orjson's value is json's for every text it accepts, but for integers beyond 64
 bits, which it reads as floats (NaN, ``1e400`` and lone surrogates it refuses). So its value is kept where it has
@@ -32,7 +34,7 @@ except ImportError:  # pragma: no cover - a dependency; the stdlib's paths give 
 _TEXT = json.JSONEncoder(ensure_ascii=False)  # json.dumps(x, ensure_ascii=False)'s encoder
 _SCAN_ONCE = json.JSONDecoder().scan_once  # json.loads' decoder's: the value at an index and where it ends
 _LONG_STRING = 64  # chars: a string quoted by orjson (below, json's C quoting is cheaper than the call)
-LONG_TEXT = 1024  # chars: a text whose strings are quoted by `_quote` (a conversation's texts dominate it)
+_CHARS_PER_QUOTE = 32  # a text this long per '"' at least: its strings average 64 chars or more (`long_strings`)
 _LEAVES = frozenset({str, int, bool, type(None)})
 _DEPTH = 100  # `_plain` values nest no deeper (json's decoder recurses once per level, to Python's limit)
 
@@ -60,17 +62,25 @@ _ENCODE = _encoder(c_encode_basestring)
 _ENCODE_LONG = _encoder(_quote) if orjson is not None else _ENCODE
 
 
-def dumps(value, size: int = 0) -> str:
+def long_strings(text: str | bytes) -> bool:
+    """Whether the JSON ``text``'s strings average 64 characters or more (a record of long conversation texts),
+    by its length per quote mark: the hint `dumps` takes, for a value read from ``text`` or made from one."""
+    return len(text) >= _CHARS_PER_QUOTE * text.count(b'"' if isinstance(text, bytes) else '"') and len(text) > 256
+
+
+def dumps(value, long: bool = False) -> str:
     """``json.dumps(value, ensure_ascii=False)`` of a value without a cycle (one would recurse until Python's
-    limit, not raise json's ValueError). ``size``: about how long the text will be, a hint (the same text)."""
+    limit, not raise json's ValueError). ``long``: its strings are mostly long ones (`long_strings`), a hint for
+    the fastest way to the same text."""
     if _ENCODE is None or type(value) not in (dict, list):  # (encode writes a top-level string by itself)
         return _TEXT.encode(value)
-    return "".join((_ENCODE_LONG if size >= LONG_TEXT else _ENCODE)(value, 0))
+    return "".join((_ENCODE_LONG if long else _ENCODE)(value, 0))
 
 
-def is_dumps_form(text: str, value) -> bool:
-    """``json.dumps(value, ensure_ascii=False) == text``, ``value`` being ``json.loads(text)``."""
-    return dumps(value, len(text)) == text
+def is_dumps_form(text: str, value, long: bool | None = None) -> bool:
+    """``json.dumps(value, ensure_ascii=False) == text``, ``value`` being ``json.loads(text)`` (``long``:
+    `long_strings(text)`, computed when not given)."""
+    return dumps(value, long_strings(text) if long is None else long) == text
 
 
 def _plain(value, depth: int = 0) -> bool:
@@ -124,15 +134,17 @@ def loads(text: str, utf8: bytes | None = None):
     return _json_loads(text)
 
 
-def loads_form(text: str, utf8: bytes | None = None) -> tuple[object, bool]:
+def loads_form(text: str, utf8: bytes | None = None, long: bool | None = None) -> tuple[object, bool]:
     """(``json.loads(text)``, and for a dict whether ``text`` is json.dumps(it, ensure_ascii=False): the scan's
-    record and `record_exact`; False for any other value). The same value or the same error as json.loads."""
+    record and `record_exact`; False for any other value). The same value or the same error as json.loads.
+    ``long``: `long_strings(text)`, computed when not given."""
+    long = long_strings(text if utf8 is None else utf8) if long is None else long
     if orjson is not None:
         value = _fast(text, utf8)
         if type(value) is dict:
             try:  # text == json.dumps(value) reads back as value: it needs no other test (and json's decoder
                 # recurses no deeper than the encoder did here, from fewer frames below)
-                if dumps(value, len(text)) == text:
+                if dumps(value, long) == text:
                     return value, True
             except RecursionError:
                 pass
@@ -142,4 +154,4 @@ def loads_form(text: str, utf8: bytes | None = None) -> tuple[object, bool]:
         elif _kept(value):
             return value, False
     value = _json_loads(text)
-    return value, type(value) is dict and dumps(value, len(text)) == text
+    return value, type(value) is dict and dumps(value, long) == text

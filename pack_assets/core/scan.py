@@ -250,7 +250,8 @@ def classify(
     # every other member (a .cls, a second JSON, an image the record does not name) travels with the sample
     used = {sample.json_member, *sample.media_members}
     sample.extra_members = [e.name for e in entries if e.name not in used]
-    sample.conversation = jsonform.dumps(messages, (parts.json or parts.caption).size)  # (about as long)
+    record = small.get(parts.json.name) if parts.json is not None else None  # (its texts are the messages')
+    sample.conversation = jsonform.dumps(messages, record is not None and jsonform.long_strings(record))
     sample.messages = messages
     sample.videos = json.dumps(video_meta) if video_meta else "[]"
     return sample, None
