@@ -189,7 +189,7 @@ def test_dumps_on_values_orjson_writes_otherwise():
 
 
 def test_long_strings_tells_a_conversation_from_many_short_strings():
-    talk = json.dumps({"conversations": [{"from": "human", "value": "describe it " * 30}] * 2})
+    talk = json.dumps({"conversations": [{"from": "human", "value": "describe it " * 60}] * 2})
     tags = json.dumps({"tags": ["a", "bb", "ccc"] * 100, "text": "describe it " * 30})
     assert long_strings(talk) and long_strings(talk.encode())
-    assert not long_strings(tags) and not long_strings('{"a": "' + "x" * 100 + '"}')
+    assert not long_strings(tags) and not long_strings('{"a": "' + "x" * 900 + '"}')

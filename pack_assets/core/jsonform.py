@@ -35,6 +35,7 @@ _TEXT = json.JSONEncoder(ensure_ascii=False)  # json.dumps(x, ensure_ascii=False
 _SCAN_ONCE = json.JSONDecoder().scan_once  # json.loads' decoder's: the value at an index and where it ends
 _LONG_STRING = 64  # chars: a string quoted by orjson (below, json's C quoting is cheaper than the call)
 _CHARS_PER_QUOTE = 32  # a text this long per '"' at least: its strings average 64 chars or more (`long_strings`)
+_LONG_TEXT = 1024  # chars: a shorter text is not `long_strings`' (the count's cost, against what it could save)
 _LEAVES = frozenset({str, int, bool, type(None)})
 _DEPTH = 100  # `_plain` values nest no deeper (json's decoder recurses once per level, to Python's limit)
 
@@ -65,7 +66,9 @@ _ENCODE_LONG = _encoder(_quote) if orjson is not None else _ENCODE
 def long_strings(text: str | bytes) -> bool:
     """Whether the JSON ``text``'s strings average 64 characters or more (a record of long conversation texts),
     by its length per quote mark: the hint `dumps` takes, for a value read from ``text`` or made from one."""
-    return len(text) >= _CHARS_PER_QUOTE * text.count(b'"' if isinstance(text, bytes) else '"') and len(text) > 256
+    if len(text) < _LONG_TEXT:  # (a short text: not worth its count, ~8 instructions a byte)
+        return False
+    return len(text) >= _CHARS_PER_QUOTE * text.count(b'"' if isinstance(text, bytes) else '"')
 
 
 def dumps(value, long: bool = False) -> str:
