@@ -449,6 +449,7 @@ _RECORD_TEXTS = [
     '{"a":1}',  # no whitespace at all: direct as well
     ' {"a": 1}', '{"a": 1}\n', '\ufeff{"a": 1}', '\t[1]\r\n',  # whitespace around it, a BOM: json.loads
     '{"a": 1} {"b": 2}', '{"a": 1}x', '{"a": ', '{"a": "\x01"}', '', ' ', 'nul', '"s"', '{"a": NaN}', '[1, 2]',
+    '{"a": 18446744073709551616}', '{"a":18446744073709551616}', '{"a": 1e400}', '{"a": "\\ud800"}', "1.5",
 ]
 
 
@@ -463,7 +464,9 @@ def test_a_record_is_decoded_as_json_loads_decodes_it(tmp_path, text):
     except json.JSONDecodeError as e:
         want = ("invalid_json", f"k.json: {e}")
     try:
-        got = ("ok", _loads(text, "k.json"))
+        value, exact = _loads(text, text.encode("utf-8"), len(text) > 20, "k.json")
+        got = ("ok", value)
+        assert exact == (isinstance(value, dict) and json.dumps(value, ensure_ascii=False) == text)
     except ReasonError as e:
         got = (e.reason, e.detail)
     assert got == want

@@ -29,7 +29,6 @@ from .settings import ScanOptions
 from .tario import Entry, RangeFile, group_by_key, is_meta_member, is_unsafe_name, iter_entries, split_key
 
 CAPTION_EXTS = frozenset({"txt", "caption", "cap"})
-_SCAN_ONCE = json.JSONDecoder().scan_once  # json.loads' decoder's: the value at an index and where it ends
 _CHUNK = 1 << 20
 _IMAGE_PREFIX = 16 << 10
 
@@ -145,12 +144,13 @@ def _hash_members(sample: Sample, entries: list[Entry], parts: _Parts, reader: _
 
 
 def _read_record(sample: Sample, entries: list[Entry], parts: _Parts, small: dict[str, bytes],
-                 options: ScanOptions) -> tuple[dict, str | None]:
-    """The parsed JSON record (``{}`` without one) and the caption text (None without one)."""
+                 options: ScanOptions) -> tuple[dict, str | None, bool]:
+    """The parsed JSON record (``{}`` without one), the caption text (None without one), and whether the record's
+    strings are long ones (`jsonform.long_strings`: a hint for the JSON text of its messages)."""
     if parts.json is None and parts.caption is None:
         raise ReasonError("missing_json", f"members: {[e.name for e in entries][:8]}")
     record: dict = {}
-    caption = None
+    caption, long = None, False
     if parts.json is not None:
         name = parts.json.name
         if name not in small:
@@ -159,11 +159,12 @@ def _read_record(sample: Sample, entries: list[Entry], parts: _Parts, small: dic
             text = small[name].decode("utf-8")
         except UnicodeDecodeError as e:
             raise ReasonError("invalid_utf8", f"{name}: {e}") from None
-        record = _loads(text, name)
+        long = jsonform.long_strings(small[name])
+        record, exact = _loads(text, small[name], long, name)
         if not isinstance(record, dict):
             raise ReasonError("json_not_object", f"{name} holds a {type(record).__name__}")
         sample.json_member = name
-        sample.record_exact = jsonform.is_dumps_form(text, record)  # json.dumps(record, ensure_ascii=False)'s text
+        sample.record_exact = exact  # json.dumps(record, ensure_ascii=False)'s text
     if parts.caption is not None:
         try:
             caption = small[parts.caption.name].decode("utf-8")
@@ -171,21 +172,14 @@ def _read_record(sample: Sample, entries: list[Entry], parts: _Parts, small: dic
             raise ReasonError("invalid_utf8", f"{parts.caption.name}: {e}") from None
         if parts.json is None:
             sample.json_member = parts.caption.name
-    return record, caption
+    return record, caption, long
 
 
-def _loads(text: str, name: str):
-    """``json.loads(text)``: a document with no whitespace around it (json.dumps writes none) is decoded by the
-    decoder's scanner straight away, without ``loads``' checks and its two whitespace matches; anything else
-    (whitespace, a BOM, bad JSON) by ``json.loads`` itself, which gives the same value or the same error."""
+def _loads(text: str, utf8: bytes, long: bool, name: str) -> tuple[object, bool]:
+    """(``json.loads(text)``, whether ``text`` is json.dumps' of that dict), by `jsonform.loads_form` (``utf8``:
+    the text's UTF-8; ``long``: its `long_strings`): the same value or the same error."""
     try:
-        value, end = _SCAN_ONCE(text, 0)
-        if end == len(text):
-            return value
-    except (StopIteration, ValueError):  # (JSONDecodeError is a ValueError)
-        pass
-    try:
-        return json.loads(text)
+        return jsonform.loads_form(text, utf8, long)
     except json.JSONDecodeError as e:
         raise ReasonError("invalid_json", f"{name}: {e}") from None
 
@@ -244,7 +238,7 @@ def classify(
         _check_entries(entries, options)
         parts = _find_parts(entries)
         small = _hash_members(sample, entries, parts, reader, options)
-        record, caption = _read_record(sample, entries, parts, small, options)
+        record, caption, long = _read_record(sample, entries, parts, small, options)
         messages = _conversation(record, caption, parts, options)
         _measure_images(sample, parts.images, small, reader)
         video_meta = _video_metas(parts.videos, reader)
@@ -258,7 +252,7 @@ def classify(
     # every other member (a .cls, a second JSON, an image the record does not name) travels with the sample
     used = {sample.json_member, *sample.media_members}
     sample.extra_members = [e.name for e in entries if e.name not in used]
-    sample.conversation = jsonform.dumps(messages)
+    sample.conversation = jsonform.dumps(messages, long)  # (the record's texts are its messages')
     sample.messages = messages
     sample.videos = json.dumps(video_meta) if video_meta else "[]"
     return sample, None
