@@ -10,27 +10,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import small_dataset
+from test_write_batches import planned
 
-from pack_assets.core.counting.profiles import load_profile
-from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.indexmode import SourceChanged
-from pack_assets.core.plan import PlanConfig, run_plan
-from pack_assets.core.scan import ScanOptions, run_manifest
 from pack_assets.core.write import copy, run_write
-
-PROFILE = load_profile("qwen3-vl")
-
-
-def _planned(tmp_path: Path) -> tuple[Path, Path]:
-    """24 samples in two source shards, planned into output shards of 2 packs (one writer job holds them all)."""
-    inp = small_dataset(tmp_path / "in", n_shards=2, per_shard=12)
-    work = tmp_path / "work"
-    for s in ("part-000", "part-001"):
-        run_manifest(inp, work, s, ScanOptions())
-        run_token_lengths(work, s, PROFILE)
-    run_plan(work, ["part-000", "part-001"], PlanConfig(max_len=1000, max_packs_per_shard=2), PROFILE)
-    return inp, work
 
 
 def _files(out: Path) -> dict[str, bytes]:
@@ -51,7 +34,7 @@ def _readers(monkeypatch) -> list[str]:
 
 
 def test_one_job_reads_its_rows_beside_the_checks_and_writes_the_same_bytes(tmp_path, monkeypatch):
-    inp, work = _planned(tmp_path)
+    inp, work = planned(tmp_path, max_packs_per_shard=2)
     seen = _readers(monkeypatch)
     run_write(work, inp, tmp_path / "ahead" / "packed", workers=1)
     assert len(seen) == 1 and seen[0].startswith("catalog-rows")  # read once, in the thread
@@ -66,7 +49,7 @@ def test_one_job_reads_its_rows_beside_the_checks_and_writes_the_same_bytes(tmp_
 
 
 def test_a_refused_write_writes_no_shard_and_leaves_no_reading_thread(tmp_path, monkeypatch):
-    inp, work = _planned(tmp_path)
+    inp, work = planned(tmp_path, max_packs_per_shard=2)
     seen = _readers(monkeypatch)
     src = inp / "part-001.tar"
     st = src.stat()
@@ -79,7 +62,7 @@ def test_a_refused_write_writes_no_shard_and_leaves_no_reading_thread(tmp_path, 
 
 
 def test_a_failed_read_is_the_write_s_error_and_no_shard_is_written(tmp_path, monkeypatch):
-    inp, work = _planned(tmp_path)
+    inp, work = planned(tmp_path, max_packs_per_shard=2)
 
     def broken(*a, **k):
         raise KeyError("a sample of this shard has no conversation in the catalog")

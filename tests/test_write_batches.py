@@ -88,14 +88,14 @@ def test_gather_picks_rows_chunk_by_chunk_as_a_take_would():
     assert [c.to_pylist() for c in batches.Gather(table).rows(np.array([10]), [0])] == [[10]]
 
 
-def _planned(tmp_path: Path) -> tuple[Path, Path]:
-    """24 samples in two source shards, planned into one output shard."""
+def planned(tmp_path: Path, **config) -> tuple[Path, Path]:
+    """24 samples in two source shards, planned at max_len 1,000 (one output shard unless ``config`` says more)."""
     inp = small_dataset(tmp_path / "in", n_shards=2, per_shard=12)
     work = tmp_path / "work"
     for s in ("part-000", "part-001"):
         run_manifest(inp, work, s, ScanOptions())
         run_token_lengths(work, s, PROFILE)
-    run_plan(work, ["part-000", "part-001"], PlanConfig(max_len=1000), PROFILE)
+    run_plan(work, ["part-000", "part-001"], PlanConfig(max_len=1000, **config), PROFILE)
     return inp, work
 
 
@@ -110,7 +110,7 @@ def test_a_shard_from_its_conversations_in_many_chunks_and_any_order_is_the_byte
     """The writer reads a shard's conversations in the staged file's order and chunks (no sort, no copy into one
     chunk: `bulk.group_table`, `batches.Gather`); in slices of a few samples (``batch``, a parameter), the shard is
     the same bytes as built whole, and each sample's messages are its own conversation."""
-    inp, work = _planned(tmp_path)
+    inp, work = planned(tmp_path)
     with store.connect(work, read_only=True) as con:
         context = write_context(PlanInfo.load(con))
         [name] = planned_shards(con)
@@ -142,7 +142,7 @@ def test_a_shard_from_its_conversations_in_many_chunks_and_any_order_is_the_byte
 def test_a_stream_shard_does_not_copy_its_conversations_into_one_chunk(tmp_path):
     """What the cut guards: a shard's conversations are held once, as read (chunked), not a second time as one
     chunk in Arrow's pool beside them (~150 MiB at 10M's 313k-sample shards, docs/benchmarks.md)."""
-    inp, work = _planned(tmp_path)
+    inp, work = planned(tmp_path)
     with store.connect(work, read_only=True) as con:
         context = write_context(PlanInfo.load(con))
         [name] = planned_shards(con)
