@@ -16,6 +16,7 @@ from concurrent.futures import Executor
 
 import pyarrow as pa
 
+from . import jsonform
 from .aside import run_aside
 from .counting.counters import counter_for
 from .counting.profiles import ModelProfile, ProfileError
@@ -52,7 +53,7 @@ def picked_rows(con, ids: list[str]) -> pa.Table:
 def _recounted(profile: ModelProfile, rows: pa.Table) -> list[int | None]:
     """Each picked row's (`picked_rows`) total tokens, None where it cannot be counted."""
     conversations, sizes, videos = (rows.column(i).to_pylist() for i in (1, 2, 3))
-    counts = counter_for(profile).count_many((json.loads(c), s or [], json.loads(v or "[]"))
+    counts = counter_for(profile).count_many((jsonform.loads(c), s or [], json.loads(v or "[]"))
                                              for c, s, v in zip(conversations, sizes, videos))
     return [None if isinstance(c, Exception) else c["total_tokens"] for c in counts]
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import faults, store
+from .. import faults, jsonform, store
 from ..reasons import ReasonError
 from ..records import TOKEN_LENGTHS_SCHEMA, Rejection, Scanned
 from ..results import KEPT, FilePath
@@ -25,7 +25,7 @@ def count_shard_rows(counter: Counter, samples: Iterable[dict], media_bytes: dic
     """token_lengths rows for a shard's manifest rows (ok ones are counted; rejected ones are skipped). A row's
     ``messages``, where it has them, are its ``conversation`` already parsed."""
     ok = [s for s in samples if s["status"] == "ok"]
-    items = ((s["messages"] if s.get("messages") is not None else json.loads(s["conversation"]),
+    items = ((s["messages"] if s.get("messages") is not None else jsonform.loads(s["conversation"]),
               s["image_sizes"] or [], [] if s["videos"] in (None, "", "[]") else json.loads(s["videos"])) for s in ok)
     rows: list[dict] = []
     rejections: list[Rejection] = []
