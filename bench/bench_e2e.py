@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Results, drop_caches, machine, make_shards, require_free, timed  # noqa: E402
+from common import Results, drop_caches, machine, make_shards, require_free, yardstick  # noqa: E402
 from rss import TreeSampler, by_stage, stage_spans, step_spans  # noqa: E402
 
 _MEASURE = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
@@ -43,12 +43,6 @@ def run(cmd: list[str], dagster_home: Path) -> tuple[float, dict, int, dict]:
     summary = json.loads(out)
     spans = stage_spans(wall0, summary["stage_seconds"], step_spans(dagster_home, wall0))
     return time.perf_counter() - t0, summary, int(peak_kb) * 1024, by_stage(sampler, spans)
-
-
-def _yardstick(files: list[str]) -> dict:
-    """`cat` then `sha256sum` of the input's shards (after the `cat`, the page cache holds what it can)."""
-    return {"cat_s": round(timed("cat " + " ".join(files) + " > /dev/null", shell=True), 1),
-            "sha256sum_s": round(timed(["sha256sum", *files]), 1)}
 
 
 def main() -> None:
@@ -89,8 +83,8 @@ def main() -> None:
     emit({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "generate_s": round(time.perf_counter() - t0, 1),
           "bytes": sum(p.stat().st_size for p in paths), "shards": len(paths)})
     files = [str(p) for p in paths]
-    yardstick = _yardstick(files)
-    emit(yardstick)
+    before = yardstick(files)
+    emit(before)
     exe = str(Path(sys.executable).parent / "pack-assets")
     cmd = [exe, "run", "--input", str(inp), "--max-len", str(args.max_len), "--work", str(out / "work"),
            "--output", str(out / "packed"), "--dagster-home", str(out / "dagster_home"), "--json"]
@@ -102,9 +96,9 @@ def main() -> None:
           **{k: summary[k] for k in ("samples", "packed", "dropped", "rejected", "packs", "lower_bound", "fill",
                                      "violations", "stage_seconds")}, "rss": rss})
     # the yardstick again: on a shared VM it moves between readings; the ratio stands against both
-    after = _yardstick(files)
+    after = yardstick(files)
     emit({"cat_after_s": after["cat_s"], "sha256sum_after_s": after["sha256sum_s"],
-          "run_to_sha256sum": [round(seconds / yardstick["sha256sum_s"], 2), round(seconds / after["sha256sum_s"], 2)]})
+          "run_to_sha256sum": [round(seconds / before["sha256sum_s"], 2), round(seconds / after["sha256sum_s"], 2)]})
     # each rerun adds one new shard: incremental (audit all), incremental with the quick audit, full replan
     reruns = [("incremental", ["--incremental"]),
               ("incremental, audit changed only", ["--incremental", "--audit-scope", "changed"]),

@@ -96,6 +96,13 @@ def timed(cmd: list[str] | str, shell: bool = False) -> float:
     return time.perf_counter() - t0
 
 
+def yardstick(files: list[str]) -> dict:
+    """Issue 41's yardstick: `cat` then `sha256sum` of the files, seconds each (after the `cat`, the page cache
+    holds what it can)."""
+    return {"cat_s": round(timed("cat " + " ".join(files) + " > /dev/null", shell=True), 1),
+            "sha256sum_s": round(timed(["sha256sum", *files]), 1)}
+
+
 def hashlib_seconds(files: list) -> float:
     """Seconds for Python's hashlib.sha256 over each file in 1 MiB reads (the hashing floor of a scan)."""
     t0 = time.perf_counter()

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ResultsFile, machine, timed  # noqa: E402
+from common import ResultsFile, machine, yardstick  # noqa: E402
 
 
 def main() -> None:
@@ -33,10 +33,8 @@ def main() -> None:
         raise SystemExit(f"no part-*.tar under {args.input}")
     rounds = []
     for i in range(args.repeats):
-        cat = timed("cat " + " ".join(files) + " > /dev/null", shell=True)
-        sha = timed(["sha256sum", *files])
-        rounds.append({"round": i, "utc": time.strftime("%H:%M:%S", time.gmtime()), "cat_s": round(cat, 1),
-                       "sha256sum_s": round(sha, 1), "load_avg": os.getloadavg()})
+        rounds.append({"round": i, "utc": time.strftime("%H:%M:%S", time.gmtime()), **yardstick(files),
+                       "load_avg": os.getloadavg()})
         print(rounds[-1], flush=True)
     shas = [r["sha256sum_s"] for r in rounds]
     out.write({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "input": args.input, "files": len(files),

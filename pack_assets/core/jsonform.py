@@ -147,7 +147,7 @@ def loads_form(text: str, utf8: bytes | None = None, long: bool | None = None) -
         if type(value) is dict:
             try:  # text == json.dumps(value) reads back as value: it needs no other test (and json's decoder
                 # recurses no deeper than the encoder did here, from fewer frames below)
-                if dumps(value, long) == text:
+                if is_dumps_form(text, value, long):
                     return value, True
             except RecursionError:
                 pass
@@ -157,4 +157,4 @@ def loads_form(text: str, utf8: bytes | None = None, long: bool | None = None) -
         elif _kept(value):
             return value, False
     value = _json_loads(text)
-    return value, type(value) is dict and dumps(value, long) == text
+    return value, type(value) is dict and is_dumps_form(text, value, long)
