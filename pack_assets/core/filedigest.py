@@ -7,9 +7,7 @@ the bytes are the very bytes that passed; any other shard, or one whose bytes ch
 mtime, is read in full (`vouched`). xxh3-128, not sha256: these digests guard against corruption and edits, not
 adversaries, and hashing must stay under the disk's read speed.
 
-`EarlyDigests` hashes those shards ahead, while the plan and the writer run (`start_for`: `pack-assets run` starts
-it with the pack assets, not before: the cold import of Dagster and the recording of the shard runs, reads and
-writes of small files, wait behind these reads and cost more than the reading saves), each digest kept with the
+`EarlyDigests` hashes those shards ahead, while the plan and the writer run (`start_for`), each digest kept with the
 file's identity as it was read; the audit takes one only for a file nobody has written since (same inode, size,
 mtime and ctime: a write or a `utime` sets the ctime, which nothing sets back), so it is still a digest of the
 bytes on disk that this run computed, and anything else is hashed then. It reads past the page cache (O_DIRECT):
@@ -172,6 +170,7 @@ class EarlyDigests:
         self._pool: ThreadPoolExecutor | None = None
         self._started: dict[Path, Future] = {}
         self._stop = threading.Event()
+        self._target: tuple | None = None  # (out_dir, record, tool_version) of the reads under way
 
     def __enter__(self) -> EarlyDigests:
         return self
@@ -182,8 +181,12 @@ class EarlyDigests:
     def start(self, out_dir: Path, record: Path, tool_version: str, workers: int = 0) -> None:
         """Hash, in the background, each output shard that the last clean audit's record (``record``, written
         by ``tool_version``: another's digests are not taken) holds a digest for and whose size and mtime are
-        still the ones it recorded (the others are read in full)."""
+        still the ones it recorded (the others are read in full). Started again for the same folder and record,
+        the reads under way go on (the command starts them before Dagster's import, the plan asks again)."""
+        if self._target == (out_dir, record, tool_version) and self._pool is not None:
+            return
         self.close()
+        self._target = (out_dir, record, tool_version)
         shards, _, digests = audited(record, {}, tool_version)  # the record read as the audit reads it
         names = sorted(n for n in digests if isinstance(shards.get(n), list) and len(shards[n]) >= 2)
         todo = []
@@ -224,7 +227,7 @@ class EarlyDigests:
         self._stop.set()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        self._pool, self._started = None, {}
+        self._pool, self._started, self._target = None, {}, None
 
 
 def vouched(out_dir: Path, names: Iterable[str], recorded: dict[str, str], workers: int = 0,
