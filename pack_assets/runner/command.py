@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..core.filedigest import EarlyDigests
+from ..core.filedigest import BESIDE_IMPORT, EarlyDigests
 from ..core.safety import work_lock
 from ..core.settings import Settings
 from ..events import listening
@@ -32,7 +32,7 @@ def run(settings: Settings, shards: list[str], home: Path, command: str = "run",
             shardwork.start(work, settings, helpers, force=force)
             # the output shards an incremental plan keeps, read for the audit's digests from now on: the disk's
             # part of a rerun, beside Dagster's import and the plan's and the writer's CPU
-            early.start_for(settings)
+            early.start_for(settings, *BESIDE_IMPORT)
             if ensure_dagster_yaml(home):
                 print(f"new Dagster home {home}: wrote dagster.yaml (telemetry off, concurrency pools)",
                       file=sys.stderr)
