@@ -59,12 +59,21 @@ def test_the_default_incremental_rerun_vouches_for_every_kept_shard_by_digests_i
         return taken[path.name]
 
     monkeypatch.setattr(filedigest.EarlyDigests, "digest", spy)
+    read, plain = [], filedigest.identified_digest
+
+    def reading(path, *a, **k):
+        read.append(path.name)
+        return plain(path, *a, **k)
+
+    monkeypatch.setattr(filedigest, "identified_digest", reading)
     assert main(args + ["--incremental"]) == 0
     again = json.loads(capsys.readouterr().out)
     shards = sorted(p.name for p in (tmp / "out").glob("*.tar"))
     assert again["verdict"] == "PASS" and again["output_shards_written"] == 0
     assert again["output_shards_hashed"] == again["output_shards"] == len(shards) > 0
     assert sorted(n for n, d in taken.items() if d) == shards
+    # started before Dagster's import and asked again by the plan: each shard read once all the same
+    assert sorted(n for n in read if n.endswith(".tar")) == shards
 
 
 def test_lookup_and_verify(ran, capsys):

@@ -589,6 +589,41 @@ def test_digests_taken_early_vouch_only_for_files_nobody_wrote_since(packed):
     assert filedigest.identified_digest(first, stopped) is None and filedigest.identified_digest(first)
 
 
+def test_early_digests_started_before_dagster_go_on_with_more_readers(packed, monkeypatch):
+    """`pack-assets run` starts one reader of small requests before Dagster's import and the plan asks again
+    with four: the reads under way go on (each shard read once, by whichever reader takes it), and every
+    digest is the file's; closing cancels what no reader took."""
+    _, work, out, _ = packed
+    shards = sorted(out.glob("*.tar"))
+    assert len(shards) >= 2 and run_audit(work, out, digests=False).ok
+    expected = [filedigest.file_digest(p) for p in shards]
+    gate, reads = threading.Event(), []
+    plain = filedigest.identified_digest
+
+    def held(path, stop=None, direct=False, chunk=filedigest.DIRECT_CHUNK):
+        reads.append((path.name, chunk))
+        gate.wait(10)
+        return plain(path, stop, direct, chunk)
+
+    monkeypatch.setattr(filedigest, "identified_digest", held)
+    with filedigest.EarlyDigests() as early:
+        early.start(out, work / audit_mod.AUDITED, __version__, *filedigest.BESIDE_IMPORT)
+        futures = dict(early._started)
+        early.start(out, work / audit_mod.AUDITED, __version__)  # the plan's call: more readers, same reads
+        assert early._started == futures
+        gate.set()
+        assert [early.digest(p) for p in shards] == expected
+        assert sorted(n for n, _ in reads) == [p.name for p in shards]  # each read once
+        assert reads[0] == (shards[0].name, filedigest.BESIDE_IMPORT[1])
+    gate.clear()
+    reads.clear()
+    early = filedigest.EarlyDigests()
+    early.start(out, work / audit_mod.AUDITED, __version__, readers=1)
+    early.close()  # the one reader holds the first shard: the others are cancelled, never read
+    gate.set()
+    assert all(early.digest(p) is None for p in shards) and len(reads) <= 1
+
+
 def test_an_early_digest_read_past_the_page_cache_is_the_files_digest(tmp_path, monkeypatch):
     """EarlyDigests reads with O_DIRECT (no copy out of the page cache, no cache filled): the digest is the
     buffered read's for a file of several chunks ending off a block boundary, and where the file system

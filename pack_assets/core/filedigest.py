@@ -7,9 +7,10 @@ the bytes are the very bytes that passed; any other shard, or one whose bytes ch
 mtime, is read in full (`vouched`). xxh3-128, not sha256: these digests guard against corruption and edits, not
 adversaries, and hashing must stay under the disk's read speed.
 
-`EarlyDigests` hashes those shards ahead, while the plan and the writer run (`start_for`: `pack-assets run` starts
-it with the pack assets, not before: the cold import of Dagster and the recording of the shard runs, reads and
-writes of small files, wait behind these reads and cost more than the reading saves), each digest kept with the
+`EarlyDigests` hashes those shards ahead, while the plan and the writer run (`start_for`): `pack-assets run` starts
+one reader of small requests before Dagster's cold import (whose reads of many small files would wait behind large
+requests: four readers of 4 MB stretched the import several times over, docs/benchmarks.md), and the plan adds
+the others as it starts. Each digest is kept with the
 file's identity as it was read; the audit takes one only for a file nobody has written since (same inode, size,
 mtime and ctime: a write or a `utime` sets the ctime, which nothing sets back), so it is still a digest of the
 bytes on disk that this run computed, and anything else is hashed then. It reads past the page cache (O_DIRECT):
@@ -18,6 +19,7 @@ it on a small machine, and slowed the hashing itself (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import collections
 import errno
 import json
 import mmap
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 CHUNK = 8 << 20
 DIRECT_CHUNK = 4 << 20
 EARLY_THREADS = 4  # sequential readers of one disk while the writer writes to it (waiting on it, not on a core)
+BESIDE_IMPORT = 1, 1 << 20  # (readers, request size) while the command imports Dagster
 
 
 Identity = tuple[int, int, int, int, int]
@@ -61,11 +64,11 @@ def _open_direct(path: Path) -> int | None:
         raise
 
 
-def _read_all(fd: int, h, stop: threading.Event | None, direct: bool) -> bool:
+def _read_all(fd: int, h, stop: threading.Event | None, direct: bool, chunk: int = DIRECT_CHUNK) -> bool:
     """``fd``'s bytes into ``h`` in large chunks of one buffer (page-aligned for O_DIRECT); False once ``stop``
     is set. xxhash releases the GIL while it hashes: threads hash files in parallel."""
     if direct:
-        buf = mmap.mmap(-1, DIRECT_CHUNK)
+        buf = mmap.mmap(-1, chunk)
     else:
         buf = bytearray(CHUNK)
         if hasattr(os, "posix_fadvise"):
@@ -83,12 +86,13 @@ def _read_all(fd: int, h, stop: threading.Event | None, direct: bool) -> bool:
             buf.close()
 
 
-def identified_digest(path: Path, stop: threading.Event | None = None,
-                      direct: bool = False) -> tuple[str, Identity] | None:
+def identified_digest(path: Path, stop: threading.Event | None = None, direct: bool = False,
+                      chunk: int = DIRECT_CHUNK) -> tuple[str, Identity] | None:
     """xxh3-128 of the file's bytes (hex) and the file's identity, the same before and after the read; None when
     it cannot be read, changed meanwhile, or ``stop`` was set. ``direct``: read past the page cache (O_DIRECT,
     where the file system allows it): no copy out of the cache and no cache filled with bytes the run does not
-    read again, so the hashing leaves the CPU and the cache to the stages running beside it."""
+    read again, so the hashing leaves the CPU and the cache to the stages running beside it; ``chunk`` bytes a
+    request there."""
     h = xxhash.xxh3_128()
     try:
         fd = _open_direct(path) if direct else None
@@ -96,7 +100,7 @@ def identified_digest(path: Path, stop: threading.Event | None = None,
         fd = fd if direct else os.open(path, os.O_RDONLY)
         try:
             before = identity(os.fstat(fd))
-            if not _read_all(fd, h, stop, direct):
+            if not _read_all(fd, h, stop, direct, chunk):
                 return None
             after = identity(os.fstat(fd))
         finally:
@@ -165,13 +169,17 @@ class HashedReads:
 
 
 class EarlyDigests:
-    """Output shards hashed ahead of the audit by a pool of threads of its own (`start`), each digest with the
-    file's identity as it was read; `digest` gives one only while the file is still that file."""
+    """Output shards hashed ahead of the audit by threads of its own (`start`), each digest with the file's
+    identity as it was read; `digest` gives one only while the file is still that file. The readers take the
+    shards in name order from one queue, so more can join the reads under way."""
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._started: dict[Path, Future] = {}
         self._stop = threading.Event()
+        self._target: tuple | None = None  # (out_dir, record, tool_version) of the reads under way
+        self._queue: collections.deque[Path] = collections.deque()
+        self._readers = 0
 
     def __enter__(self) -> EarlyDigests:
         return self
@@ -179,33 +187,32 @@ class EarlyDigests:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def start(self, out_dir: Path, record: Path, tool_version: str, workers: int = 0) -> None:
+    def start(self, out_dir: Path, record: Path, tool_version: str, readers: int = EARLY_THREADS,
+              chunk: int = DIRECT_CHUNK) -> None:
         """Hash, in the background, each output shard that the last clean audit's record (``record``, written
         by ``tool_version``: another's digests are not taken) holds a digest for and whose size and mtime are
-        still the ones it recorded (the others are read in full)."""
-        self.close()
-        shards, _, digests = audited(record, {}, tool_version)  # the record read as the audit reads it
-        names = sorted(n for n in digests if isinstance(shards.get(n), list) and len(shards[n]) >= 2)
-        todo = []
-        for n in names:
-            try:
-                st = (out_dir / n).stat()
-            except OSError:
-                continue
-            if [st.st_size, st.st_mtime_ns] == shards[n][:2]:
-                todo.append(out_dir / n)
-        if todo:
+        still the ones it recorded (the others are read in full): ``readers`` threads, ``chunk`` bytes a request.
+        Started again for the same folder and record, the reads under way go on, with more readers if asked."""
+        if self._target != (out_dir, record, tool_version) or self._pool is None:
+            self.close()
+            self._target = (out_dir, record, tool_version)
+            todo = _unchanged_since(out_dir, record, tool_version)
+            if not todo:
+                return
             self._stop = threading.Event()
-            threads = min(workers or EARLY_THREADS, len(todo))
-            self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="early-digest")
-            self._started = {p: self._pool.submit(identified_digest, p, self._stop, True) for p in todo}
+            self._pool = ThreadPoolExecutor(EARLY_THREADS, thread_name_prefix="early-digest")
+            self._started = {p: Future() for p in todo}
+            self._queue = collections.deque(todo)
+        while self._readers < min(readers, EARLY_THREADS, len(self._started)):
+            self._pool.submit(_read_queue, self._queue, self._started, self._stop, chunk)
+            self._readers += 1
 
-    def start_for(self, settings: Settings) -> EarlyDigests:
+    def start_for(self, settings: Settings, readers: int = EARLY_THREADS, chunk: int = DIRECT_CHUNK) -> EarlyDigests:
         """`start` when a run of ``settings`` has an audit that takes these digests: an incremental plan keeps
         the output shards it had, and the default audit scope hashes them (a blend's epochs: not hashed early).
         Safe at any time before the audit: a digest is taken only for a file that is still the one it read."""
         if settings.plan.incremental and settings.audit_scope == "all" and not settings.recipe:
-            self.start(settings.out, settings.work / AUDITED, __version__)
+            self.start(settings.out, settings.work / AUDITED, __version__, readers, chunk)
         return self
 
     def digest(self, path: Path) -> str | None:
@@ -222,9 +229,40 @@ class EarlyDigests:
         """Stop hashing (what is not started is cancelled, what is under way stops at its next chunk: a failed
         plan or write leaves no thread reading) and forget the digests."""
         self._stop.set()
+        for f in self._started.values():
+            f.cancel()  # (one a reader took already is running: it ends with None at its next chunk)
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-        self._pool, self._started = None, {}
+            self._pool.shutdown(wait=False)
+        self._pool, self._started, self._target, self._readers = None, {}, None, 0
+
+
+def _unchanged_since(out_dir: Path, record: Path, tool_version: str) -> list[Path]:
+    """The output shards ``record`` holds a digest for whose size and mtime are still the ones it recorded."""
+    shards, _, digests = audited(record, {}, tool_version)  # the record read as the audit reads it
+    todo = []
+    for n in sorted(n for n in digests if isinstance(shards.get(n), list) and len(shards[n]) >= 2):
+        try:
+            st = (out_dir / n).stat()
+        except OSError:
+            continue
+        if [st.st_size, st.st_mtime_ns] == shards[n][:2]:
+            todo.append(out_dir / n)
+    return todo
+
+
+def _read_queue(queue: collections.deque, started: dict[Path, Future], stop: threading.Event, chunk: int) -> None:
+    """One reader: the next shard of ``queue`` hashed into its future, until the queue is empty or ``stop``."""
+    while not stop.is_set():
+        try:
+            path = queue.popleft()
+        except IndexError:
+            return
+        future = started[path]
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(identified_digest(path, stop, True, chunk))
+            except BaseException as e:  # (identified_digest returns None for an OSError: this is a bug's)
+                future.set_exception(e)
 
 
 def vouched(out_dir: Path, names: Iterable[str], recorded: dict[str, str], workers: int = 0,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..core.filedigest import BESIDE_IMPORT, EarlyDigests
 from ..core.safety import work_lock
 from ..core.settings import Settings
 from ..events import listening
@@ -26,8 +27,12 @@ def run(settings: Settings, shards: list[str], home: Path, command: str = "run",
         # helper processes: scanners forked now, which scan and count the shards while Dagster is imported
         # below and then end; side helpers (from a fork server), which simulate the what-if sweep, recount the
         # audit's samples and draw the report's figures
-        with Helpers(shardwork.helpers_for(work, jobs), scan=bool(work.todo)) as helpers:
+        with (Helpers(shardwork.helpers_for(work, jobs), scan=bool(work.todo)) as helpers,
+              EarlyDigests() as early):
             shardwork.start(work, settings, helpers, force=force)
+            # the output shards an incremental plan keeps, read for the audit's digests from now on: the disk's
+            # part of a rerun, beside Dagster's import and the plan's and the writer's CPU
+            early.start_for(settings, *BESIDE_IMPORT)
             if ensure_dagster_yaml(home):
                 print(f"new Dagster home {home}: wrote dagster.yaml (telemetry off, concurrency pools)",
                       file=sys.stderr)
@@ -39,6 +44,6 @@ def run(settings: Settings, shards: list[str], home: Path, command: str = "run",
             try:
                 with listening(bars):
                     return run_pipeline(settings, instance, force=force, started=started, work=work,
-                                        pool=helpers.pool)
+                                        pool=helpers.pool, early=early)
             finally:
                 bars.close()

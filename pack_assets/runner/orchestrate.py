@@ -3,6 +3,7 @@ write / audit (as steps of the last shard run when the command's helpers did its
 their own). Every run is recorded in the instance under DAGSTER_HOME. The pack assets are built with the
 command's helper pool (`defs.assets.pack_stage_assets`): it is a parameter of `run_pipeline`, not a global."""
 
+import contextlib
 import multiprocessing
 import os
 import sys
@@ -228,7 +229,7 @@ def _on_terminal(msg: str) -> None:
 
 def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, force: bool = False,
                  jobs: int = 0, started: float | None = None, work: ShardWork | None = None,
-                 pool: Executor | None = None) -> dict:
+                 pool: Executor | None = None, early: filedigest.EarlyDigests | None = None) -> dict:
     """Register the shards, run each that needs it, then plan → write → audit; the summary comes from the
     stages' own results. `started`: the time.perf_counter() the caller's wall time counts from (the CLI:
     process start), so the stage seconds, with start-up and other, add up to the seconds the user waited.
@@ -237,7 +238,9 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
     helpers wrote. `log`: where a library caller wants plain progress lines; without one, the command's own
     progress on a terminal (nothing off one; the caller shows the pack stages: progress.StageBars). `pool`:
     where the pack stages' side work runs (`defs.assets.pack_stage_assets`): the command's side helpers
-    (`procs.Helpers.pool`), or none (in line)."""
+    (`procs.Helpers.pool`), or none (in line). `early`: the output shards' digests for the audit, which the
+    caller may have started already (`pack-assets run`: before Dagster's import) and closes; without one, the
+    run's own, started by the plan."""
     progress_log = log
     log = log or _on_terminal
     t0 = time.perf_counter() if started is None else started
@@ -261,8 +264,8 @@ def run_pipeline(settings: Settings, instance: dg.DagsterInstance, log=None, for
         log(f"{len(todo)} shard run(s), {len(shards) - len(todo)} shard(s) unchanged"
             f"{f' ({len(late)} recorded in Dagster now)' if late else ''}; planning, writing and auditing")
 
-    with filedigest.EarlyDigests() as early:  # closed even when the plan or the write fails
-        pack_assets = pack_stage_assets(pool, early)
+    with contextlib.nullcontext(early) if early is not None else filedigest.EarlyDigests() as early:
+        pack_assets = pack_stage_assets(pool, early)  # (closed even when the plan or the write fails)
         result = _shard_runs(todo + late, order, jobs, settings.flat(), progress_log, instance, work, then_pack,
                              pack_assets)
         if result is None:  # the shard runs did not go on with the pack assets
