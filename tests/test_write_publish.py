@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,43 @@ def test_a_rerun_that_keeps_its_shards_rewrites_none_of_their_unchanged_metadata
     kept = {p.relative_to(out).as_posix() for p in files if p.stat().st_ino == before[p][0]}
     assert {p.relative_to(out).as_posix() for p in files} - kept <= {".nv-meta/index.sqlite", ".pack_assets-files.json"}
     assert all(p.read_bytes() == before[p][1] for p in files if p.name.endswith(".idx") or p.suffix == ".json")
+
+
+class _Spy:
+    """A connection whose statements are kept (DuckDB's own connection takes no attribute)."""
+
+    def __init__(self, con) -> None:
+        self.con, self.sql = con, []
+
+    def execute(self, sql, *args):
+        self.sql.append(sql)
+        return self.con.execute(sql, *args)
+
+
+def test_a_digest_left_to_compute_reads_only_the_catalog_files_of_its_sources(tmp_path):
+    """Where the writer's record holds every output shard's digest but one (one an append made), that one is
+    computed from the catalog files of the source shards it draws from only, and equals the digest computed over
+    the whole catalog."""
+    inp, work = small_dataset(tmp_path / "in", n_shards=4, per_shard=6), tmp_path / "work"
+    shards = list(store.find_shards(inp))
+    for s in shards:
+        run_manifest(inp, work, s)
+        run_token_lengths(work, s, PROFILE)
+    config = PlanConfig(max_len=1500, max_packs_per_shard=2, incremental=True)
+    run_plan(work, shards[:3], config, PROFILE)
+    run_plan(work, shards, config, PROFILE)  # the fourth shard's samples appended, in new output shards
+    with store.connect(work, read_only=True) as con:
+        full, keys = shard_digests(con, None)
+        sources = {}
+        for name, src in con.execute("SELECT DISTINCT output_shard, shard FROM lineage").fetchall():
+            sources.setdefault(name, set()).add(src)
+        last = min(sorted(sources), key=lambda n: len(sources[n]))
+        record = {"digest_format": DIGEST_FORMAT, "digests": {n: d[0] for n, d in full.items() if n != last},
+                  "digest_keys": {n: k for n, k in keys.items() if n != last}}
+        spy = _Spy(con)
+        partial, _ = shard_digests(spy, record)
+    assert partial == full and len(sources[last]) < len(shards)
+    folders = {f.as_posix() for s in sources[last]
+               for f in (store.manifest_dir(work, s), store.token_dir(work, PROFILE.name, s))}
+    read = [f for sql in spy.sql if "md5_number" in sql for f in re.findall(r"'([^']*\.parquet)'", sql)]
+    assert read and {os.path.dirname(f) for f in read} <= folders

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,7 +62,7 @@ WITH mem AS (SELECT sample_id, (x >> 64)::UBIGINT || ':' || (x & $low)::UBIGINT 
              FROM (SELECT sample_id, bit_xor(md5_number(m)) AS x, bool_or(unhashed) AS unhashed
                    FROM (SELECT sample_id, concat_ws(',', to_json(name), "offset", size, coalesce(sha256, '-')) AS m,
                                 sha256 IS NULL AS unhashed
-                         FROM members WHERE sample_id IN (SELECT sample_id FROM pack_members /*only_members*/))
+                         FROM @members WHERE sample_id IN (SELECT sample_id FROM pack_members /*only_members*/))
                    GROUP BY sample_id)),
 lines AS (SELECT p.output_shard, p.pack_id,
                  concat_ws('|', to_json(p.pack_id), p.media_type, p.total_token_len, pm.position, to_json(pm.sample_id),
@@ -70,12 +71,15 @@ lines AS (SELECT p.output_shard, p.pack_id,
                            CASE WHEN mem.unhashed THEN coalesce(sh.size || ':' || sh.mtime_ns, '') END) AS line
           FROM pack_plan p JOIN pack_members pm USING (pack_id)
           JOIN (SELECT sample_id, shard, json_member, media_members, extra_members, md5(conversation) AS conv
-                FROM manifest_samples /*only_ids*/) s USING (sample_id)
-          JOIN (SELECT * FROM token_lengths /*only_ids*/) t USING (sample_id) LEFT JOIN mem USING (sample_id)
-          LEFT JOIN shards sh ON sh.shard = s.shard /*only*/)
+                FROM @manifest_samples /*only_ids*/) s USING (sample_id)
+          JOIN (SELECT * FROM @token_lengths /*only_ids*/) t USING (sample_id) LEFT JOIN mem USING (sample_id)
+          LEFT JOIN @shards sh ON sh.shard = s.shard /*only*/)
 SELECT output_shard, (x >> 64)::UBIGINT || ':' || (x & $low)::UBIGINT, packs, samples
 FROM (SELECT output_shard, bit_xor(md5_number(line)) AS x, count(DISTINCT pack_id) AS packs, count(*) AS samples
       FROM lines GROUP BY 1)""".replace("$low", "18446744073709551615::UHUGEINT")
+# the catalog's per-shard views the query reads (`@name` in it): the views themselves, or only the files of the
+# source shards the digested output shards draw from (`_over`)
+_VIEWS = ("members", "manifest_samples", "token_lengths", "shards")
 # What a shard's digest is computed from, found far more cheaply than the digest itself: its plan lines
 # (pack, position, sample) hashed, and the source shards its samples come from. With the stat stamps of those
 # sources' catalog files (size, mtime, inode, ctime), they key the digest: where the key is the one recorded,
@@ -103,13 +107,18 @@ def _stamp(path: str) -> list | None:
 def digest_keys(con) -> dict[str, tuple[str, int, int]]:
     """Per planned output shard: (the key of its digest's inputs, packs, samples); {} for a catalog built
     before it listed its shards' folders."""
+    return _keyed(con)[0]
+
+
+def _keyed(con) -> tuple[dict[str, tuple[str, int, int]], dict[str, set[str]]]:
+    """`digest_keys`, and per planned output shard the catalog folders of the source shards it draws from."""
     try:
         rows = con.execute("SELECT shard, manifest_dir, token_dir FROM catalog_shards").fetchall()
     except duckdb.CatalogException:
-        return {}
+        return {}, {}
     folders = {r[0]: r[1:] for r in rows}
     stamps: dict[str, list] = {}
-    keys = {}
+    keys, where = {}, {}
     for name, plan_hash, packs, samples, sources in con.execute(_DIGEST_INPUTS).fetchall():
         for src in sources:
             if src not in stamps:
@@ -118,27 +127,48 @@ def digest_keys(con) -> dict[str, tuple[str, int, int]]:
                                         for f in files]
         key = json.dumps([DIGEST_FORMAT, plan_hash, [[src, stamps[src]] for src in sources]])
         keys[name] = (hashlib.sha256(key.encode()).hexdigest(), packs, samples)
-    return keys
+        where[name] = {d for src in sources for d in folders.get(src) or ("?",)}  # "?": no folder known
+    return keys, where
+
+
+def _over(con, view: str, folders: set[str]) -> str:
+    """The catalog's per-shard ``view`` over only those of its files that lie in ``folders`` (the files' names
+    as the view's own SQL has them): its rows of the source shards of those folders, the others' files unread."""
+    sql = con.execute("SELECT sql FROM duckdb_views() WHERE NOT internal AND view_name = ?", [view]).fetchone()[0]
+    files = [q for q in re.findall(r"'(?:[^']|'')*?\.parquet'", sql or "")
+             if os.path.dirname(q[1:-1].replace("''", "'")) in folders]
+    return f"(SELECT * FROM read_parquet([{', '.join(files)}]))" if files else f"(FROM {view} WHERE false)"
+
+
+def _digest_sql(con, folders: set[str] | None) -> str:
+    """_DIGEST_ROWS over the catalog's views, or (``folders``) over only their files in those folders."""
+    sql = _DIGEST_ROWS
+    for view in _VIEWS:
+        sql = sql.replace(f"@{view}", view if folders is None or "?" in folders else _over(con, view, folders))
+    return sql
 
 
 def shard_digests(con, record: dict | None = None) -> tuple[dict[str, tuple[str, int, int]], dict[str, str]]:
     """Per planned output shard: (content digest, packs, samples); and the keys of the digests' inputs. A
-    digest the writer's ``record`` holds under the same key is taken from it; the others are computed."""
-    keys = digest_keys(con)
+    digest the writer's ``record`` holds under the same key is taken from it; the others are computed, from
+    the catalog files of the source shards they draw from only (an append: one new output shard's few sources
+    of all, whose rows the views would read whole: docs/benchmarks.md, issue 41)."""
+    keys, where = _keyed(con)
     kept = {}
     if record is not None and record.get("digest_format") == DIGEST_FORMAT:
         recorded, old_keys = record.get("digests") or {}, record.get("digest_keys") or {}
         kept = {n: (recorded[n], packs, samples) for n, (key, packs, samples) in keys.items()
                 if n in recorded and old_keys.get(n) == key}
     if not kept:
-        digests = {r[0]: (r[1], r[2], r[3]) for r in con.execute(_DIGEST_ROWS).fetchall()}
+        digests = {r[0]: (r[1], r[2], r[3]) for r in con.execute(_digest_sql(con, None)).fetchall()}
     else:
         rest = sorted(set(keys) - set(kept))
         only = f"p.{ONLY}"
         members = f"pm JOIN pack_plan p USING (pack_id) WHERE {only}"
         # the other shards' samples left out before the joins, not after them (an append: one shard of all)
+        sql = _digest_sql(con, set().union(*(where[n] for n in rest))) if rest else ""
         digests = {r[0]: (r[1], r[2], r[3]) for r in con.execute(
-            _DIGEST_ROWS.replace("/*only_members*/", members)
+            sql.replace("/*only_members*/", members)
             .replace("/*only_ids*/", f"WHERE sample_id IN (SELECT sample_id FROM pack_members {members})")
             .replace("/*only*/", f"WHERE {only}"), [rest] * 4).fetchall()} if rest else {}
         digests.update(kept)
