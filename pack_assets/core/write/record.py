@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
 
 from .. import store
+from ..catalogview import within
 from ..owned import NV_META
 from ..plan import PlanInfo
 from ..safety import file_sha256
@@ -62,7 +62,7 @@ WITH mem AS (SELECT sample_id, (x >> 64)::UBIGINT || ':' || (x & $low)::UBIGINT 
              FROM (SELECT sample_id, bit_xor(md5_number(m)) AS x, bool_or(unhashed) AS unhashed
                    FROM (SELECT sample_id, concat_ws(',', to_json(name), "offset", size, coalesce(sha256, '-')) AS m,
                                 sha256 IS NULL AS unhashed
-                         FROM @members WHERE sample_id IN (SELECT sample_id FROM pack_members /*only_members*/))
+                         FROM members WHERE sample_id IN (SELECT sample_id FROM pack_members /*only_members*/))
                    GROUP BY sample_id)),
 lines AS (SELECT p.output_shard, p.pack_id,
                  concat_ws('|', to_json(p.pack_id), p.media_type, p.total_token_len, pm.position, to_json(pm.sample_id),
@@ -71,15 +71,12 @@ lines AS (SELECT p.output_shard, p.pack_id,
                            CASE WHEN mem.unhashed THEN coalesce(sh.size || ':' || sh.mtime_ns, '') END) AS line
           FROM pack_plan p JOIN pack_members pm USING (pack_id)
           JOIN (SELECT sample_id, shard, json_member, media_members, extra_members, md5(conversation) AS conv
-                FROM @manifest_samples /*only_ids*/) s USING (sample_id)
-          JOIN (SELECT * FROM @token_lengths /*only_ids*/) t USING (sample_id) LEFT JOIN mem USING (sample_id)
-          LEFT JOIN @shards sh ON sh.shard = s.shard /*only*/)
+                FROM manifest_samples /*only_ids*/) s USING (sample_id)
+          JOIN (SELECT * FROM token_lengths /*only_ids*/) t USING (sample_id) LEFT JOIN mem USING (sample_id)
+          LEFT JOIN shards sh ON sh.shard = s.shard /*only*/)
 SELECT output_shard, (x >> 64)::UBIGINT || ':' || (x & $low)::UBIGINT, packs, samples
 FROM (SELECT output_shard, bit_xor(md5_number(line)) AS x, count(DISTINCT pack_id) AS packs, count(*) AS samples
       FROM lines GROUP BY 1)""".replace("$low", "18446744073709551615::UHUGEINT")
-# the catalog's per-shard views the query reads (`@name` in it): the views themselves, or only the files of the
-# source shards the digested output shards draw from (`_over`)
-_VIEWS = ("members", "manifest_samples", "token_lengths", "shards")
 # What a shard's digest is computed from, found far more cheaply than the digest itself: its plan lines
 # (pack, position, sample) hashed, and the source shards its samples come from. With the stat stamps of those
 # sources' catalog files (size, mtime, inode, ctime), they key the digest: where the key is the one recorded,
@@ -131,23 +128,6 @@ def _keyed(con) -> tuple[dict[str, tuple[str, int, int]], dict[str, set[str]]]:
     return keys, where
 
 
-def _over(con, view: str, folders: set[str]) -> str:
-    """The catalog's per-shard ``view`` over only those of its files that lie in ``folders`` (the files' names
-    as the view's own SQL has them): its rows of the source shards of those folders, the others' files unread."""
-    sql = con.execute("SELECT sql FROM duckdb_views() WHERE NOT internal AND view_name = ?", [view]).fetchone()[0]
-    files = [q for q in re.findall(r"'(?:[^']|'')*?\.parquet'", sql or "")
-             if os.path.dirname(q[1:-1].replace("''", "'")) in folders]
-    return f"(SELECT * FROM read_parquet([{', '.join(files)}]))" if files else f"(FROM {view} WHERE false)"
-
-
-def _digest_sql(con, folders: set[str] | None) -> str:
-    """_DIGEST_ROWS over the catalog's views, or (``folders``) over only their files in those folders."""
-    sql = _DIGEST_ROWS
-    for view in _VIEWS:
-        sql = sql.replace(f"@{view}", view if folders is None or "?" in folders else _over(con, view, folders))
-    return sql
-
-
 def shard_digests(con, record: dict | None = None) -> tuple[dict[str, tuple[str, int, int]], dict[str, str]]:
     """Per planned output shard: (content digest, packs, samples); and the keys of the digests' inputs. A
     digest the writer's ``record`` holds under the same key is taken from it; the others are computed, from
@@ -160,13 +140,14 @@ def shard_digests(con, record: dict | None = None) -> tuple[dict[str, tuple[str,
         kept = {n: (recorded[n], packs, samples) for n, (key, packs, samples) in keys.items()
                 if n in recorded and old_keys.get(n) == key}
     if not kept:
-        digests = {r[0]: (r[1], r[2], r[3]) for r in con.execute(_digest_sql(con, None)).fetchall()}
+        digests = {r[0]: (r[1], r[2], r[3]) for r in con.execute(_DIGEST_ROWS).fetchall()}
     else:
         rest = sorted(set(keys) - set(kept))
         only = f"p.{ONLY}"
         members = f"pm JOIN pack_plan p USING (pack_id) WHERE {only}"
         # the other shards' samples left out before the joins, not after them (an append: one shard of all)
-        sql = _digest_sql(con, set().union(*(where[n] for n in rest))) if rest else ""
+        folders = set().union(*(where[n] for n in rest)) if rest else set()
+        sql = within(con, _DIGEST_ROWS, None if "?" in folders else folders)
         digests = {r[0]: (r[1], r[2], r[3]) for r in con.execute(
             sql.replace("/*only_members*/", members)
             .replace("/*only_ids*/", f"WHERE sample_id IN (SELECT sample_id FROM pack_members {members})")
