@@ -5,8 +5,9 @@ alternating pairs on one set, and the rerun's output folder compared: after each
 
 Each run is profile_rerun.py's (its untimed incremental run without the newest shard first, so each profiled
 rerun starts from the same state); the code of each comes from PYTHONPATH (this tree's or ``--baseline-src``).
-Records per run: profile_rerun.py's record, which code, the sha256 of every file of the output folder (but the
-SQLite index's, compared by its rows: its pages are not byte-stable) and whether it equals the first run's.
+Records per run: profile_rerun.py's record, which code, and whether every file of the output folder equals the
+first run's (sha256; the SQLite index by its rows, its pages not being byte-stable; `index.uuid` left out, as the
+plan's fingerprint names it and each run gives the new shard a new mtime, and its hash in the owned-files record).
 """
 
 from __future__ import annotations
@@ -25,16 +26,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Results  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+# named after the plan's fingerprint, which holds the sources' mtimes: each run gives the new shard a new one
+UUID = ".nv-meta/index.uuid"
 
 
 def folder_digest(out: Path) -> dict[str, str]:
-    """sha256 per file of the output folder (path relative to it); index.sqlite by its tables' rows."""
+    """sha256 per file of the output folder (path relative to it); index.sqlite by its tables' rows, the owned-files
+    record but for index.uuid's hash."""
     found = {}
     for p in sorted(out.rglob("*")):
         if not p.is_file():
             continue
         h = hashlib.sha256()
-        if p.name == "index.sqlite":
+        if p.name == ".pack_assets-files.json":
+            files = json.loads(p.read_text())["files"]
+            h.update(json.dumps({n: v for n, v in files.items() if n != UUID}, sort_keys=True).encode())
+        elif p.name == "index.sqlite":
             with sqlite3.connect(f"file:{p}?mode=ro", uri=True) as db:
                 for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY 1"):
                     h.update(json.dumps([t, db.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall()]).encode())
@@ -80,9 +87,9 @@ def main() -> None:
             rec = one(code, src, out, args.timer, args.evict)
             files = folder_digest(out / "packed")
             first = first or files
-            emit({**rec, "pair": i, "output_files": len(files),
-                  "output_equal_to_first_run": files == first,
-                  "differing": sorted(n for n in set(files) | set(first) if files.get(n) != first.get(n))})
+            differing = sorted(n for n in set(files) | set(first) if files.get(n) != first.get(n) and n != UUID)
+            emit({**rec, "pair": i, "output_files": len(files), "output_equal_to_first_run": not differing,
+                  "differing": differing})
 
 
 if __name__ == "__main__":
