@@ -10,6 +10,8 @@ import re
 import tarfile
 from pathlib import Path
 
+from conftest import SqlSpy, appended_catalog
+
 from pack_assets.core import audit as audit_mod
 from pack_assets.core import expected, store
 from pack_assets.core.audit import run_audit
@@ -167,42 +169,21 @@ def test_the_audit_checks_and_stages_under_a_lower_duckdb_limit_then_puts_the_ca
     assert seen == as_duckdb_says("2GB", "2GB", "2GB")  # the user's limit, while checking and staging too
 
 
-class _Spy:
-    """A connection whose statements are kept (DuckDB's own connection takes no attribute)."""
-
-    def __init__(self, con) -> None:
-        self.con, self.sql = con, []
-
-    def execute(self, sql, *args):
-        self.sql.append(sql)
-        return self.con.execute(sql, *args)
-
-
 def test_one_output_shards_expectations_read_only_its_sources_catalog_files(tmp_path, monkeypatch):
     """An output shard read alone (not staged: a rerun's new shard) gets its expectations from the manifest's and
     counts' files of the source shards its samples come from only, the same as over the whole catalog."""
-    from conftest import small_dataset
-
-    profile = load_profile("qwen3-vl")
-    inp, work = small_dataset(tmp_path / "in", n_shards=4, per_shard=6), tmp_path / "work"
-    shards = list(store.find_shards(inp))
-    for s in shards:
-        run_manifest(inp, work, s)
-        run_token_lengths(work, s, profile)
-    config = PlanConfig(max_len=1500, max_packs_per_shard=2, incremental=True)
-    run_plan(work, shards[:3], config, profile)
-    run_plan(work, shards, config, profile)  # the fourth shard's samples appended, in new output shards
+    work, shards = appended_catalog(tmp_path)
     with store.connect(work, read_only=True) as con:
         sources = {}
         for name, src in con.execute("SELECT DISTINCT output_shard, shard FROM lineage").fetchall():
             sources.setdefault(name, set()).add(src)
-        spies = {name: _Spy(con) for name in sources}
+        spies = {name: SqlSpy(con) for name in sources}
         got = {name: expected.shard_expectations(spies[name], name) for name in sorted(sources)}
         monkeypatch.setattr(expected, "source_folders", lambda con, name: None, raising=False)  # views read whole
         assert got == {name: expected.shard_expectations(con, name) for name in sorted(sources)}
     assert any(len(s) < len(shards) for s in sources.values())
     for name, spy in spies.items():
         folders = {f.as_posix() for s in sources[name]
-                   for f in (store.manifest_dir(work, s), store.token_dir(work, profile.name, s))}
+                   for f in (store.manifest_dir(work, s), store.token_dir(work, "qwen3-vl", s))}
         read = [f for sql in spy.sql for f in re.findall(r"'([^']*\.parquet)'", sql)]
         assert read and {os.path.dirname(f) for f in read} <= folders, name

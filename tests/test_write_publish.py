@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import small_dataset
+from conftest import SqlSpy, appended_catalog, small_dataset
 
 from pack_assets.core import safety, store
 from pack_assets.core.counting.profiles import load_profile
@@ -190,29 +190,11 @@ def test_a_rerun_that_keeps_its_shards_rewrites_none_of_their_unchanged_metadata
     assert all(p.read_bytes() == before[p][1] for p in files if p.name.endswith(".idx") or p.suffix == ".json")
 
 
-class _Spy:
-    """A connection whose statements are kept (DuckDB's own connection takes no attribute)."""
-
-    def __init__(self, con) -> None:
-        self.con, self.sql = con, []
-
-    def execute(self, sql, *args):
-        self.sql.append(sql)
-        return self.con.execute(sql, *args)
-
-
 def test_a_digest_left_to_compute_reads_only_the_catalog_files_of_its_sources(tmp_path):
     """Where the writer's record holds every output shard's digest but one (one an append made), that one is
     computed from the catalog files of the source shards it draws from only, and equals the digest computed over
     the whole catalog."""
-    inp, work = small_dataset(tmp_path / "in", n_shards=4, per_shard=6), tmp_path / "work"
-    shards = list(store.find_shards(inp))
-    for s in shards:
-        run_manifest(inp, work, s)
-        run_token_lengths(work, s, PROFILE)
-    config = PlanConfig(max_len=1500, max_packs_per_shard=2, incremental=True)
-    run_plan(work, shards[:3], config, PROFILE)
-    run_plan(work, shards, config, PROFILE)  # the fourth shard's samples appended, in new output shards
+    work, shards = appended_catalog(tmp_path)
     with store.connect(work, read_only=True) as con:
         full, keys = shard_digests(con, None)
         sources = {}
@@ -221,7 +203,7 @@ def test_a_digest_left_to_compute_reads_only_the_catalog_files_of_its_sources(tm
         last = min(sorted(sources), key=lambda n: len(sources[n]))
         record = {"digest_format": DIGEST_FORMAT, "digests": {n: d[0] for n, d in full.items() if n != last},
                   "digest_keys": {n: k for n, k in keys.items() if n != last}}
-        spy = _Spy(con)
+        spy = SqlSpy(con)
         partial, _ = shard_digests(spy, record)
     assert partial == full and len(sources[last]) < len(shards)
     folders = {f.as_posix() for s in sources[last]
