@@ -159,3 +159,35 @@ def small_dataset(root: Path, n_shards: int = 2, per_shard: int = 12) -> Path:
 @pytest.fixture
 def dataset(tmp_path: Path) -> Path:
     return small_dataset(tmp_path / "in")
+
+
+def appended_catalog(root: Path) -> tuple[Path, list[str]]:
+    """Four shards counted, three planned, then the fourth appended by the incremental plan (its samples in new
+    output shards, as after a new shard): the work folder and the shards."""
+    from pack_assets.core import store
+    from pack_assets.core.counting.profiles import load_profile
+    from pack_assets.core.counting.token_lengths import run_token_lengths
+    from pack_assets.core.plan import PlanConfig, run_plan
+    from pack_assets.core.scan import run_manifest
+
+    profile = load_profile("qwen3-vl")
+    inp, work = small_dataset(root / "in", n_shards=4, per_shard=6), root / "work"
+    shards = list(store.find_shards(inp))
+    for s in shards:
+        run_manifest(inp, work, s)
+        run_token_lengths(work, s, profile)
+    config = PlanConfig(max_len=1500, max_packs_per_shard=2, incremental=True)
+    run_plan(work, shards[:3], config, profile)
+    run_plan(work, shards, config, profile)
+    return work, shards
+
+
+class SqlSpy:
+    """A connection whose statements are kept (DuckDB's own connection takes no attribute)."""
+
+    def __init__(self, con) -> None:
+        self.con, self.sql = con, []
+
+    def execute(self, sql, *args):
+        self.sql.append(sql)
+        return self.con.execute(sql, *args)

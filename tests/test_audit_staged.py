@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
 import tarfile
 from pathlib import Path
+
+from conftest import SqlSpy, appended_catalog
 
 from pack_assets.core import audit as audit_mod
 from pack_assets.core import expected, store
@@ -163,3 +167,23 @@ def test_the_audit_checks_and_stages_under_a_lower_duckdb_limit_then_puts_the_ca
     seen.clear()
     assert run_audit(work, out, scope="all", digests=False).ok
     assert seen == as_duckdb_says("2GB", "2GB", "2GB")  # the user's limit, while checking and staging too
+
+
+def test_one_output_shards_expectations_read_only_its_sources_catalog_files(tmp_path, monkeypatch):
+    """An output shard read alone (not staged: a rerun's new shard) gets its expectations from the manifest's and
+    counts' files of the source shards its samples come from only, the same as over the whole catalog."""
+    work, shards = appended_catalog(tmp_path)
+    with store.connect(work, read_only=True) as con:
+        sources = {}
+        for name, src in con.execute("SELECT DISTINCT output_shard, shard FROM lineage").fetchall():
+            sources.setdefault(name, set()).add(src)
+        spies = {name: SqlSpy(con) for name in sources}
+        got = {name: expected.shard_expectations(spies[name], name) for name in sorted(sources)}
+        monkeypatch.setattr(expected, "source_folders", lambda con, name: None, raising=False)  # views read whole
+        assert got == {name: expected.shard_expectations(con, name) for name in sorted(sources)}
+    assert any(len(s) < len(shards) for s in sources.values())
+    for name, spy in spies.items():
+        folders = {f.as_posix() for s in sources[name]
+                   for f in (store.manifest_dir(work, s), store.token_dir(work, "qwen3-vl", s))}
+        read = [f for sql in spy.sql for f in re.findall(r"'([^']*\.parquet)'", sql)]
+        assert read and {os.path.dirname(f) for f in read} <= folders, name

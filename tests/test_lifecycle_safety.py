@@ -198,6 +198,26 @@ def test_preflight_trusts_recorded_shards_as_the_writer_left_them_without_readin
     assert reads == ["packed-000000.tar"]
 
 
+def test_writer_claims_recorded_shards_as_it_left_them_without_reading_them(tmp_path, monkeypatch):
+    """The writer's claim of its output folder (checked again after the preflight) reads no shard the writer's
+    record shows as it left it; a recorded shard the user replaced with a file of their own is still read, and
+    refused, with nothing written."""
+    inp, work, out = small_dataset(tmp_path / "in"), tmp_path / "work", tmp_path / "out"
+    pack(inp, work, out)
+    shards = sorted(p.name for p in out.glob("*.tar"))
+    reads = []
+    monkeypatch.setattr(owned, "first_pack_meta", lambda path: reads.append(path.name) or {})
+    w = run_write(work, inp, out, workers=1)
+    assert w.skipped == len(shards) and reads == []  # a first pack read would have said "not ours"
+    monkeypatch.undo()
+    user = write_tar(tmp_path / "mine.tar", [("x.txt", "mine now")])
+    (out / shards[0]).write_bytes(user.read_bytes())  # the user's own file under the shard's name
+    before = {p.name: digest(p) for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(owned.ForeignFiles, match=shards[0]):
+        run_write(work, inp, out, workers=1)
+    assert {p.name: digest(p) for p in out.rglob("*") if p.is_file()} == before
+
+
 # --- item 9: one run per work folder; concurrent runs of one shard take turns ------------------------------
 
 HOLDER = textwrap.dedent("""

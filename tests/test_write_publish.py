@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
-from conftest import small_dataset
+from conftest import SqlSpy, appended_catalog, small_dataset
 
-from pack_assets.core import store
+from pack_assets.core import safety, store
 from pack_assets.core.counting.profiles import load_profile
 from pack_assets.core.counting.token_lengths import run_token_lengths
 from pack_assets.core.plan import PlanConfig, run_plan
@@ -149,3 +150,63 @@ def test_the_catalog_digests_are_those_the_records_of_earlier_versions_hold(prep
     assert digests == first and partial == first
     run_write(work, inp, tmp_path / "out", workers=1)
     assert load_record(work)["digests"] == {n: d[0] for n, d in first.items()}
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name a descriptor's file")
+def test_a_file_that_already_holds_its_bytes_is_left_in_place_yet_synced(tmp_path, monkeypatch):
+    """A name that holds exactly the new bytes (and mode) is not rewritten: no temporary file, no rename, but the
+    file and its folder fsynced as a written one's; any other difference (bytes, size, mode, a link) is
+    rewritten."""
+    same, other, mode, link = (tmp_path / n for n in ("same", "other", "mode", "link"))
+    for p in (same, other, mode):
+        p.write_bytes(b"abc")
+        p.chmod(0o666 & ~safety.current_umask())
+    mode.chmod(0o600)
+    link.symlink_to(same)
+    inode = same.stat().st_ino
+    events = _traced(monkeypatch)
+    with publish.Publish() as batch:
+        for p, data in ((same, b"abc"), (other, b"abd"), (mode, b"abc"), (link, b"abc")):
+            batch.write(p, data)
+        batch.commit()
+    renamed = sorted(Path(p).name for kind, p in events if kind == "rename")
+    assert renamed == ["link", "mode", "other"] and same.stat().st_ino == inode
+    assert ("fsync", str(same)) in events and events[-1] == ("fsync", str(tmp_path))
+    assert not link.is_symlink() and other.read_bytes() == b"abd" and mode.stat().st_mode & 0o777 != 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "mode", "other", "same"]
+
+
+def test_a_rerun_that_keeps_its_shards_rewrites_none_of_their_unchanged_metadata(prepared, tmp_path):
+    """The second write of the same plan finds every shard current: its `.tar.idx` files and the Energon and wids
+    metadata whose bytes are the same stay the files they were (not renamed over), and equal a fresh write's."""
+    inp, work = prepared
+    out = tmp_path / "out"
+    run_write(work, inp, out, workers=1)
+    files = sorted(p for p in out.rglob("*") if p.is_file() and not p.name.endswith(".tar"))
+    before = {p: (p.stat().st_ino, p.read_bytes()) for p in files}
+    assert run_write(work, inp, out, workers=1).written == 0
+    kept = {p.relative_to(out).as_posix() for p in files if p.stat().st_ino == before[p][0]}
+    assert {p.relative_to(out).as_posix() for p in files} - kept <= {".nv-meta/index.sqlite", ".pack_assets-files.json"}
+    assert all(p.read_bytes() == before[p][1] for p in files if p.name.endswith(".idx") or p.suffix == ".json")
+
+
+def test_a_digest_left_to_compute_reads_only_the_catalog_files_of_its_sources(tmp_path):
+    """Where the writer's record holds every output shard's digest but one (one an append made), that one is
+    computed from the catalog files of the source shards it draws from only, and equals the digest computed over
+    the whole catalog."""
+    work, shards = appended_catalog(tmp_path)
+    with store.connect(work, read_only=True) as con:
+        full, keys = shard_digests(con, None)
+        sources = {}
+        for name, src in con.execute("SELECT DISTINCT output_shard, shard FROM lineage").fetchall():
+            sources.setdefault(name, set()).add(src)
+        last = min(sorted(sources), key=lambda n: len(sources[n]))
+        record = {"digest_format": DIGEST_FORMAT, "digests": {n: d[0] for n, d in full.items() if n != last},
+                  "digest_keys": {n: k for n, k in keys.items() if n != last}}
+        spy = SqlSpy(con)
+        partial, _ = shard_digests(spy, record)
+    assert partial == full and len(sources[last]) < len(shards)
+    folders = {f.as_posix() for s in sources[last]
+               for f in (store.manifest_dir(work, s), store.token_dir(work, PROFILE.name, s))}
+    read = [f for sql in spy.sql if "md5_number" in sql for f in re.findall(r"'([^']*\.parquet)'", sql)]
+    assert read and {os.path.dirname(f) for f in read} <= folders

@@ -6,6 +6,7 @@ manifest's very text (`ShardTexts`)."""
 from __future__ import annotations
 
 from . import packdoc, store
+from .catalogview import source_folders, within
 from .outcomes import AUDIT_PIECE_ROWS, piece_expectations
 
 # what the audit reads per output shard besides its plan rows, gathered for every shard it reads at once
@@ -66,11 +67,12 @@ class ShardTexts:
         return texts
 
 
-def _rows(con, query: str, name: str, rows: store.Staged | None):
+def _rows(con, query: str, name: str, rows: store.Staged | None, folders: set[str] | None = None):
     """One output shard's rows of ``AUDIT_ROWS[query]`` (`store.shard_rows`), the staged ones read as Arrow columns
-    made Python lists: a column at a time costs less than DuckDB's tuples made row by row."""
+    made Python lists: a column at a time costs less than DuckDB's tuples made row by row. Not staged: the
+    catalog's files in ``folders`` read only (`catalogview.source_folders`), where known."""
     if rows is None:
-        return store.shard_rows(con, AUDIT_ROWS, query, name)
+        return store.shard_rows(con, {query: within(con, AUDIT_ROWS[query], folders)}, query, name)
     table = rows.table(con, query, name)
     return () if table is None else zip(*(column.to_pylist() for column in table.columns))
 
@@ -94,11 +96,13 @@ def shard_expectations(con, name: str, rows: store.Staged | None = None):
     # (total_tokens, media_type, media count, vision_tokens, json_member, conversation (`packdoc.Expected`),
     # media_members, extra_members); each media type one string, not one per sample
     types: dict = {}
+    # not staged (one output shard read, as after an append): the manifest's and counts' files of its sources only
+    folders = source_folders(con, name) if rows is None else None
     samples = {ids.get(r[0], r[0]): (r[1], types.setdefault(r[2], r[2]), *r[3:6],
                                      None if r[8] is None else packdoc.Digest(r[8], r[9]), r[6] or (), r[7] or ())
-               for r in _rows(con, "samples", name, rows)}
-    members = {(sid, _same(samples.get(sid), member)): (sha, size)
-               for sid, member, sha, size in ((ids.get(r[0], r[0]), *r[1:]) for r in _rows(con, "members", name, rows))}
+               for r in _rows(con, "samples", name, rows, folders)}
+    members = {(sid, _same(samples.get(sid), member)): (sha, size) for sid, member, sha, size in
+               ((ids.get(r[0], r[0]), *r[1:]) for r in _rows(con, "members", name, rows, folders))}
     pieces, piece_members = piece_expectations(con, name, rows)  # split samples' pieces (core/split.py)
     samples.update(pieces)
     members.update(piece_members)

@@ -157,13 +157,17 @@ def refuse_foreign(out: Path, extra: tuple[str, ...] = (),
     _refuse(out, _foreign(out, writer_names(out, extra), load(out) or {}, unchanged))
 
 
-def claim(out: Path, planned: set[str]) -> dict[str, str | None]:
+def claim(out: Path, planned: set[str],
+          unchanged: Callable[[str], bool] = lambda name: False) -> dict[str, str | None]:
     """Before writing: refuse when a planned name is taken by a file that is not ours; then record the
-    planned names (so a crash never leaves an unrecorded file of ours). Returns the previous record."""
+    planned names (so a crash never leaves an unrecorded file of ours). Returns the previous record. As in
+    `refuse_foreign`, a recorded shard that ``unchanged`` vouches for (the writer's record of its size and
+    mtime) is not read; any other recorded shard's first pack is (a rerun that keeps most shards read each
+    one's first pack, cold, for nothing: docs/benchmarks.md, issue 41)."""
     out.mkdir(parents=True, exist_ok=True)
     before = load(out)
     recorded = dict(before or {})
-    _refuse(out, _foreign(out, planned, recorded))
+    _refuse(out, _foreign(out, planned, recorded, unchanged))
     if before is None and (out / LEGACY_INFO).is_file() and _proves_ours(out, LEGACY_INFO):
         recorded[LEGACY_INFO] = None  # an early version's file: removed with the other stale ones
     # planned names are recorded without a hash until finish(): a crash in between leaves files that are ours

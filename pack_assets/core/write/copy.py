@@ -9,7 +9,7 @@ import contextlib
 import functools
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,7 +23,16 @@ from .bulk import STAGED_BATCHES, BulkShard, build_shard, bulk_rows, group_table
 from .energon import LastIndex
 from .fingerprints import current_shards
 from .jobs import WRITE_ROWS, ShardJob, ShardResult, piece_shards, shard_job
-from .record import last_index, load_record, record_written, shard_digests, vouchable, vouched_shards, written_key
+from .record import (
+    last_index,
+    left_as_written,
+    load_record,
+    record_written,
+    shard_digests,
+    vouchable,
+    vouched_shards,
+    written_key,
+)
 from .shard import begin_shard, end_shard, write_shard
 from .shared import OutputFolder, Progress, WriteSummary, check_roots, check_sources, planned_shards, write_context
 from .space import OUTPUT, refuse_if_full, still_needed
@@ -135,13 +144,15 @@ def _prepared(tables: tuple, root, context: dict) -> BulkShard | batches.StreamS
 def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, workers: int = 0,
               progress: Progress | None = None, loader=None, done: list[ShardResult] | None = None,
               plan_fingerprint: str = "", last: LastIndex | None = None,
-              samples: Mapping[str, int] | None = None) -> list[ShardResult]:
+              samples: Mapping[str, int] | None = None,
+              unchanged: Callable[[str], bool] = lambda name: False) -> list[ShardResult]:
     """Write every shard (a process pool when there are several), remove stale ones, write Energon metadata
     (its index uuid named after ``plan_fingerprint``). ``done``: results of shards the caller already found
     current; they are kept, not rewritten. ``last``: the index the last write left, whose rows of those
-    still hold. ``samples``: per shard name, its samples (`writer_groups`)."""
+    still hold. ``samples``: per shard name, its samples (`writer_groups`). ``unchanged``: whether a shard on
+    disk is as the writer left it (`record.left_as_written`: not read to tell whose it is)."""
     names = sorted({r.shard for r in done or []} | {j if isinstance(j, str) else j.name for j in jobs})
-    folder = OutputFolder(out_dir, owned.planned_files(names))
+    folder = OutputFolder(out_dir, owned.planned_files(names), unchanged)
     workers = writer_workers(workers, len(jobs))
     args = [(str(out_dir), g, context, loader) for g in writer_groups(jobs, workers, samples)]
     results: list[ShardResult] = list(done or [])
@@ -269,7 +280,8 @@ def run_write(work: Path, input_root: Path, out_dir: Path, workers: int = 0,
         if workers > 1:  # what the staging freed, not forked into the writers (they would share it, then copy it)
             hand_back()
         results = write_all(out_dir, todo, context, workers=workers, progress=progress, loader=loader, done=done,
-                            plan_fingerprint=info.fingerprint, last=last, samples=samples)
+                            plan_fingerprint=info.fingerprint, last=last, samples=samples,
+                            unchanged=left_as_written(work, out_dir))
         if aside is not None:
             digests, keys = aside.result()
     digests = {n: d for n, d in digests.items() if n not in pieces}

@@ -16,6 +16,7 @@ from pathlib import Path
 import duckdb
 
 from .. import store
+from ..catalogview import within
 from ..owned import NV_META
 from ..plan import PlanInfo
 from ..safety import file_sha256
@@ -103,13 +104,18 @@ def _stamp(path: str) -> list | None:
 def digest_keys(con) -> dict[str, tuple[str, int, int]]:
     """Per planned output shard: (the key of its digest's inputs, packs, samples); {} for a catalog built
     before it listed its shards' folders."""
+    return _keyed(con)[0]
+
+
+def _keyed(con) -> tuple[dict[str, tuple[str, int, int]], dict[str, set[str]]]:
+    """`digest_keys`, and per planned output shard the catalog folders of the source shards it draws from."""
     try:
         rows = con.execute("SELECT shard, manifest_dir, token_dir FROM catalog_shards").fetchall()
     except duckdb.CatalogException:
-        return {}
+        return {}, {}
     folders = {r[0]: r[1:] for r in rows}
     stamps: dict[str, list] = {}
-    keys = {}
+    keys, where = {}, {}
     for name, plan_hash, packs, samples, sources in con.execute(_DIGEST_INPUTS).fetchall():
         for src in sources:
             if src not in stamps:
@@ -118,13 +124,16 @@ def digest_keys(con) -> dict[str, tuple[str, int, int]]:
                                         for f in files]
         key = json.dumps([DIGEST_FORMAT, plan_hash, [[src, stamps[src]] for src in sources]])
         keys[name] = (hashlib.sha256(key.encode()).hexdigest(), packs, samples)
-    return keys
+        where[name] = {d for src in sources for d in folders.get(src) or ("?",)}  # "?": no folder known
+    return keys, where
 
 
 def shard_digests(con, record: dict | None = None) -> tuple[dict[str, tuple[str, int, int]], dict[str, str]]:
     """Per planned output shard: (content digest, packs, samples); and the keys of the digests' inputs. A
-    digest the writer's ``record`` holds under the same key is taken from it; the others are computed."""
-    keys = digest_keys(con)
+    digest the writer's ``record`` holds under the same key is taken from it; the others are computed, from
+    the catalog files of the source shards they draw from only (an append: one new output shard's few sources
+    of all, whose rows the views would read whole: docs/benchmarks.md, issue 41)."""
+    keys, where = _keyed(con)
     kept = {}
     if record is not None and record.get("digest_format") == DIGEST_FORMAT:
         recorded, old_keys = record.get("digests") or {}, record.get("digest_keys") or {}
@@ -137,8 +146,10 @@ def shard_digests(con, record: dict | None = None) -> tuple[dict[str, tuple[str,
         only = f"p.{ONLY}"
         members = f"pm JOIN pack_plan p USING (pack_id) WHERE {only}"
         # the other shards' samples left out before the joins, not after them (an append: one shard of all)
+        folders = set().union(*(where[n] for n in rest)) if rest else set()
+        sql = within(con, _DIGEST_ROWS, None if "?" in folders else folders)
         digests = {r[0]: (r[1], r[2], r[3]) for r in con.execute(
-            _DIGEST_ROWS.replace("/*only_members*/", members)
+            sql.replace("/*only_members*/", members)
             .replace("/*only_ids*/", f"WHERE sample_id IN (SELECT sample_id FROM pack_members {members})")
             .replace("/*only*/", f"WHERE {only}"), [rest] * 4).fetchall()} if rest else {}
         digests.update(kept)

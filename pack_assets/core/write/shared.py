@@ -75,10 +75,12 @@ class OutputFolder:
     planned name is not its own) and a killed run's temporary files removed; at the end its Energon and wids
     metadata, then its record trimmed to this plan (only recorded files of an earlier plan are deleted)."""
 
-    def __init__(self, out_dir: Path, planned: set[str]) -> None:
+    def __init__(self, out_dir: Path, planned: set[str],
+                 unchanged: Callable[[str], bool] = lambda name: False) -> None:
+        """``unchanged``: whether a recorded shard is as the writer left it (`owned.claim`)."""
         out_dir.mkdir(parents=True, exist_ok=True)
         self.out_dir, self.planned = out_dir, planned
-        self.before = owned.claim(out_dir, planned)
+        self.before = owned.claim(out_dir, planned, unchanged)
         owned.remove_temp_leftovers(out_dir, planned | set(self.before))
 
     def metadata(self, names: list[str], fingerprint: str, indexes: dict[str, Index] | None = None,
