@@ -4,7 +4,9 @@ An incremental plan keeps every stored pack and plans the samples it does not ho
 the stored packs or drops changed (no sample gone, none recounted, none split, no member's media type changed:
 looked up only in the shards whose manifest file is not the one the stored plan was made from, `manifest_stamps`),
 nothing of the stored plan needs to come into Python: `appendable` reads its figures (samples per pack, totals,
-the last pack and output shard) and `new_samples` finds the samples to plan by an anti-join in DuckDB. The
+the last pack and output shard) and `appended_rows` reads, in one query, every ok sample's length and media type
+(for the what-if sweep and the lower bound: no sample id) and the rows of the samples to plan, found by an
+anti-join in DuckDB; nothing else of the catalog is read into Python (issue 41 item 4). The
 tables then take the new rows (`store.save_plan(append=True)`), pack_plan.jsonl its new lines
 (`append_plan_file`), and the check looks at the new packs (`plancheck.check_plan`'s ``since``). What comes out
 is byte-identical to the incremental plan that reads the whole stored plan (`plan._previous_plan`), which runs
@@ -28,7 +30,7 @@ import numpy as np
 import xxhash
 
 from . import filedigest, safety, store
-from .packs import arrow_ints
+from .packs import IDS, arrow_ints
 
 PLAN_FILE = "plan_file"  # plan_info's record of pack_plan.jsonl as the plan's run wrote it: bytes and xxh3
 # plan_info's record, beside it, of each planned shard's manifest samples file as the plan found it (`manifest_stamps`)
@@ -127,19 +129,66 @@ def _stamp(path: Path) -> list | None:
     return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]  # (a copy with its mtime kept still differs)
 
 
-def new_samples(con, sample_ids: np.ndarray) -> np.ndarray:
-    """Which of ``sample_ids`` (`plan.ok_lengths`' ids: the ok samples in sample id order) the stored plan neither
-    packs nor drops: an anti-join in DuckDB, each found by its place in that same order (no Python set of every
-    id, no search in NumPy's string arrays)."""
-    found = con.execute(
-        "SELECT i, sample_id FROM (SELECT sample_id, row_number() OVER (ORDER BY sample_id) - 1 AS i "
-        f"FROM token_lengths WHERE status = 'ok') WHERE {_UNPLANNED} ORDER BY i").fetchall()
-    at = np.asarray([r[0] for r in found], dtype=np.int64)
-    if len(at) and (at[-1] >= len(sample_ids) or sample_ids[at].tolist() != [r[1] for r in found]):
+# every ok sample in sample id order (`plan.ok_lengths`' rows and order), whether the stored plan drops it, and
+# the id of only those the stored plan neither packs nor drops (the samples an append plans)
+_APPEND_ROWS = f"""SELECT lengths, media_types, media_bytes, n_media, vision_tokens, stored_drop, is_new,
+    CASE WHEN is_new = 1 THEN sample_id END AS sample_ids FROM (
+  SELECT sample_id, total_tokens AS lengths, list_position(?::VARCHAR[], media_type) - 1 AS media_types, media_bytes,
+         n_images + n_videos AS n_media, vision_tokens,
+         CAST(sample_id IN (SELECT sample_id FROM dropped) AS TINYINT) AS stored_drop,
+         CAST({_UNPLANNED} AS TINYINT) AS is_new
+  FROM token_lengths WHERE status = 'ok') ORDER BY sample_id"""
+_INTS = ("lengths", "media_types", "media_bytes", "n_media", "vision_tokens", "stored_drop", "is_new")
+
+
+@dataclass(frozen=True)
+class Appending:
+    """What an append reads of the catalog: every ok sample's length and media type in sample id order (what the
+    what-if sweep and the plan's lower bound take), which of them the stored plan drops, and the rows of those it
+    neither packs nor drops (`plan.ok_lengths`' form: `plan.make_plan`'s inputs). No other sample id comes into
+    Python."""
+
+    lengths: np.ndarray  # every ok sample's, sample id order
+    codes: np.ndarray  # its media type, an index into ``types``
+    types: np.ndarray  # (objects: str)
+    stored_drop: np.ndarray  # bool: dropped by the stored plan
+    at: np.ndarray  # the new samples' places in that order
+    new: dict[str, np.ndarray]  # the new samples' rows
+
+    def sweep_rows(self) -> dict[str, np.ndarray]:
+        """`plan.ok_lengths`' lengths and media types (what `plan.run_plan`'s ``on_lengths`` takes)."""
+        return {"lengths": self.lengths, "media_types": self.types[self.codes]}
+
+
+def appended_rows(con, batch: int, memory: str) -> Appending:
+    """`Appending` in one query (one read of token_lengths: the new samples are those of the lengths read),
+    fetched ``batch`` rows at a time, its sort held to ``memory``. Only for a stored plan `appendable` accepts."""
+    ok = "FROM token_lengths WHERE status = 'ok'"
+    types = [r[0] for r in con.execute(f"SELECT DISTINCT media_type {ok} ORDER BY 1").fetchall() if r[0] is not None]
+    n = con.execute(f"SELECT count(*) {ok}").fetchall()[0][0]
+    cols = {k: np.zeros(n, np.int64) for k in _INTS}
+    ids: list[str] = []
+    at = 0
+    with store.held_to(con, memory):
+        for b in con.sql(_APPEND_ROWS, params=[types]).to_arrow_reader(batch):
+            if any(b.column(k).null_count for k in _INTS):  # (a NULL is never taken for 0)
+                raise ValueError("token_lengths has an ok row with a NULL count: count its shard again (--force)")
+            for k in _INTS:
+                got = arrow_ints(b.column(k))
+                if at == 0:
+                    cols[k] = np.empty(n, got.dtype)  # (`plan.ok_lengths`' dtypes)
+                cols[k][at:at + len(got)] = got
+            ids += b.column("sample_ids").drop_null().to_pylist()
+            at += b.num_rows
+    if at != n:
         raise RuntimeError("token_lengths changed while the plan read it: run again")
-    mask = np.zeros(len(sample_ids), bool)
-    mask[at] = True
-    return mask
+    new_at = np.flatnonzero(cols["is_new"])
+    rows = {k: cols[k][new_at] for k in ("lengths", "media_bytes", "n_media", "vision_tokens")}
+    kinds = np.asarray(types, dtype=object)
+    rows.update(sample_ids=np.asarray(ids, dtype=IDS), media_types=kinds[cols["media_types"][new_at]])
+    return Appending(cols["lengths"], cols["media_types"], kinds, cols["stored_drop"].astype(bool), new_at,
+                     {k: rows[k] for k in ("sample_ids", "media_types", "lengths", "media_bytes", "n_media",
+                                           "vision_tokens")})
 
 
 def _file_digest(path: Path, size: int) -> str | None:

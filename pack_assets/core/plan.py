@@ -433,50 +433,75 @@ def _incremental(rows: dict[str, np.ndarray], previous, config: PlanConfig, prof
     fresh = make_plan(**{k: v[new] for k, v in rows.items()}, config=config, profile=profile)
     plan = extend_plan(old_packs, old_dropped, fresh, config, old_fp)
     plan.stats.update(pruned)
-    return _with_bound(plan, rows, [d["sample_id"] for d in plan.dropped], config)
-
-
-def _appended(con, rows: dict[str, np.ndarray], base: incremental.Base, config: PlanConfig, profile: str
-              ) -> PlanResult:
-    """`_incremental` of a stored plan none of whose samples changed (`incremental.appendable`): the samples to
-    plan found by DuckDB, the stored plan never read into Python. The result holds the new packs only."""
-    new = incremental.new_samples(con, rows["sample_ids"])
-    fresh = make_plan(**{k: v[new] for k, v in rows.items()}, config=config, profile=profile)
-    plan = append_plan(base, fresh, config)
-    plan.stats.update(samples_gone=0, samples_recounted=0, packs_changed=0, packs_emptied=0)
-    return _with_bound(plan, rows, base.dropped_ids + [d["sample_id"] for d in fresh.dropped], config)
-
-
-def _with_bound(plan: PlanResult, rows: dict[str, np.ndarray], dropped_ids: list[str], config: PlanConfig
-                ) -> PlanResult:
-    """The extended plan's lower bound: over every planned sample not dropped."""
-    gone = set(dropped_ids)
+    gone = {d["sample_id"] for d in plan.dropped}
     kept = np.fromiter((sid not in gone for sid in rows["sample_ids"].tolist()), bool, len(rows["sample_ids"])) \
         if gone else np.ones(len(rows["sample_ids"]), bool)
-    mts, lengths = rows["media_types"], padded(rows["lengths"], config.multiple)
-    bound = sum(lower_bounds(lengths[kept & (mts == mt)], config.capacity)[1] for mt in set(mts.tolist()))
+    return _with_bound(plan, rows["lengths"], rows["media_types"], kept, config)
+
+
+def _appended(con, base: incremental.Base, config: PlanConfig, profile: str,
+              on_lengths: Callable[[dict[str, np.ndarray]], None] | None) -> PlanResult:
+    """`_incremental` of a stored plan none of whose samples changed (`incremental.appendable`): the samples to
+    plan and every length (for ``on_lengths`` and the lower bound) read by `incremental.appended_rows`, neither
+    the stored plan nor any other sample id read into Python. The result holds the new packs only."""
+    got = incremental.appended_rows(con, _OK_BATCH, SORT_MEMORY)
+    if on_lengths is not None:
+        on_lengths(got.sweep_rows())
+    fresh = make_plan(**got.new, config=config, profile=profile)
+    plan = append_plan(base, fresh, config)
+    plan.stats.update(samples_gone=0, samples_recounted=0, packs_changed=0, packs_emptied=0)
+    kept = ~got.stored_drop
+    if fresh.dropped:
+        place = dict(zip(got.new["sample_ids"].tolist(), got.at.tolist()))
+        kept[[place[d["sample_id"]] for d in fresh.dropped]] = False
+    return _with_bound(plan, got.lengths, got.codes, kept, config)
+
+
+def _with_bound(plan: PlanResult, lengths: np.ndarray, kinds: np.ndarray, kept: np.ndarray, config: PlanConfig
+                ) -> PlanResult:
+    """The extended plan's lower bound: over every planned sample not dropped (``kept``), per media type
+    (``kinds``: each sample's media type, or its code)."""
+    lengths = padded(lengths, config.multiple)
+    bound = sum(lower_bounds(lengths[kept & (kinds == k)], config.capacity)[1] for k in set(kinds.tolist()))
     plan.stats.update(lower_bound=bound, packs_over_bound=plan.stats["packs"] - bound)
     return plan
 
 
-def _planned(con, rows: dict[str, np.ndarray], pieces: list, config: PlanConfig, profile: ModelProfile,
-             plan_file: Path, stamps: dict) -> tuple[PlanResult, str, incremental.Base | None]:
-    """The plan (full, incremental, or appended to the stored one: then with its `incremental.Base`), and why."""
+def _append_base(con, info: PlanInfo | None, config: PlanConfig, profile: ModelProfile, plan_file: Path,
+                 stamps: dict) -> incremental.Base | None:
+    """The stored plan to append to (`incremental.appendable`), given its kept settings' ``info``, when no over-long
+    sample splits (an append takes no pieces: `split_overlong` of the over-long samples alone)."""
+    if info is None:
+        return None
+    base = incremental.appendable(con, store.read_plan_info(con), plan_file, config.pack_per_media_type, stamps)
+    if base is None or config.overlong != "split":
+        return base
+    return None if split_overlong(con, ok_lengths(con, longer_than=config.capacity), config, profile)[1] else base
+
+
+def _planned(con, config: PlanConfig, profile: ModelProfile, plan_file: Path, stamps: dict,
+             on_lengths: Callable[[dict[str, np.ndarray]], None] | None
+             ) -> tuple[PlanResult, str, incremental.Base | None, list]:
+    """The plan (full, incremental, or appended to the stored one: then with its `incremental.Base`), why, and the
+    over-long samples' pieces. ``on_lengths`` gets every ok sample's lengths and media types (`ok_lengths`)."""
     info, why = _kept_settings(con, config, profile) if config.incremental else (None, "full plan")
-    base = incremental.appendable(con, store.read_plan_info(con), plan_file, config.pack_per_media_type, stamps) \
-        if info is not None and not pieces else None
-    previous = None
+    base = _append_base(con, info, config, profile, plan_file, stamps)
+    rows, pieces, previous = None, [], None
     if base is not None:
-        plan, why = _appended(con, rows, base, config, profile.name), f"incremental: kept {len(base.sizes)} packs"
-    elif info is not None:
-        previous, why = _previous_plan(con, config, info)
-    if base is None:
+        plan, why = _appended(con, base, config, profile.name, on_lengths), f"incremental: kept {len(base.sizes)} packs"
+    else:
+        rows = ok_lengths(con)
+        if on_lengths is not None:
+            on_lengths(rows)
+        rows, pieces = split_overlong(con, rows, config, profile)
+        if info is not None:
+            previous, why = _previous_plan(con, config, info)
         plan = make_plan(**rows, config=config, profile=profile.name) if previous is None \
             else _incremental(rows, previous, config, profile.name)
     if (base is not None or previous is not None) and plan.stats.get("balance", {}).get("incomplete_groups"):
         why = "full plan: the new samples' packs do not fill whole groups of a world size (core/groups.py)"
-        plan, base = make_plan(**rows, config=config, profile=profile.name), None
-    return plan, why, base
+        plan, base = make_plan(**(ok_lengths(con) if rows is None else rows), config=config, profile=profile.name), None
+    return plan, why, base, pieces
 
 
 def _saved(con, work: Path, plan: PlanResult, base: incremental.Base | None, info: PlanInfo, pieces: list,
@@ -502,16 +527,18 @@ _OK_BATCH = 1 << 17  # rows fetched at once
 SORT_MEMORY = "256MB"
 
 
-def ok_lengths(con) -> dict[str, np.ndarray]:
-    """make_plan's inputs, one entry per ok sample in sample id order, from the catalog. Fetched in batches of
+def ok_lengths(con, longer_than: int | None = None) -> dict[str, np.ndarray]:
+    """make_plan's inputs, one entry per ok sample in sample id order, from the catalog (``longer_than``: of the
+    samples of more tokens only). Fetched in batches of
     Arrow, not the whole result at once (held in DuckDB and again as numpy: docs/benchmarks.md, issue 41);
     the media types as codes into the few distinct ones, so each sample's is a shared str, not a str of its own;
     the ids in one NumPy string array (`packs.IDS`), each column filled in place (no second copy to join parts)."""
-    types = [r[0] for r in con.execute(f"SELECT DISTINCT media_type {_OK} ORDER BY 1").fetchall() if r[0] is not None]
-    n = con.execute(f"SELECT count(*) {_OK}").fetchall()[0][0]
+    ok = _OK if longer_than is None else f"{_OK} AND total_tokens > {int(longer_than)}"
+    types = [r[0] for r in con.execute(f"SELECT DISTINCT media_type {ok} ORDER BY 1").fetchall() if r[0] is not None]
+    n = con.execute(f"SELECT count(*) {ok}").fetchall()[0][0]
     result = con.sql(
         "SELECT sample_id AS sample_ids, list_position(?::VARCHAR[], media_type) - 1 AS media_types, "
-        f"total_tokens AS lengths, media_bytes, n_images + n_videos AS n_media, vision_tokens {_OK} "
+        f"total_tokens AS lengths, media_bytes, n_images + n_videos AS n_media, vision_tokens {ok} "
         "ORDER BY sample_id", params=[types])
     names = ["sample_ids", "media_types", "lengths", "media_bytes", "n_media", "vision_tokens"]
     rows = {k: np.asarray([], IDS if k == "sample_ids" else np.int64) for k in names}
@@ -546,12 +573,8 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         removed = left_since(con, removed, input_root)
         store.build_catalog(con, work, shards, profile.name)
         stamps = incremental.manifest_stamps(con)  # (before the catalog is read: `incremental.appendable`)
-        rows = ok_lengths(con)
-        if on_lengths is not None:
-            on_lengths(rows)
-        rows, pieces = split_overlong(con, rows, config, profile)
-        plan, why, base = _planned(con, rows, pieces, config, profile, work / "pack_plan.jsonl", stamps)
-        del rows  # the packs hold what they need of these: the rest goes before the saves
+        # (the samples' rows go with `_planned`: the packs hold what they need of them, the rest goes before the saves)
+        plan, why, base, pieces = _planned(con, config, profile, work / "pack_plan.jsonl", stamps, on_lengths)
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed,
                           **input_stats(input_root, recursive), **split_stats(pieces))
         info = PlanInfo.of(plan.fingerprint, profile, shards, config, plan.stats)
