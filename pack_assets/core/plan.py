@@ -13,13 +13,13 @@ import itertools
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from . import faults, incremental, store
-from .binpack import ALGORITHMS, assign, lower_bounds
+from .binpack import ALGORITHMS, assign, lower_bounds, without
 from .counting.profiles import ModelProfile, resolve_profile
 from .counting.token_lengths import token_lengths_are_current
 from .coverage import input_stats, left_since, tar_exists
@@ -439,30 +439,35 @@ def _incremental(rows: dict[str, np.ndarray], previous, config: PlanConfig, prof
     return _with_bound(plan, rows["lengths"], rows["media_types"], kept, config)
 
 
-def _appended(con, base: incremental.Base, config: PlanConfig, profile: str,
-              on_lengths: Callable[[dict[str, np.ndarray]], None] | None) -> PlanResult:
-    """`_incremental` of a stored plan none of whose samples changed (`incremental.appendable`): the samples to
-    plan and every length (for ``on_lengths`` and the lower bound) read by `incremental.appended_rows`, neither
-    the stored plan nor any other sample id read into Python. The result holds the new packs only."""
-    got = incremental.appended_rows(con, _OK_BATCH, SORT_MEMORY)
-    if on_lengths is not None:
-        on_lengths(got.sweep_rows())
+def _appended(con, base: incremental.Base, every: incremental.Lengths, config: PlanConfig, profile: str
+              ) -> tuple[PlanResult, incremental.Base]:
+    """`_incremental` of a stored plan none of whose samples changed (`incremental.appendable`), from ``every``
+    ok sample's length and the rows of the new ones (`incremental.appended_rows`): neither the stored plan nor
+    any other sample id read into Python. The result holds the new packs only; with ``base`` naming the shards
+    the new samples were looked for in (the plan's check looks for a lost sample there)."""
+    got = incremental.appended_rows(con, base, every)
     fresh = make_plan(**got.new, config=config, profile=profile)
     plan = append_plan(base, fresh, config)
     plan.stats.update(samples_gone=0, samples_recounted=0, packs_changed=0, packs_emptied=0)
-    kept = ~got.stored_drop
-    if fresh.dropped:
-        place = dict(zip(got.new["sample_ids"].tolist(), got.at.tolist()))
-        kept[[place[d["sample_id"]] for d in fresh.dropped]] = False
-    return _with_bound(plan, got.lengths, got.codes, kept, config)
+    gone = got.of_new([d["sample_id"] for d in fresh.dropped]) if fresh.dropped else None
+    return _with_bound(plan, every.lengths, every.codes, ~every.stored_drop, config, gone), \
+        replace(base, changed=got.changed)
 
 
-def _with_bound(plan: PlanResult, lengths: np.ndarray, kinds: np.ndarray, kept: np.ndarray, config: PlanConfig
-                ) -> PlanResult:
+def _with_bound(plan: PlanResult, lengths: np.ndarray, kinds: np.ndarray, kept: np.ndarray, config: PlanConfig,
+                gone: tuple[np.ndarray, np.ndarray] | None = None) -> PlanResult:
     """The extended plan's lower bound: over every planned sample not dropped (``kept``), per media type
-    (``kinds``: each sample's media type, or its code)."""
+    (``kinds``: each sample's media type, or its code). ``gone``: the lengths and kinds of more dropped samples,
+    taken out of the kept ones' as values (the bound is one of the lengths' histogram: `binpack.lower_bounds`)."""
     lengths = padded(lengths, config.multiple)
-    bound = sum(lower_bounds(lengths[kept & (kinds == k)], config.capacity)[1] for k in set(kinds.tolist()))
+
+    def of(k) -> int:
+        mine = lengths[kept & (kinds == k)]
+        if gone is not None:
+            mine = without(mine, padded(gone[0][gone[1] == k], config.multiple))
+        return lower_bounds(mine, config.capacity)[1]
+
+    bound = sum(of(k) for k in set(kinds.tolist()))
     plan.stats.update(lower_bound=bound, packs_over_bound=plan.stats["packs"] - bound)
     return plan
 
@@ -483,16 +488,22 @@ def _planned(con, config: PlanConfig, profile: ModelProfile, plan_file: Path, st
              on_lengths: Callable[[dict[str, np.ndarray]], None] | None
              ) -> tuple[PlanResult, str, incremental.Base | None, list]:
     """The plan (full, incremental, or appended to the stored one: then with its `incremental.Base`), why, and the
-    over-long samples' pieces. ``on_lengths`` gets every ok sample's lengths and media types (`ok_lengths`)."""
+    over-long samples' pieces. ``on_lengths`` gets every ok sample's lengths and media types (`ok_lengths`'): for
+    an incremental plan read alone first (`incremental.every_length`), before the stored plan is looked at."""
     info, why = _kept_settings(con, config, profile) if config.incremental else (None, "full plan")
+    every = incremental.every_length(con, _OK_BATCH, SORT_MEMORY) if info is not None else None
+    if every is not None and on_lengths is not None:
+        on_lengths(every.sweep_rows())
     base = _append_base(con, info, config, profile, plan_file, stamps)
     rows, pieces, previous = None, [], None
     if base is not None:
-        plan, why = _appended(con, base, config, profile.name, on_lengths), f"incremental: kept {len(base.sizes)} packs"
+        (plan, base), why = _appended(con, base, every, config, profile.name), \
+            f"incremental: kept {len(base.sizes)} packs"
     else:
         rows = ok_lengths(con)
-        if on_lengths is not None:
+        if every is None and on_lengths is not None:
             on_lengths(rows)
+        every = None  # (the sweep has them)
         rows, pieces = split_overlong(con, rows, config, profile)
         if info is not None:
             previous, why = _previous_plan(con, config, info)
@@ -514,7 +525,8 @@ def _saved(con, work: Path, plan: PlanResult, base: incremental.Base | None, inf
     batches, plan.packs = plan.packs.batches(), None  # the reader's alone: gone once pack_plan's rows are in
     store.save_plan(con, batches, plan.dropped, info.as_dict(), pieces=[split_row(p) for p in pieces],
                     multiple=config.multiple, append=base is not None)
-    violations = check_plan(con, config, since=None if base is None else base.next_number)
+    violations = check_plan(con, config, since=None if base is None else base.next_number,
+                            changed=None if base is None else base.changed)
     if not violations:
         incremental.record_plan_file(con, record, stamps)
     return violations
