@@ -375,8 +375,9 @@ def plannable(work: Path, shards: list[str], profile: ModelProfile, input_root: 
         removed = [s for s in shards if not tar_exists(input_root, s)]
         gone = set(removed)
         shards = [s for s in shards if s not in gone]
-    missing = [s for s in shards if not token_lengths_are_current(work, s, profile)
-               or (input_root is not None and manifest_is_current(input_root, work, s) is None)]
+    infos = {s: store.read_shard_info(work, s) for s in shards}  # (read once for both)
+    missing = [s for s in shards if not token_lengths_are_current(work, s, profile, infos[s])
+               or (input_root is not None and manifest_is_current(input_root, work, s, infos[s]) is None)]
     if missing and not allow_missing:
         raise FileNotFoundError(f"{len(missing)} shard(s) have no current token_lengths for profile {profile.name}: "
                                 f"{missing[:5]}")
