@@ -1,6 +1,6 @@
 """Where the default rerun after one new shard spends its time: the rerun of bench_rerun.py, profiled.
 
-    python bench/profile_rerun.py --out <bench_e2e's --out> --drop-caches [--flags --audit-scope changed]
+    python bench/profile_rerun.py --out <bench_e2e's --out> --drop-caches [--mode index] [--flags --audit-scope changed]
 
 The newest shard moved aside and an untimed incremental run, put back with a new mtime, the page cache dropped
 (``--drop-caches``, root), then `pack-assets run --incremental` (plus ``--flags``) in a process profiled by
@@ -30,7 +30,9 @@ FUNCTIONS = {
     "plan": ["run_plan", "plannable", "build_catalog", "ok_lengths", "_previous_plan", "read_plan", "changed_packs",
              "_incremental", "make_plan", "plan_jsonl", "save_plan", "check_plan",
              # the append-only plan (core/incremental.py), when nothing of the stored plan changed
-             "appendable", "_appended", "new_samples", "append_plan_file", "record_plan_file"],
+             "appendable", "_appended", "new_samples", "append_plan_file", "record_plan_file",
+             # session 55: the append's lengths alone, its new rows, its check
+             "every_length", "appended_rows", "_append_base", "_appended_checks"],
     "write": ["run_write", "check_sources", "shard_digests", "digest_keys", "write_all", "_write_group", "metadata",
               "finish", "record_written"],
     "audit": ["run_audit", "audit", "vouched", "recount", "shard_expectations", "_hashed", "per_shard",
@@ -61,6 +63,8 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="bench_e2e.py's --out, after its run with --reruns 1 or more")
     ap.add_argument("--max-len", type=int, default=16384)
     ap.add_argument("--drop-caches", action="store_true")
+    ap.add_argument("--mode", default="copy", help="--mode of both runs (index: a set bench_e2e did not make, whose "
+                                                   "output is small)")
     ap.add_argument("--flags", nargs=argparse.REMAINDER, default=[], help="more flags of the profiled run")
     ap.add_argument("--results", help="a new file or folder (default: a new bench/results/profile_rerun_<UTC>.json)")
     args = ap.parse_args()
@@ -68,7 +72,8 @@ def main() -> None:
     emit = Results(out, args.results, "profile_rerun")
     new = sorted((out / "shards").glob("part-*.tar"))[-1]
     run = ["run", "--input", str(out / "shards"), "--max-len", str(args.max_len), "--work", str(out / "work"),
-           "--output", str(out / "packed"), "--dagster-home", str(out / "dagster_home"), "--json", "--incremental"]
+           "--output", str(out / "packed"), "--dagster-home", str(out / "dagster_home"), "--json", "--incremental",
+           "--mode", args.mode]
     aside = out / "rerun_aside.tar"
     shutil.move(new, aside)
     subprocess.run([str(Path(sys.executable).parent / "pack-assets"), *run], check=True, capture_output=True)
@@ -83,7 +88,7 @@ def main() -> None:
     seconds = time.perf_counter() - t0
     summary = json.loads(done.stdout)
     emit({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "new_shard": new.name,
-          "flags": ["--incremental", *args.flags], "load1_at_start": round(load, 2),
+          "flags": ["--incremental", "--mode", args.mode, *args.flags], "load1_at_start": round(load, 2),
           "page_cache": "dropped" if dropped else "warm", "seconds_profiled": round(seconds, 1),
           "stage_seconds": summary["stage_seconds"], "output_shards_hashed": summary.get("output_shards_hashed"),
           "cumulative_s": cumulative(prof), "profile": str(prof)})

@@ -68,6 +68,13 @@ _SAMPLES_IN = f"""(SELECT sample_id, {store.SAMPLE_STATUS} AS status
     USING (sample_id))"""
 
 
+def _of(table: str, changed: list[str] | None) -> str:
+    """``table``'s rows, or with ``changed`` only those whose sample id is of those shards' (<shard>/<key>: the
+    only rows a sample of theirs can match)."""
+    return table if changed is None else (f"(SELECT x.* FROM {table} x JOIN (SELECT unnest($1::VARCHAR[]) || '/' "
+                                          "AS prefix) ON starts_with(x.sample_id, prefix))")
+
+
 def _appended_checks(con, config: PlanConfig, since: int, changed: list[str] | None = None
                      ) -> list[tuple[str, int, str]]:
     """`check_plan` after an append: the stored packs passed it and none of their samples changed, so a sample
@@ -83,9 +90,9 @@ def _appended_checks(con, config: PlanConfig, since: int, changed: list[str] | N
                   AND (o.pack_id <> n.pack_id OR o.position <> n.position)),
              (SELECT count(*) FROM (SELECT sample_id FROM pack_members INTERSECT SELECT sample_id FROM dropped)),
              (SELECT count(*) FROM {"samples" if changed is None else _SAMPLES_IN} WHERE status = 'ok'
-                AND sample_id NOT IN (SELECT sample_id FROM pack_members)
-                AND sample_id NOT IN (SELECT sample_id FROM dropped)
-                AND sample_id NOT IN (SELECT sample_id FROM split_pieces))""",
+                AND sample_id NOT IN (SELECT sample_id FROM {_of("pack_members", changed)})
+                AND sample_id NOT IN (SELECT sample_id FROM {_of("dropped", changed)})
+                AND sample_id NOT IN (SELECT sample_id FROM {_of("split_pieces", changed)}))""",
         [] if changed is None else [changed]).fetchone()
     found = [("duplicate_sample", twice, f"{twice} new pack member(s) also in another pack or place"),
              ("packed_and_dropped", both, f"{both} sample(s) both packed and dropped"),
