@@ -83,7 +83,7 @@ def main() -> None:
     prof = out / f"rerun_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.prof"
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", PROFILED, str(prof), *run, *args.flags], check=True,
+    done = subprocess.run([sys.executable, "-P", "-c", PROFILED, str(prof), *run, *args.flags], check=True,
                           capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     summary = json.loads(done.stdout)

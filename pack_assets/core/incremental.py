@@ -52,7 +52,7 @@ _CHANGED = f"""SELECT
     OR EXISTS (SELECT 1 FROM split_pieces)"""
 _EVERY = {"members": "pack_members", "dropped": "dropped", "within": ""}
 # only the members and drops of the given shards ($1: a sample id is <shard>/<key>, so with those of the shards
-# nested under them), looked up in those shards' rows ($2: the given and the nested ones)
+# nested under them), looked up in the rows of the shards that may hold them ($2: `related`)
 _PREFIXED = ("(SELECT x.* FROM {} x JOIN (SELECT unnest({}::VARCHAR[]) || '/' AS prefix) "
              "ON starts_with(x.sample_id, prefix))")
 _ONLY = {"members": _PREFIXED.format("pack_members", "$1"), "dropped": _PREFIXED.format("dropped", "$1"),
@@ -122,10 +122,13 @@ def changed_shards(info: dict, stamps: dict | None) -> list[str] | None:
     return changed if len(changed) <= FEW else None
 
 
-def _nested(changed: list[str], shards: Iterable[str]) -> list[str]:
-    """Of ``shards``, the ``changed`` ones and those in folders named by them (their sample ids share a prefix)."""
+def related(changed: list[str], shards: Iterable[str]) -> list[str]:
+    """Of ``shards``, the ``changed`` ones and those whose sample ids may share a prefix with theirs (a sample id is
+    <shard>/<key>, a key may hold '/'): the shards in folders they name, and those named like folders they are in.
+    A row of a sample id of the changed shards can be in these shards' files alone."""
     given = set(changed)
-    return [s for s in shards if s in given or any(s[:i] in given for i, c in enumerate(s) if c == "/")]
+    above = {c[:i] for c in changed for i, ch in enumerate(c) if ch == "/"}
+    return [s for s in shards if s in given or s in above or any(s[:i] in given for i, ch in enumerate(s) if ch == "/")]
 
 
 def _changed_query(info: dict, per_media_type: bool, stamps: dict | None) -> tuple[str, list]:
@@ -136,7 +139,7 @@ def _changed_query(info: dict, per_media_type: bool, stamps: dict | None) -> tup
     media = _RETYPED_IN if per_media_type else _LENGTHS_ONLY
     changed = changed_shards(info, stamps)
     if changed is not None:
-        return _CHANGED.format(**_ONLY, **media), [changed, _nested(changed, stamps)]
+        return _CHANGED.format(**_ONLY, **media), [changed, related(changed, stamps)]
     recorded = info.get(MANIFEST_STAMPS)
     if not per_media_type or stamps is None or recorded is None:
         return _CHANGED.format(**_EVERY, **(_RETYPED if per_media_type else _LENGTHS_ONLY)), []

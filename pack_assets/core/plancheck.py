@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from . import store
 from .cpad import check_padded
 from .groups import check_groups
+from .incremental import related
 from .settings import PlanConfig
 from .split import plan_checks
 
@@ -60,11 +61,11 @@ def _found(found: list[tuple[str, int, str]]) -> list[dict]:
 
 
 _NEW = "CAST(substr({of}pack_id, 2) AS BIGINT) >= {since}"  # an appended pack's (pack ids p<number>)
-# the samples view's rows of the given shards: each sample's manifest row joined with its token_lengths row, which
-# is in its own shard's file (a sample id is <shard>/<key>)
+# the samples view's rows of the given shards ($1): each sample's manifest row joined with its token_lengths rows,
+# which are in the files of the shards that may hold its id ($2: `incremental.related`)
 _SAMPLES_IN = f"""(SELECT sample_id, {store.SAMPLE_STATUS} AS status
     FROM (SELECT sample_id, status FROM manifest_samples WHERE list_contains($1::VARCHAR[], shard)) s
-    LEFT JOIN (SELECT sample_id, status FROM token_lengths WHERE list_contains($1::VARCHAR[], shard)) t
+    LEFT JOIN (SELECT sample_id, status FROM token_lengths WHERE list_contains($2::VARCHAR[], shard)) t
     USING (sample_id))"""
 
 
@@ -81,7 +82,8 @@ def _appended_checks(con, config: PlanConfig, since: int, changed: list[str] | N
     in two packs or packed and dropped is one of the new packs'. An ok sample lost is looked for in the
     ``changed`` shards (every shard when None): each ok sample of another shard is one the stored plan's check
     found packed or dropped (its manifest and token_lengths files are those that check read: sample ids are
-    ``<shard>/<key>``, so its token row is in its own shard's file), and the stored rows stay."""
+    ``<shard>/<key>``, so its rows are in its own shard's files or in those of `incremental.related` shards),
+    and the stored rows stay."""
     new = _NEW.format(of="", since=int(since))
     twice, both, lost = con.execute(
         f"""SELECT
@@ -93,7 +95,8 @@ def _appended_checks(con, config: PlanConfig, since: int, changed: list[str] | N
                 AND sample_id NOT IN (SELECT sample_id FROM {_of("pack_members", changed)})
                 AND sample_id NOT IN (SELECT sample_id FROM {_of("dropped", changed)})
                 AND sample_id NOT IN (SELECT sample_id FROM {_of("split_pieces", changed)}))""",
-        [] if changed is None else [changed]).fetchone()
+        [] if changed is None else [changed, related(changed, [r[0] for r in con.execute(
+            "SELECT shard FROM catalog_shards").fetchall()])]).fetchone()
     found = [("duplicate_sample", twice, f"{twice} new pack member(s) also in another pack or place"),
              ("packed_and_dropped", both, f"{both} sample(s) both packed and dropped"),
              ("lost_sample", lost, f"{lost} ok sample(s) neither packed nor dropped nor split")]
