@@ -2,15 +2,16 @@
 
 An incremental plan keeps every stored pack and plans the samples it does not hold after them. When none of
 the stored packs or drops changed (no sample gone, none recounted, none split, no member's media type changed:
-looked up only in the shards whose manifest file is not the one the stored plan was made from, `manifest_stamps`),
+looked up only in the shards whose manifest or token_lengths file is not the one the stored plan's check read,
+`manifest_stamps`, when few changed),
 nothing of the stored plan needs to come into Python: `appendable` reads its figures (samples per pack, totals,
-the last pack and output shard) and `appended_rows` reads, in one query, every ok sample's length and media type
-(for the what-if sweep and the lower bound: no sample id) and the rows of the samples to plan, found by an
-anti-join in DuckDB; nothing else of the catalog is read into Python (issue 41 item 4). The
-tables then take the new rows (`store.save_plan(append=True)`), pack_plan.jsonl its new lines
-(`append_plan_file`), and the check looks at the new packs (`plancheck.check_plan`'s ``since``). What comes out
-is byte-identical to the incremental plan that reads the whole stored plan (`plan._previous_plan`), which runs
-whenever this one does not apply.
+the last pack and output shard), `every_length` reads every ok sample's length and media type (for the what-if
+sweep and the lower bound: no sample id) and `appended_rows` the rows of the samples to plan, found by an anti-join
+in DuckDB in the shards whose stamps changed since the stored plan's check (`changed_shards`); nothing else of the
+catalog is read into Python (issue 41 item 4). The tables then take the new rows (`store.save_plan(append=True)`),
+pack_plan.jsonl its new lines (`append_plan_file`), and the check looks at the new packs (`plancheck.check_plan`'s
+``since``). What comes out is byte-identical to the incremental plan that reads the whole stored plan
+(`plan._previous_plan`), which runs whenever this one does not apply.
 
 pack_plan.jsonl is appended only where it is the very file the stored plan's run wrote and checked: its size
 and xxh3 digest are recorded in plan_info (``plan_file``) once the plan's check passed. A run killed between
