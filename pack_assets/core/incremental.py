@@ -247,12 +247,15 @@ def appended_rows(con, base: Base, every: Lengths) -> Appending:
     """`Appending` for the stored plan ``base`` (`appendable`'s) and ``every`` length. The new samples are looked
     for in ``base.changed`` (an ok sample of another shard is one the stored plan's check found packed or dropped,
     and its rows stay); counted against every ok sample (each stored member or drop is one, `appendable` found,
-    and once), and looked for everywhere when the counts differ."""
+    and once), and looked for everywhere when the counts differ (if they still do, token_lengths changed meanwhile:
+    refused, as `plan.ok_lengths` against the anti-join refused it)."""
     types = every.types.tolist()
     changed, stored = base.changed, int(base.sizes.sum()) + len(base.dropped_ids)
     new = _new_rows(con, types, changed)
     if changed is not None and stored + len(new["sample_ids"]) != len(every.lengths):
         changed, new = None, _new_rows(con, types, None)
+    if stored + len(new["sample_ids"]) != len(every.lengths):  # (each stored row is an ok sample: `appendable`)
+        raise RuntimeError("token_lengths changed while the plan read it: run again")
     return Appending(every, new, changed)
 
 
