@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import small_dataset
-from test_incremental_append import CONFIG, PROFILE, SHARDS, counted, plan_state
+from test_incremental_append import CONFIG, PROFILE, SHARDS, _retype, counted, plan_state
 
 from pack_assets.core import incremental, store
 from pack_assets.core import plan as plan_mod
@@ -127,6 +127,25 @@ def test_the_appended_check_finds_a_lost_sample_in_the_changed_shards(planned, t
         for changed, check in lost.items():
             found = {v["check"] for v in check_plan(con, CONFIG, since=first, changed=changed and [changed])}
             assert (check in found) if check else ("lost_sample" not in found), (changed, found)
+
+
+def test_the_appended_check_finds_a_new_pack_mixing_media_types(planned, tmp_path):
+    """The new packs' members' media types are looked up in the manifests of their own shards alone."""
+    work = _copy(planned, tmp_path / "w")
+    with store.connect(work) as con:
+        first = incremental.appendable(con, store.read_plan_info(con), work / "pack_plan.jsonl").next_number
+    assert run_plan(work, SHARDS, CONFIG, PROFILE).violations == []
+    with store.connect(work, read_only=True) as con:
+        sample, mt = con.execute(
+            "SELECT pm.sample_id, p.media_type FROM pack_members pm JOIN pack_plan p USING (pack_id) "
+            "WHERE pm.pack_id >= ? AND len(p.sample_ids) > 1 ORDER BY pm.pack_id LIMIT 1",
+            [f"p{first:08d}"]).fetchall()[0]
+    assert sample.startswith(f"{SHARDS[2]}/")
+    _retype(work, sample, "video" if mt != "video" else "image")
+    with store.connect(work) as con:
+        store.build_catalog(con, work, SHARDS, PROFILE.name)
+        found = {v["check"] for v in check_plan(con, CONFIG, since=first, changed=[SHARDS[2]])}
+    assert found == {"mixed_media"}
 
 
 def test_an_append_with_drops_keeps_the_lower_bound_of_the_whole_plan(tmp_path, monkeypatch):
