@@ -7,7 +7,8 @@ then once more with nothing new; for each given code, in fresh processes, the co
 ``counted work``: a work folder whose shards are scanned and counted (e.g. a copy of /work/cat10m): each run's
 work folder in ``scratch`` links its first N shards' manifest and token_lengths folders (read only: the plan
 writes its catalog and pack_plan.jsonl beside them). ``CODE``: a folder holding the `pack_assets` package.
-Every figure: seconds of `run_plan` and of its steps (cumulative per step name).
+Every figure: seconds of `run_plan` (and its process's CPU seconds, DuckDB's threads included) and of its steps
+(cumulative per step name).
 """
 
 from __future__ import annotations
@@ -43,18 +44,21 @@ def timed(mod, name):
         finally:
             spent[name] = spent.get(name, 0) + time.perf_counter() - t
     setattr(mod, name, g)
-for name in ("ok_lengths", "make_plan", "_appended", "check_plan", "_saved", "_planned", "split_overlong"):
+for name in ("ok_lengths", "make_plan", "_appended", "check_plan", "_saved", "_planned", "split_overlong",
+             "plannable", "_append_base"):
     timed(plan, name)
-for name in ("appendable", "new_samples", "append_plan_file", "manifest_stamps"):
+for name in ("appendable", "new_samples", "append_plan_file", "manifest_stamps", "every_length", "appended_rows"):
     timed(incremental, name)
+timed(plancheck, "_appended_checks")
 for name in ("build_catalog", "save_plan"):
     timed(store, name)
 work, n = Path(sys.argv[1]), int(sys.argv[2])
 shards = sorted(p.name for p in (work / "manifest").iterdir())[:n]
-t = time.perf_counter()
+t, cpu = time.perf_counter(), time.process_time()
 profile = resolve_profile("qwen3-vl", None, False, "")
 s = plan.run_plan(work, shards, PlanConfig(max_len=16384, incremental=True), profile)
-print(json.dumps({"seconds": round(time.perf_counter() - t, 2), "planning": s.stats["planning"],
+print(json.dumps({"seconds": round(time.perf_counter() - t, 2), "cpu_seconds": round(time.process_time() - cpu, 2),
+                  "planning": s.stats["planning"],
                   "packs": s.packs, "fingerprint": s.fingerprint, "violations": len(s.violations),
                   "steps": {k: round(v, 2) for k, v in sorted(spent.items())}}))
 """

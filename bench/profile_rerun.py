@@ -1,6 +1,6 @@
 """Where the default rerun after one new shard spends its time: the rerun of bench_rerun.py, profiled.
 
-    python bench/profile_rerun.py --out <bench_e2e's --out> --drop-caches [--flags --audit-scope changed]
+    python bench/profile_rerun.py --out <bench_e2e's --out> --drop-caches [--mode index] [--flags --audit-scope changed]
 
 The newest shard moved aside and an untimed incremental run, put back with a new mtime, the page cache dropped
 (``--drop-caches``, root), then `pack-assets run --incremental` (plus ``--flags``) in a process profiled by
@@ -31,7 +31,9 @@ FUNCTIONS = {
     "plan": ["run_plan", "plannable", "build_catalog", "ok_lengths", "_previous_plan", "read_plan", "changed_packs",
              "_incremental", "make_plan", "plan_jsonl", "save_plan", "check_plan",
              # the append-only plan (core/incremental.py), when nothing of the stored plan changed
-             "appendable", "_appended", "new_samples", "append_plan_file", "record_plan_file"],
+             "appendable", "_appended", "new_samples", "append_plan_file", "record_plan_file",
+             # session 55: the append's lengths alone, its new rows, its check
+             "every_length", "appended_rows", "_append_base", "_appended_checks"],
     "write": ["run_write", "check_sources", "shard_digests", "digest_keys", "write_all", "_write_group", "metadata",
               "finish", "record_written", "claim", "commit", "holds", "_keyed"],
     "audit": ["run_audit", "audit", "vouched", "recount", "shard_expectations", "_hashed", "per_shard",
@@ -97,6 +99,8 @@ def main() -> None:
                          "(theirs only: the input shards and everyone else's files stay cached)")
     ap.add_argument("--timer", choices=["wall", "cpu"], default="wall",
                     help="cpu: the profile counts the main thread's CPU seconds (time.thread_time), not wall seconds")
+    ap.add_argument("--mode", default="copy", help="--mode of both runs (index: a set bench_e2e did not make, whose "
+                                                   "output is small)")
     ap.add_argument("--flags", nargs=argparse.REMAINDER, default=[], help="more flags of the profiled run")
     ap.add_argument("--results", help="a new file or folder (default: a new bench/results/profile_rerun_<UTC>.json)")
     args = ap.parse_args()
@@ -104,7 +108,8 @@ def main() -> None:
     emit = Results(out, args.results, "profile_rerun")
     new = sorted((out / "shards").glob("part-*.tar"))[-1]
     run = ["run", "--input", str(out / "shards"), "--max-len", str(args.max_len), "--work", str(out / "work"),
-           "--output", str(out / "packed"), "--dagster-home", str(out / "dagster_home"), "--json", "--incremental"]
+           "--output", str(out / "packed"), "--dagster-home", str(out / "dagster_home"), "--json", "--incremental",
+           "--mode", args.mode]
     aside = out / "rerun_aside.tar"
     shutil.move(new, aside)
     subprocess.run([str(Path(sys.executable).parent / "pack-assets"), *run], check=True, capture_output=True)
@@ -115,14 +120,14 @@ def main() -> None:
     prof = out / f"rerun_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.prof"
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", PROFILED, str(prof), args.timer, *run, *args.flags],
+    done = subprocess.run([sys.executable, "-P", "-c", PROFILED, str(prof), args.timer, *run, *args.flags],
                           capture_output=True, text=True)
     if done.returncode not in (0, 1):  # 1: the audit's FAIL, recorded (violations)
         raise SystemExit(f"the profiled run exited {done.returncode}: {done.stderr[-3000:]}")
     seconds = time.perf_counter() - t0
     summary = json.loads(done.stdout)
     emit({"machine": machine(), "date": time.strftime("%Y-%m-%d"), "new_shard": new.name,
-          "flags": ["--incremental", *args.flags], "load1_at_start": round(load, 2),
+          "flags": ["--incremental", "--mode", args.mode, *args.flags], "load1_at_start": round(load, 2),
           "page_cache": "dropped" if dropped else f"output and work evicted ({evicted} files)" if evicted else "warm",
           "timer": args.timer,
           "violations": summary.get("violations"), "seconds_profiled": round(seconds, 1),

@@ -540,3 +540,14 @@ def lower_bounds(lengths: np.ndarray, capacity: int) -> tuple[int, int]:
     extra = np.maximum(0, -(-(s_j3 - slack) // capacity))
     l2 = int((n_j1 + n_j2 + extra).max())
     return l1, max(l1, l2)
+
+
+def without(values: np.ndarray, gone: np.ndarray) -> np.ndarray:
+    """``values`` less one of each of ``gone`` (a difference of multisets: each of ``gone`` is among them)."""
+    if not len(gone):
+        return values
+    a, g = np.sort(values), np.sort(gone)
+    at = np.searchsorted(a, g) + np.arange(len(g)) - np.searchsorted(g, g)  # the k-th of equal ones: k places on
+    if (at >= len(a)).any() or (a[np.minimum(at, len(a) - 1)] != g).any():
+        raise RuntimeError("a dropped sample's length is not among the plan's: run again")
+    return np.delete(a, at)

@@ -13,13 +13,13 @@ import itertools
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from . import faults, incremental, store
-from .binpack import ALGORITHMS, assign, lower_bounds
+from .binpack import ALGORITHMS, assign, lower_bounds, without
 from .counting.profiles import ModelProfile, resolve_profile
 from .counting.token_lengths import token_lengths_are_current
 from .coverage import input_stats, left_since, tar_exists
@@ -375,8 +375,9 @@ def plannable(work: Path, shards: list[str], profile: ModelProfile, input_root: 
         removed = [s for s in shards if not tar_exists(input_root, s)]
         gone = set(removed)
         shards = [s for s in shards if s not in gone]
-    missing = [s for s in shards if not token_lengths_are_current(work, s, profile)
-               or (input_root is not None and manifest_is_current(input_root, work, s) is None)]
+    infos = {s: store.read_shard_info(work, s) for s in shards}  # (read once for both)
+    missing = [s for s in shards if not token_lengths_are_current(work, s, profile, infos[s])
+               or (input_root is not None and manifest_is_current(input_root, work, s, infos[s]) is None)]
     if missing and not allow_missing:
         raise FileNotFoundError(f"{len(missing)} shard(s) have no current token_lengths for profile {profile.name}: "
                                 f"{missing[:5]}")
@@ -433,50 +434,86 @@ def _incremental(rows: dict[str, np.ndarray], previous, config: PlanConfig, prof
     fresh = make_plan(**{k: v[new] for k, v in rows.items()}, config=config, profile=profile)
     plan = extend_plan(old_packs, old_dropped, fresh, config, old_fp)
     plan.stats.update(pruned)
-    return _with_bound(plan, rows, [d["sample_id"] for d in plan.dropped], config)
-
-
-def _appended(con, rows: dict[str, np.ndarray], base: incremental.Base, config: PlanConfig, profile: str
-              ) -> PlanResult:
-    """`_incremental` of a stored plan none of whose samples changed (`incremental.appendable`): the samples to
-    plan found by DuckDB, the stored plan never read into Python. The result holds the new packs only."""
-    new = incremental.new_samples(con, rows["sample_ids"])
-    fresh = make_plan(**{k: v[new] for k, v in rows.items()}, config=config, profile=profile)
-    plan = append_plan(base, fresh, config)
-    plan.stats.update(samples_gone=0, samples_recounted=0, packs_changed=0, packs_emptied=0)
-    return _with_bound(plan, rows, base.dropped_ids + [d["sample_id"] for d in fresh.dropped], config)
-
-
-def _with_bound(plan: PlanResult, rows: dict[str, np.ndarray], dropped_ids: list[str], config: PlanConfig
-                ) -> PlanResult:
-    """The extended plan's lower bound: over every planned sample not dropped."""
-    gone = set(dropped_ids)
+    gone = {d["sample_id"] for d in plan.dropped}
     kept = np.fromiter((sid not in gone for sid in rows["sample_ids"].tolist()), bool, len(rows["sample_ids"])) \
         if gone else np.ones(len(rows["sample_ids"]), bool)
-    mts, lengths = rows["media_types"], padded(rows["lengths"], config.multiple)
-    bound = sum(lower_bounds(lengths[kept & (mts == mt)], config.capacity)[1] for mt in set(mts.tolist()))
+    return _with_bound(plan, rows["lengths"], rows["media_types"], kept, config)
+
+
+def _appended(con, base: incremental.Base, every: incremental.Lengths, config: PlanConfig, profile: str
+              ) -> tuple[PlanResult, incremental.Base]:
+    """`_incremental` of a stored plan none of whose samples changed (`incremental.appendable`), from ``every``
+    ok sample's length and the rows of the new ones (`incremental.appended_rows`): neither the stored plan nor
+    any other sample id read into Python. The result holds the new packs only; with ``base`` naming the shards
+    the new samples were looked for in (the plan's check looks for a lost sample there)."""
+    got = incremental.appended_rows(con, base, every)
+    fresh = make_plan(**got.new, config=config, profile=profile)
+    plan = append_plan(base, fresh, config)
+    plan.stats.update(samples_gone=0, samples_recounted=0, packs_changed=0, packs_emptied=0)
+    gone = got.of_new([d["sample_id"] for d in fresh.dropped]) if fresh.dropped else None
+    return _with_bound(plan, every.lengths, every.codes, ~every.stored_drop, config, gone), \
+        replace(base, changed=got.changed)
+
+
+def _with_bound(plan: PlanResult, lengths: np.ndarray, kinds: np.ndarray, kept: np.ndarray, config: PlanConfig,
+                gone: tuple[np.ndarray, np.ndarray] | None = None) -> PlanResult:
+    """The extended plan's lower bound: over every planned sample not dropped (``kept``), per media type
+    (``kinds``: each sample's media type, or its code). ``gone``: the lengths and kinds of more dropped samples,
+    taken out of the kept ones' as values (the bound is one of the lengths' histogram: `binpack.lower_bounds`)."""
+    lengths = padded(lengths, config.multiple)
+
+    def of(k) -> int:
+        mine = lengths[kept & (kinds == k)]
+        if gone is not None:
+            mine = without(mine, padded(gone[0][gone[1] == k], config.multiple))
+        return lower_bounds(mine, config.capacity)[1]
+
+    bound = sum(of(k) for k in set(kinds.tolist()))
     plan.stats.update(lower_bound=bound, packs_over_bound=plan.stats["packs"] - bound)
     return plan
 
 
-def _planned(con, rows: dict[str, np.ndarray], pieces: list, config: PlanConfig, profile: ModelProfile,
-             plan_file: Path, stamps: dict) -> tuple[PlanResult, str, incremental.Base | None]:
-    """The plan (full, incremental, or appended to the stored one: then with its `incremental.Base`), and why."""
+def _append_base(con, info: PlanInfo | None, config: PlanConfig, profile: ModelProfile, plan_file: Path,
+                 stamps: dict) -> incremental.Base | None:
+    """The stored plan to append to (`incremental.appendable`), given its kept settings' ``info``, when no over-long
+    sample splits (an append takes no pieces: `split_overlong` of the over-long samples alone)."""
+    if info is None:
+        return None
+    base = incremental.appendable(con, store.read_plan_info(con), plan_file, config.pack_per_media_type, stamps)
+    if base is None or config.overlong != "split":
+        return base
+    return None if split_overlong(con, ok_lengths(con, longer_than=config.capacity), config, profile)[1] else base
+
+
+def _planned(con, config: PlanConfig, profile: ModelProfile, plan_file: Path, stamps: dict,
+             on_lengths: Callable[[dict[str, np.ndarray]], None] | None
+             ) -> tuple[PlanResult, str, incremental.Base | None, list]:
+    """The plan (full, incremental, or appended to the stored one: then with its `incremental.Base`), why, and the
+    over-long samples' pieces. ``on_lengths`` gets every ok sample's lengths and media types (`ok_lengths`'): for
+    an incremental plan read alone first (`incremental.every_length`), before the stored plan is looked at."""
     info, why = _kept_settings(con, config, profile) if config.incremental else (None, "full plan")
-    base = incremental.appendable(con, store.read_plan_info(con), plan_file, config.pack_per_media_type, stamps) \
-        if info is not None and not pieces else None
-    previous = None
+    every = incremental.every_length(con, _OK_BATCH, SORT_MEMORY) if info is not None else None
+    if every is not None and on_lengths is not None:
+        on_lengths(every.sweep_rows())
+    base = _append_base(con, info, config, profile, plan_file, stamps)
+    rows, pieces, previous = None, [], None
     if base is not None:
-        plan, why = _appended(con, rows, base, config, profile.name), f"incremental: kept {len(base.sizes)} packs"
-    elif info is not None:
-        previous, why = _previous_plan(con, config, info)
-    if base is None:
+        (plan, base), why = _appended(con, base, every, config, profile.name), \
+            f"incremental: kept {len(base.sizes)} packs"
+    else:
+        rows = ok_lengths(con)
+        if every is None and on_lengths is not None:
+            on_lengths(rows)
+        every = None  # (the sweep has them)
+        rows, pieces = split_overlong(con, rows, config, profile)
+        if info is not None:
+            previous, why = _previous_plan(con, config, info)
         plan = make_plan(**rows, config=config, profile=profile.name) if previous is None \
             else _incremental(rows, previous, config, profile.name)
     if (base is not None or previous is not None) and plan.stats.get("balance", {}).get("incomplete_groups"):
         why = "full plan: the new samples' packs do not fill whole groups of a world size (core/groups.py)"
-        plan, base = make_plan(**rows, config=config, profile=profile.name), None
-    return plan, why, base
+        plan, base = make_plan(**(ok_lengths(con) if rows is None else rows), config=config, profile=profile.name), None
+    return plan, why, base, pieces
 
 
 def _saved(con, work: Path, plan: PlanResult, base: incremental.Base | None, info: PlanInfo, pieces: list,
@@ -489,7 +526,8 @@ def _saved(con, work: Path, plan: PlanResult, base: incremental.Base | None, inf
     batches, plan.packs = plan.packs.batches(), None  # the reader's alone: gone once pack_plan's rows are in
     store.save_plan(con, batches, plan.dropped, info.as_dict(), pieces=[split_row(p) for p in pieces],
                     multiple=config.multiple, append=base is not None)
-    violations = check_plan(con, config, since=None if base is None else base.next_number)
+    violations = check_plan(con, config, since=None if base is None else base.next_number,
+                            changed=None if base is None else base.changed)
     if not violations:
         incremental.record_plan_file(con, record, stamps)
     return violations
@@ -502,16 +540,18 @@ _OK_BATCH = 1 << 17  # rows fetched at once
 SORT_MEMORY = "256MB"
 
 
-def ok_lengths(con) -> dict[str, np.ndarray]:
-    """make_plan's inputs, one entry per ok sample in sample id order, from the catalog. Fetched in batches of
+def ok_lengths(con, longer_than: int | None = None) -> dict[str, np.ndarray]:
+    """make_plan's inputs, one entry per ok sample in sample id order, from the catalog (``longer_than``: of the
+    samples of more tokens only). Fetched in batches of
     Arrow, not the whole result at once (held in DuckDB and again as numpy: docs/benchmarks.md, issue 41);
     the media types as codes into the few distinct ones, so each sample's is a shared str, not a str of its own;
     the ids in one NumPy string array (`packs.IDS`), each column filled in place (no second copy to join parts)."""
-    types = [r[0] for r in con.execute(f"SELECT DISTINCT media_type {_OK} ORDER BY 1").fetchall() if r[0] is not None]
-    n = con.execute(f"SELECT count(*) {_OK}").fetchall()[0][0]
+    ok = _OK if longer_than is None else f"{_OK} AND total_tokens > {int(longer_than)}"
+    types = [r[0] for r in con.execute(f"SELECT DISTINCT media_type {ok} ORDER BY 1").fetchall() if r[0] is not None]
+    n = con.execute(f"SELECT count(*) {ok}").fetchall()[0][0]
     result = con.sql(
         "SELECT sample_id AS sample_ids, list_position(?::VARCHAR[], media_type) - 1 AS media_types, "
-        f"total_tokens AS lengths, media_bytes, n_images + n_videos AS n_media, vision_tokens {_OK} "
+        f"total_tokens AS lengths, media_bytes, n_images + n_videos AS n_media, vision_tokens {ok} "
         "ORDER BY sample_id", params=[types])
     names = ["sample_ids", "media_types", "lengths", "media_bytes", "n_media", "vision_tokens"]
     rows = {k: np.asarray([], IDS if k == "sample_ids" else np.int64) for k in names}
@@ -546,12 +586,8 @@ def run_plan(work: Path, shards: list[str], config: PlanConfig, profile: ModelPr
         removed = left_since(con, removed, input_root)
         store.build_catalog(con, work, shards, profile.name)
         stamps = incremental.manifest_stamps(con)  # (before the catalog is read: `incremental.appendable`)
-        rows = ok_lengths(con)
-        if on_lengths is not None:
-            on_lengths(rows)
-        rows, pieces = split_overlong(con, rows, config, profile)
-        plan, why, base = _planned(con, rows, pieces, config, profile, work / "pack_plan.jsonl", stamps)
-        del rows  # the packs hold what they need of these: the rest goes before the saves
+        # (the samples' rows go with `_planned`: the packs hold what they need of them, the rest goes before the saves)
+        plan, why, base, pieces = _planned(con, config, profile, work / "pack_plan.jsonl", stamps, on_lengths)
         plan.stats.update(planning=why, shards_planned=len(shards), shards_waiting=missing, shards_removed=removed,
                           **input_stats(input_root, recursive), **split_stats(pieces))
         info = PlanInfo.of(plan.fingerprint, profile, shards, config, plan.stats)

@@ -395,9 +395,10 @@ class ManifestSummary:
                 "dagster/uri": FilePath(self.folder), "dagster/column_schema": SAMPLES_SCHEMA}
 
 
-def manifest_is_current(input_root: Path, work: Path, shard: str) -> dict | None:
-    """The stored scan of a shard whose size and mtime have not changed since, else None."""
-    info = store.read_shard_info(work, shard)
+def manifest_is_current(input_root: Path, work: Path, shard: str, shard_info: dict | None = None) -> dict | None:
+    """The stored scan of a shard whose size and mtime have not changed since, else None. ``shard_info``: its
+    `store.read_shard_info` when the caller has read it (else read here)."""
+    info = shard_info or store.read_shard_info(work, shard)
     try:
         st = store.source_tar(input_root, shard).stat()
     except OSError:

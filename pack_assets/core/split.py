@@ -232,7 +232,9 @@ def split_stats(pieces: list[Piece]) -> dict:
 
 def plan_checks(con) -> list[tuple[str, int, str]]:
     """(check, how many bad, detail) of the stored plan's split samples: every piece in a pack, and a split
-    sample neither packed nor dropped whole."""
+    sample neither packed nor dropped whole. (No split sample: nothing to look up.)"""
+    if not con.execute("SELECT EXISTS (SELECT 1 FROM split_pieces)").fetchone()[0]:
+        return [("lost_sample", 0, ""), ("split_and_packed", 0, "")]
     unpacked, twice = con.execute(
         """SELECT (SELECT count(*) FROM split_pieces WHERE piece_id NOT IN (SELECT sample_id FROM pack_members)),
                   (SELECT count(DISTINCT sample_id) FROM split_pieces WHERE sample_id IN

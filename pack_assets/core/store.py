@@ -390,6 +390,10 @@ def catalog_files(con: duckdb.DuckDBPyConnection) -> list[str]:
     return sorted({m.replace("''", "'") for m in re.findall(r"'((?:[^']|'')*?\.parquet)'", sql)})
 
 
+# the samples view's status of a sample: its manifest row's (s), unless its token_lengths row (t) rejects it
+SAMPLE_STATUS = "CASE WHEN t.status = 'rejected' THEN 'rejected' ELSE s.status END"
+
+
 def build_catalog(con: duckdb.DuckDBPyConnection, work: Path, shards: list[str], profile: str) -> None:
     """(Re)create the views over the per-shard Parquet files of the given shards."""
     m = [manifest_dir(work, s) for s in shards]
@@ -408,9 +412,9 @@ def build_catalog(con: duckdb.DuckDBPyConnection, work: Path, shards: list[str],
     con.execute(f"CREATE OR REPLACE VIEW rejected AS {_view_source(rej, REJECTED_SCHEMA)}")
     # a sample the token stage rejects (e.g. an image the processor refuses) is rejected overall
     con.execute(
-        """CREATE OR REPLACE VIEW samples AS
+        f"""CREATE OR REPLACE VIEW samples AS
         SELECT s.* REPLACE (
-            CASE WHEN t.status = 'rejected' THEN 'rejected' ELSE s.status END AS status,
+            {SAMPLE_STATUS} AS status,
             COALESCE(s.reason, CASE WHEN t.status = 'rejected' THEN t.reason END) AS reason)
         FROM manifest_samples s LEFT JOIN token_lengths t USING (sample_id)"""
     )

@@ -85,15 +85,16 @@ class TokenLengthsSummary:
 TOKEN_LENGTHS_FORMAT = 2
 
 
-def _token_stamp(work: Path, shard: str, profile: ModelProfile) -> str:
-    info = store.read_shard_info(work, shard) or {}
+def _token_stamp(work: Path, shard: str, profile: ModelProfile, shard_info: dict | None = None) -> str:
+    info = shard_info or store.read_shard_info(work, shard) or {}
     return json.dumps({"profile": profile.fingerprint, "size": info.get("size"), "mtime_ns": info.get("mtime_ns"),
                        "format": TOKEN_LENGTHS_FORMAT})
 
 
-def token_lengths_are_current(work: Path, shard: str, profile: ModelProfile) -> bool:
+def token_lengths_are_current(work: Path, shard: str, profile: ModelProfile, shard_info: dict | None = None) -> bool:
+    """``shard_info``: the shard's `store.read_shard_info` when the caller has read it (else read here)."""
     stamp = store.token_dir(work, profile.name, shard) / "stamp.json"
-    return stamp.exists() and stamp.read_text() == _token_stamp(work, shard, profile)
+    return stamp.exists() and stamp.read_text() == _token_stamp(work, shard, profile, shard_info)
 
 
 @faults.names_full_disk(faults.WORK)
