@@ -648,9 +648,9 @@ def test_an_early_digest_read_past_the_page_cache_is_the_files_digest(tmp_path, 
 
 
 def test_a_run_hashes_early_only_when_its_audit_takes_the_digests(packed):
-    """`EarlyDigests.start_for`, which `pack-assets run` calls as its plan starts: an incremental plan with the
-    default audit scope hashes the kept output shards; a full replan (it rewrites them), the quick audit (it
-    hashes nothing) and a blend (audited folder by folder) start no reading at all."""
+    """`EarlyDigests.start_for`, which `pack-assets run` calls as it starts and its plan again: an incremental
+    plan with the default audit scope hashes the kept output shards; a full replan (it rewrites them), the quick
+    audit (it hashes nothing) and a blend (audited folder by folder) start no reading at all."""
     inp, work, out, _ = packed
     assert run_audit(work, out, digests=False).ok
     shard = sorted(out.glob("*.tar"))[0].resolve()

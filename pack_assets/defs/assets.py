@@ -148,7 +148,7 @@ def _pack_plan(pool: Executor | None, early: filedigest.EarlyDigests | None = No
         shards = sorted(context.instance.get_dynamic_partitions(source_shards.name))
         events.emit(Progress(events.PLAN, 0, 1, "step", len(shards), "shards"))
         with settings.work_lock(context, "pack_plan"):
-            if early is not None:  # an incremental plan keeps the output shards it had: hashed for the audit meanwhile
+            if early is not None:  # the kept output shards hashed for the audit meanwhile (more readers, if begun)
                 early.start_for(s)
             summary, what_if = _planned(s, shards, pool)
         events.emit(Progress(events.PLAN, 1, 1, "step", summary.packs, "packs"))
@@ -256,7 +256,8 @@ def pack_stage_assets(pool: Executor | None = None,
     """The three pack stages' assets. ``pool``: where their side work runs (the what-if sweep beside the plan;
     the audit's recount and figures): the command's helper processes when `pack-assets run` builds them
     (runner/orchestrate.py); none, in line, for the code location's own (above: `dagster dev`, `dg`). The three
-    run in one process here, so with ``early`` an incremental plan starts hashing the output shards it keeps
-    for the audit (`filedigest.EarlyDigests.start_for`, closed by the caller whether or not the audit runs); the
+    run in one process here, so with ``early`` an incremental plan hashes the output shards it keeps for the
+    audit (`filedigest.EarlyDigests.start_for`: begun by the command before Dagster's import, joined by the plan's
+    readers; closed by the caller whether or not the audit runs); the
     code location's, which may each run in a process of its own, do not."""
     return [_pack_plan(pool, early), packed_shards, _audit_report(pool, early)]
