@@ -77,15 +77,14 @@ def _write_group(args) -> list[ShardResult]:
     connection) where the job holds names. Without the cyclic garbage collector meanwhile: a job makes a few
     objects per member and no cycle, and the collector's passes over them cost time for nothing
     (docs/benchmarks.md)."""
-    out_dir, group, context, loader = args[:4]
-    aside = len(args) > 4 and args[4]  # its packs written by a thread beside it (`shard._ShardFile`)
+    out_dir, group, context, loader = args
     with no_cyclic_gc(), contextlib.closing(loader(group) if loader else (j for j in group)) as prepared:
         if len(group) <= 1:
-            return [write_shard(out_dir, job, context, aside) for job in prepared]
-        return _overlapped(out_dir, prepared, context, aside)
+            return [write_shard(out_dir, job, context) for job in prepared]
+        return _overlapped(out_dir, prepared, context)
 
 
-def _overlapped(out_dir: str, prepared: Iterator, context: dict, aside: bool = False) -> list[ShardResult]:
+def _overlapped(out_dir: str, prepared: Iterator, context: dict) -> list[ShardResult]:
     """Each prepared shard written in this thread, in order, its fsync and rename in a thread while this one
     prepares the next: the fsync releases the GIL for as long as the disk takes. (A thread that wrote the whole
     shard would wait for the GIL after each of its reads and writes while this one prepared: no faster, more
@@ -97,7 +96,7 @@ def _overlapped(out_dir: str, prepared: Iterator, context: dict, aside: bool = F
         for job in prepared:
             if pending is not None:
                 results.append(pending.result())
-            pending = thread.submit(end_shard, begin_shard(out_dir, job, context, aside))
+            pending = thread.submit(end_shard, begin_shard(out_dir, job, context))
         if pending is not None:
             results.append(pending.result())
     return results
@@ -155,9 +154,7 @@ def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, wo
     names = sorted({r.shard for r in done or []} | {j if isinstance(j, str) else j.name for j in jobs})
     folder = OutputFolder(out_dir, owned.planned_files(names), unchanged)
     workers = writer_workers(workers, len(jobs))
-    # one writer process (no pool): its packs written by a thread beside it (`shard._ShardFile`), on the core a
-    # pool would have used; a pool's writers each write their own
-    args = [(str(out_dir), g, context, loader, workers <= 1) for g in writer_groups(jobs, workers, samples)]
+    args = [(str(out_dir), g, context, loader) for g in writer_groups(jobs, workers, samples)]
     results: list[ShardResult] = list(done or [])
     total = len(results) + len(jobs)
     for i, r in enumerate(results, 1):
