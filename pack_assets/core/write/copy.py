@@ -169,7 +169,7 @@ def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, wo
             if progress:
                 progress(r, len(results), total)
         meta = folder.metadata(sorted(r.shard for r in results), plan_fingerprint or context["config_fingerprint"],
-                               last=last, built=rows)
+                               built=rows)
     folder.finish(meta, results)
     return results
 
