@@ -20,7 +20,7 @@ from ..nogc import no_cyclic_gc
 from ..plan import PlanInfo
 from . import batches
 from .bulk import STAGED_BATCHES, BulkShard, build_shard, bulk_rows, group_tables, table_columns
-from .energon import LastIndex
+from .energon import IndexRows, LastIndex
 from .fingerprints import current_shards
 from .jobs import WRITE_ROWS, ShardJob, ShardResult, piece_shards, shard_job
 from .record import (
@@ -160,16 +160,18 @@ def write_all(out_dir: Path, jobs: list[ShardJob] | list[str], context: dict, wo
     for i, r in enumerate(results, 1):
         if progress:
             progress(r, i, total)
-    with contextlib.closing(_each_written(args, workers)) as written:
+    # the Energon index's rows made as the shards come (from a pool, while it writes the next ones), not all after
+    with IndexRows(out_dir, names, last) as rows, contextlib.closing(_each_written(args, workers)) as written:
         for r in written:
-            results.append(r)
+            if r.index is not None:
+                rows.add(r.shard, r.index)
+            results.append(replace(r, index=None))  # the index is in: not kept past here
             if progress:
                 progress(r, len(results), total)
-    indexes = {r.shard: r.index for r in results if r.index is not None}
-    meta = folder.metadata(sorted(r.shard for r in results), plan_fingerprint or context["config_fingerprint"],
-                           indexes, last)
+        meta = folder.metadata(sorted(r.shard for r in results), plan_fingerprint or context["config_fingerprint"],
+                               built=rows)
     folder.finish(meta, results)
-    return [replace(r, index=None) for r in results]  # the indexes are written: not kept past here
+    return results
 
 
 @contextlib.contextmanager

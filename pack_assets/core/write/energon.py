@@ -6,6 +6,7 @@ index (`LastIndex`), and only the others are read back from their tar headers.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -88,17 +89,24 @@ class EnergonMeta:
 
 
 def write_energon_meta(out_dir: Path, shard_names: list[str], fingerprint: str, publish: Publish,
-                       indexes: dict[str, Index] | None = None, last: LastIndex | None = None) -> EnergonMeta:
+                       indexes: dict[str, Index] | None = None, last: LastIndex | None = None,
+                       built: IndexRows | None = None) -> EnergonMeta:
     """`.nv-meta/` as `energon prepare` writes it (dataset.yaml, split.yaml, .info.json, index.sqlite,
     index.uuid) plus each shard's `.tar.idx`, so Megatron-Energon loads the output as it is; each file written
     and fsynced into ``publish``, which puts them in place (the caller commits it). ``indexes``: the shards
     this run wrote, indexed as they were written; ``last``: the index the last write left, whose rows of its
     unchanged shards are kept (when those are its every tar and come first, as after an incremental plan, the
-    new index starts as that file); the others are read back from their tar headers."""
+    new index starts as that file); the others are read back from their tar headers. ``built``: the index's
+    rows already given as the shards came (`IndexRows`, for ``shard_names``), in place of ``indexes``/``last``."""
     meta = out_dir / NV_META
     meta.mkdir(parents=True, exist_ok=True)
     names = sorted(shard_names)
-    counts = _write_index(out_dir, names, indexes or {}, last, publish)
+    rows = built if built is not None else IndexRows(out_dir, names, last)
+    with rows:
+        for name in names:
+            if name in (indexes or {}):
+                rows.add(name, indexes[name])
+        counts = rows.finish(publish)
     publish.write(meta / "index.uuid", str(uuid.uuid5(uuid.NAMESPACE_URL, f"pack_assets:{fingerprint}")).encode())
     publish.write(meta / "dataset.yaml", b"__module__: megatron.energon\n__class__: CrudeWebdataset\n")
     split = "split_parts:\n  train:\n" + "".join(f"  - {n}\n" for n in names) + "  val: []\n  test: []\nexclude: []\n"
@@ -142,45 +150,97 @@ def _start(meta: Path, names: list[str], last: LastIndex | None) -> _Start:
         raise
 
 
-def _write_index(out_dir: Path, names: list[str], indexes: dict[str, Index], last: LastIndex | None,
-                 publish: Publish) -> dict[str, int]:
-    """index.sqlite and every shard's `.tar.idx` into ``publish``; returns each shard's sample count."""
-    meta = out_dir / NV_META
-    start = _start(meta, names, last)
-    old = db = None
-    try:
-        if start.copied is not None:
-            old = sqlite3.connect(f"file:{urllib.parse.quote(start.copied)}?mode=ro", uri=True)
-        db = sqlite3.connect(start.tmp_db)
+class IndexRows:
+    """index.sqlite being made, tar by tar in tar id order (the output folder's shards in name order), as each
+    shard's rows become known: `add` a shard just written with its index as it was written (a writer's pool
+    gives its shards in that order; the rows of the shards before it that no index is given for, found current
+    or left by the last write, are taken then, as `finish` would), `finish` the rest, the table indexes and its
+    `.tar.idx` files. The same statements in the same order, in one transaction, whenever they are made: the same
+    file as made at the end (the tail after the last shard was all of them: docs/benchmarks.md, issue 41). Its
+    temporary files are removed when the block ends unless `finish` handed them to the publish."""
+
+    def __init__(self, out_dir: Path, names: list[str], last: LastIndex | None = None) -> None:
+        self.out_dir, self.names, self.last = out_dir, sorted(names), last
+        self.tar_ids = {n: i for i, n in enumerate(self.names)}
+        self.given: dict[str, Index] = {}  # the shards given, not yet inserted (a later one's before)
+        self.idx: list[tuple[str, bytes]] = []  # each tar's `.tar.idx`, in tar order
+        self.counts: dict[str, int] = {}
+        self.start: _Start | None = None
+        self.db = self.old = None
+        self.made_meta = False  # whether `.nv-meta/` was made here (removed again when left empty)
+
+    def __enter__(self) -> IndexRows:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._close()
+        if self.start is not None:  # not handed to the publish
+            Path(self.start.tmp_db).unlink(missing_ok=True)
+            if self.made_meta:
+                with contextlib.suppress(OSError):
+                    (self.out_dir / NV_META).rmdir()
+
+    def _close(self) -> None:
+        for con in (self.db, self.old):
+            if con is not None:
+                con.close()
+        self.db = self.old = None
+        if self.start is not None and self.start.copied is not None:
+            Path(self.start.copied).unlink(missing_ok=True)
+
+    def _open(self) -> None:
+        meta = self.out_dir / NV_META
+        self.made_meta = not meta.is_dir()
+        meta.mkdir(parents=True, exist_ok=True)
+        self.start = _start(meta, self.names, self.last)
+        if self.start.copied is not None:
+            self.old = sqlite3.connect(f"file:{urllib.parse.quote(self.start.copied)}?mode=ro", uri=True)
+        self.db = sqlite3.connect(self.start.tmp_db)
         # a temp file until its rename: one fsync of the finished file (`publish`), not one per transaction, and no
         # rollback journal (a failed write leaves a temp file that is removed); the file's bytes depend on
         # neither, only on the statements and their order
-        db.execute("PRAGMA synchronous = OFF")
-        db.execute("PRAGMA journal_mode = OFF")
+        self.db.execute("PRAGMA synchronous = OFF")
+        self.db.execute("PRAGMA journal_mode = OFF")
         for sql in store.ENERGON_INDEX_TABLES:
-            db.execute(sql)
-        counts = {name: _tar_rows(db, old, out_dir, tar_id, name, indexes, start, publish)
-                  for tar_id, name in enumerate(names)}
+            self.db.execute(sql)
+
+    def add(self, name: str, index: Index) -> None:
+        """A shard just written, with its index: its rows, and those of the shards before it not given one, in."""
+        stop = self.tar_ids[name]
+        if stop < len(self.counts):
+            raise RuntimeError(f"{name}: its index given after a later shard's")
+        self.given[name] = index
+        self._rows(stop + 1)
+
+    def _rows(self, stop: int) -> None:
+        """The rows of the tars up to ``stop`` (not included) not yet in, in tar id order."""
+        if self.start is None:
+            self._open()
+        for tar_id in range(len(self.counts), stop):
+            name = self.names[tar_id]
+            self.counts[name] = _tar_rows(self.db, self.old, self.out_dir, tar_id, name, self.given, self.start,
+                                          self.idx)
+            self.given.pop(name, None)
+
+    def finish(self, publish: Publish) -> dict[str, int]:
+        """The rest of the rows, the table indexes, the file into ``publish`` after the `.tar.idx` files (fsynced
+        with the batch's other files); returns each shard's sample count."""
+        self._rows(len(self.names))
         for sql in store.ENERGON_INDEX_INDEXES:
-            db.execute(sql)
-        db.commit()
-    except BaseException:
-        Path(start.tmp_db).unlink(missing_ok=True)
-        raise
-    finally:
-        for con in (db, old):
-            if con is not None:
-                con.close()
-        if start.copied is not None:
-            Path(start.copied).unlink(missing_ok=True)
-    publish.written(start.tmp_db, meta / "index.sqlite")  # fsynced with the batch's other files
-    return counts
+            self.db.execute(sql)
+        self.db.commit()
+        self._close()
+        for path, data in self.idx:
+            publish.write(self.out_dir / path, data)
+        publish.written(self.start.tmp_db, self.out_dir / NV_META / "index.sqlite")
+        self.start = None
+        return self.counts
 
 
 def _tar_rows(db, old, out_dir: Path, tar_id: int, name: str, indexes: dict[str, Index], start: _Start,
-              publish: Publish) -> int:
+              idx: list[tuple[str, bytes]]) -> int:
     """Tar ``tar_id``'s rows in the new index (kept, as written, from the last index, or read back) and its
-    `.tar.idx`; returns its sample count."""
+    `.tar.idx` (its name and bytes added to ``idx``); returns its sample count."""
     last = start.last
     if start.base and tar_id < len(last.listed):
         samples, _, end = LastIndex.rows(db, tar_id, parts=False)
@@ -194,7 +254,7 @@ def _tar_rows(db, old, out_dir: Path, tar_id: int, name: str, indexes: dict[str,
         db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?)",
                        [(tar_id, k, i, off, size) for i, (k, off, size) in enumerate(samples)])
         insert_parts(db, tar_id, parts)
-    publish.write(out_dir / f"{name}.idx", struct.pack(f"<{len(samples) + 1}Q", *[off for _, off, _ in samples], end))
+    idx.append((f"{name}.idx", struct.pack(f"<{len(samples) + 1}Q", *[off for _, off, _ in samples], end)))
     return len(samples)
 
 

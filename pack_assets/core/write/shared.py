@@ -16,7 +16,7 @@ from ..plan import PlanInfo, config_fingerprint
 from ..results import FilePath
 from ..safety import check_paths
 from ..tario import first_pack_meta
-from .energon import EnergonMeta, Index, LastIndex, write_energon_meta, write_wids_index
+from .energon import EnergonMeta, Index, IndexRows, LastIndex, write_energon_meta, write_wids_index
 from .jobs import ShardResult
 from .publish import Publish
 
@@ -84,11 +84,12 @@ class OutputFolder:
         owned.remove_temp_leftovers(out_dir, planned | set(self.before))
 
     def metadata(self, names: list[str], fingerprint: str, indexes: dict[str, Index] | None = None,
-                 last: LastIndex | None = None) -> EnergonMeta:
+                 last: LastIndex | None = None, built: IndexRows | None = None) -> EnergonMeta:
         """The folder's Energon and wids metadata, every file written and fsynced first, then all renamed into
-        place, each folder fsynced once (the shards' renames before them included: `publish.py`)."""
+        place, each folder fsynced once (the shards' renames before them included: `publish.py`). ``built``:
+        the index's rows made as the shards came (`energon.IndexRows`)."""
         with Publish() as publish:
-            meta = write_energon_meta(self.out_dir, names, fingerprint, publish, indexes, last)
+            meta = write_energon_meta(self.out_dir, names, fingerprint, publish, indexes, last, built)
             write_wids_index(meta, publish)
             publish.commit()
         return meta
