@@ -1,7 +1,7 @@
 """The audit's checks of one pack's sources and members (core/packchecks.py): the one-pass `clean_counts` gives a
 pack's counts only where `check_current` and `check_media` find nothing, and the same counts they give; and the
-walk of a pack document (core/packdoc.py) finds the end of each record as json's parse does, whatever the record
-holds (the layout's own texts, deep nesting, numbers orjson reads otherwise)."""
+walk of a pack document (core/packdoc.py) reads each record as json's parse does, whatever the record holds (the
+layout's own texts, deep nesting, numbers other readers read otherwise)."""
 
 from __future__ import annotations
 
@@ -113,9 +113,9 @@ def _deep(n: int) -> object:
 
 
 def test_each_record_ends_where_jsons_parse_ends_it_whatever_it_holds():
-    """A record holding the very texts the walk looks for after it (in a string, as a nested entry, an ``extra``
-    key), nested deep, or with numbers orjson refuses or reads otherwise: the walk reads the document as
-    `json.loads` does, or leaves it to the parse."""
+    """A record holding the layout's own texts (in a string, as a nested entry, an ``extra`` key), nested deep,
+    or with numbers beyond 64 bits, NaN or infinity: the walk reads the document as `json.loads` does, or leaves it
+    to the parse; ASCII and not (a conversation's digest compared on its bytes in place, or on its text's)."""
     entry = {"sample_id": "s/1", "token_len": 7, "messages": MESSAGES, "media": [], "source": None}
     holds = [{"text": '}, {"sample_id": "s/1", "token_len": 7, "messages": '}, {"text": '}], "_meta": {'},
              {"x": [{"a": 1}, entry]}, {"extra": ["0.txt"], "y": [{"b": 2}], "extra2": {"extra": 1}},

@@ -22,22 +22,11 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-try:
-    import orjson
-except ImportError:  # pragma: no cover - a dependency; json's decoder alone reads the same documents
-    orjson = None
-
 _DECODE = json.JSONDecoder().raw_decode
 # an entry's head as the writer gives it, read at once: an id with no escape (its text is its value, as the
 # decoder reads a string with no backslash, quote or control character) and an integer token_len (the JSON
 # number grammar's; the next byte, a comma, ends it). Any other head is walked value by value, as before.
 _HEAD = re.compile(r'\{"sample_id": "([^"\\\x00-\x1f]*)", "token_len": -?(?:0|[1-9][0-9]*), "messages": ')
-
-
-# the texts the writer's layout puts after an entry's ``source`` (the next entry's head, the end of ``samples``, the
-# entry's ``extra`` key): where the record's JSON ends, unless the record holds one of them
-_AFTER_VALUE = ('}, {"sample_id": ', '}], "_meta": ', ', "extra": ')
-_DEEP = 500  # brackets: a value of fewer nests fewer levels than json's decoder could recurse (Python's limit 1000)
 
 
 class Same:
@@ -85,26 +74,6 @@ def _same_end(text: str, pos: int, want: Expected, raw: memoryview | None) -> in
     return None
 
 
-def _object_end(text: str, pos: int) -> int:
-    """Where the JSON value at ``pos`` ends. An object or array is looked for first where the layout's next text
-    begins (an entry's end, the samples' end, an ``extra`` key) and read there by orjson: a JSON object or array
-    ends where it ends, so where the text between is one by orjson's reading, starting and ending with its
-    brackets, it is the value at ``pos`` (and json's reading of it too: orjson reads no text json refuses, and
-    one of fewer than `_DEEP` brackets recurses nowhere near json's limit). Else it is parsed in place."""
-    if orjson is not None and text.startswith(("{", "["), pos):
-        end = len(text)
-        for after in _AFTER_VALUE:
-            found = text.find(after, pos, end)
-            end = end if found < 0 else found
-        if text[end - 1] in "}]" and text.count("{", pos, end) + text.count("[", pos, end) < _DEEP:
-            try:
-                orjson.loads(text[pos:end])
-                return end
-            except ValueError:  # (orjson.JSONDecodeError)
-                pass
-    return _value(text, pos)[1]
-
-
 def _sample(text: str, pos: int, expected: Callable[[object], Expected], messages: dict,
             raw: memoryview | None) -> int:
     """One entry of ``samples``: its id and messages into ``messages`` (SAME, or the value parsed)."""
@@ -124,7 +93,7 @@ def _sample(text: str, pos: int, expected: Callable[[object], Expected], message
         raise _Layout  # an id no dict can key: the caller's parse reports what it reports
     messages[sid] = value  # (a repeated id: the last one, as a dict of the parsed samples keeps)
     _, pos = _value(text, _expect(text, pos, ', "media": '))
-    pos = _object_end(text, _expect(text, pos, ', "source": '))
+    _, pos = _value(text, _expect(text, pos, ', "source": '))
     if text.startswith(', "extra": ', pos):
         _, pos = _value(text, pos + len(', "extra": '))
     return _expect(text, pos, "}")
