@@ -38,7 +38,6 @@ from .expected import AUDIT_ROWS, ShardTexts, shard_expectations
 from .handback import hand_back
 from .indexmode import INDEX_PART, SourceFiles, is_index_folder
 from .outcomes import per_shard
-from .packchecks import check_current, check_media, clean_counts
 from .plan import PlanConfig, PlanInfo
 from .plancheck import check_plan
 from .reasons import ReasonError
@@ -53,6 +52,32 @@ from .write.current import current_stamps
 # Below this much output a second process costs more (spawn and imports) than it saves, and the output shards
 # are read by threads instead (measured: docs/benchmarks.md).
 PARALLEL_MIN_BYTES = 1 << 30
+
+
+def _check_current(res: AuditResult, name: str, key: str, packed: dict, meta: dict, samples: dict,
+                   members: dict, texts: ShardTexts) -> None:
+    """Each packed sub-sample against the current manifest: its record member (sha256), normalized
+    conversation (``packed``: sample id -> its messages, `packdoc.SAME` where the text is the manifest's) and
+    member lists; an output older than its source fails here even when the bytes it copied are intact."""
+    for src in meta.get("sources", []):
+        sid = src.get("sample_id")
+        row = samples.get(sid)
+        if row is None or len(row) < 8:
+            continue  # a sample the plan does not hold: meta_mismatch says so
+        json_name, conversation, media_names, extra_names = row[4:8]
+        jm = src.get("json_member") or {}
+        current_sha = members.get((sid, json_name), (None, None))[0] if json_name else None
+        if jm.get("name") != json_name or (current_sha is not None and jm.get("sha256") != current_sha):
+            res.add("stale_conversation", f"{sid}: the packed record {jm.get('name')} ({jm.get('sha256')}) is not "
+                    f"the current {json_name} ({current_sha})", shard=name, pack_id=key, sample_id=sid)
+        elif packed.get(sid) is not packdoc.SAME and packed.get(sid) != json.loads(texts(sid, conversation) or "null"):
+            res.add("stale_conversation", f"{sid}: the packed messages differ from the manifest's conversation",
+                    shard=name, pack_id=key, sample_id=sid)
+        for kind, current in (("media", media_names), ("extra", extra_names)):
+            if [m.get("name") for m in src.get(kind, [])] != list(current or []):
+                packed_names = [m.get("name") for m in src.get(kind, [])]
+                res.add(f"stale_{kind}", f"{sid}: packed {kind} members {packed_names[:5]} are not the current "
+                        f"{list(current or [])[:5]}", shard=name, pack_id=key, sample_id=sid)
 
 
 def _read_doc(data: bytes, samples: dict) -> tuple[dict, dict]:
@@ -104,11 +129,41 @@ def _check_pack(res: AuditResult, name: str, key: str, parts: dict, expect: dict
             res.add("length_mismatch", f"{sid}: plan {n}, token_lengths {row[0]}", pack_id=key)
         if config.pack_per_media_type and row[1] != expect["media_type"]:
             res.add("mixed_media", f"{sid} is {row[1]} in a {expect['media_type']} pack", pack_id=key)
-    counts = clean_counts(parts, meta, packed, samples, members, digests or {})  # a clean pack, in one pass
-    if counts is not None:
-        return counts
-    check_current(res, name, key, packed, meta, samples, members, texts)
-    return check_media(res, name, key, parts, meta, members, digests or {})
+    _check_current(res, name, key, packed, meta, samples, members, texts)
+    return _check_media(res, name, key, parts, meta, members, digests or {})
+
+
+def _check_media(res: AuditResult, name: str, key: str, parts: dict, meta: dict, members: dict,
+                 digests: dict) -> Counter:
+    """Every media and extra member of a pack against its source's size and sha256; returns the counts."""
+    counts = {"media": 0, "media_bytes": 0, "extra": 0, "extra_bytes": 0}
+    expected_media = set()
+    for src in meta.get("sources", []):
+        # extra members (neither record nor media) are source bytes too: hashed and counted alike
+        for kind in ("media", "extra"):
+            for m in src.get(kind, ()):
+                output_name = m["output_name"]
+                part = output_name.split(".", 1)[1]
+                expected_media.add(part)
+                data = parts.get(part)
+                if data is None:
+                    res.add("missing_media", f"{output_name} is named in _meta but absent", shard=name, pack_id=key)
+                    continue
+                source_sha, source_size = members.get((src["sample_id"], m["name"]), (None, None))
+                digest = digests.get(part) or hashlib.sha256(data).hexdigest()
+                counts[kind] += 1
+                counts[f"{kind}_bytes"] += len(data)
+                if source_size is None:
+                    res.add("unknown_media", f"{m['name']} of {src['sample_id']} not in members", pack_id=key)
+                elif (source_sha is not None and digest != source_sha) or len(data) != source_size:
+                    res.add("media_hash_mismatch", f"{output_name}: bytes differ from source {m['name']}",
+                            shard=name, pack_id=key)
+                if m.get("sha256") and m["sha256"] != digest:
+                    res.add("meta_hash_mismatch", f"{output_name}: sha256 differs from _meta", pack_id=key)
+    extra = set(parts) - expected_media - {"json"}
+    if extra:
+        res.add("extra_member", f"pack {key} has members not in _meta: {sorted(extra)[:5]}", pack_id=key)
+    return Counter({k: n for k, n in counts.items() if n})
 
 
 def _pack_parts(path: Path, hashed: filedigest.HashedReads | None = None):
