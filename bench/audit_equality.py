@@ -9,8 +9,10 @@ worker; two threads; two processes) and each audit (full: no record of an earlie
 after it; verify: every shard checked in full, none by its digest), `run_audit` runs in a fresh process
 (python -P) and gives its verdict, violations, stats, audit_report.md and audited_shards.json. Then the same
 with faults planted in place (a flipped byte in one media member, one letter changed in one packed
-conversation, one member's bytes of another shard: each the same size, so the tars stay readable), put back
-after. Each outcome must be equal between the two codes; any difference is listed (and the exit code is 1).
+conversation, one member's bytes of another shard: each the same size, so the tars stay readable; with three
+output shards or more, in the middle one: a pack's record made no JSON, a sample id changed in a pack's ``_meta``,
+the shard cut short inside its last pack), put back after. Each outcome must be equal between the two codes; any
+difference is listed (and the exit code is 1).
 """
 
 from __future__ import annotations
@@ -82,9 +84,13 @@ def _members(path: Path) -> list[tarfile.TarInfo]:
 
 
 def planter(packed: Path):
-    """Three same-size faults in two output shards, written in place; returns the function that plants them."""
+    """Three same-size faults in two output shards, written in place, and with three output shards or more, three
+    in the middle one (a pack's record made no JSON, a pack's sample id changed in its ``_meta``, the shard cut
+    short); returns the function that plants them."""
     shards = sorted(packed.glob("*.tar"))
     first, last = _members(shards[0]), _members(shards[-1])
+    middle = _members(shards[1]) if len(shards) >= 3 else []
+    docs = [m for m in middle if m.name.endswith(".json")]
     media = next(m for m in first if not m.name.endswith((".json", ".idx")) and m.size > 100)
     doc = next(m for m in last if m.name.endswith(".json"))
     other = next(m for m in last if not m.name.endswith(".json") and m.size > 100 and m.name != media.name)
@@ -113,8 +119,27 @@ def planter(packed: Path):
         with open(shards[-1], "rb") as f:
             f.seek(other.offset_data)
             put(shards[-1], other.offset_data, f.read(other.size)[::-1])  # its bytes reversed
+        cut = None
+        if len(docs) >= 3:
+            with open(shards[1], "rb") as f:
+                f.seek(docs[0].offset_data)
+                text = f.read(docs[0].size)
+                f.seek(docs[1].offset_data)
+                second = f.read(docs[1].size)
+            at = text.index(b'"source": {') + len(b'"source": {') + 1  # a record's first key opened by no quote
+            put(shards[1], docs[0].offset_data + at - 1, b"'")
+            at = second.index(b'"sample_ids": ["') + len(b'"sample_ids": ["') + 2  # a letter of _meta's first id
+            put(shards[1], docs[1].offset_data + at, b"Q" if second[at:at + 1] != b"Q" else b"R")
+            cut = shards[1].stat().st_size - docs[-1].size // 2 - 1024  # inside the last pack's document
+            with open(shards[1], "rb") as f:
+                f.seek(cut)
+                tail = f.read()
+            os.truncate(shards[1], cut)
 
         def restore():
+            if cut is not None:
+                with open(shards[1], "ab") as f:
+                    f.write(tail)
             for path, at, data in reversed(saved):
                 with open(path, "r+b") as f:
                     f.seek(at)

@@ -4,6 +4,7 @@ left to the parse."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -118,3 +119,66 @@ def test_a_document_whose_meta_is_not_an_object_is_refused_not_crashed_on():
     for doc in (b'{"_meta": [1, 2], "samples": []}', b'[1]', b'{"samples": []}'):
         with pytest.raises((TypeError, AttributeError, KeyError)):
             _read_doc(doc, {})
+
+
+ASCII_MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}]
+
+
+def _ascii_document(records: list[bytes], extra: bool = False) -> tuple[bytes, dict]:
+    media = [{"name": "0.jpg", "offset": 512, "size": 3, "sha256": "ab"}]
+    subs = [SubSample(sample_id=f"s/{i}", shard="part-0", key=f"s/{i}", source_path="/in/part-0.tar", token_len=7,
+                      messages=None, json_member={"name": f"{i}.json", "offset": 0, "size": 2, "sha256": "cd"},
+                      media=media, extra=[{"name": "0.txt", "offset": 9, "size": 1, "sha256": "ef"}] if extra else [],
+                      messages_json=json.dumps(ASCII_MESSAGES)) for i in range(len(records))]
+    body, _ = pack_document(PackJob("p1", "image", 7 * len(subs), subs), {"tool": "pack_assets"}, records)
+    return body, {f"s/{i}": json.dumps(ASCII_MESSAGES) for i in range(len(records))}
+
+
+def _deep(n: int) -> object:
+    value: object = 1
+    for _ in range(n):
+        value = [value]
+    return value
+
+
+def test_a_record_whatever_it_holds_is_read_as_json_loads_reads_it():
+    """A record holding the layout's own texts (in a string, as a nested entry, an ``extra`` key), nested deep,
+    or with numbers beyond 64 bits, NaN or infinity: the walk reads the document as `json.loads` does, or leaves it
+    to the parse; ASCII and not (a conversation's digest compared on its bytes in place, or on its text's)."""
+    entry = {"sample_id": "s/1", "token_len": 7, "messages": MESSAGES, "media": [], "source": None}
+    holds = [{"text": '}, {"sample_id": "s/1", "token_len": 7, "messages": '}, {"text": '}], "_meta": {'},
+             {"x": [{"a": 1}, entry]}, {"extra": ["0.txt"], "y": [{"b": 2}], "extra2": {"extra": 1}},
+             {"d": _deep(400)}, {"d": _deep(600)}, {"n": 18446744073709551617}, {"n": -9223372036854775809},
+             {"f": 1e400}, {"f": float("nan")}, {"u": "é ü 😀"}, [], {}, [[]], "a string", None]
+    for hold in holds:
+        for extra in (False, True):
+            records = [json.dumps(hold).encode(), json.dumps({"conversations": [hold]}).encode()]
+            body, conversations = _ascii_document(records, extra)
+            doc = json.loads(body)
+            walked = packdoc.walk(body, conversations.get)
+            assert walked is not None, hold
+            digests = {sid: packdoc.Digest(hashlib.sha256(t.encode()).digest(), len(t))
+                       for sid, t in conversations.items()}
+            assert packdoc.walk(body, digests.get) == walked
+            assert walked[0] == doc["_meta"] or repr(walked[0]) == repr(doc["_meta"])  # (nan != nan)
+            assert walked[1] == {"s/0": packdoc.SAME, "s/1": packdoc.SAME}
+    # a record cut: not JSON, left to the parse as before
+    body, conversations = _ascii_document([b'{"a": [1, 2]}', b'{"b": {"c": "}, {"}}'])
+    cut = body.replace(b'"c": "}, {"', b'"c": "}, {', 1)
+    assert cut != body and packdoc.walk(cut, conversations.get) is None
+
+
+def test_an_ascii_documents_conversation_known_by_its_digest_is_compared_on_its_bytes_as_on_its_text():
+    """An ASCII document (each character one byte): a conversation's digest is compared on the document's bytes in
+    place; the walk says what it says where the text is hashed (a non-ASCII document), and what the texts say."""
+    records = [json.dumps({"conversations": [{"from": "human", "value": "x"}]}).encode()] * 3
+    body, conversations = _ascii_document(records)
+    assert body.isascii()
+    digests = {sid: _digest(text) for sid, text in conversations.items()}
+    assert packdoc.walk(body, digests.get) == packdoc.walk(body, conversations.get)
+    assert all(m is packdoc.SAME for m in packdoc.walk(body, digests.get)[1].values())
+    other = json.dumps(ASCII_MESSAGES[:1] + [{"role": "assistant"}])
+    for wrong in (_digest(other), packdoc.Digest(digests["s/0"].sha256, digests["s/0"].chars - 1),
+                  packdoc.Digest(digests["s/0"].sha256, digests["s/0"].chars + 1)):
+        _, messages = packdoc.walk(body, dict.fromkeys(conversations, wrong).get)
+        assert list(messages.values()) == [ASCII_MESSAGES] * 3

@@ -67,19 +67,18 @@ class ShardTexts:
         return texts
 
 
-def _rows(con, query: str, name: str, rows: store.Staged | None, folders: set[str] | None = None):
-    """One output shard's rows of ``AUDIT_ROWS[query]`` (`store.shard_rows`), the staged ones read as Arrow columns
-    made Python lists: a column at a time costs less than DuckDB's tuples made row by row. Not staged: the
-    catalog's files in ``folders`` read only (`catalogview.source_folders`), where known."""
+def _columns(con, query: str, name: str, rows: store.Staged | None, folders: set[str] | None = None) -> list:
+    """One output shard's rows of ``AUDIT_ROWS[query]`` (`store.shard_rows`) as columns, each a sequence (none
+    where it has no row): the staged ones read as Arrow columns made Python lists, a column at a time (cheaper
+    than DuckDB's tuples made row by row, and the values built from them by C loops, not a Python frame a row).
+    Not staged: the catalog's files in ``folders`` read only (`catalogview.source_folders`), where known."""
     if rows is None:
-        return store.shard_rows(con, {query: within(con, AUDIT_ROWS[query], folders)}, query, name)
+        return list(zip(*store.shard_rows(con, {query: within(con, AUDIT_ROWS[query], folders)}, query, name)))
     table = rows.table(con, query, name)
-    return () if table is None else zip(*(column.to_pylist() for column in table.columns))
+    return [] if table is None else [column.to_pylist() for column in table.columns]
 
 
-def _same(row: tuple | None, member: str) -> str:
-    """``member``, or its sample row's json_member where that is the same name (one string for both)."""
-    return row[4] if row is not None and row[4] == member else member
+_new = tuple.__new__  # a named tuple made as its own __new__ makes it, without that Python frame
 
 
 def shard_expectations(con, name: str, rows: store.Staged | None = None):
@@ -98,11 +97,20 @@ def shard_expectations(con, name: str, rows: store.Staged | None = None):
     types: dict = {}
     # not staged (one output shard read, as after an append): the manifest's and counts' files of its sources only
     folders = source_folders(con, name) if rows is None else None
-    samples = {ids.get(r[0], r[0]): (r[1], types.setdefault(r[2], r[2]), *r[3:6],
-                                     None if r[8] is None else packdoc.Digest(r[8], r[9]), r[6] or (), r[7] or ())
-               for r in _rows(con, "samples", name, rows, folders)}
-    members = {(sid, _same(samples.get(sid), member)): (sha, size) for sid, member, sha, size in
-               ((ids.get(r[0], r[0]), *r[1:]) for r in _rows(con, "members", name, rows, folders))}
+    samples, members, json_names = {}, {}, {}
+    if cols := _columns(con, "samples", name, rows, folders):
+        sid, total, media_type, n_media, vision, json_member, media, extra, sha, chars = cols
+        sid = list(map(ids.get, sid, sid))
+        digests = [None if h is None else _new(packdoc.Digest, (h, n)) for h, n in zip(sha, chars)]
+        samples = dict(zip(sid, zip(total, map(types.setdefault, media_type, media_type), n_media, vision,
+                                    json_member, digests, [m or () for m in media], [m or () for m in extra])))
+        json_names = dict(zip(zip(sid, json_member), json_member))  # (sample, its record member) -> that name
+    if cols := _columns(con, "members", name, rows, folders):
+        sid, member, sha, size = cols
+        sid = list(map(ids.get, sid, sid))
+        # a sample's record member named by its row's string (one string for both)
+        member = map(json_names.get, zip(sid, member), member)
+        members = dict(zip(zip(sid, member), zip(sha, size)))
     pieces, piece_members = piece_expectations(con, name, rows)  # split samples' pieces (core/split.py)
     samples.update(pieces)
     members.update(piece_members)

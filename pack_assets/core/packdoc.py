@@ -62,18 +62,20 @@ def _value(text: str, pos: int):
         raise _Layout from None
 
 
-def _same_end(text: str, pos: int, want: Expected) -> int | None:
-    """Where the expected JSON text (an array or object) ends when it is the text at ``pos``, else None."""
+def _same_end(text: str, pos: int, want: Expected, raw: memoryview | None) -> int | None:
+    """Where the expected JSON text (an array or object) ends when it is the text at ``pos``, else None.
+    ``raw``: the document's UTF-8 where each character is one byte (ASCII): a text's bytes hashed in place."""
     if isinstance(want, str):
         return pos + len(want) if want and want[0] in "[{" and text.startswith(want, pos) else None
     if want is not None and want.chars and text.startswith(("[", "{"), pos):
         end = pos + want.chars
-        if hashlib.sha256(text[pos:end].encode("utf-8")).digest() == want.sha256:
+        if hashlib.sha256(text[pos:end].encode("utf-8") if raw is None else raw[pos:end]).digest() == want.sha256:
             return end
     return None
 
 
-def _sample(text: str, pos: int, expected: Callable[[object], Expected], messages: dict) -> int:
+def _sample(text: str, pos: int, expected: Callable[[object], Expected], messages: dict,
+            raw: memoryview | None) -> int:
     """One entry of ``samples``: its id and messages into ``messages`` (SAME, or the value parsed)."""
     head = _HEAD.match(text, pos)
     if head is not None:
@@ -82,7 +84,7 @@ def _sample(text: str, pos: int, expected: Callable[[object], Expected], message
         sid, pos = _value(text, _expect(text, pos, '{"sample_id": '))
         _, pos = _value(text, _expect(text, pos, ', "token_len": '))
         pos = _expect(text, pos, ', "messages": ')
-    end = _same_end(text, pos, expected(sid)) if isinstance(sid, str) else None
+    end = _same_end(text, pos, expected(sid), raw) if isinstance(sid, str) else None
     if end is not None:
         value, pos = SAME, end
     else:
@@ -102,6 +104,7 @@ def walk(data: bytes, expected: Callable[[object], Expected]) -> tuple[dict, dic
     value) of a pack document in the writer's layout; None for any other bytes."""
     try:
         text = data.decode("utf-8")
+        raw = memoryview(data) if len(text) == len(data) else None  # ASCII: a character's index is its byte's
         _, pos = _value(text, _expect(text, 0, '{"pack_id": '))
         _, pos = _value(text, _expect(text, pos, ', "media_type": '))
         pos = _expect(text, pos, ', "samples": [')
@@ -109,9 +112,9 @@ def walk(data: bytes, expected: Callable[[object], Expected]) -> tuple[dict, dic
         if text.startswith("]", pos):
             pos += 1
         else:
-            pos = _sample(text, pos, expected, messages)
+            pos = _sample(text, pos, expected, messages, raw)
             while text.startswith(", ", pos):
-                pos = _sample(text, pos + 2, expected, messages)
+                pos = _sample(text, pos + 2, expected, messages, raw)
             pos = _expect(text, pos, "]")
         meta, pos = _value(text, _expect(text, pos, ', "_meta": '))
         if _expect(text, pos, "}") != len(text) or not isinstance(meta, dict):
