@@ -31,41 +31,23 @@ from .tario import Entry, RangeFile, group_by_key, is_meta_member, is_unsafe_nam
 CAPTION_EXTS = frozenset({"txt", "caption", "cap"})
 _CHUNK = 1 << 20
 _IMAGE_PREFIX = 16 << 10
-_WINDOW = 1 << 20  # bytes a `_Reader` reads ahead
 
 
 class _Reader:
-    """Reads one shard's headers and small payloads through a window of `_WINDOW` bytes read ahead by one
-    ``pread`` (a tar's headers and small members lie next to each other: one system call serves ~50 samples'
-    headers, records and images, each then a slice of the window), and hashes large members by ``pread`` in
-    `_CHUNK` pieces (no shared file position)."""
+    """Reads payloads of one shard by ``pread`` (no shared file position, no read-ahead of unused bytes)."""
 
     def __init__(self, f, options: ScanOptions):
         self.f, self.fd, self.options = f, f.fileno(), options
-        self._window, self._at = b"", 0  # the bytes read ahead, from offset _at
 
-    def pread(self, fd: int, size: int, pos: int) -> bytes:
-        """``os.pread(fd, size, pos)`` (``fd`` is this shard's), from the window where it holds those bytes; a
-        request it does not hold refills it from ``pos`` (`_WINDOW` bytes, or ``size`` when larger). Short
-        only at the file's end (a short read before it is read on)."""
-        start = pos - self._at
-        if start < 0 or start + size > len(self._window):
-            if size > _WINDOW:
-                return self._direct(size, pos)
-            self._window, self._at, start = self._direct(_WINDOW, pos), pos, 0
-        return self._window[start : start + size]
-
-    def _direct(self, size: int, pos: int) -> bytes:
-        data = os.pread(self.fd, size, pos)
+    def read(self, e: Entry, limit: int | None = None) -> bytes:
+        size = e.size if limit is None else min(e.size, limit)
+        data = os.pread(self.fd, size, e.offset)
         while len(data) < size:  # pread may return short reads on some filesystems
-            more = os.pread(self.fd, size - len(data), pos + len(data))
+            more = os.pread(self.fd, size - len(data), e.offset + len(data))
             if not more:
                 break
             data += more
         return data
-
-    def read(self, e: Entry, limit: int | None = None) -> bytes:
-        return self.pread(self.fd, e.size if limit is None else min(e.size, limit), e.offset)
 
     def hash(self, e: Entry) -> str:
         h = hashlib.sha256()
@@ -297,7 +279,7 @@ def scan_shard(
     reader = _Reader(f, options)
     with f:
         try:
-            for key, entries in group_by_key(_counting(iter_entries(f, info.size, pread=reader.pread), info)):
+            for key, entries in group_by_key(_counting(iter_entries(f, info.size), info)):
                 yield from _emit(shard, key, entries, reader, options, seen, info)
         except ReasonError as e:  # only iter_entries raises here (classify's are caught per sample): shard-level
             info.status = "empty" if e.reason == "empty_shard" else "rejected"
