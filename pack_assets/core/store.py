@@ -180,7 +180,7 @@ class BatchedParquet:
         if self.rows:
             # pa.array (pyarrow then imports pandas), not `columns_relation`: a forked helper writes these, and
             # DuckDB's state is not fork-safe (a helper's first connect hung when its parent had used DuckDB)
-            arrays = [_column(col, f.type) for col, f in zip(zip(*self.rows), self.schema)]
+            arrays = [pa.array(col, type=f.type) for col, f in zip(zip(*self.rows), self.schema)]
             self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
             self.count += len(self.rows)
             self.rows = []
@@ -192,34 +192,13 @@ class BatchedParquet:
         values = [columns[name] for name in self.names]
         n = len(values[0]) if values else 0
         for at in range(0, n, _BATCH):
-            arrays = [_column(col[at : at + _BATCH], f.type) for col, f in zip(values, self.schema)]
+            arrays = [pa.array(col[at : at + _BATCH], type=f.type) for col, f in zip(values, self.schema)]
             self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
         self.count += n
 
     def close(self) -> None:
         self.flush()
         self.writer.close()
-
-
-def _column(values, kind: pa.DataType) -> pa.Array:
-    """``pa.array(values, type=kind)``; a string column of str values (no None), the usual one, from its texts
-    joined and encoded once and their UTF-8 lengths: the same array, without pyarrow's per-value conversion (~1.6
-    ns a byte, most of a long text's cost: the manifest's conversations). Anything else, or a column whose texts
-    do not encode (a lone surrogate: pyarrow's own error then) or pass 2 GiB, is pyarrow's."""
-    if kind == pa.string() and values:
-        try:
-            if all(map(str.isascii, values)):  # (O(1) a str: its kind, no scan)
-                data, lengths = "".join(values).encode("ascii"), list(map(len, values))
-            else:
-                encoded = [v.encode("utf-8") for v in values]
-                data, lengths = b"".join(encoded), list(map(len, encoded))
-        except (TypeError, UnicodeEncodeError):  # (None, or not a str: str.isascii refuses it) pyarrow's way
-            return pa.array(values, type=kind)
-        if len(data) < 1 << 31:
-            offsets = np.zeros(len(values) + 1, dtype=np.int32)
-            np.cumsum(lengths, out=offsets[1:])
-            return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    return pa.array(values, type=kind)
 
 
 _DUCK_TYPES = {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER", pa.bool_(): "BOOLEAN",
