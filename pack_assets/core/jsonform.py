@@ -80,62 +80,6 @@ def dumps(value, long: bool = False) -> str:
     return "".join((_ENCODE_LONG if long else _ENCODE)(value, 0))
 
 
-_ROLE_CONTENT = ("role", "content")
-_NAMES: dict[str, str] = {}  # a role or part type -> its quoted form (json's quoting of the same string)
-
-
-def _name(s: str) -> str:
-    """`_quote` of a role or a part's type, kept (a few distinct short strings; bounded all the same)."""
-    got = _NAMES.get(s)
-    if got is None:
-        got = _quote(s)
-        if len(s) < _LONG_STRING and len(_NAMES) < 256:
-            _NAMES[s] = got
-    return got
-
-_TYPE, _TYPE_TEXT = ("type",), ("type", "text")
-
-
-def dumps_messages(messages, long: bool = False) -> str:
-    """`dumps` of chat messages (``json.dumps(messages, ensure_ascii=False)``). The normalizer's plain shape (a list
-    of ``{"role": str, "content": str | [{"type": str} | {"type": str, "text": str}, ...]}``, these keys in this
-    order, these very types) is written here: json's text of a dict is its items in order, each ``quoted key":
-    "value``, joined by ", " in braces, of a list its items joined by ", " in brackets, and a string is quoted by
-    `_quote` (json's quoting) as the C encoder would quote it; so the text is json's, piece by piece, with no C
-    encoder built around ~8 nodes and no Python call per string but the texts'. Any other shape (a turn's other
-    keys, tool calls, non-str values) goes to `dumps`, whole."""
-    if type(messages) is not list or orjson is None or _ENCODE is None:
-        return dumps(messages, long)
-    out = []
-    for m in messages:
-        if type(m) is not dict or tuple(m) != _ROLE_CONTENT:
-            return dumps(messages, long)
-        role, content = m.values()
-        if type(role) is not str:
-            return dumps(messages, long)
-        if type(content) is str:
-            out.append(f'{{"role": {_name(role)}, "content": {_quote(content)}}}')
-            continue
-        if type(content) is not list:
-            return dumps(messages, long)
-        parts = []
-        for p in content:
-            if type(p) is not dict:
-                return dumps(messages, long)
-            keys = tuple(p)
-            if keys == _TYPE_TEXT:
-                kind, text = p.values()
-                if type(kind) is not str or type(text) is not str:
-                    return dumps(messages, long)
-                parts.append(f'{{"type": {_name(kind)}, "text": {_quote(text)}}}')
-            elif keys == _TYPE and type(kind := p["type"]) is str:
-                parts.append(f'{{"type": {_name(kind)}}}')
-            else:
-                return dumps(messages, long)
-        out.append(f'{{"role": {_name(role)}, "content": [{", ".join(parts)}]}}')
-    return f"[{', '.join(out)}]"
-
-
 def is_dumps_form(text: str, value, long: bool | None = None) -> bool:
     """``json.dumps(value, ensure_ascii=False) == text``, ``value`` being ``json.loads(text)`` (``long``:
     `long_strings(text)`, computed when not given)."""

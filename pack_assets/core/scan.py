@@ -253,7 +253,7 @@ def classify(
     # every other member (a .cls, a second JSON, an image the record does not name) travels with the sample
     used = {sample.json_member, *sample.media_members}
     sample.extra_members = [e.name for e in entries if e.name not in used]
-    sample.conversation = jsonform.dumps_messages(messages, long)  # (the record's texts are its messages')
+    sample.conversation = jsonform.dumps(messages, long)  # (the record's texts are its messages')
     sample.messages = messages
     sample.videos = json.dumps(video_meta) if video_meta else "[]"
     return sample, None
