@@ -185,17 +185,6 @@ class BatchedParquet:
             self.count += len(self.rows)
             self.rows = []
 
-    def add_columns(self, columns: dict[str, list]) -> None:
-        """Rows given as columns (one list per name of the schema, all of one length): written as `add` of each
-        row would write them, in batches of the same rows."""
-        self.flush()
-        values = [columns[name] for name in self.names]
-        n = len(values[0]) if values else 0
-        for at in range(0, n, _BATCH):
-            arrays = [pa.array(col[at : at + _BATCH], type=f.type) for col, f in zip(values, self.schema)]
-            self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
-        self.count += n
-
     def close(self) -> None:
         self.flush()
         self.writer.close()
@@ -282,20 +271,6 @@ def write_token_lengths(work: Path, profile: str, shard: str, rows: Iterable[dic
         out = BatchedParquet(d / "token_lengths.parquet", TOKEN_LENGTHS_SCHEMA)
         for row in rows:
             out.add(row)
-        out.close()
-        rej = BatchedParquet(d / "rejected.parquet", REJECTED_SCHEMA)
-        for r in rejections:
-            rej.add(_rejection_row(r))
-        rej.close()
-    return out.count
-
-
-def write_token_columns(work: Path, profile: str, shard: str, columns: dict[str, list],
-                        rejections: Iterable[Rejection]) -> int:
-    """`write_token_lengths` of rows given as columns (TOKEN_LENGTHS_SCHEMA's names)."""
-    with atomic_dir(token_dir(work, profile, shard)) as d:
-        out = BatchedParquet(d / "token_lengths.parquet", TOKEN_LENGTHS_SCHEMA)
-        out.add_columns(columns)
         out.close()
         rej = BatchedParquet(d / "rejected.parquet", REJECTED_SCHEMA)
         for r in rejections:

@@ -145,7 +145,8 @@ def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool
         counter = counter_for(profile)
         if fresh:  # (columns: no dict per row)
             cols, rejections = count_scanned_columns(counter, scanned)
-            store.write_token_columns(work, profile.name, shard, cols, rejections)
+            rows = list(zip(*(cols[name] for name in TOKEN_LENGTHS_SCHEMA.names)))  # (in the schema's order)
+            store.write_token_lengths(work, profile.name, shard, rows, rejections)
             ok = [n for n, status in zip(cols["total_tokens"], cols["status"]) if status == "ok"]
         else:
             rows, rejections = count_shard_rows(counter, *_manifest_rows(work, shard))
