@@ -1,10 +1,11 @@
 """The shard stage's CPU per sample of several checkouts, paired: a fresh process per run, the checkouts
 alternating (the order reversed every other round); each run warms on the first shard, then does the next
 --shards (`shardwork.work_shard`: scan, then count from memory, files written), each shard's user and system
-CPU seconds per sample taken by `getrusage`. Medians and least values per checkout over every shard of every round.
+CPU seconds per sample taken by `getrusage` (with --scan-only the scan alone, `scan.scan_shard`, no file written).
+Medians and least values per checkout over every shard of every round.
 
     python -P bench/shard_stage_pairs.py --input <folder of shards> --work <scratch> --code <checkout> \\
-        --code <another> [--shards 3] [--rounds 6] [--results <new file>]
+        --code <another> [--shards 3] [--rounds 6] [--scan-only] [--results <new file>]
 
 The shards are only read; --work is emptied.
 """
@@ -24,18 +25,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ResultsFile, machine  # noqa: E402
 
 _CHILD = r"""
-import json, resource, shutil, sys
+import gc, json, resource, shutil, sys
+from pack_assets.core import scan, store
 from pack_assets.core.settings import Settings
 from pack_assets.runner import shardwork
-inp, work, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+inp, work, n, scan_only = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
 shutil.rmtree(work, ignore_errors=True)
 flat = Settings.from_flat({"input_dir": inp, "work_dir": work, "output_dir": work + "/unused"}).flat()
-keys = shardwork.find(Settings.from_flat(flat)).shards
-shardwork.work_shard(flat, keys[0], True)
+settings = Settings.from_flat(flat)
+keys = shardwork.find(settings).shards
+
+def one(k):  # the shard's samples
+    if not scan_only:
+        return shardwork.work_shard(flat, k, True)
+    gc.disable()  # (as the helpers scan)
+    records = scan.scan_shard(store.source_tar(settings.sources, k), k, settings.scan)
+    got = [r for r in records if isinstance(r, scan.Sample)]
+    gc.enable()
+    return len(got)
+
+one(keys[0])
 out = []
 for k in keys[1 : 1 + n]:
     r0 = resource.getrusage(resource.RUSAGE_SELF)
-    m = shardwork.work_shard(flat, k, True)
+    m = one(k)
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     out.append([(r1.ru_utime - r0.ru_utime) / m * 1e6, (r1.ru_stime - r0.ru_stime) / m * 1e6])
 print(json.dumps(out))
@@ -49,15 +62,17 @@ def main() -> None:
     ap.add_argument("--code", type=Path, action="append", required=True)
     ap.add_argument("--shards", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--scan-only", action="store_true", help="only `scan.scan_shard` (every record), no files")
     ap.add_argument("--results", help="a new file or folder (default: bench/results/shard_stage_pairs_<UTC>.json)")
     args = ap.parse_args()
     out = ResultsFile(args.results, "shard_stage_pairs")
     runs: dict[str, list] = {str(c): [] for c in args.code}
     doc: dict = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                 "input": str(args.input), "load_avg": [os.getloadavg()], "codes": {}}
+                 "input": str(args.input), "scan_only": args.scan_only, "load_avg": [os.getloadavg()], "codes": {}}
     for r in range(args.rounds):
         for code in args.code if r % 2 == 0 else args.code[::-1]:
-            argv = [sys.executable, "-P", "-c", _CHILD, str(args.input), str(args.work), str(args.shards)]
+            argv = [sys.executable, "-P", "-c", _CHILD, str(args.input), str(args.work), str(args.shards),
+                    str(int(args.scan_only))]
             proc = subprocess.run(argv, env={**os.environ, "PYTHONPATH": str(code)}, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit(proc.stderr[-3000:])
