@@ -473,3 +473,34 @@ def test_a_record_is_decoded_as_json_loads_decodes_it(tmp_path, text):
     samples, rejections = scan(write_tar(tmp_path / "r.tar", [("k.json", text)]))
     if want[0] == "invalid_json":
         assert [(r.reason, r.detail) for r in rejections] == [want]
+
+
+@pytest.mark.parametrize("fail_after", [5, 2 * 300 - 1, 2 * 300])
+def test_the_scans_read_ahead_yields_what_the_walk_sample_by_sample_yields(tmp_path, monkeypatch, fail_after):
+    """The scan walks the headers of the next samples before classifying them (`scan._read_ahead`): its records
+    are those, in the order, of the walk one sample at a time; a shard-level error of the walk (here after
+    ``fail_after`` headers, inside or past a run of 256 samples) still comes after every sample walked before it."""
+    from pack_assets.core import scan as scan_module
+
+    path = write_tar(tmp_path / "x.tar", [m for i in range(300) for m in
+                                          ((f"{i:04d}.json", json.dumps(chat(f"q{i}"))), (f"{i:04d}.cls", str(i)))])
+    real = scan_module.iter_entries
+
+    def failing(f, size):
+        for n, e in enumerate(real(f, size)):
+            if n == fail_after:
+                raise ReasonError("not_a_tar", "stand-in for a walk's shard-level error")
+            yield e
+
+    def records(read_ahead):
+        monkeypatch.setattr(scan_module, "_read_ahead", read_ahead)
+        return [(type(r).__name__, r.key, getattr(r, "status", None) or r.reason)
+                for r in scan_module.scan_shard(path, "x")]
+
+    monkeypatch.setattr(scan_module, "iter_entries", failing)
+    one_by_one = records(lambda groups: ([g] for g in groups))
+    ahead = scan_module._read_ahead
+    assert records(ahead) == one_by_one
+    walked = (fail_after - 1) // 2 if fail_after < 600 else 300  # (the sample in progress at the error: none)
+    assert [k for kind, k, _ in one_by_one if kind == "Sample"] == [f"{i:04d}" for i in range(walked)]
+    assert one_by_one[-1] == (("Rejection", None, "not_a_tar") if fail_after < 600 else ("Sample", "0299", "ok"))

@@ -342,3 +342,35 @@ def test_the_sandboxs_shortcuts_render_as_transformers_sandbox_does():
     messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     want = plain.from_string(source).render(messages=messages, tools=None, add_generation_prompt=False)
     assert counter.render(messages) == want == "ab|3|x|[1]|2|||X|x|1"
+
+
+def test_the_columns_of_a_scan_in_memory_are_the_rows_a_count_writes(tmp_path):
+    """`count_scanned_columns` (the helpers' count of the scan they hold) gives, column by column, the rows and
+    rejections `count_shard_rows` gives for the same samples, a sample whose count is refused among them."""
+    from conftest import small_dataset
+
+    from pack_assets.core.counting.counters import counter_for
+    from pack_assets.core.counting.token_lengths import (
+        _scanned_rows,
+        count_scanned_columns,
+        count_shard_rows,
+    )
+    from pack_assets.core.records import TOKEN_LENGTHS_SCHEMA, Scanned
+    from pack_assets.core.scan import run_manifest
+
+    inp = small_dataset(tmp_path / "in", n_shards=1)
+    kept = Scanned()
+    run_manifest(inp, tmp_path / "w", "part-000", keep=kept)
+    real = counter_for(load_profile("qwen3-vl"))
+
+    class Refusing:  # the real counts, every third refused as a processor would refuse it
+        profile = real.profile
+
+        def count_many(self, items):
+            for i, got in enumerate(real.count_many(items)):
+                yield ReasonError("placeholder_mismatch", f"stand-in {i}") if i % 3 == 1 else got
+
+    rows, rejections = count_shard_rows(Refusing(), *_scanned_rows(kept))
+    columns, column_rejections = count_scanned_columns(Refusing(), kept)
+    assert {name: [r[name] for r in rows] for name in TOKEN_LENGTHS_SCHEMA.names} == columns
+    assert column_rejections == rejections and len(rejections) == 4 and len(rows) == 12

@@ -20,16 +20,20 @@ from .counters import Counter, counter_for
 from .profiles import ModelProfile
 
 
+def _items(ok: list[dict]):
+    """The count's input of each ok manifest row: (messages, image sizes, videos)."""
+    return ((s["messages"] if s.get("messages") is not None else jsonform.loads(s["conversation"]),
+             s["image_sizes"] or [], [] if s["videos"] in (None, "", "[]") else json.loads(s["videos"])) for s in ok)
+
+
 def count_shard_rows(counter: Counter, samples: Iterable[dict], media_bytes: dict[str, int]
                      ) -> tuple[list[dict], list[Rejection]]:
     """token_lengths rows for a shard's manifest rows (ok ones are counted; rejected ones are skipped). A row's
     ``messages``, where it has them, are its ``conversation`` already parsed."""
     ok = [s for s in samples if s["status"] == "ok"]
-    items = ((s["messages"] if s.get("messages") is not None else jsonform.loads(s["conversation"]),
-              s["image_sizes"] or [], [] if s["videos"] in (None, "", "[]") else json.loads(s["videos"])) for s in ok)
     rows: list[dict] = []
     rejections: list[Rejection] = []
-    for s, res in zip(ok, counter.count_many(items)):
+    for s, res in zip(ok, counter.count_many(_items(ok))):
         row = {
             "sample_id": s["sample_id"],
             "shard": s["shard"],
@@ -47,6 +51,33 @@ def count_shard_rows(counter: Counter, samples: Iterable[dict], media_bytes: dic
             row.update(res, vision_tokens=res["image_tokens"] + res["video_tokens"], status="ok", reason=None)
         rows.append(row)
     return rows, rejections
+
+
+_COUNTED = ("text_tokens", "image_tokens", "video_tokens", "total_tokens")
+
+
+def count_scanned_columns(counter: Counter, scanned: Scanned) -> tuple[dict[str, list], list[Rejection]]:
+    """`count_shard_rows` of a scan in memory (of `_scanned_rows`' rows), as columns (TOKEN_LENGTHS_SCHEMA's names,
+    one list each): the same values, without a dict per row."""
+    ok = [s for s in scanned.samples if s.status == "ok"]
+    items = ((s.messages if s.messages is not None else jsonform.loads(s.conversation), s.image_sizes or [],
+              [] if s.videos in (None, "", "[]") else json.loads(s.videos)) for s in ok)
+    results = list(counter.count_many(items))
+    refused = [r if isinstance(r, ReasonError) else None for r in results]
+    media_bytes = _media_bytes(scanned)
+    cols = {name: [getattr(s, name) for s in ok] for name in ("sample_id", "shard", "media_type", "n_images",
+                                                             "n_videos")}
+    counted = [None if e else r for r, e in zip(results, refused)]
+    cols.update((name, [r and r[name] for r in counted]) for name in _COUNTED)
+    cols["vision_tokens"] = [r and r["image_tokens"] + r["video_tokens"] for r in counted]
+    cols["media_bytes"] = [media_bytes.get(sid, 0) for sid in cols["sample_id"]]
+    cols["profile"] = [counter.profile.name] * len(ok)
+    cols["status"] = ["rejected" if e else "ok" for e in refused]
+    cols["reason"] = [e and e.reason for e in refused]
+    cols["counted_by"] = [r["counted_by"] if r else counter.profile.rule for r in counted]
+    rejections = [Rejection(s.shard, s.key, e.reason, e.detail, stage="token_lengths")
+                  for s, e in zip(ok, refused) if e]
+    return cols, rejections
 
 
 # -- one shard's counts into <work>/token_lengths/<profile>/<shard>/, kept while current -------------------
@@ -111,11 +142,17 @@ def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool
             return ShardCounts(shard, profile.name, len(ok), len(t) - len(ok), int(sum(ok)), 0.0, cached=True)
         t0 = time.perf_counter()
         fresh = scanned is not None and _is_on_disk(work, shard, scanned)
-        manifest = _scanned_rows(scanned) if fresh else _manifest_rows(work, shard)
-        rows, rejections = count_shard_rows(counter_for(profile), *manifest)
-        store.write_token_lengths(work, profile.name, shard, rows, rejections)
+        counter = counter_for(profile)
+        if fresh:  # (columns: no dict per row)
+            cols, rejections = count_scanned_columns(counter, scanned)
+            rows = list(zip(*(cols[name] for name in TOKEN_LENGTHS_SCHEMA.names)))  # (in the schema's order)
+            store.write_token_lengths(work, profile.name, shard, rows, rejections)
+            ok = [n for n, status in zip(cols["total_tokens"], cols["status"]) if status == "ok"]
+        else:
+            rows, rejections = count_shard_rows(counter, *_manifest_rows(work, shard))
+            store.write_token_lengths(work, profile.name, shard, rows, rejections)
+            ok = [r["total_tokens"] for r in rows if r["status"] == "ok"]
         store.atomic_write_text(tdir / "stamp.json", _token_stamp(work, shard, profile))
-    ok = [r["total_tokens"] for r in rows if r["status"] == "ok"]
     return ShardCounts(shard, profile.name, len(ok), len(rejections), int(sum(ok)),
                        round(time.perf_counter() - t0, 3), cached=False)
 
@@ -128,16 +165,21 @@ def _is_on_disk(work: Path, shard: str, scanned: Scanned) -> bool:
 
 def _scanned_rows(scanned: Scanned) -> tuple[list[dict], dict[str, int]]:
     """`_manifest_rows` from the samples in memory: the columns the count reads, the messages as parsed."""
-    rows, media_bytes = [], {}
+    rows = [{"sample_id": s.sample_id, "shard": s.shard, "key": s.key, "status": s.status,
+             "media_type": s.media_type, "n_images": s.n_images, "n_videos": s.n_videos,
+             "image_sizes": s.image_sizes, "videos": s.videos, "messages": s.messages} for s in scanned.samples]
+    return rows, _media_bytes(scanned)
+
+
+def _media_bytes(scanned: Scanned) -> dict[str, int]:
+    """Each scanned sample's media bytes (those with any), by sample id."""
+    media_bytes: dict[str, int] = {}
     for s in scanned.samples:
-        rows.append({"sample_id": s.sample_id, "shard": s.shard, "key": s.key, "status": s.status,
-                     "media_type": s.media_type, "n_images": s.n_images, "n_videos": s.n_videos,
-                     "image_sizes": s.image_sizes, "videos": s.videos, "messages": s.messages})
         media = set(s.media_members)
         size = sum(m.size for m in s.members if m.name in media)
         if size:
             media_bytes[s.sample_id] = media_bytes.get(s.sample_id, 0) + size
-    return rows, media_bytes
+    return media_bytes
 
 
 def _manifest_rows(work: Path, shard: str) -> tuple[list[dict], dict[str, int]]:
