@@ -306,9 +306,9 @@ def scan_shard(
 
 def _read_ahead(groups: Iterator[tuple[str, list[Entry]]], n: int = _READ_AHEAD) -> Iterator[list]:
     """The samples' member lists in runs of ``n``: the headers of the next ``n`` samples walked in one go, then
-    those samples classified (a walk interleaved sample by sample with the classification cost ~8 µs a sample
-    more on the host, docs/benchmarks.md, session 56). An error of the walk comes after the samples walked
-    before it, as it did one sample at a time."""
+    those samples classified (the walk interleaved sample by sample with the classification cost more CPU:
+    docs/benchmarks.md, issue 41, session 56). An error of the walk comes after the samples walked before it, as
+    it did one sample at a time."""
     batch: list = []
     try:
         for g in groups:
