@@ -19,6 +19,7 @@ import functools
 import inspect
 import os
 import shutil
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -98,9 +99,11 @@ def check_space(folder: Path, what: str, flag: str, needed: int) -> None:
 
 
 def is_no_space(exc: BaseException) -> bool:
-    """ENOSPC/EDQUOT, raised by Python's OS calls or reported in a library's message (DuckDB, Arrow)."""
+    """ENOSPC/EDQUOT, raised by Python's OS calls, reported in a library's message (DuckDB, Arrow), or SQLite's
+    SQLITE_FULL (the Energon index, made while the shards are written)."""
     return (isinstance(exc, OSError) and exc.errno in SPACE_ERRNOS) or "No space left on device" in str(exc) \
-        or "Disk quota exceeded" in str(exc)
+        or "Disk quota exceeded" in str(exc) \
+        or (isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL)
 
 
 def _fullest(paths: list[Path], names: list[str]) -> str:
