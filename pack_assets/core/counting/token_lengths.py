@@ -20,53 +20,34 @@ from .counters import Counter, counter_for
 from .profiles import ModelProfile
 
 
-def _items(ok: list[dict]):
-    """The count's input of each ok manifest row: (messages, image sizes, videos)."""
-    return ((s["messages"] if s.get("messages") is not None else jsonform.loads(s["conversation"]),
-             s["image_sizes"] or [], [] if s["videos"] in (None, "", "[]") else json.loads(s["videos"])) for s in ok)
-
-
 def count_shard_rows(counter: Counter, samples: Iterable[dict], media_bytes: dict[str, int]
                      ) -> tuple[list[dict], list[Rejection]]:
     """token_lengths rows for a shard's manifest rows (ok ones are counted; rejected ones are skipped). A row's
     ``messages``, where it has them, are its ``conversation`` already parsed."""
-    ok = [s for s in samples if s["status"] == "ok"]
-    rows: list[dict] = []
-    rejections: list[Rejection] = []
-    for s, res in zip(ok, counter.count_many(_items(ok))):
-        row = {
-            "sample_id": s["sample_id"],
-            "shard": s["shard"],
-            "media_type": s["media_type"],
-            "n_images": s["n_images"],
-            "n_videos": s["n_videos"],
-            "media_bytes": media_bytes.get(s["sample_id"], 0),
-            "profile": counter.profile.name,
-        }
-        if isinstance(res, ReasonError):
-            row.update(text_tokens=None, image_tokens=None, video_tokens=None, total_tokens=None, vision_tokens=None,
-                       status="rejected", reason=res.reason, counted_by=counter.profile.rule)
-            rejections.append(Rejection(s["shard"], s["key"], res.reason, res.detail, stage="token_lengths"))
-        else:
-            row.update(res, vision_tokens=res["image_tokens"] + res["video_tokens"], status="ok", reason=None)
-        rows.append(row)
-    return rows, rejections
-
-
-_COUNTED = ("text_tokens", "image_tokens", "video_tokens", "total_tokens")
+    cols, rejections = _count_columns(counter, [s for s in samples if s["status"] == "ok"], dict.get, media_bytes)
+    names = TOKEN_LENGTHS_SCHEMA.names
+    return [dict(zip(names, row)) for row in zip(*(cols[name] for name in names))], rejections
 
 
 def count_scanned_columns(counter: Counter, scanned: Scanned) -> tuple[dict[str, list], list[Rejection]]:
     """`count_shard_rows` of a scan in memory (of `_scanned_rows`' rows), as columns (TOKEN_LENGTHS_SCHEMA's names,
     one list each): the same values, without a dict per row."""
-    ok = [s for s in scanned.samples if s.status == "ok"]
-    items = ((s.messages if s.messages is not None else jsonform.loads(s.conversation), s.image_sizes or [],
-              [] if s.videos in (None, "", "[]") else json.loads(s.videos)) for s in ok)
+    return _count_columns(counter, [s for s in scanned.samples if s.status == "ok"], getattr, _media_bytes(scanned))
+
+
+_COUNTED = ("text_tokens", "image_tokens", "video_tokens", "total_tokens")
+
+
+def _count_columns(counter: Counter, ok: list, get: Callable, media_bytes: dict[str, int]
+                   ) -> tuple[dict[str, list], list[Rejection]]:
+    """The token_lengths columns (one list per name) of ok samples, each field read by ``get(sample, name)``
+    (`dict.get` of a manifest row, `getattr` of a scanned `Sample`), and the rejections of refused counts."""
+    items = ((jsonform.loads(get(s, "conversation")) if (m := get(s, "messages")) is None else m,
+              get(s, "image_sizes") or [],
+              [] if (v := get(s, "videos")) in (None, "", "[]") else json.loads(v)) for s in ok)
     results = list(counter.count_many(items))
     refused = [r if isinstance(r, ReasonError) else None for r in results]
-    media_bytes = _media_bytes(scanned)
-    cols = {name: [getattr(s, name) for s in ok] for name in ("sample_id", "shard", "media_type", "n_images",
-                                                             "n_videos")}
+    cols = {name: [get(s, name) for s in ok] for name in ("sample_id", "shard", "media_type", "n_images", "n_videos")}
     counted = [None if e else r for r, e in zip(results, refused)]
     cols.update((name, [r and r[name] for r in counted]) for name in _COUNTED)
     cols["vision_tokens"] = [r and r["image_tokens"] + r["video_tokens"] for r in counted]
@@ -75,7 +56,7 @@ def count_scanned_columns(counter: Counter, scanned: Scanned) -> tuple[dict[str,
     cols["status"] = ["rejected" if e else "ok" for e in refused]
     cols["reason"] = [e and e.reason for e in refused]
     cols["counted_by"] = [r["counted_by"] if r else counter.profile.rule for r in counted]
-    rejections = [Rejection(s.shard, s.key, e.reason, e.detail, stage="token_lengths")
+    rejections = [Rejection(get(s, "shard"), get(s, "key"), e.reason, e.detail, stage="token_lengths")
                   for s, e in zip(ok, refused) if e]
     return cols, rejections
 
@@ -143,15 +124,15 @@ def run_token_lengths(work: Path, shard: str, profile: ModelProfile, force: bool
         t0 = time.perf_counter()
         fresh = scanned is not None and _is_on_disk(work, shard, scanned)
         counter = counter_for(profile)
-        if fresh:  # (columns: no dict per row)
+        if fresh:
             cols, rejections = count_scanned_columns(counter, scanned)
-            rows = list(zip(*(cols[name] for name in TOKEN_LENGTHS_SCHEMA.names)))  # (in the schema's order)
-            store.write_token_lengths(work, profile.name, shard, rows, rejections)
-            ok = [n for n, status in zip(cols["total_tokens"], cols["status"]) if status == "ok"]
         else:
-            rows, rejections = count_shard_rows(counter, *_manifest_rows(work, shard))
-            store.write_token_lengths(work, profile.name, shard, rows, rejections)
-            ok = [r["total_tokens"] for r in rows if r["status"] == "ok"]
+            samples, media_bytes = _manifest_rows(work, shard)
+            cols, rejections = _count_columns(counter, [s for s in samples if s["status"] == "ok"], dict.get,
+                                              media_bytes)
+        rows = list(zip(*(cols[name] for name in TOKEN_LENGTHS_SCHEMA.names)))  # (in the schema's order)
+        store.write_token_lengths(work, profile.name, shard, rows, rejections)
+        ok = [n for n, status in zip(cols["total_tokens"], cols["status"]) if status == "ok"]
         store.atomic_write_text(tdir / "stamp.json", _token_stamp(work, shard, profile))
     return ShardCounts(shard, profile.name, len(ok), len(rejections), int(sum(ok)),
                        round(time.perf_counter() - t0, 3), cached=False)
